@@ -1,0 +1,25 @@
+# clgpt: tokenizer -> encode -> pretrain -> tune -> evaluate -> export (model.gguf + Modelfile).
+# `snakemake --cores 1 model.gguf`; see README.md and ARCHITECTURE.md.
+from snakemake.utils import min_version
+
+min_version("8.0")
+
+
+configfile: "config.yaml"
+
+
+include: "rules/common.smk"
+include: "rules/train_tokenizer.smk"
+include: "rules/encode.smk"
+include: "rules/pretrain.smk"
+include: "rules/tune.smk"
+include: "rules/evaluate.smk"
+include: "rules/export.smk"
+
+
+rule all:
+    input:
+        "model.gguf",
+        "Modelfile",
+        "results/eval/report.md",
+    default_target: True

@@ -1,0 +1,3 @@
+from clgpt.cli import main
+
+raise SystemExit(main())

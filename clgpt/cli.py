@@ -1,0 +1,146 @@
+"""`python -m clgpt` / `clgpt`: devices, tokenize, generate, train-tokenizer, bench."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from clgpt.errors import ClgptError
+
+
+def _load_tokenizer(path: str):
+    """The tokenizer of a GGUF file or of a tokenizer JSON file."""
+    if path.endswith(".gguf"):
+        from clgpt.gguf_io import read_gguf
+
+        return read_gguf(path)[2]
+    from clgpt.tokenizer import Tokenizer
+
+    return Tokenizer.load(path)
+
+
+def cmd_devices(args) -> None:
+    from clgpt.device import list_devices
+
+    for index, name, kind, chosen in list_devices(args.device):
+        print(f"{'*' if chosen else ' '} {index}  {kind:<4} {name}")
+    print("(* = the device clgpt uses; choose another with `device:` in config.yaml, --device or PYOPENCL_CTX)")
+
+
+def cmd_tokenize(args) -> None:
+    print(json.dumps(_load_tokenizer(args.model).encode(args.text)))
+
+
+def cmd_train_tokenizer(args) -> None:
+    from clgpt.data import read_dialogs, read_text
+    from clgpt.tokenizer import Tokenizer
+
+    texts = []
+    for path in args.files:
+        if path.endswith(".jsonl"):
+            texts += [t for d in read_dialogs([path]) for t in (d["user"], d["assistant"])]
+        else:
+            texts += list(read_text([path]))
+    tok = Tokenizer.train(texts, args.vocab_size)
+    tok.save(args.out)
+    print(f"wrote {args.out}: {tok.vocab_size} tokens, {len(tok.merges)} merges", file=sys.stderr)
+
+
+def cmd_generate(args) -> None:
+    from clgpt.chat import encode_prompt
+    from clgpt.generate import Generator
+    from clgpt.gguf_io import read_gguf
+
+    if (args.prompt is None) == (args.chat is None):
+        raise ClgptError("generate: give exactly one of --prompt TEXT or --chat TEXT")
+    cfg, params, tok, _ = read_gguf(args.model)
+    if args.chat is not None:
+        prompt_ids = encode_prompt(tok, args.chat)
+    else:
+        prompt_ids = [tok.bos_id, *tok.encode(args.prompt)]
+    gen = Generator(cfg, params, device=args.device)
+    out = gen.generate(
+        prompt_ids,
+        max_tokens=args.max_tokens,
+        greedy=args.greedy,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        stop_ids=(tok.eos_id,),
+    )
+    ids = [i for i, _ in out]
+    if args.show_probs:
+        for i, p in out:
+            print(f"{p:7.4f}  {i:6d}  {tok.decode([i])!r}")
+    else:
+        print(tok.decode(ids))
+
+
+def cmd_bench(args) -> None:
+    from clgpt.bench import run_bench
+
+    run_bench(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="clgpt", description=__doc__)
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("devices", help="list OpenCL devices and the one clgpt chooses")
+    p.add_argument("--device", default=None, help='device spec as in config.yaml ("0:1" or part of a name)')
+    p.set_defaults(func=cmd_devices)
+
+    p = sub.add_parser("tokenize", help="print the token ids of TEXT as a JSON list")
+    p.add_argument("model", help="a GGUF file or a tokenizer JSON file")
+    p.add_argument("text")
+    p.set_defaults(func=cmd_tokenize)
+
+    p = sub.add_parser("train-tokenizer", help="train a byte-level BPE tokenizer")
+    p.add_argument("files", nargs="+", help="text files (one document per line) or .jsonl dialogs")
+    p.add_argument("--vocab-size", type=int, required=True)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_train_tokenizer)
+
+    p = sub.add_parser("generate", help="continue a prompt or answer a chat message with a GGUF model")
+    p.add_argument("model", help="a GGUF file written by clgpt")
+    p.add_argument("--prompt", help="plain text to continue")
+    p.add_argument("--chat", help="a user message; the chat template is applied")
+    p.add_argument("--greedy", action="store_true", help="always take the most likely token")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--show-probs", action="store_true", help="print each token with its probability")
+    p.add_argument("--device", default=None)
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("bench", help="training tokens/s on random tokens, and GEMM GFLOP/s beside numpy")
+    p.add_argument("--vocab", type=int, default=512)
+    p.add_argument("--ctx", type=int, default=80)
+    p.add_argument("--embd", type=int, default=64)
+    p.add_argument("--ffn", type=int, default=128)
+    p.add_argument("--heads", type=int, default=2)
+    p.add_argument("--layers", type=int, default=1)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--gemm", type=int, default=1024, help="square GEMM size (0 = skip)")
+    p.add_argument("--device", default=None)
+    p.set_defaults(func=cmd_bench)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except ClgptError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,27 @@
+rule encode:
+    input:
+        tokenizer="results/tokenizer/tokenizer.json",
+        pretrain=PRETRAIN_TEXT,
+        tune=TUNE_DIALOGS,
+        pretrain_heldout=config["corpus"]["pretrain_heldout"],
+        tune_heldout=config["corpus"]["tune_heldout"],
+        code=package("tokenizer", "data", "chat"),
+    output:
+        pretrain="results/encoded/pretrain.bin",
+        pretrain_heldout="results/encoded/pretrain_heldout.bin",
+        tune="results/encoded/tune.bin",
+        tune_heldout="results/encoded/tune_heldout.bin",
+        sidecars=expand(
+            "results/encoded/{part}.json",
+            part=["pretrain", "pretrain_heldout", "tune", "tune_heldout"],
+        ),
+    params:
+        n_ctx=config["model"]["n_ctx"],
+        pretrain_dir=config["corpus"]["pretrain"],
+        tune_dir=config["corpus"]["tune"],
+    log:
+        "logs/encode.log",
+    benchmark:
+        "benchmarks/encode.tsv"
+    script:
+        "../scripts/encode.py"

@@ -1,0 +1,26 @@
+rule evaluate:
+    input:
+        pretrained="results/pretrain/model.ckpt",
+        tuned="results/tune/model.ckpt",
+        tokenizer="results/tokenizer/tokenizer.json",
+        pretrain_heldout="results/encoded/pretrain_heldout.bin",
+        tune_heldout="results/encoded/tune_heldout.bin",
+        tune_dialogs=TUNE_DIALOGS,
+        heldout_dialogs=config["corpus"]["tune_heldout"],
+        pretrain_log="results/pretrain/log.csv",
+        tune_log="results/tune/log.csv",
+        kernels=KERNELS,
+        code=package(*ENGINE, "evaluate", "generate", "checkpoint", "data", "chat"),
+    output:
+        metrics="results/eval/metrics.json",
+        report="results/eval/report.md",
+        plots=expand("results/eval/loss_{stage}.png", stage=["pretrain", "tune"]),
+    params:
+        settings=config["evaluate"],
+        device=config["device"],
+    log:
+        "logs/evaluate.log",
+    benchmark:
+        "benchmarks/evaluate.tsv"
+    script:
+        "../scripts/evaluate.py"

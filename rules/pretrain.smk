@@ -1,0 +1,19 @@
+rule pretrain:
+    input:
+        encoded="results/encoded/pretrain.bin",
+        tokenizer="results/tokenizer/tokenizer.json",
+        kernels=KERNELS,
+        code=package(*ENGINE, "train", "checkpoint", "data"),
+    output:
+        checkpoint="results/pretrain/model.ckpt",
+        log_csv="results/pretrain/log.csv",
+    params:
+        model=config["model"],
+        settings=config["pretrain"],
+        device=config["device"],
+    log:
+        "logs/pretrain.log",
+    benchmark:
+        "benchmarks/pretrain.tsv"
+    script:
+        "../scripts/pretrain.py"

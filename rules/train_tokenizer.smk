@@ -1,0 +1,18 @@
+rule train_tokenizer:
+    input:
+        pretrain=PRETRAIN_TEXT,
+        tune=TUNE_DIALOGS,
+        code=package("tokenizer", "data"),
+    output:
+        tokenizer="results/tokenizer/tokenizer.json",
+        vocab="results/tokenizer/vocab.txt",
+    params:
+        settings=config["tokenizer"],
+        pretrain_dir=config["corpus"]["pretrain"],
+        tune_dir=config["corpus"]["tune"],
+    log:
+        "logs/train_tokenizer.log",
+    benchmark:
+        "benchmarks/train_tokenizer.tsv"
+    script:
+        "../scripts/train_tokenizer.py"
