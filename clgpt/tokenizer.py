@@ -46,7 +46,8 @@ _ENCODE_CACHE_MAX = 1 << 20  # words; the cache is cleared when it grows past th
 
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's map from each byte to a printable character (space -> 'Ġ', newline -> 'Ċ')."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    # printable Latin-1 bytes stand for themselves; the rest are shifted to 256.. in byte order
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -122,7 +123,8 @@ class Tokenizer:
         """
         n_min = 256 + len(SPECIAL_TOKENS)
         if not isinstance(vocab_size, int) or vocab_size < n_min:
-            raise ClgptError(f"vocab_size must be an integer >= {n_min} (256 bytes + {len(SPECIAL_TOKENS)} special tokens), got {vocab_size!r}")
+            raise ClgptError(f"vocab_size must be an integer >= {n_min} "
+                             f"(256 bytes + {len(SPECIAL_TOKENS)} special tokens), got {vocab_size!r}")
         if isinstance(texts, str):
             texts = [texts]
         n_merges = vocab_size - n_min
@@ -156,7 +158,8 @@ class Tokenizer:
                 continue  # stale entry
             new_bytes = token_bytes[pair[0]] + token_bytes[pair[1]]
             if new_bytes in vocab_bytes:
-                banned.add(pair)  # its bytes are already a token: never merge it
+                # its bytes are already a token (not seen in practice; HF's trainer guards this too)
+                banned.add(pair)
                 continue
             idx = 256 + len(merges)
             merges.append(pair)
@@ -275,7 +278,8 @@ class Tokenizer:
         if not isinstance(data, dict):
             raise fail("not a tokenizer JSON file (top level is not an object)")
         if data.get("version") != FORMAT_VERSION or type(data.get("version")) is not int:
-            raise fail(f"tokenizer format version {data.get('version')!r} is not {FORMAT_VERSION}; retrain the tokenizer")
+            raise fail(f"tokenizer format version {data.get('version')!r} is not {FORMAT_VERSION}; "
+                       "retrain the tokenizer")
         if data.get("split_pattern", GPT2_SPLIT_PATTERN) != GPT2_SPLIT_PATTERN:
             raise fail("split_pattern differs from the gpt-2 pattern this version uses")
         if data.get("special_tokens") != SPECIAL_TOKENS:
@@ -296,7 +300,7 @@ class Tokenizer:
         return tok
 
     def dump_vocab(self, path: str | os.PathLike) -> None:
-        """One line per id: the id, the token's text (repr, invalid UTF-8 shown as U+FFFD) and, for merges, its parents."""
+        """One line per id: id, repr of the token's text (bad UTF-8 as U+FFFD), and a merge's two parents."""
         lines = []
         for i, b in enumerate(self._vocab):
             line = f"{i}\t{b.decode('utf-8', errors='replace')!r}"

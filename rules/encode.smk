@@ -17,8 +17,8 @@ rule encode:
         ),
     params:
         n_ctx=config["model"]["n_ctx"],
-        pretrain_dir=config["corpus"]["pretrain"],
-        tune_dir=config["corpus"]["tune"],
+    conda:
+        "../envs/clgpt.yaml"
     log:
         "logs/encode.log",
     benchmark:

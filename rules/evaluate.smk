@@ -18,6 +18,8 @@ rule evaluate:
     params:
         settings=config["evaluate"],
         device=config["device"],
+    conda:
+        "../envs/clgpt.yaml"
     log:
         "logs/evaluate.log",
     benchmark:

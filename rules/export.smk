@@ -9,6 +9,8 @@ rule export:
         modelfile="Modelfile",
     params:
         settings=config["export"],
+    conda:
+        "../envs/clgpt.yaml"
     log:
         "logs/export.log",
     benchmark:

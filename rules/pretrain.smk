@@ -11,6 +11,8 @@ rule pretrain:
         model=config["model"],
         settings=config["pretrain"],
         device=config["device"],
+    conda:
+        "../envs/clgpt.yaml"
     log:
         "logs/pretrain.log",
     benchmark:

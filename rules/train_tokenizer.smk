@@ -8,8 +8,8 @@ rule train_tokenizer:
         vocab="results/tokenizer/vocab.txt",
     params:
         settings=config["tokenizer"],
-        pretrain_dir=config["corpus"]["pretrain"],
-        tune_dir=config["corpus"]["tune"],
+    conda:
+        "../envs/clgpt.yaml"
     log:
         "logs/train_tokenizer.log",
     benchmark:

@@ -11,6 +11,8 @@ rule tune:
     params:
         settings=config["tune"],
         device=config["device"],
+    conda:
+        "../envs/clgpt.yaml"
     log:
         "logs/tune.log",
     benchmark:

@@ -2,18 +2,18 @@
 
 import sys
 
-from clgpt.data import corpus_files, encode_dialog_files, encode_text_files
+from clgpt.data import encode_dialog_files, encode_text_files
 from clgpt.stage import run_script
 from clgpt.tokenizer import Tokenizer
 
 
-def main(tokenizer: str, pretrain_dir: str, tune_dir: str, pretrain_heldout: str, tune_heldout: str,
+def main(tokenizer: str, pretrain: list, tune: list, pretrain_heldout: str, tune_heldout: str,
          n_ctx: int, out: dict) -> None:
     tok = Tokenizer.load(tokenizer)
     parts = {
-        "pretrain": encode_text_files(tok, corpus_files(pretrain_dir, ".txt"), out["pretrain"]),
+        "pretrain": encode_text_files(tok, pretrain, out["pretrain"]),
         "pretrain_heldout": encode_text_files(tok, [pretrain_heldout], out["pretrain_heldout"]),
-        "tune": encode_dialog_files(tok, corpus_files(tune_dir, ".jsonl"), out["tune"], n_ctx),
+        "tune": encode_dialog_files(tok, tune, out["tune"], n_ctx),
         "tune_heldout": encode_dialog_files(tok, [tune_heldout], out["tune_heldout"], n_ctx),
     }
     for name, meta in parts.items():
@@ -25,8 +25,8 @@ if __name__ == "__main__" and "snakemake" in globals():
         main,
         snakemake.log[0],
         tokenizer=snakemake.input.tokenizer,
-        pretrain_dir=snakemake.params.pretrain_dir,
-        tune_dir=snakemake.params.tune_dir,
+        pretrain=list(snakemake.input.pretrain),
+        tune=list(snakemake.input.tune),
         pretrain_heldout=snakemake.input.pretrain_heldout,
         tune_heldout=snakemake.input.tune_heldout,
         n_ctx=snakemake.params.n_ctx,

@@ -1,13 +1,13 @@
 """Stage train_tokenizer: byte-level BPE on the pretrain text and the tune dialogs."""
 
-from clgpt.data import corpus_files, read_dialogs, read_text
+from clgpt.data import read_dialogs, read_text
 from clgpt.stage import run_script
 from clgpt.tokenizer import Tokenizer
 
 
-def main(pretrain_dir: str, tune_dir: str, vocab_size: int, tokenizer_out: str, vocab_out: str) -> None:
-    dialogs = read_dialogs(corpus_files(tune_dir, ".jsonl"))
-    texts = [*read_text(corpus_files(pretrain_dir, ".txt"))]
+def main(pretrain: list, tune: list, vocab_size: int, tokenizer_out: str, vocab_out: str) -> None:
+    dialogs = read_dialogs(tune)
+    texts = [*read_text(pretrain)]
     texts += [t for d in dialogs for t in (d["user"], d["assistant"])]
     tok = Tokenizer.train(texts, vocab_size)
     tok.save(tokenizer_out)
@@ -18,8 +18,8 @@ if __name__ == "__main__" and "snakemake" in globals():
     run_script(
         main,
         snakemake.log[0],
-        pretrain_dir=snakemake.params.pretrain_dir,
-        tune_dir=snakemake.params.tune_dir,
+        pretrain=list(snakemake.input.pretrain),
+        tune=list(snakemake.input.tune),
         vocab_size=snakemake.params.settings["vocab_size"],
         tokenizer_out=snakemake.output.tokenizer,
         vocab_out=snakemake.output.vocab,

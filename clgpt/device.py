@@ -1,0 +1,134 @@
+"""OpenCL device choice and the program loader.
+
+Choice is never interactive: an explicit spec ("p:d" like PYOPENCL_CTX, or a device-name substring),
+else PYOPENCL_CTX, else the first GPU on any platform, else the first CPU device (PoCL).
+Programs are built once per (device, kernel file, build options); kernels are fetched once.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyopencl as cl
+
+from clgpt.errors import ClgptError
+
+KERNEL_DIR = Path(__file__).resolve().parent.parent / "kernels"
+
+_NO_PLATFORM = "no OpenCL platform found; install PoCL: pip install pocl-binary-distribution"
+
+
+def _all_devices() -> list[tuple[str, cl.Device]]:
+    try:
+        platforms = cl.get_platforms()
+    except cl.Error:  # e.g. PLATFORM_NOT_FOUND_KHR from the ICD loader
+        platforms = []
+    out = []
+    for pi, plat in enumerate(platforms):
+        try:
+            devs = plat.get_devices()
+        except cl.Error:
+            devs = []
+        for di, dev in enumerate(devs):
+            out.append((f"{pi}:{di}", dev))
+    if not out:
+        raise ClgptError(_NO_PLATFORM)
+    return out
+
+
+def _listing(devs) -> str:
+    return "; ".join(f"{idx} {d.name.strip()}" for idx, d in devs)
+
+
+def _pick(spec: str | None) -> cl.Device:
+    devs = _all_devices()
+    spec = (spec or "").strip() or os.environ.get("PYOPENCL_CTX", "").strip()
+    if not spec:
+        for _, d in devs:
+            if d.type & cl.device_type.GPU:
+                return d
+        for _, d in devs:
+            if d.type & cl.device_type.CPU:
+                return d
+        return devs[0][1]
+    parts = spec.split(":")
+    if all(p.strip().isdigit() for p in parts) and len(parts) <= 2:
+        pi = int(parts[0])
+        di = int(parts[1]) if len(parts) == 2 and parts[1].strip() else 0
+        for idx, d in devs:
+            if idx == f"{pi}:{di}":
+                return d
+    else:
+        for _, d in devs:
+            if spec.lower() in d.name.lower():
+                return d
+    raise ClgptError(f"OpenCL device {spec!r} not found; available devices: {_listing(devs)}")
+
+
+def list_devices() -> list[tuple[str, str, str, bool]]:
+    """-> [(index "p:d", name, type, chosen)] where chosen marks what get_device() would pick."""
+    devs = _all_devices()
+    try:
+        chosen = _pick(None)
+    except ClgptError:
+        chosen = None
+    return [(idx, d.name.strip(), cl.device_type.to_string(d.type), d == chosen) for idx, d in devs]
+
+
+def _define(key: str, value) -> str:
+    if isinstance(value, bool):
+        value = int(value)
+    if isinstance(value, float):
+        return f"-D{key}={value!r}f"
+    return f"-D{key}={value}"
+
+
+class Device:
+    """One OpenCL device with its context, in-order queue and program/kernel caches."""
+
+    def __init__(self, device: cl.Device):
+        self.device = device
+        self.name = device.name.strip()
+        self.ctx = cl.Context([device])
+        self.queue = cl.CommandQueue(self.ctx)
+        self._programs: dict[tuple, cl.Program] = {}
+        self._kernels: dict[tuple, cl.Kernel] = {}
+
+    def program(self, file_stem: str, **defines) -> cl.Program:
+        options = tuple(_define(k, v) for k, v in sorted(defines.items()))
+        key = (file_stem, options)
+        prg = self._programs.get(key)
+        if prg is None:
+            path = KERNEL_DIR / f"{file_stem}.cl"
+            if not path.exists():
+                raise ClgptError(f"kernel file {path} not found")
+            try:
+                prg = cl.Program(self.ctx, path.read_text()).build(options=list(options))
+            except cl.RuntimeError as e:
+                raise ClgptError(f"building {path} with {' '.join(options)} failed on {self.name}:\n{e}") from e
+            self._programs[key] = prg
+        return prg
+
+    def kernel(self, file_stem: str, name: str, **defines) -> cl.Kernel:
+        """The kernel `name` of kernels/<file_stem>.cl built with -D defines; built and fetched once."""
+        key = (file_stem, name, tuple(sorted(defines.items())))
+        k = self._kernels.get(key)
+        if k is None:
+            k = self._kernels[key] = cl.Kernel(self.program(file_stem, **defines), name)
+        return k
+
+    def __repr__(self) -> str:
+        return f"Device({self.name!r})"
+
+
+_cache: dict[str, Device] = {}
+
+
+def get_device(spec: str | None = None) -> Device:
+    """The chosen device (see module doc); one Device (context, queue, caches) per OpenCL device."""
+    dev = _pick(spec)
+    key = f"{dev.platform.name}|{dev.name}|{dev.int_ptr}"
+    if key not in _cache:
+        _cache[key] = Device(dev)
+    return _cache[key]

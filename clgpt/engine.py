@@ -1,0 +1,333 @@
+"""Engine: the GPT-2 forward pass, backward pass and AdamW step on an OpenCL device.
+
+Shapes: B batch, T time, N = B*T rows, C n_embd, V vocab, H heads, D = C // H, F n_ff, L layers.
+All parameters live in one flat device buffer (grads, AdamW m and v likewise), each tensor a sub-buffer,
+tensors that decay first; so zero_grad is one fill, the grad norm is one two-stage reduction and AdamW
+is one launch. Activations are allocated once for (batch_size, seq_len); a call with B' <= B, T' <= T
+uses the first B'*T' rows. Within a step only the loss (and the norm in step) comes back to the host.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyopencl as cl
+
+from clgpt.device import Device, get_device
+from clgpt.errors import ClgptError
+from clgpt.model import ModelConfig, decays, param_shapes
+
+F32 = 4
+# Matmul tiles: TSM x TSN outputs per work-group, TSK deep, WPTM x WPTN outputs per work-item.
+MATMUL_TILES = dict(TSM=32, TSN=32, TSK=16, WPTM=4, WPTN=4)
+
+i32, f32 = np.int32, np.float32
+
+
+def _ceil(a: int, b: int) -> int:
+    return (a + b - 1) // b * b
+
+
+class Engine:
+    def __init__(self, cfg: ModelConfig, params: dict, batch_size: int, seq_len: int, device: Device | None = None):
+        cfg.validate()
+        if seq_len > cfg.n_ctx:
+            raise ClgptError(f"seq_len {seq_len} exceeds the model's n_ctx {cfg.n_ctx}")
+        self.cfg, self.B, self.T = cfg, int(batch_size), int(seq_len)
+        self.dev = device or get_device()
+        self.ctx, self.queue = self.dev.ctx, self.dev.queue
+        self.shapes = param_shapes(cfg)
+        self._layout()
+        self._build_kernels()
+        self._alloc()
+        self.t = 0
+        self._fwd = None  # (B', T', sum(mask)) of the last forward with targets
+        self.set_params(params)
+        self.set_optimizer_state(None)
+        self.zero_grad()
+
+    # ---- layout and allocation ----
+    def _layout(self):
+        align = max(64, self.dev.device.mem_base_addr_align // 8 // F32)  # in floats
+        names = [n for n in self.shapes if decays(n)] + [n for n in self.shapes if not decays(n)]
+        self.offsets, off = {}, 0
+        self.n_decay = 0
+        for name in names:
+            self.offsets[name] = off
+            off = _ceil(off + int(np.prod(self.shapes[name])), align)
+            if decays(name):
+                self.n_decay = off
+        self.n_flat = off
+        self.order = names
+
+    def _buf(self, nfloats: int) -> cl.Buffer:
+        return cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, max(1, int(nfloats)) * F32)
+
+    def _views(self, flat: cl.Buffer) -> dict[str, cl.Buffer]:
+        return {n: flat.get_sub_region(self.offsets[n] * F32, int(np.prod(self.shapes[n])) * F32) for n in self.order}
+
+    def _alloc(self):
+        cfg, B, T = self.cfg, self.B, self.T
+        N, C, V, F, H, L = B * T, cfg.n_embd, cfg.vocab_size, cfg.n_ff, cfg.n_head, cfg.n_layer
+        mf = cl.mem_flags
+        self.flat_p, self.flat_g = self._buf(self.n_flat), self._buf(self.n_flat)
+        self.flat_m, self.flat_v = self._buf(self.n_flat), self._buf(self.n_flat)
+        self.p, self.g = self._views(self.flat_p), self._views(self.flat_g)
+        self.n_parts = min(256, max(1, self.n_flat // 1024))
+        self.chunk = -(-self.n_flat // self.n_parts)
+        self.partials, self.norm_buf = self._buf(self.n_parts), self._buf(2)
+        ib = lambda n: cl.Buffer(self.ctx, mf.READ_ONLY, max(1, n) * 4)  # noqa: E731
+        self.tokens, self.targets, self.mask = ib(N), ib(N), self._buf(N)
+        self.emb_order, self.emb_rows, self.emb_starts = ib(N), ib(N), ib(N + 1)
+        self.acts = []
+        for _ in range(L):
+            self.acts.append(dict(
+                x=self._buf(N * C), ln1=self._buf(N * C), ln1_mean=self._buf(N), ln1_rstd=self._buf(N),
+                qkv=self._buf(N * 3 * C), att=self._buf(B * H * T * T), atty=self._buf(N * C),
+                x_mid=self._buf(N * C), ln2=self._buf(N * C), ln2_mean=self._buf(N), ln2_rstd=self._buf(N),
+                h=self._buf(N * F), g=self._buf(N * F),
+            ))
+        self.x_out = self._buf(N * C)  # residual stream after the last block
+        self.lnf, self.lnf_mean, self.lnf_rstd = self._buf(N * C), self._buf(N), self._buf(N)
+        self.logits, self.losses, self.lse = self._buf(N * V), self._buf(N), self._buf(N)
+        # backward scratch, reused by every layer
+        self.dlogits, self.dx, self.dln = self._buf(N * V), self._buf(N * C), self._buf(N * C)
+        self.datty, self.dqkv = self._buf(N * C), self._buf(N * 3 * C)
+        self.dg, self.dh, self.datt = self._buf(N * F), self._buf(N * F), self._buf(B * H * T * T)
+        self.losses_host = np.empty(N, np.float32)
+
+    def _build_kernels(self):
+        cfg, dev = self.cfg, self.dev
+        C, H, D = cfg.n_embd, cfg.n_head, cfg.head_dim
+        k = {}
+        for kname in ("embedding_forward", "embedding_backward_wte", "embedding_backward_wpe"):
+            k[kname] = dev.kernel("embedding", kname, C=C)
+        for kname in ("layernorm_forward", "layernorm_backward", "layernorm_param_backward"):
+            k[kname] = dev.kernel("layernorm", kname, C=C, EPS=float(cfg.norm_eps))
+        for kname in ("attention_forward", "attention_backward_query", "attention_backward_key"):
+            k[kname] = dev.kernel("attention", kname, C=C, H=H, D=D, SCALE=float(1.0 / math.sqrt(D)))
+        for kname in ("xent_forward", "xent_backward"):
+            k[kname] = dev.kernel("xent", kname, V=cfg.vocab_size)
+        for kname in ("gelu_forward", "gelu_backward"):
+            k[kname] = dev.kernel("gelu", kname)
+        for kname in ("grad_norm_partial", "grad_norm_final", "adamw"):
+            k[kname] = dev.kernel("adamw", kname)
+        k["bias_backward"] = dev.kernel("matmul", "bias_backward", **MATMUL_TILES)
+        self.k = k
+        self._mm = {}
+
+    # ---- launch helpers ----
+    def _run(self, name, gsize, *args, lsize=None):
+        self.k[name](self.queue, gsize, lsize, *args)
+
+    def matmul(self, M, N, K, A, B, Cm, ta=0, tb=0, bias=None, resid=None, accum=False, alpha=1.0):
+        """Cm (M,N) = alpha * op(A) @ op(B) [+ bias] [+ resid] [+ Cm], row-major, contiguous."""
+        key = (ta, tb, bias is not None, resid is not None, bool(accum))
+        kern = self._mm.get(key)
+        if kern is None:
+            kern = self._mm[key] = self.dev.kernel(
+                "matmul", "matmul", TA=ta, TB=tb, BIAS=int(key[2]), RESID=int(key[3]), ACCUM=int(key[4]), **MATMUL_TILES
+            )
+        t = MATMUL_TILES
+        lsize = (t["TSN"] // t["WPTN"], t["TSM"] // t["WPTM"])
+        gsize = (-(-N // t["TSN"]) * lsize[0], -(-M // t["TSM"]) * lsize[1])
+        lda = M if ta else K
+        ldb = K if tb else N
+        kern(self.queue, gsize, lsize, i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm, i32(N),
+             bias, resid, f32(alpha))
+
+    def _layernorm(self, N, x, w, b, out, mean, rstd):
+        self._run("layernorm_forward", (N,), i32(N), x, w, b, out, mean, rstd)
+
+    def _layernorm_backward(self, N, dout, x, mean, rstd, w, dw, db, dx, accum):
+        self._run("layernorm_backward", (N,), i32(N), i32(accum), dout, x, w, mean, rstd, dx)
+        self._run("layernorm_param_backward", (self.cfg.n_embd,), i32(N), dout, x, mean, rstd, dw, db)
+
+    # ---- forward / backward ----
+    def _check(self, a, name, Bp, Tp, dtype):
+        a = np.ascontiguousarray(a, dtype=dtype)
+        if a.shape != (Bp, Tp):
+            raise ClgptError(f"{name} has shape {a.shape}; expected ({Bp}, {Tp}) like tokens")
+        return a
+
+    def forward(self, tokens, targets=None, mask=None):
+        """Mean masked NLL (float) when targets are given, else logits (B', T', V) float32."""
+        cfg, q = self.cfg, self.queue
+        tokens = np.ascontiguousarray(tokens, dtype=np.int32)
+        if tokens.ndim != 2 or tokens.shape[0] > self.B or tokens.shape[1] > self.T or tokens.size == 0:
+            raise ClgptError(f"tokens shape {tokens.shape} must be (B', T') with B' <= {self.B}, T' <= {self.T}")
+        Bp, Tp = tokens.shape
+        N, C, V, F = Bp * Tp, cfg.n_embd, cfg.vocab_size, cfg.n_ff
+        if tokens.min() < 0 or tokens.max() >= V:
+            raise ClgptError(f"token ids must lie in [0, {V}); got {tokens.min()}..{tokens.max()}")
+        cl.enqueue_copy(q, self.tokens, tokens, is_blocking=False)
+        self._tokens_host = tokens  # keeps the host array alive during the non-blocking copy
+        self._run("embedding_forward", (C, N), i32(N), i32(Tp), self.tokens, self.p["token_embd.weight"],
+                  self.p["position_embd.weight"], self.acts[0]["x"] if cfg.n_layer else self.x_out)
+        for i, a in enumerate(self.acts):
+            pre = f"blk.{i}."
+            x_next = self.acts[i + 1]["x"] if i + 1 < cfg.n_layer else self.x_out
+            self._layernorm(N, a["x"], self.p[pre + "attn_norm.weight"], self.p[pre + "attn_norm.bias"],
+                            a["ln1"], a["ln1_mean"], a["ln1_rstd"])
+            self.matmul(N, 3 * C, C, a["ln1"], self.p[pre + "attn_qkv.weight"], a["qkv"], tb=1,
+                        bias=self.p[pre + "attn_qkv.bias"])
+            self._run("attention_forward", (Tp, Bp * cfg.n_head), i32(Bp), i32(Tp), a["qkv"], a["atty"], a["att"])
+            self.matmul(N, C, C, a["atty"], self.p[pre + "attn_output.weight"], a["x_mid"], tb=1,
+                        bias=self.p[pre + "attn_output.bias"], resid=a["x"])
+            self._layernorm(N, a["x_mid"], self.p[pre + "ffn_norm.weight"], self.p[pre + "ffn_norm.bias"],
+                            a["ln2"], a["ln2_mean"], a["ln2_rstd"])
+            self.matmul(N, F, C, a["ln2"], self.p[pre + "ffn_up.weight"], a["h"], tb=1,
+                        bias=self.p[pre + "ffn_up.bias"])
+            self._run("gelu_forward", (N * F,), i32(N * F), a["h"], a["g"])
+            self.matmul(N, C, F, a["g"], self.p[pre + "ffn_down.weight"], x_next, tb=1,
+                        bias=self.p[pre + "ffn_down.bias"], resid=a["x_mid"])
+        self._layernorm(N, self.x_out, self.p["output_norm.weight"], self.p["output_norm.bias"],
+                        self.lnf, self.lnf_mean, self.lnf_rstd)
+        self.matmul(N, V, C, self.lnf, self._w_out(), self.logits, tb=1)
+        if targets is None:
+            self._fwd = None
+            out = np.empty((Bp, Tp, V), np.float32)
+            cl.enqueue_copy(q, out, self.logits, is_blocking=True)
+            return out
+        targets = self._check(targets, "targets", Bp, Tp, np.int32)
+        mask = np.ones((Bp, Tp), np.float32) if mask is None else self._check(mask, "mask", Bp, Tp, np.float32)
+        msum = float(mask.sum(dtype=np.float64))
+        if msum <= 0:
+            raise ClgptError("mask has no nonzero entry; the loss would be 0/0")
+        live = mask != 0
+        if live.any() and (targets[live].min() < 0 or targets[live].max() >= V):
+            raise ClgptError(f"target ids where mask != 0 must lie in [0, {V})")
+        self._targets_host, self._mask_host = targets, mask
+        cl.enqueue_copy(q, self.targets, targets, is_blocking=False)
+        cl.enqueue_copy(q, self.mask, mask, is_blocking=False)
+        self._run("xent_forward", (N,), i32(N), self.logits, self.targets, self.mask, self.losses, self.lse)
+        losses = self.losses_host[:N]
+        cl.enqueue_copy(q, losses, self.losses, is_blocking=True)
+        self._fwd = (Bp, Tp, msum)
+        return float(losses.sum(dtype=np.float64) / msum)
+
+    def _w_out(self):
+        return self.p["token_embd.weight"] if self.cfg.tied else self.p["output.weight"]
+
+    def _g_out(self):
+        return self.g["token_embd.weight"] if self.cfg.tied else self.g["output.weight"]
+
+    def zero_grad(self):
+        cl.enqueue_fill_buffer(self.queue, self.flat_g, np.float32(0), 0, self.n_flat * F32)
+
+    def backward(self, scale: float = 1.0):
+        """Accumulate scale * dloss/dparams of the last forward (with targets) into the grads."""
+        if self._fwd is None:
+            raise ClgptError("backward() needs a forward() with targets first")
+        cfg = self.cfg
+        Bp, Tp, msum = self._fwd
+        N, C, V, F, H = Bp * Tp, cfg.n_embd, cfg.vocab_size, cfg.n_ff, cfg.n_head
+        self._run("xent_backward", (V, N), i32(N), f32(scale / msum), self.logits, self.targets, self.mask,
+                  self.lse, self.dlogits)
+        self.matmul(V, C, N, self.dlogits, self.lnf, self._g_out(), ta=1, accum=True)
+        self.matmul(N, C, V, self.dlogits, self._w_out(), self.dln)
+        self._layernorm_backward(N, self.dln, self.x_out, self.lnf_mean, self.lnf_rstd, self.p["output_norm.weight"],
+                                 self.g["output_norm.weight"], self.g["output_norm.bias"], self.dx, accum=0)
+        for i in reversed(range(cfg.n_layer)):
+            pre, a, p, g = f"blk.{i}.", self.acts[i], self.p, self.g
+            # ffn: x_out = x_mid + g @ Wdown.T + b
+            self.matmul(C, F, N, self.dx, a["g"], g[pre + "ffn_down.weight"], ta=1, accum=True)
+            self._run("bias_backward", (C,), i32(N), i32(C), self.dx, g[pre + "ffn_down.bias"])
+            self.matmul(N, F, C, self.dx, p[pre + "ffn_down.weight"], self.dg)
+            self._run("gelu_backward", (N * F,), i32(N * F), self.dg, a["h"], self.dh)
+            self.matmul(F, C, N, self.dh, a["ln2"], g[pre + "ffn_up.weight"], ta=1, accum=True)
+            self._run("bias_backward", (F,), i32(N), i32(F), self.dh, g[pre + "ffn_up.bias"])
+            self.matmul(N, C, F, self.dh, p[pre + "ffn_up.weight"], self.dln)
+            self._layernorm_backward(N, self.dln, a["x_mid"], a["ln2_mean"], a["ln2_rstd"], p[pre + "ffn_norm.weight"],
+                                     g[pre + "ffn_norm.weight"], g[pre + "ffn_norm.bias"], self.dx, accum=1)
+            # attention: x_mid = x + atty @ Wo.T + b
+            self.matmul(C, C, N, self.dx, a["atty"], g[pre + "attn_output.weight"], ta=1, accum=True)
+            self._run("bias_backward", (C,), i32(N), i32(C), self.dx, g[pre + "attn_output.bias"])
+            self.matmul(N, C, C, self.dx, p[pre + "attn_output.weight"], self.datty)
+            self._run("attention_backward_query", (Tp, Bp * H), i32(Bp), i32(Tp), self.datty, a["qkv"], a["att"],
+                      self.datt, self.dqkv)
+            self._run("attention_backward_key", (Tp, Bp * H), i32(Bp), i32(Tp), self.datty, a["qkv"], a["att"],
+                      self.datt, self.dqkv)
+            self.matmul(3 * C, C, N, self.dqkv, a["ln1"], g[pre + "attn_qkv.weight"], ta=1, accum=True)
+            self._run("bias_backward", (3 * C,), i32(N), i32(3 * C), self.dqkv, g[pre + "attn_qkv.bias"])
+            self.matmul(N, C, 3 * C, self.dqkv, p[pre + "attn_qkv.weight"], self.dln)
+            self._layernorm_backward(N, self.dln, a["x"], a["ln1_mean"], a["ln1_rstd"], p[pre + "attn_norm.weight"],
+                                     g[pre + "attn_norm.weight"], g[pre + "attn_norm.bias"], self.dx, accum=1)
+        # embedding: distinct tokens and their rows, sorted, so each dwte row sums in a fixed order
+        tok = self._tokens_host.reshape(-1)
+        order = np.argsort(tok, kind="stable").astype(np.int32)
+        rows, starts = np.unique(tok[order], return_index=True)
+        starts = np.append(starts, N).astype(np.int32)
+        self._emb_host = (order, rows.astype(np.int32), starts)
+        for buf, arr in zip((self.emb_order, self.emb_rows, self.emb_starts), self._emb_host):
+            cl.enqueue_copy(self.queue, buf, arr, is_blocking=False)
+        self._run("embedding_backward_wte", (C, len(rows)), i32(len(rows)), self.emb_rows, self.emb_starts,
+                  self.emb_order, self.dx, self.g["token_embd.weight"])
+        self._run("embedding_backward_wpe", (C, Tp), i32(Bp), i32(Tp), self.dx, self.g["position_embd.weight"])
+
+    # ---- optimizer ----
+    def _norm(self, clip: float):
+        self._run("grad_norm_partial", (self.n_parts,), i32(self.n_flat), i32(self.chunk), self.flat_g, self.partials)
+        self._run("grad_norm_final", (1,), i32(self.n_parts), f32(clip), self.partials, self.norm_buf)
+
+    def grad_norm(self) -> float:
+        self._norm(0.0)
+        out = np.empty(2, np.float32)
+        cl.enqueue_copy(self.queue, out, self.norm_buf, is_blocking=True)
+        return float(out[0])
+
+    def step(self, lr, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, clip=1.0) -> float:
+        """Clip grads to global norm `clip` (clip <= 0: no clipping), one AdamW step; -> pre-clip norm."""
+        self._norm(float(clip))
+        self.t += 1
+        bc1, bc2 = 1.0 - beta1**self.t, 1.0 - beta2**self.t
+        self._run("adamw", (self.n_flat,), i32(self.n_flat), i32(self.n_decay), self.flat_p, self.flat_g,
+                  self.flat_m, self.flat_v, self.norm_buf, f32(lr), f32(beta1), f32(beta2), f32(bc1), f32(bc2),
+                  f32(eps), f32(weight_decay))
+        out = np.empty(2, np.float32)
+        cl.enqueue_copy(self.queue, out, self.norm_buf, is_blocking=True)
+        return float(out[0])
+
+    # ---- host access ----
+    def _read_flat(self, buf) -> dict[str, np.ndarray]:
+        flat = np.empty(self.n_flat, np.float32)
+        cl.enqueue_copy(self.queue, flat, buf, is_blocking=True)
+        return {n: flat[self.offsets[n]: self.offsets[n] + int(np.prod(s))].reshape(s).copy()
+                for n, s in self.shapes.items()}
+
+    def _write_flat(self, buf, d: dict, what: str):
+        flat = np.zeros(self.n_flat, np.float32)
+        missing = set(self.shapes) - set(d)
+        extra = set(d) - set(self.shapes)
+        if missing or extra:
+            raise ClgptError(f"{what}: missing tensors {sorted(missing)}, unexpected tensors {sorted(extra)}")
+        for n, s in self.shapes.items():
+            a = np.asarray(d[n], dtype=np.float32)
+            if a.shape != s:
+                raise ClgptError(f"{what}: tensor {n} has shape {a.shape}; the model expects {s}")
+            flat[self.offsets[n]: self.offsets[n] + a.size] = a.reshape(-1)
+        cl.enqueue_copy(self.queue, buf, flat, is_blocking=True)
+
+    def get_params(self) -> dict[str, np.ndarray]:
+        return self._read_flat(self.flat_p)
+
+    def set_params(self, d: dict):
+        self._write_flat(self.flat_p, d, "params")
+
+    def get_grads(self) -> dict[str, np.ndarray]:
+        return self._read_flat(self.flat_g)
+
+    def get_optimizer_state(self) -> dict:
+        return {"m": self._read_flat(self.flat_m), "v": self._read_flat(self.flat_v), "t": self.t}
+
+    def set_optimizer_state(self, s: dict | None):
+        """None resets m, v to zero and t to 0."""
+        if s is None:
+            for buf in (self.flat_m, self.flat_v):
+                cl.enqueue_fill_buffer(self.queue, buf, np.float32(0), 0, self.n_flat * F32)
+            self.t = 0
+            return
+        self._write_flat(self.flat_m, s["m"], "optimizer state m")
+        self._write_flat(self.flat_v, s["v"], "optimizer state v")
+        self.t = int(s["t"])

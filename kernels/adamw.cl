@@ -1,0 +1,46 @@
+// Global gradient norm, clipping and AdamW over one flat buffer of all parameters (n floats).
+//   grad_norm_partial: partials[i] = sum_{j in chunk i} g[j]^2          (chunk = ceil(n / n_parts))
+//   grad_norm_final:   out[0] = sqrt(sum_i partials[i]);  out[1] = clip > 0 ? min(1, clip / out[0]) : 1
+//   adamw:             g = grad * out[1];  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
+//                      p -= lr wd p (only j < n_decay);  p -= lr (m / bc1) / (sqrt(v / bc2) + eps)
+// Two stages with fixed orders: deterministic. Parameters that decay come first in the flat buffer.
+
+__kernel void grad_norm_partial(const int n, const int chunk, __global const float* g, __global float* partials)
+{
+    const int i = get_global_id(0);
+    const int lo = i * chunk;
+    const int hi = min(n, lo + chunk);
+    float s = 0.0f;
+    for (int j = lo; j < hi; j++) s += g[j] * g[j];
+    partials[i] = s;
+}
+
+__kernel void grad_norm_final(const int n_parts, const float clip, __global const float* partials,
+                              __global float* out)
+{
+    if (get_global_id(0) != 0) return;
+    float s = 0.0f;
+    for (int i = 0; i < n_parts; i++) s += partials[i];
+    const float norm = sqrt(s);
+    out[0] = norm;
+    out[1] = (clip > 0.0f && norm > clip) ? clip / norm : 1.0f;
+}
+
+__kernel void adamw(const int n, const int n_decay, __global float* p, __global float* grad,
+                    __global float* m, __global float* v, __global const float* norm,
+                    const float lr, const float beta1, const float beta2, const float bc1, const float bc2,
+                    const float eps, const float weight_decay)
+{
+    const int j = get_global_id(0);
+    if (j >= n) return;
+    const float s = norm[1];
+    float g = grad[j];
+    if (s != 1.0f) { g *= s; grad[j] = g; }
+    const float mj = beta1 * m[j] + (1.0f - beta1) * g;
+    const float vj = beta2 * v[j] + (1.0f - beta2) * g * g;
+    m[j] = mj;
+    v[j] = vj;
+    float pj = p[j];
+    if (j < n_decay) pj -= lr * weight_decay * pj;
+    p[j] = pj - lr * (mj / bc1) / (sqrt(vj / bc2) + eps);
+}

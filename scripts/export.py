@@ -1,0 +1,50 @@
+"""Stage export: the tuned model as GGUF (llama.cpp, LM Studio, Ollama) and an Ollama Modelfile."""
+
+import hashlib
+import json
+import os
+
+from clgpt.checkpoint import load_checkpoint
+from clgpt.gguf_io import export_gguf, write_modelfile
+from clgpt.stage import run_script
+from clgpt.tokenizer import Tokenizer
+
+
+def provenance(ckpt: dict, metrics_path: str) -> dict:
+    """What the GGUF records about how it was made: steps, final losses, corpus and config hashes."""
+    with open(metrics_path, encoding="utf-8") as f:
+        metrics = json.load(f)
+    extra = ckpt["extra"]
+    meta = {"tune_steps": ckpt["step"]}
+    for key in ("pretrain_steps", "corpus_sha256", "settings_sha256", "pretrain_settings_sha256", "final_loss"):
+        if key in extra:
+            meta[key] = extra[key]
+    for key in ("pretrain_heldout_loss", "tune_heldout_loss", "tune_exact_match"):
+        if key in metrics:
+            meta[key] = metrics[key]
+    meta["config_sha256"] = hashlib.sha256(
+        json.dumps({k: meta.get(k) for k in ("settings_sha256", "pretrain_settings_sha256")}, sort_keys=True).encode()
+        + ckpt["cfg"].to_json().encode()
+    ).hexdigest()
+    return meta
+
+
+def main(tuned: str, tokenizer: str, metrics: str, settings: dict, gguf: str, modelfile: str) -> None:
+    ckpt = load_checkpoint(tuned)
+    tok = Tokenizer.load(tokenizer)
+    export_gguf(gguf, ckpt["cfg"], ckpt["params"], tok, ftype=settings["type"], name=settings["name"],
+                metadata=provenance(ckpt, metrics))
+    write_modelfile(modelfile, os.path.basename(gguf), ckpt["cfg"])
+
+
+if __name__ == "__main__" and "snakemake" in globals():
+    run_script(
+        main,
+        snakemake.log[0],
+        tuned=snakemake.input.tuned,
+        tokenizer=snakemake.input.tokenizer,
+        metrics=snakemake.input.metrics,
+        settings=dict(snakemake.params.settings),
+        gguf=snakemake.output.gguf,
+        modelfile=snakemake.output.modelfile,
+    )

@@ -1,0 +1,61 @@
+"""config.yaml validation: defaults, misspelt keys, out-of-range values, shapes that cannot work."""
+
+import pytest
+import yaml
+
+from clgpt.config import load_config, validate_config
+from clgpt.errors import ClgptError
+
+
+def test_default_config_validates_and_fills_defaults():
+    cfg = load_config("config.yaml")
+    assert set(cfg) >= {"device", "corpus", "tokenizer", "model", "pretrain", "tune", "evaluate", "export"}
+    assert cfg["pretrain"]["grad_clip"] == 1.0  # not in config.yaml: filled from the schema
+    assert cfg["tune"]["mix_pretrain"] == 0.0
+
+
+def test_empty_config_is_all_defaults():
+    cfg = validate_config({})
+    assert cfg["model"]["n_ctx"] == 256 and cfg["export"]["type"] == "f32"
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ({"tune": {"lr_rate": 0.1}}, "unknown key 'tune.lr_rate'"),
+        ({"modle": {}}, "unknown key 'modle'"),
+        ({"tune": {"lr": -1.0}}, "tune.lr"),
+        ({"pretrain": {"steps": 0}}, "pretrain.steps"),
+        ({"export": {"type": "q5_k"}}, "export.type"),
+        ({"model": {"n_embd": 66, "n_head": 4}}, "model.n_embd=66 is not divisible by model.n_head=4"),
+        ({"model": {"n_ctx": 300}}, "model.n_ctx=300 is not a multiple of 256"),
+        ({"tokenizer": {"vocab_size": 100}}, "tokenizer.vocab_size"),
+        ({"pretrain": {"seq_len": 512}}, "pretrain.seq_len=512 is longer than model.n_ctx=256"),
+        ({"model": {"n_embd": 48, "n_head": 4}, "export": {"type": "q8_0"}}, "model.n_embd=48 is not a multiple of 32"),
+        ({"model": {"n_ff": 100}, "export": {"type": "q4_0"}}, "model.n_ff=100 is not a multiple of 32"),
+    ],
+)
+def test_bad_config_names_the_key(override, message):
+    with pytest.raises(ClgptError) as e:
+        validate_config(override)
+    assert message in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_bad_yaml_names_file_and_line(tmp_path):
+    p = tmp_path / "config.yaml"
+    p.write_text("model:\n  n_embd: [1,\n")
+    with pytest.raises(ClgptError, match=r"config.yaml: not valid YAML at line"):
+        load_config(str(p))
+
+
+def test_quantized_export_accepts_multiples_of_32():
+    cfg = validate_config({"model": {"n_embd": 64, "n_head": 2, "n_ff": 128}, "export": {"type": "q4_0"}})
+    assert cfg["export"]["type"] == "q4_0"
+
+
+def test_schema_defaults_match_config_yaml_keys():
+    """Every key in config.yaml is one the schema knows (no silent typos in the shipped file)."""
+    with open("config.yaml") as f:
+        raw = yaml.safe_load(f)
+    validate_config(raw)

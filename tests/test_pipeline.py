@@ -1,0 +1,151 @@
+"""The whole workflow, end to end, on a tiny config: it runs, re-runs nothing when nothing changed, re-runs
+only what a change touches, stops early on bad input, and gives the same bytes twice."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+ALL_RULES = {"train_tokenizer", "encode", "pretrain", "tune", "evaluate", "export"}
+
+TINY = {
+    "device": "",
+    "tokenizer": {"vocab_size": 300},
+    "model": {"n_ctx": 256, "n_embd": 32, "n_head": 2, "n_layer": 1, "n_ff": 64},
+    "pretrain": {"steps": 6, "batch_size": 4, "seq_len": 32, "warmup_steps": 2, "checkpoint_every": 3},
+    "tune": {"epochs": 0, "steps": 6, "batch_size": 4, "seq_len": 48, "warmup_steps": 2, "checkpoint_every": 3},
+    "evaluate": {"max_tokens": 6},
+    "export": {"type": "f32", "name": "tiny"},
+}
+
+
+def make_workdir(path: Path, config: dict = TINY) -> Path:
+    """A copy of the workflow with a small corpus cut from data/ and the tiny config."""
+    path.mkdir(parents=True)
+    for name in ("Snakefile", "rules", "scripts", "kernels", "clgpt", "schemas"):
+        src = ROOT / name
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, path / name)
+    for sub in ("pretrain", "tune", "heldout"):
+        (path / "data" / sub).mkdir(parents=True)
+    for f in ("pretrain/en.txt", "pretrain/ru.txt", "tune/en.jsonl", "tune/ru.jsonl", "heldout/pretrain.txt",
+              "heldout/tune.jsonl"):
+        lines = (ROOT / "data" / f).read_text(encoding="utf-8").splitlines()
+        (path / "data" / f).write_text("\n".join(lines[:12]) + "\n", encoding="utf-8")
+    write_config(path, config)
+    return path
+
+
+def write_config(path: Path, config: dict) -> None:
+    (path / "config.yaml").write_text(yaml.safe_dump(config, allow_unicode=True), encoding="utf-8")
+
+
+def snakemake(path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "snakemake", "--cores", "1", *args],
+        cwd=path, capture_output=True, text=True, timeout=900,
+    )
+
+
+def planned_rules(path: Path, *args: str) -> set[str]:
+    """Rules a dry run would execute."""
+    r = snakemake(path, "-n", *args, "model.gguf")
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = r.stdout + r.stderr
+    if "Nothing to be done" in out:
+        return set()
+    stats = out.split("Job stats:")[1].split("total")[0]
+    return {m.group(1) for m in re.finditer(r"^(\w+)\s+\d+\s*$", stats, re.M)} & ALL_RULES
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    path = make_workdir(tmp_path_factory.mktemp("wf") / "run")
+    r = snakemake(path, "model.gguf")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
+    return path
+
+
+def test_pipeline_writes_every_output(workdir):
+    for f in ("model.gguf", "Modelfile", "results/tokenizer/tokenizer.json", "results/tokenizer/vocab.txt",
+              "results/encoded/pretrain.bin", "results/encoded/pretrain.json", "results/pretrain/model.ckpt",
+              "results/pretrain/log.csv", "results/tune/model.ckpt", "results/tune/log.csv",
+              "results/eval/metrics.json", "results/eval/report.md", "results/eval/loss_tune.png",
+              "logs/pretrain.log", "benchmarks/pretrain.tsv"):
+        assert (workdir / f).stat().st_size > 0, f
+    assert (workdir / "model.gguf").read_bytes()[:4] == b"GGUF"
+    assert "num_ctx 256" in (workdir / "Modelfile").read_text()
+    metrics = json.loads((workdir / "results/eval/metrics.json").read_text())
+    assert "forgetting" in json.dumps(metrics)
+    lines = (workdir / "results/pretrain/log.csv").read_text().splitlines()
+    assert lines[0].startswith("step,loss,lr") and len(lines) == 1 + TINY["pretrain"]["steps"]
+
+
+def test_nothing_changed_does_no_work(workdir):
+    assert planned_rules(workdir) == set()
+
+
+def test_tune_change_reruns_only_downstream(workdir):
+    changed = json.loads(json.dumps(TINY))
+    changed["tune"]["lr"] = 0.001
+    write_config(workdir, changed)
+    try:
+        assert planned_rules(workdir) == {"tune", "evaluate", "export"}
+    finally:
+        write_config(workdir, TINY)
+    assert planned_rules(workdir, "--forcerun", "tune") == {"tune", "evaluate", "export"}
+
+
+def test_export_type_change_reruns_only_export(workdir):
+    changed = json.loads(json.dumps(TINY))
+    changed["export"]["type"] = "f16"
+    write_config(workdir, changed)
+    try:
+        assert planned_rules(workdir) == {"export"}
+    finally:
+        write_config(workdir, TINY)
+
+
+def test_kernel_edit_reruns_the_stages_that_use_it(workdir):
+    kernel = next((workdir / "kernels").glob("*.cl"))
+    st = kernel.stat()
+    os.utime(kernel, (st.st_atime, st.st_mtime + 3600))
+    try:
+        assert planned_rules(workdir) == {"pretrain", "tune", "evaluate", "export"}
+    finally:
+        os.utime(kernel, (st.st_atime, st.st_mtime))
+
+
+def test_same_config_gives_same_bytes(workdir, tmp_path):
+    again = make_workdir(tmp_path / "again")
+    r = snakemake(again, "model.gguf")
+    assert r.returncode == 0, r.stderr[-4000:]
+    for f in ("model.gguf", "results/tokenizer/tokenizer.json", "results/pretrain/model.ckpt",
+              "results/tune/model.ckpt"):
+        assert (again / f).read_bytes() == (workdir / f).read_bytes(), f
+
+
+@pytest.mark.parametrize(
+    "breakage, message",
+    [
+        (lambda p: write_config(p, {**TINY, "tune": {**TINY["tune"], "lr_rate": 1}}), "unknown key 'tune.lr_rate'"),
+        (lambda p: [f.unlink() for f in (p / "data/tune").glob("*.jsonl")], "data/tune: no *.jsonl files"),
+        (lambda p: (p / "data/pretrain/en.txt").write_bytes(b"ok\n\xc3\x28 bad\n"), "not UTF-8 at byte offset 3"),
+        (lambda p: (p / "data/tune/en.jsonl").write_text('{"user": "hi"}\n'), 'en.jsonl:1: missing or empty "assistant"'),
+    ],
+)
+def test_bad_input_stops_early_and_leaves_no_output(tmp_path, breakage, message):
+    path = make_workdir(tmp_path / "bad")
+    breakage(path)
+    r = snakemake(path, "model.gguf")
+    assert r.returncode != 0
+    assert message in r.stdout + r.stderr
+    assert not (path / "model.gguf").exists()
+    leftovers = [p for p in (path / "results").rglob("*") if p.is_file()] if (path / "results").exists() else []
+    assert leftovers == []
