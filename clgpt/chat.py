@@ -3,13 +3,16 @@ prompt with it, and the GGUF carries it as a Jinja template (Ollama's Modelfile 
 
 A conversation is BOS, then turns: `<user>{text}` and `<assistant>{text}</s>`. The loss covers the
 assistant's tokens and its `</s>`; a prompt ends with `<assistant>` so the model writes the reply.
-BOS is not part of the templates: `tokenizer.ggml.add_bos_token` is true, so llama.cpp, LM Studio and
-Ollama prepend it themselves, exactly as `encode_*` below do.
+BOS: the Jinja template starts with `{{ bos_token }}` because llama-cpp-python tokenizes a rendered
+chat prompt without adding BOS; llama.cpp's own chat code strips a leading BOS from the rendered text and
+adds it through `tokenizer.ggml.add_bos_token` (true). Ollama's Go template has no BOS: Ollama adds it
+from the tokenizer. Every path therefore sees exactly one `<s>`, as `encode_*` below produce.
 """
 
 from __future__ import annotations
 
 CHAT_TEMPLATE = (
+    "{{ bos_token }}"
     "{% for message in messages %}"
     "{% if message['role'] == 'user' %}<user>{{ message['content'] }}"
     "{% elif message['role'] == 'assistant' %}<assistant>{{ message['content'] }}</s>"

@@ -20,7 +20,7 @@ from clgpt.model import ModelConfig, decays, param_shapes
 
 F32 = 4
 # Matmul tiles: TSM x TSN outputs per work-group, TSK deep, WPTM x WPTN outputs per work-item.
-MATMUL_TILES = dict(TSM=32, TSN=32, TSK=16, WPTM=4, WPTN=4)
+MATMUL_TILES = dict(TSM=64, TSN=64, TSK=32, WPTM=8, WPTN=8)
 
 i32, f32 = np.int32, np.float32
 
@@ -179,7 +179,7 @@ class Engine:
                             a["ln2"], a["ln2_mean"], a["ln2_rstd"])
             self.matmul(N, F, C, a["ln2"], self.p[pre + "ffn_up.weight"], a["h"], tb=1,
                         bias=self.p[pre + "ffn_up.bias"])
-            self._run("gelu_forward", (N * F,), i32(N * F), a["h"], a["g"])
+            self._run("gelu_forward", (_ceil(N * F, 256),), i32(N * F), a["h"], a["g"], lsize=(256,))
             self.matmul(N, C, F, a["g"], self.p[pre + "ffn_down.weight"], x_next, tb=1,
                         bias=self.p[pre + "ffn_down.bias"], resid=a["x_mid"])
         self._layernorm(N, self.x_out, self.p["output_norm.weight"], self.p["output_norm.bias"],
@@ -223,8 +223,8 @@ class Engine:
         cfg = self.cfg
         Bp, Tp, msum = self._fwd
         N, C, V, F, H = Bp * Tp, cfg.n_embd, cfg.vocab_size, cfg.n_ff, cfg.n_head
-        self._run("xent_backward", (V, N), i32(N), f32(scale / msum), self.logits, self.targets, self.mask,
-                  self.lse, self.dlogits)
+        self._run("xent_backward", (_ceil(V, 64), N), i32(N), f32(scale / msum), self.logits, self.targets, self.mask,
+                  self.lse, self.dlogits, lsize=(64, 1))
         self.matmul(V, C, N, self.dlogits, self.lnf, self._g_out(), ta=1, accum=True)
         self.matmul(N, C, V, self.dlogits, self._w_out(), self.dln)
         self._layernorm_backward(N, self.dln, self.x_out, self.lnf_mean, self.lnf_rstd, self.p["output_norm.weight"],
@@ -235,7 +235,7 @@ class Engine:
             self.matmul(C, F, N, self.dx, a["g"], g[pre + "ffn_down.weight"], ta=1, accum=True)
             self._run("bias_backward", (C,), i32(N), i32(C), self.dx, g[pre + "ffn_down.bias"])
             self.matmul(N, F, C, self.dx, p[pre + "ffn_down.weight"], self.dg)
-            self._run("gelu_backward", (N * F,), i32(N * F), self.dg, a["h"], self.dh)
+            self._run("gelu_backward", (_ceil(N * F, 256),), i32(N * F), self.dg, a["h"], self.dh, lsize=(256,))
             self.matmul(F, C, N, self.dh, a["ln2"], g[pre + "ffn_up.weight"], ta=1, accum=True)
             self._run("bias_backward", (F,), i32(N), i32(F), self.dh, g[pre + "ffn_up.bias"])
             self.matmul(N, C, F, self.dh, p[pre + "ffn_up.weight"], self.dln)

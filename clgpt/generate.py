@@ -3,7 +3,9 @@
 The Generator runs `clgpt.engine.Engine` (batch 1, seq_len = n_ctx) on any parameters -- typically the
 float32 weights `gguf_io.read_gguf` reads back, so q8_0/q4_0 exports generate from the same dequantized
 weights llama.cpp runs. Each step recomputes the whole prefix (no KV cache): models here are small and
-the context is at most n_ctx positions.
+the context is at most n_ctx positions. The prefix is padded up to a multiple of PAD_TO tokens: the
+attention is causal, so padding after the last token changes none of its logits, and the engine sees
+n_ctx / PAD_TO distinct lengths instead of n_ctx (on PoCL each new length costs a kernel build).
 
 Context: a sequence never grows past n_ctx tokens (prompt + generated), the rows of position_embd;
 llama.cpp stops at the same point (it aborts, rather than stops, past the table).
@@ -17,6 +19,8 @@ import numpy as np
 
 from clgpt.errors import ClgptError
 from clgpt.model import ModelConfig
+
+PAD_TO = 32  # forward lengths are rounded up to a multiple of this (capped at n_ctx)
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -69,9 +73,11 @@ class Generator:
         bad = [i for i in ids if not 0 <= i < self.cfg.vocab_size]
         if bad:
             raise ClgptError(f"token id {bad[0]} is not in the vocabulary (0..{self.cfg.vocab_size - 1})")
-        tokens = np.asarray(ids, dtype=np.int32)[None, :]  # (1, T')
+        T = min(-(-len(ids) // PAD_TO) * PAD_TO, self.cfg.n_ctx)
+        tokens = np.zeros((1, T), dtype=np.int32)  # (1, T'), padded with id 0 after the prefix
+        tokens[0, : len(ids)] = ids
         logits = self.engine.forward(tokens)  # (1, T', V)
-        return np.asarray(logits[0, -1], dtype=np.float32)
+        return np.array(logits[0, len(ids) - 1], dtype=np.float32)
 
     def generate(
         self,

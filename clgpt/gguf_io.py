@@ -415,6 +415,8 @@ def read_gguf(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, np.ndarra
                 raise _Corrupt(f"tensor {k} is missing")
             if tensors[k].shape != shape:
                 raise _Corrupt(f"tensor {k} has shape {tensors[k].shape}, the gpt2.* keys need {shape}")
+            if not np.isfinite(tensors[k]).all():
+                raise _Corrupt(f"tensor {k} holds NaN or inf")
         extra = sorted(set(tensors) - set(shapes))
         if extra:
             raise _Corrupt(f"unexpected tensors {extra[:3]}")

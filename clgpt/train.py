@@ -150,11 +150,47 @@ class PretrainBatches:
         self.rng.bit_generator.state = state["rng"]
 
 
+def dialog_rows(ids, meta: dict, where: str, T: int) -> tuple[list[tuple[np.ndarray, int]], int]:
+    """[(dialog ids int32, index of its <assistant> token)] of an encoded dialog file, leaving out the
+    dialogs whose reply starts past T tokens (nothing of them would count); -> (rows, number left out)."""
+    positions = meta.get("assistant_pos") or []
+    if meta.get("kind") != "dialog" or len(positions) != len(meta["documents"]):
+        raise ClgptError(f"{where}: not an encoded dialog file (kind {meta.get('kind')!r}); re-run the encode stage")
+    rows, dropped = [], 0
+    for (start, end), pos in zip(meta["documents"], positions):
+        doc = np.asarray(ids[start:end], dtype=np.int32)
+        a = pos - start
+        if not 0 <= a < len(doc) - 1:
+            raise ClgptError(f"{where}: assistant_pos {pos} is outside its dialog [{start}, {end}); re-run the encode stage")
+        if a >= min(len(doc) - 1, T):
+            dropped += 1
+        else:
+            rows.append((doc, a))
+    return rows, dropped
+
+
+def pad_dialogs(rows: list[tuple[np.ndarray, int]], T: int):
+    """One dialog a row, cut to T tokens and padded to the longest row W <= T.
+    -> tokens, targets int32 (n, W); mask float32 (n, W), 1 from the <assistant> token's target on
+    (the reply and its </s>); number of real tokens. Padding is id 0 with mask 0: causal attention
+    keeps it from reaching the real positions before it."""
+    width = max(min(len(doc) - 1, T) for doc, _ in rows)
+    tokens = np.zeros((len(rows), width), dtype=np.int32)
+    targets = np.zeros((len(rows), width), dtype=np.int32)
+    mask = np.zeros((len(rows), width), dtype=np.float32)
+    n_real = 0
+    for r, (doc, a) in enumerate(rows):
+        L = min(len(doc) - 1, T)
+        tokens[r, :L], targets[r, :L] = doc[:L], doc[1 : L + 1]
+        mask[r, a:L] = 1.0
+        n_real += L
+    return tokens, targets, mask, n_real
+
+
 class DialogBatches:
-    """Tune micro-batches: one dialog per row, padded (mask 0) to the longest row and capped at seq_len;
-    the loss counts targets from the `<assistant>` token on (the reply and its `</s>`). Dialogs are
-    shuffled once per epoch; rows run on into the next epoch's order so every batch is full.
-    With mix_pretrain, round(mix * B) rows are pretrain windows as wide as the dialog rows."""
+    """Tune micro-batches: B - n_mix dialogs (see pad_dialogs), shuffled once per epoch; rows run on into
+    the next epoch's order so every batch is full. With mix_pretrain, n_mix = round(mix * B) more rows
+    are pretrain windows as wide as the dialog rows, every target counting."""
 
     def __init__(self, ids, meta: dict, settings: dict, where: str, mix_ids=None, mix_where: str = ""):
         self.rng = np.random.default_rng(settings["seed"])
@@ -163,24 +199,9 @@ class DialogBatches:
         if self.n_mix and mix_ids is None:
             raise ClgptError("tune.mix_pretrain is above 0 but no pretrain data (mix_encoded) was given")
         self.mix = WindowSampler(mix_ids, self.rng, mix_where) if self.n_mix else None
-        self.dialogs: list[tuple[np.ndarray, int]] = []  # (ids, index of <assistant> within ids)
-        self.dropped = 0
-        positions = meta.get("assistant_pos") or []
-        if meta.get("kind") != "dialog" or len(positions) != len(meta["documents"]):
-            raise ClgptError(f"{where}: not an encoded dialog file (kind {meta.get('kind')!r}); re-run the encode stage")
-        for (start, end), pos in zip(meta["documents"], positions):
-            doc = np.asarray(ids[start:end], dtype=np.int32)
-            a = pos - start
-            if not 0 <= a < len(doc) - 1:
-                raise ClgptError(f"{where}: assistant_pos {pos} is outside its dialog [{start}, {end}); re-run the encode stage")
-            if a >= min(len(doc) - 1, self.T):  # the reply starts past seq_len: nothing to learn from
-                self.dropped += 1
-                continue
-            self.dialogs.append((doc, a))
+        self.dialogs, self.dropped = dialog_rows(ids, meta, where, self.T)
         if not self.dialogs:
-            raise ClgptError(
-                f"{where}: no dialog has its reply within seq_len={self.T} tokens; raise tune.seq_len"
-            )
+            raise ClgptError(f"{where}: no dialog has its reply within seq_len={self.T} tokens; raise tune.seq_len")
         self.rows_per_epoch = len(self.dialogs)
         self.epoch, self.pos = 0, 0
         self.order = self.rng.permutation(len(self.dialogs))
@@ -195,21 +216,13 @@ class DialogBatches:
 
     def next(self):
         """-> tokens, targets int32 (B, W), mask float32 (B, W), number of real tokens; W <= seq_len."""
-        rows = [self._next_dialog() for _ in range(self.B - self.n_mix)]
-        width = max(min(len(doc) - 1, self.T) for doc, _ in rows)
-        n = len(rows) + self.n_mix
-        tokens = np.zeros((n, width), dtype=np.int32)  # pad id 0: masked out, and causal attention
-        targets = np.zeros((n, width), dtype=np.int32)  # keeps it from reaching earlier positions
-        mask = np.zeros((n, width), dtype=np.float32)
-        n_real = self.n_mix * width
-        for r, (doc, a) in enumerate(rows):
-            L = min(len(doc) - 1, self.T)
-            tokens[r, :L], targets[r, :L] = doc[:L], doc[1 : L + 1]
-            mask[r, a:L] = 1.0
-            n_real += L
+        tokens, targets, mask, n_real = pad_dialogs([self._next_dialog() for _ in range(self.B - self.n_mix)], self.T)
         if self.n_mix:
-            tokens[len(rows):], targets[len(rows):] = self.mix.rows(self.n_mix, width)
-            mask[len(rows):] = 1.0
+            width = tokens.shape[1]
+            mix_tokens, mix_targets = self.mix.rows(self.n_mix, width)
+            tokens, targets = np.concatenate([tokens, mix_tokens]), np.concatenate([targets, mix_targets])
+            mask = np.concatenate([mask, np.ones(mix_tokens.shape, dtype=np.float32)])
+            n_real += mix_tokens.size
         return tokens, targets, mask, n_real
 
     def state(self) -> dict:

@@ -1,0 +1,250 @@
+"""`clgpt bench`: training speed on random tokens, and the engine's GEMM beside numpy's.
+
+Prints the OpenCL device, ms per training step (forward, zero_grad, backward, clip + AdamW; warmup steps
+excluded), the GEMM figure -- C = A @ B at --gemm squared, float32, launched through the engine's own
+`Engine.matmul` (the kernel, tiles and launch shape that training uses) -- beside numpy's `A @ B` on the
+same machine in the same run, with the ratio and a check of the OpenCL result against float64 numpy.
+The last line is exactly `tokens/s=<number>`.
+
+With CLGPT_BENCH_PROFILE=1 it also trains a few steps on a second engine whose queue has profiling on and
+prints where the device time goes, per kernel (and per matmul shape), before the last line.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections import defaultdict
+
+import numpy as np
+
+from clgpt.errors import ClgptError
+
+WARMUP = 3
+GEMM_TOL = 1e-4  # max |C - ref| / max |ref| for float32 against float64
+PROFILE_STEPS = 3
+
+
+def _blas_info() -> str:
+    """numpy's BLAS and the kernel it runs, where threadpoolctl is there to say."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return "numpy BLAS (threadpoolctl not installed: kernel unknown)"
+    for lib in threadpool_info():
+        if lib.get("user_api") == "blas":
+            arch = lib.get("architecture") or "?"
+            return f"{lib.get('internal_api')} {lib.get('version')} {arch} kernel, {lib.get('num_threads')} threads"
+    return "numpy BLAS unknown"
+
+
+def _best_time(fn, sync, min_time: float = 0.2, rounds: int = 3) -> float:
+    """Seconds per call: grow a repeat count until one round takes >= min_time, then best of `rounds`."""
+    reps = 1
+    while True:
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        sync()
+        dt = time.perf_counter() - t0
+        if dt >= min_time or reps >= 1 << 14:
+            break
+        reps *= 4 if dt < min_time / 8 else 2
+    best = dt / reps
+    for _ in range(rounds - 1):
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        sync()
+        best = min(best, (time.perf_counter() - t0) / reps)
+    return best
+
+
+def gemm_figure(eng, n: int, seed: int = 0) -> dict:
+    """C = A @ B (n x n float32) through eng.matmul and through numpy -> GFLOP/s of both, max rel error."""
+    import pyopencl as cl
+
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    mf = cl.mem_flags
+    da = cl.Buffer(eng.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=a)
+    db = cl.Buffer(eng.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=b)
+    dc = cl.Buffer(eng.ctx, mf.READ_WRITE, a.nbytes)
+    q = eng.queue
+
+    def cl_gemm():
+        eng.matmul(n, n, n, da, db, dc)  # ta=0, tb=0: as the engine computes dx = dy @ W
+
+    cl_gemm()
+    c = np.empty_like(a)
+    cl.enqueue_copy(q, c, dc, is_blocking=True)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    err = float(np.abs(c - ref).max() / np.abs(ref).max())
+    t_cl = _best_time(cl_gemm, q.finish)
+    t_np = _best_time(lambda: a @ b, lambda: None)
+    flops = 2.0 * n**3
+    return dict(cl=flops / t_cl / 1e9, np=flops / t_np / 1e9, err=err, ok=bool(np.isfinite(err) and err <= GEMM_TOL))
+
+
+# ---- per-kernel profile ----
+
+
+class _Recorder:
+    """Stands in for a cl.Kernel: launches it and keeps (label, event)."""
+
+    def __init__(self, kernel, label, log):
+        self.kernel, self.label, self.log = kernel, label, log
+
+    def __call__(self, queue, gsize, lsize, *args, **kw):
+        ev = self.kernel(queue, gsize, lsize, *args, **kw)
+        label = self.label
+        if label.startswith("matmul"):  # M, N, K are the first three arguments
+            label = f"{label} {int(args[0])}x{int(args[1])}x{int(args[2])}"
+        self.log.append((label, ev))
+        return ev
+
+    def __getattr__(self, name):
+        return getattr(self.kernel, name)
+
+
+def _profiling_device(dev):
+    """A second Device on the same OpenCL device, with a profiling queue and recording kernels."""
+    import pyopencl as cl
+
+    from clgpt.device import Device
+
+    class ProfDevice(Device):
+        def __init__(self, d):
+            super().__init__(d)
+            self.queue = cl.CommandQueue(self.ctx, properties=cl.command_queue_properties.PROFILING_ENABLE)
+            self.log = []
+
+        def kernel(self, file_stem, name, **defines):
+            k = super().kernel(file_stem, name, **defines)
+            label = name
+            if name == "matmul":
+                flags = [f for f in ("TA", "TB", "BIAS", "RESID", "ACCUM") if defines.get(f)]
+                label = "matmul[" + ",".join(flags) + "]" if flags else "matmul[NN]"
+            return _Recorder(k, label, self.log)
+
+    return ProfDevice(dev.device)
+
+
+def profile(cfg, params, B, T, dev, batches) -> list[str]:
+    """Train PROFILE_STEPS steps with event profiling; -> report lines (device time per kernel)."""
+    from clgpt.engine import Engine
+
+    pdev = _profiling_device(dev)
+    eng = Engine(cfg, params, batch_size=B, seq_len=T, device=pdev)
+    for tok, tgt in batches[:2]:  # warm: first launches compile nothing, but fault in buffers
+        eng.forward(tok, tgt)
+        eng.zero_grad()
+        eng.backward()
+        eng.step(3e-4, clip=1.0)
+    pdev.queue.finish()
+    pdev.log.clear()
+    t0 = time.perf_counter()
+    for i in range(PROFILE_STEPS):
+        tok, tgt = batches[i % len(batches)]
+        eng.forward(tok, tgt)
+        eng.zero_grad()
+        eng.backward()
+        eng.step(3e-4, clip=1.0)
+    pdev.queue.finish()
+    wall = (time.perf_counter() - t0) / PROFILE_STEPS
+    tot, cnt = defaultdict(float), defaultdict(int)
+    for label, ev in pdev.log:
+        tot[label] += (ev.profile.end - ev.profile.start) * 1e-9
+        cnt[label] += 1
+    dev_time = sum(tot.values()) / PROFILE_STEPS
+    lines = [
+        f"profile ({PROFILE_STEPS} steps, profiling queue): wall {wall * 1e3:.2f} ms/step, kernels {dev_time * 1e3:.2f} "
+        f"ms/step in {len(pdev.log) // PROFILE_STEPS} launches, rest (host, copies, launch gaps) "
+        f"{(wall - dev_time) * 1e3:.2f} ms/step"
+    ]
+    for label in sorted(tot, key=tot.get, reverse=True):
+        t = tot[label] / PROFILE_STEPS
+        lines.append(f"  {t * 1e3:8.3f} ms/step {100 * t / max(dev_time, 1e-12):5.1f}%  "
+                     f"{cnt[label] // PROFILE_STEPS:3d}x  {label}")
+    return lines
+
+
+# ---- the bench ----
+
+
+def run_bench(args) -> None:
+    from clgpt.device import get_device
+    from clgpt.engine import Engine
+    from clgpt.model import ModelConfig, init_params, num_params
+
+    if args.steps < 1:
+        raise ClgptError(f"bench: --steps must be at least 1, got {args.steps}")
+    if args.gemm < 0:
+        raise ClgptError(f"bench: --gemm must be 0 (skip) or a positive size, got {args.gemm}")
+    cfg = ModelConfig(vocab_size=args.vocab, n_ctx=args.ctx, n_embd=args.embd, n_head=args.heads,
+                      n_layer=args.layers, n_ff=args.ffn)
+    cfg.validate("bench")
+    B, T, V = args.batch, args.ctx, args.vocab
+    if B < 1:
+        raise ClgptError(f"bench: --batch must be at least 1, got {B}")
+    dev = get_device(args.device)
+    d = dev.device
+    print(f"device: {dev.name} ({d.platform.name.strip()}, {d.max_compute_units} compute units, {d.version.strip()})")
+    print(f"model: V={V} T={T} C={cfg.n_embd} F={cfg.n_ff} H={cfg.n_head} L={cfg.n_layer} B={B}, "
+          f"{num_params(cfg):,} parameters")
+    sys.stdout.flush()
+
+    params = init_params(cfg, 0)
+    t0 = time.perf_counter()
+    eng = Engine(cfg, params, batch_size=B, seq_len=T, device=dev)
+    t_init = time.perf_counter() - t0
+
+    rng = np.random.default_rng(0)
+    batches = [(rng.integers(0, V, size=(B, T), dtype=np.int32), rng.integers(0, V, size=(B, T), dtype=np.int32))
+               for _ in range(8)]
+
+    def train_step(i):
+        tok, tgt = batches[i % len(batches)]
+        loss = eng.forward(tok, tgt)
+        eng.zero_grad()
+        eng.backward()
+        eng.step(3e-4, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, clip=1.0)
+        return loss
+
+    t0 = time.perf_counter()
+    for i in range(WARMUP):
+        first = train_step(i)
+    eng.queue.finish()
+    t_warm = time.perf_counter() - t0
+    t0, c0 = time.perf_counter(), time.process_time()
+    for i in range(args.steps):
+        loss = train_step(WARMUP + i)
+    eng.queue.finish()
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+    if not (np.isfinite(first) and np.isfinite(loss)):
+        raise ClgptError(f"bench: the loss is not finite ({first} then {loss})")
+    ms = dt / args.steps * 1e3
+    tps = B * T * args.steps / dt
+    print(f"train: {args.steps} steps after {WARMUP} warmup ({t_init:.2f} s engine setup, {t_warm:.2f} s warmup), "
+          f"loss {first:.4f} -> {loss:.4f}, {ms:.2f} ms/step, {cpu / args.steps * 1e3:.2f} ms CPU time/step (all threads)")
+    sys.stdout.flush()
+
+    gemm_ok = True
+    if args.gemm:
+        n = args.gemm
+        g = gemm_figure(eng, n)
+        gemm_ok = g["ok"]
+        print(f"gemm {n}^2 fp32 C=A@B: OpenCL {g['cl']:.2f} GFLOP/s, numpy {g['np']:.2f} GFLOP/s "
+              f"({_blas_info()}), OpenCL/numpy = {g['cl'] / g['np']:.3f}")
+        print(f"gemm check: {'passed' if gemm_ok else 'FAILED'} (max rel err {g['err']:.2e} against float64 numpy, "
+              f"tolerance {GEMM_TOL:g})")
+    if os.environ.get("CLGPT_BENCH_PROFILE", "") not in ("", "0"):
+        for line in profile(cfg, params, B, T, dev, batches):
+            print(line)
+    if not gemm_ok:
+        raise ClgptError("bench: the OpenCL GEMM disagrees with numpy (see 'gemm check' above)")
+    print(f"tokens/s={tps:.1f}")

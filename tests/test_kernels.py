@@ -1,0 +1,287 @@
+"""Every OpenCL kernel against the float64 numpy reference (clgpt.reference), and every reference
+backward against central finite differences in float64."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyopencl as cl
+import pytest
+
+from clgpt import reference as ref
+from clgpt.device import get_device
+from clgpt.engine import MATMUL_TILES
+
+i32, f32 = np.int32, np.float32
+
+
+@pytest.fixture(scope="module")
+def dev():
+    return get_device()
+
+
+def to_dev(dev, a):
+    a = np.ascontiguousarray(a)
+    return cl.Buffer(dev.ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=a)
+
+
+def empty(dev, n, dtype=np.float32):
+    return cl.Buffer(dev.ctx, cl.mem_flags.READ_WRITE, max(1, n) * np.dtype(dtype).itemsize)
+
+
+def from_dev(dev, buf, shape, dtype=np.float32):
+    out = np.empty(shape, dtype)
+    cl.enqueue_copy(dev.queue, out, buf, is_blocking=True)
+    return out
+
+
+def assert_close(got, want, atol, rtol, what=""):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    diff = np.abs(got - want)
+    ok = diff <= atol + rtol * np.abs(want)
+    assert ok.all(), f"{what}: max abs diff {diff.max():.3e} (atol {atol}, rtol {rtol})"
+
+
+def fd_grad(f, x, eps=1e-6):
+    """Central finite differences of the scalar f() w.r.t. every entry of x (modified in place)."""
+    g = np.zeros_like(x)
+    it = np.nditer(x, flags=["multi_index"])
+    for _ in it:
+        i = it.multi_index
+        old = x[i]
+        x[i] = old + eps
+        fp = f()
+        x[i] = old - eps
+        fm = f()
+        x[i] = old
+        g[i] = (fp - fm) / (2 * eps)
+    return g
+
+
+rng = np.random.default_rng(1234)
+
+
+# ---------------- matmul ----------------
+@pytest.mark.parametrize("ta,tb", [(0, 1), (0, 0), (1, 0)])
+@pytest.mark.parametrize("M,N,K", [(37, 53, 29), (64, 32, 16), (1, 7, 3), (70, 65, 130)])
+def test_matmul(dev, ta, tb, M, N, K):
+    A = rng.normal(size=(K, M) if ta else (M, K)).astype(f32)
+    B = rng.normal(size=(N, K) if tb else (K, N)).astype(f32)
+    bias = rng.normal(size=N).astype(f32)
+    R = rng.normal(size=(M, N)).astype(f32)
+    C0 = rng.normal(size=(M, N)).astype(f32)
+    opA = A.T.astype(np.float64) if ta else A.astype(np.float64)
+    opB = B.T.astype(np.float64) if tb else B.astype(np.float64)
+    t = MATMUL_TILES
+    lsize = (t["TSN"] // t["WPTN"], t["TSM"] // t["WPTM"])
+    gsize = (-(-N // t["TSN"]) * lsize[0], -(-M // t["TSM"]) * lsize[1])
+    for use_bias, use_r, accum in [(0, 0, 0), (1, 1, 0), (0, 0, 1)]:
+        k = dev.kernel("matmul", "matmul", TA=ta, TB=tb, BIAS=use_bias, RESID=use_r, ACCUM=accum, **t)
+        cbuf = to_dev(dev, C0)
+        k(dev.queue, gsize, lsize, i32(M), i32(N), i32(K), to_dev(dev, A), i32(M if ta else K), to_dev(dev, B),
+          i32(K if tb else N), cbuf, i32(N), to_dev(dev, bias) if use_bias else None,
+          to_dev(dev, R) if use_r else None, f32(0.5))
+        want = 0.5 * opA @ opB + (bias if use_bias else 0) + (R if use_r else 0) + (C0 if accum else 0)
+        assert_close(from_dev(dev, cbuf, (M, N)), want, 1e-4, 1e-4, f"matmul ta={ta} tb={tb} {M}x{N}x{K}")
+
+
+def test_bias_backward(dev):
+    M, N = 37, 29
+    dy = rng.normal(size=(M, N)).astype(f32)
+    db0 = rng.normal(size=N).astype(f32)
+    buf = to_dev(dev, db0)
+    dev.kernel("matmul", "bias_backward", **MATMUL_TILES)(dev.queue, (N,), None, i32(M), i32(N), to_dev(dev, dy), buf)
+    assert_close(from_dev(dev, buf, N), db0 + dy.astype(np.float64).sum(0), 1e-5, 1e-5, "bias_backward")
+
+
+# ---------------- layernorm ----------------
+def test_layernorm(dev):
+    N, C, eps = 11, 24, 1e-5
+    x = (rng.normal(size=(N, C)) * 2 + 0.5).astype(f32)
+    w, b = rng.normal(size=C).astype(f32), rng.normal(size=C).astype(f32)
+    dout = rng.normal(size=(N, C)).astype(f32)
+    want, (mean, rstd) = ref.layernorm_forward(x, w, b, eps)
+    dx_want, dw_want, db_want = ref.layernorm_backward(dout, x, w, mean, rstd)
+    kw = dict(C=C, EPS=eps)
+    xb, wb, bb = to_dev(dev, x), to_dev(dev, w), to_dev(dev, b)
+    out, mb, rb = empty(dev, N * C), empty(dev, N), empty(dev, N)
+    dev.kernel("layernorm", "layernorm_forward", **kw)(dev.queue, (N,), None, i32(N), xb, wb, bb, out, mb, rb)
+    assert_close(from_dev(dev, out, (N, C)), want, 1e-5, 1e-5, "layernorm_forward")
+    assert_close(from_dev(dev, rb, N), rstd, 1e-5, 1e-5, "layernorm rstd")
+    dx0 = rng.normal(size=(N, C)).astype(f32)
+    dxb, dob = to_dev(dev, dx0), to_dev(dev, dout)
+    dev.kernel("layernorm", "layernorm_backward", **kw)(dev.queue, (N,), None, i32(N), i32(1), dob, xb, wb, mb, rb, dxb)
+    assert_close(from_dev(dev, dxb, (N, C)), dx0 + dx_want, 1e-4, 1e-4, "layernorm_backward (accumulate)")
+    dev.kernel("layernorm", "layernorm_backward", **kw)(dev.queue, (N,), None, i32(N), i32(0), dob, xb, wb, mb, rb, dxb)
+    assert_close(from_dev(dev, dxb, (N, C)), dx_want, 1e-4, 1e-4, "layernorm_backward (overwrite)")
+    dwb, dbb = to_dev(dev, np.ones(C, f32)), to_dev(dev, np.zeros(C, f32))
+    dev.kernel("layernorm", "layernorm_param_backward", **kw)(dev.queue, (C,), None, i32(N), dob, xb, mb, rb, dwb, dbb)
+    assert_close(from_dev(dev, dwb, C), 1 + dw_want, 1e-4, 1e-4, "layernorm dw")
+    assert_close(from_dev(dev, dbb, C), db_want, 1e-4, 1e-4, "layernorm db")
+
+
+# ---------------- gelu ----------------
+def test_gelu(dev):
+    n = 1000
+    x = (rng.normal(size=n) * 3).astype(f32)
+    dy = rng.normal(size=n).astype(f32)
+    yb, dxb = empty(dev, n), empty(dev, n)
+    dev.kernel("gelu", "gelu_forward")(dev.queue, (n,), None, i32(n), to_dev(dev, x), yb)
+    assert_close(from_dev(dev, yb, n), ref.gelu_forward(x), 1e-5, 1e-5, "gelu_forward")
+    dev.kernel("gelu", "gelu_backward")(dev.queue, (n,), None, i32(n), to_dev(dev, dy), to_dev(dev, x), dxb)
+    assert_close(from_dev(dev, dxb, n), ref.gelu_backward(dy, x), 1e-5, 1e-5, "gelu_backward")
+
+
+# ---------------- attention ----------------
+@pytest.mark.parametrize("B,T,C,H", [(2, 7, 12, 3), (1, 1, 8, 1), (3, 9, 16, 2)])
+def test_attention(dev, B, T, C, H):
+    D = C // H
+    qkv = rng.normal(size=(B, T, 3 * C)).astype(f32)
+    dout = rng.normal(size=(B, T, C)).astype(f32)
+    want, att = ref.attention_forward(qkv, H)
+    dqkv_want = ref.attention_backward(dout, qkv, att, H)
+    kw = dict(C=C, H=H, D=D, SCALE=1.0 / math.sqrt(D))
+    qb, ob, ab = to_dev(dev, qkv), empty(dev, B * T * C), empty(dev, B * H * T * T)
+    dev.kernel("attention", "attention_forward", **kw)(dev.queue, (T, B * H), None, i32(B), i32(T), qb, ob, ab)
+    assert_close(from_dev(dev, ob, (B, T, C)), want, 1e-5, 1e-4, "attention_forward out")
+    assert_close(from_dev(dev, ab, (B, H, T, T)), att, 1e-6, 1e-4, "attention_forward att")
+    dob, datt, dq = to_dev(dev, dout), empty(dev, B * H * T * T), empty(dev, B * T * 3 * C)
+    for name in ("attention_backward_query", "attention_backward_key"):
+        dev.kernel("attention", name, **kw)(dev.queue, (T, B * H), None, i32(B), i32(T), dob, qb, ab, datt, dq)
+    assert_close(from_dev(dev, dq, (B, T, 3 * C)), dqkv_want, 1e-5, 1e-4, "attention_backward")
+
+
+# ---------------- softmax + cross-entropy ----------------
+def test_softmax_xent(dev):
+    N, V = 13, 37
+    logits = (rng.normal(size=(N, V)) * 3).astype(f32)
+    targets = rng.integers(0, V, N).astype(np.int32)
+    mask = (rng.random(N) > 0.4).astype(f32)
+    mask[0] = 1
+    targets[mask == 0] = -1  # ignored where the mask is 0
+    loss_want, probs = ref.softmax_xent_forward(logits, targets, mask)
+    dl_want = ref.softmax_xent_backward(probs, targets, mask, dloss=0.7)
+    lb, tb, mb = to_dev(dev, logits), to_dev(dev, targets), to_dev(dev, mask)
+    losses, lse, dl = empty(dev, N), empty(dev, N), empty(dev, N * V)
+    dev.kernel("xent", "xent_forward", V=V)(dev.queue, (N,), None, i32(N), lb, tb, mb, losses, lse)
+    loss = from_dev(dev, losses, N).astype(np.float64).sum() / mask.sum()
+    assert abs(loss - loss_want) < 1e-5 * abs(loss_want), f"xent loss {loss} vs {loss_want}"
+    dev.kernel("xent", "xent_backward", V=V)(dev.queue, (V, N), None, i32(N), f32(0.7 / mask.sum()), lb, tb, mb, lse, dl)
+    assert_close(from_dev(dev, dl, (N, V)), dl_want, 1e-6, 1e-4, "xent_backward")
+
+
+# ---------------- embedding ----------------
+def test_embedding(dev):
+    B, T, V, C, n_ctx = 3, 6, 11, 5, 8
+    tokens = rng.integers(0, V, (B, T)).astype(np.int32)
+    tokens[0, :3] = 4  # repeated token
+    wte, wpe = rng.normal(size=(V, C)).astype(f32), rng.normal(size=(n_ctx, C)).astype(f32)
+    dout = rng.normal(size=(B, T, C)).astype(f32)
+    N = B * T
+    tb, ob = to_dev(dev, tokens), empty(dev, N * C)
+    dev.kernel("embedding", "embedding_forward", C=C)(dev.queue, (C, N), None, i32(N), i32(T), tb, to_dev(dev, wte),
+                                                      to_dev(dev, wpe), ob)
+    assert_close(from_dev(dev, ob, (B, T, C)), ref.embedding_forward(tokens, wte, wpe), 1e-6, 1e-6, "embedding_forward")
+    dwte_want, dwpe_want = ref.embedding_backward(dout, tokens, V, n_ctx)
+    tok = tokens.reshape(-1)
+    order = np.argsort(tok, kind="stable").astype(np.int32)
+    rows, starts = np.unique(tok[order], return_index=True)
+    starts = np.append(starts, N).astype(np.int32)
+    dwte, dwpe, dob = to_dev(dev, np.zeros((V, C), f32)), to_dev(dev, np.zeros((n_ctx, C), f32)), to_dev(dev, dout)
+    dev.kernel("embedding", "embedding_backward_wte", C=C)(
+        dev.queue, (C, len(rows)), None, i32(len(rows)), to_dev(dev, rows.astype(np.int32)), to_dev(dev, starts),
+        to_dev(dev, order), dob, dwte)
+    dev.kernel("embedding", "embedding_backward_wpe", C=C)(dev.queue, (C, T), None, i32(B), i32(T), dob, dwpe)
+    assert_close(from_dev(dev, dwte, (V, C)), dwte_want, 1e-5, 1e-5, "embedding dwte")
+    assert_close(from_dev(dev, dwpe, (n_ctx, C)), dwpe_want, 1e-5, 1e-5, "embedding dwpe")
+
+
+# ---------------- grad norm + AdamW ----------------
+@pytest.mark.parametrize("clip", [0.0, 1.0, 100.0])
+def test_grad_norm_and_adamw(dev, clip):
+    n, n_decay, n_parts = 1001, 600, 7
+    chunk = -(-n // n_parts)
+    p, g = rng.normal(size=n).astype(f32), (rng.normal(size=n) * 0.1).astype(f32)
+    m, v = (rng.normal(size=n) * 0.01).astype(f32), (rng.random(n) * 1e-3).astype(f32)
+    pb, gb, mb, vb = (to_dev(dev, a) for a in (p, g, m, v))
+    partials, normb = empty(dev, n_parts), empty(dev, 2)
+    dev.kernel("adamw", "grad_norm_partial")(dev.queue, (n_parts,), None, i32(n), i32(chunk), gb, partials)
+    dev.kernel("adamw", "grad_norm_final")(dev.queue, (1,), None, i32(n_parts), f32(clip), partials, normb)
+    norm_want = np.sqrt((g.astype(np.float64) ** 2).sum())
+    norm = from_dev(dev, normb, 2)
+    assert abs(norm[0] - norm_want) < 1e-5 * norm_want, f"grad norm {norm[0]} vs {norm_want}"
+    scale = min(1.0, clip / norm_want) if clip > 0 else 1.0
+    assert abs(norm[1] - scale) < 1e-5, f"clip scale {norm[1]} vs {scale}"
+    t, lr, b1, b2, eps, wd = 3, 0.01, 0.9, 0.95, 1e-8, 0.1
+    dev.kernel("adamw", "adamw")(dev.queue, (n,), None, i32(n), i32(n_decay), pb, gb, mb, vb, normb, f32(lr), f32(b1),
+                                 f32(b2), f32(1 - b1**t), f32(1 - b2**t), f32(eps), f32(wd))
+    for lo, hi, decay in ((0, n_decay, True), (n_decay, n, False)):
+        pw, mw, vw = ref.adamw_update(p[lo:hi], g[lo:hi] * scale, m[lo:hi], v[lo:hi], t, lr, b1, b2, eps, wd, decay)
+        assert_close(from_dev(dev, pb, n)[lo:hi], pw, 1e-6, 1e-5, f"adamw param (decay={decay})")
+        assert_close(from_dev(dev, mb, n)[lo:hi], mw, 1e-7, 1e-5, "adamw m")
+        assert_close(from_dev(dev, vb, n)[lo:hi], vw, 1e-9, 1e-5, "adamw v")
+
+
+# ---------------- reference backward vs finite differences (float64) ----------------
+def _check_fd(loss, inputs, grads, what, atol=1e-6, rtol=1e-5):
+    for name, x in inputs.items():
+        assert_close(grads[name], fd_grad(loss, x), atol, rtol, f"{what} d{name}")
+
+
+def test_ref_layernorm_fd():
+    x, w, b = rng.normal(size=(2, 3, 6)), rng.normal(size=6), rng.normal(size=6)
+    R = rng.normal(size=(2, 3, 6))
+    f = lambda: (ref.layernorm_forward(x, w, b)[0] * R).sum()  # noqa: E731
+    _, (mean, rstd) = ref.layernorm_forward(x, w, b)
+    dx, dw, db = ref.layernorm_backward(R, x, w, mean, rstd)
+    _check_fd(f, {"x": x, "w": w, "b": b}, {"x": dx, "w": dw, "b": db}, "layernorm")
+
+
+def test_ref_linear_fd():
+    x, W, b = rng.normal(size=(2, 3, 5)), rng.normal(size=(4, 5)), rng.normal(size=4)
+    R = rng.normal(size=(2, 3, 4))
+    f = lambda: (ref.linear_forward(x, W, b) * R).sum()  # noqa: E731
+    dx, dW, db = ref.linear_backward(R, x, W)
+    _check_fd(f, {"x": x, "W": W, "b": b}, {"x": dx, "W": dW, "b": db}, "linear")
+
+
+def test_ref_gelu_fd():
+    x, R = rng.normal(size=20) * 2, rng.normal(size=20)
+    _check_fd(lambda: (ref.gelu_forward(x) * R).sum(), {"x": x}, {"x": ref.gelu_backward(R, x)}, "gelu")
+
+
+def test_ref_attention_fd():
+    B, T, C, H = 2, 4, 6, 2
+    qkv, R = rng.normal(size=(B, T, 3 * C)), rng.normal(size=(B, T, C))
+    _, att = ref.attention_forward(qkv, H)
+    dqkv = ref.attention_backward(R, qkv, att, H)
+    _check_fd(lambda: (ref.attention_forward(qkv, H)[0] * R).sum(), {"qkv": qkv}, {"qkv": dqkv}, "attention")
+
+
+def test_ref_softmax_xent_fd():
+    logits = rng.normal(size=(3, 4, 7))
+    targets = rng.integers(0, 7, (3, 4))
+    mask = (rng.random((3, 4)) > 0.3).astype(float)
+    mask[0, 0] = 1
+    _, probs = ref.softmax_xent_forward(logits, targets, mask)
+    d = ref.softmax_xent_backward(probs, targets, mask)
+    f = lambda: ref.softmax_xent_forward(logits, targets, mask)[0]  # noqa: E731
+    _check_fd(f, {"logits": logits}, {"logits": d}, "softmax_xent")
+
+
+def test_ref_embedding_fd():
+    tokens = np.array([[1, 3, 1], [0, 3, 3]])
+    wte, wpe, R = rng.normal(size=(5, 4)), rng.normal(size=(6, 4)), rng.normal(size=(2, 3, 4))
+    dwte, dwpe = ref.embedding_backward(R, tokens, 5, 6)
+    f = lambda: (ref.embedding_forward(tokens, wte, wpe) * R).sum()  # noqa: E731
+    _check_fd(f, {"wte": wte, "wpe": wpe}, {"wte": dwte, "wpe": dwpe}, "embedding")
+
+
+def test_ref_adamw_matches_formula():
+    p, g, m, v = 1.5, 0.2, 0.1, 0.04
+    t, lr, b1, b2, eps, wd = 2, 0.1, 0.9, 0.95, 1e-8, 0.1
+    pn, mn, vn = ref.adamw_update(np.array(p), np.array(g), np.array(m), np.array(v), t, lr, b1, b2, eps, wd, True)
+    m2, v2 = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
+    want = p * (1 - lr * wd) - lr * (m2 / (1 - b1**t)) / (math.sqrt(v2 / (1 - b2**t)) + eps)
+    assert abs(float(pn) - want) < 1e-12 and abs(float(mn) - m2) < 1e-15 and abs(float(vn) - v2) < 1e-15

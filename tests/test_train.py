@@ -1,0 +1,411 @@
+"""The training loop on a tiny model: loss goes down, accumulation, the lr schedule, the reply-only mask,
+checkpoints, determinism, exact resume (after Ctrl-C and after kill -9), NaN handling."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from clgpt.checkpoint import load_checkpoint, save_checkpoint
+from clgpt.errors import ClgptError
+from clgpt.model import ModelConfig, init_params
+from clgpt.train import (
+    DialogBatches,
+    PretrainBatches,
+    lr_at,
+    pad_dialogs,
+    run_stage,
+    stage_settings,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+V = 40  # ids 0..35 "text", 36..39 the specials
+BOS, EOS, USER, ASSISTANT = 36, 37, 38, 39
+TINY = {"vocab_size": 0, "n_ctx": 16, "n_embd": 16, "n_head": 2, "n_layer": 1, "n_ff": 32}
+
+
+def write_encoded(path: Path, docs: list[list[int]], kind: str = "text", assistant_pos=None) -> str:
+    """An encoded .bin + .json sidecar as the encode stage writes them; assistant_pos relative per doc."""
+    ids = np.concatenate([np.asarray(d, dtype=np.uint16) for d in docs])
+    ids.tofile(path)
+    starts = np.cumsum([0] + [len(d) for d in docs])
+    meta = {
+        "version": 1, "dtype": "uint16", "n_tokens": int(ids.size), "n_documents": len(docs), "vocab_size": V,
+        "tokenizer_hash": "test-tokenizer", "kind": kind, "source_sha256": "0" * 64,
+        "documents": [[int(a), int(b)] for a, b in zip(starts[:-1], starts[1:])],
+    }
+    if kind == "dialog":
+        meta["assistant_pos"] = [int(s) + int(a) for s, a in zip(starts[:-1], assistant_pos)]
+    path.with_suffix(".json").write_text(json.dumps(meta))
+    return str(path)
+
+
+def text_docs(n: int = 60) -> list[list[int]]:
+    """Documents with an easy pattern: counting up from a start, so the loss can fall fast."""
+    return [[BOS, *range(i % 7, i % 7 + 6 + i % 3), EOS] for i in range(n)]
+
+
+def dialog_docs(n: int = 10) -> tuple[list[list[int]], list[int]]:
+    docs, pos = [], []
+    for i in range(n):
+        user = [(i * 5 + k) % 30 for k in range(2 + i % 3)]
+        reply = [(i + k) % 30 for k in range(3 + i % 2)]
+        ids = [BOS, USER, *user, ASSISTANT]
+        pos.append(len(ids) - 1)
+        docs.append(ids + reply + [EOS])
+    return docs, pos
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("encoded")
+    docs, pos = dialog_docs()
+    return {
+        "text": write_encoded(d / "pretrain.bin", text_docs()),
+        "dialog": write_encoded(d / "tune.bin", docs, "dialog", pos),
+    }
+
+
+def settings(**kw) -> dict:
+    s = {"seed": 7, "steps": 12, "batch_size": 4, "seq_len": 12, "lr": 1e-2, "min_lr": 1e-3, "warmup_steps": 3,
+         "checkpoint_every": 4}
+    s.update(kw)
+    return s
+
+
+def pretrain(data, out: Path, **kw) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    return run_stage("pretrain", data["text"], settings(**kw), str(out / "model.ckpt"), str(out / "log.csv"),
+                     model=TINY, tokenizer_hash="test-tokenizer")
+
+
+def read_log(path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def pretrained(data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("pretrained")
+    pretrain(data, out, steps=20)
+    return str(out / "model.ckpt")
+
+
+def tune(data, pretrained, out: Path, **kw) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    kw.setdefault("steps", 10)
+    return run_stage("tune", data["dialog"], settings(**kw), str(out / "model.ckpt"), str(out / "log.csv"),
+                     init_ckpt=pretrained, mix_encoded=data["text"])
+
+
+class StopAt(Exception):
+    pass
+
+
+def stop_at(k: int, exc=KeyboardInterrupt):
+    def callback(step, loss):
+        if step == k:
+            raise exc()
+    return callback
+
+
+# ---- the schedule and the settings ----
+
+@pytest.mark.parametrize("warmup", [0, 1, 5])
+def test_lr_schedule_matches_formula(warmup):
+    total, lr, min_lr = 50, 1e-3, 1e-4
+    got = [lr_at(s, total, lr, min_lr, warmup) for s in range(total)]
+    for s, value in enumerate(got):
+        if s < warmup:
+            want = lr * (s + 1) / warmup
+        else:
+            want = min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * (s - warmup) / (total - warmup - 1)))
+        assert value == pytest.approx(want, rel=1e-12), s
+    if warmup:
+        assert got[warmup - 1] == pytest.approx(lr)
+    assert got[warmup] == pytest.approx(lr)
+    assert got[-1] == pytest.approx(min_lr)
+    assert all(a >= b for a, b in zip(got[warmup:], got[warmup + 1:]))
+
+
+def test_settings_defaults_and_errors():
+    s = stage_settings("tune", {})
+    assert s["accum_steps"] == 1 and s["target_loss"] == 0 and s["mix_pretrain"] == 0
+    with pytest.raises(ClgptError, match="pretrain.stpes: unknown setting"):
+        stage_settings("pretrain", {"stpes": 3})
+    with pytest.raises(ClgptError, match="tune.mix_pretrain"):
+        stage_settings("tune", {"mix_pretrain": 1.0})
+    with pytest.raises(ClgptError, match="pretrain.batch_size"):
+        stage_settings("pretrain", {"batch_size": 0})
+
+
+# ---- training ----
+
+def test_pretrain_loss_goes_down_and_logs(data, tmp_path):
+    summary = pretrain(data, tmp_path, steps=40, checkpoint_every=100)
+    rows = read_log(tmp_path / "log.csv")
+    assert list(rows[0]) == ["step", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s"]
+    assert [int(r["step"]) for r in rows] == list(range(1, 41))
+    losses = [float(r["loss"]) for r in rows]
+    assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.5, losses
+    assert summary["steps"] == 40 and summary["tokens_seen"] == 40 * 4 * 12
+    assert not os.path.exists(str(tmp_path / "model.ckpt") + ".partial")
+    ck = load_checkpoint(str(tmp_path / "model.ckpt"))
+    assert ck["step"] == 40 and ck["cfg"] == ModelConfig.from_dict({**TINY, "vocab_size": V})
+    assert ck["extra"]["tokenizer_hash"] == "test-tokenizer"
+
+
+def test_accumulation_equals_one_big_batch(data, tmp_path):
+    # Two micro-batches of b rows draw the same windows as one batch of 2b rows.
+    a = PretrainBatches(np.arange(200), stage_settings("pretrain", settings(batch_size=2)), "x")
+    b = PretrainBatches(np.arange(200), stage_settings("pretrain", settings(batch_size=4)), "x")
+    assert np.array_equal(np.concatenate([a.next()[0], a.next()[0]]), b.next()[0])
+
+    pretrain(data, tmp_path / "accum", steps=4, batch_size=2, accum_steps=2)
+    pretrain(data, tmp_path / "big", steps=4, batch_size=4, accum_steps=1)
+    pa = load_checkpoint(str(tmp_path / "accum" / "model.ckpt"))["params"]
+    pb = load_checkpoint(str(tmp_path / "big" / "model.ckpt"))["params"]
+    for name in pa:
+        diff = np.abs(pa[name] - pb[name]).max()
+        assert np.allclose(pa[name], pb[name], rtol=1e-4, atol=2e-5), f"{name}: max diff {diff}"
+    la = [float(r["loss"]) for r in read_log(tmp_path / "accum" / "log.csv")]
+    lb = [float(r["loss"]) for r in read_log(tmp_path / "big" / "log.csv")]
+    assert np.allclose(la, lb, rtol=1e-4)
+
+
+def test_dialog_batches_mask_only_the_reply(data):
+    from clgpt.data import load_encoded
+
+    ids, meta = load_encoded(data["dialog"])
+    batches = DialogBatches(ids, meta, stage_settings("tune", settings(batch_size=3)), "tune.bin")
+    tokens, targets, mask, n_real = batches.next()
+    docs, pos = dialog_docs()
+    for r in range(3):
+        doc = next(d for d in docs if len(d) - 1 <= tokens.shape[1] and np.array_equal(d[:-1], tokens[r, : len(d) - 1]))
+        a, L = pos[docs.index(doc)], len(doc) - 1
+        assert np.array_equal(targets[r, :L], doc[1:])
+        assert np.array_equal(mask[r], [1.0 if a <= j < L else 0.0 for j in range(tokens.shape[1])])
+        assert targets[r, a] == doc[a + 1] and tokens[r, a] == ASSISTANT  # first counted target: the reply
+        assert targets[r, L - 1] == EOS and mask[r, L - 1] == 1.0  # </s> counts
+    assert n_real == sum(len(d) - 1 for d in docs if any(np.array_equal(d[:-1], t[: len(d) - 1]) for t in tokens))
+
+
+def test_tune_loss_ignores_user_targets(data, pretrained):
+    from clgpt.data import load_encoded
+    from clgpt.engine import Engine
+
+    ck = load_checkpoint(pretrained)
+    ids, meta = load_encoded(data["dialog"])
+    batches = DialogBatches(ids, meta, stage_settings("tune", settings(batch_size=4)), "tune.bin")
+    tokens, targets, mask, _ = batches.next()
+    eng = Engine(ck["cfg"], ck["params"], batch_size=4, seq_len=12)
+    loss = eng.forward(tokens, targets, mask)
+    changed = np.where(mask == 0, (targets + 11) % 30, targets).astype(np.int32)
+    assert (changed != targets).any()
+    assert eng.forward(tokens, changed, mask) == pytest.approx(loss, rel=1e-6)
+    reply_changed = np.where(mask == 1, (targets + 11) % 30, targets).astype(np.int32)
+    assert abs(eng.forward(tokens, reply_changed, mask) - loss) > 1e-3
+
+
+def test_pad_dialogs_caps_at_seq_len():
+    doc = np.arange(20, dtype=np.int32)
+    tokens, targets, mask, n_real = pad_dialogs([(doc, 3), (doc[:6], 2)], 8)
+    assert tokens.shape == (2, 8) and n_real == 8 + 5
+    assert np.array_equal(mask[1], [0, 0, 1, 1, 1, 0, 0, 0])
+    assert np.array_equal(targets[0], np.arange(1, 9))
+
+
+def test_tune_trains_and_mixes(data, pretrained, tmp_path):
+    summary = tune(data, pretrained, tmp_path, epochs=3, mix_pretrain=0.25)
+    # 10 dialogs, 3 dialog rows a step -> ceil(3 * 10 / 3) steps
+    assert summary["total_steps"] == summary["steps"] == 10
+    ck = load_checkpoint(str(tmp_path / "model.ckpt"))
+    assert ck["cfg"] == load_checkpoint(pretrained)["cfg"]
+    assert ck["rng_state"]["epoch"] == 2 and ck["rng_state"]["pos"] == 10
+
+
+def test_tune_takes_shape_from_checkpoint(data, pretrained, tmp_path):
+    with pytest.raises(ClgptError, match="init_ckpt"):
+        run_stage("tune", data["dialog"], settings(), str(tmp_path / "m.ckpt"), str(tmp_path / "l.csv"),
+                  model=TINY, init_ckpt=pretrained)
+
+
+def test_target_loss_stops_early(data, tmp_path):
+    summary = pretrain(data, tmp_path, steps=40, target_loss=3.5)
+    assert summary["stopped_early"] and summary["steps"] < 40
+    assert load_checkpoint(str(tmp_path / "model.ckpt"))["step"] == summary["steps"]
+
+
+# ---- checkpoints ----
+
+def test_checkpoint_round_trip(tmp_path):
+    cfg = ModelConfig(vocab_size=V, n_ctx=16, n_embd=16, n_head=2, n_layer=1, n_ff=32)
+    params = init_params(cfg, 3)
+    opt = {"m": {k: v * 2 for k, v in params.items()}, "v": {k: v * v for k, v in params.items()}, "t": 5,
+           "lr_scale": np.float32(0.5)}
+    rng = {"rng": np.random.default_rng(1).bit_generator.state, "order": np.arange(5), "epoch": 2}
+    extra = {"stage": "tune", "smoothed_loss": 1.25, "nothing": None, "list": [1, "a", np.ones(2)]}
+    path = str(tmp_path / "a.ckpt")
+    save_checkpoint(path, cfg, params, opt, 9, rng, extra)
+    assert not os.path.exists(path + ".tmp")
+    ck = load_checkpoint(path)
+    assert ck["cfg"] == cfg and ck["step"] == 9
+    for k in params:
+        assert np.array_equal(ck["params"][k], params[k]) and ck["params"][k].dtype == np.float32
+        assert np.array_equal(ck["opt_state"]["m"][k], opt["m"][k])
+    assert ck["opt_state"]["t"] == 5 and type(ck["opt_state"]["t"]) is int
+    assert ck["opt_state"]["lr_scale"] == np.float32(0.5) and ck["opt_state"]["lr_scale"].dtype == np.float32
+    assert ck["rng_state"]["rng"] == rng["rng"] and np.array_equal(ck["rng_state"]["order"], np.arange(5))
+    assert ck["extra"]["nothing"] is None and np.array_equal(ck["extra"]["list"][2], np.ones(2))
+    with np.load(path) as npz:  # plain numpy reads it too
+        assert np.array_equal(npz["params/token_embd.weight"], params["token_embd.weight"])
+    # same contents -> same bytes
+    save_checkpoint(str(tmp_path / "b.ckpt"), cfg, params, opt, 9, rng, extra)
+    assert Path(path).read_bytes() == (tmp_path / "b.ckpt").read_bytes()
+
+
+def test_bad_checkpoint_names_the_file(tmp_path):
+    bad = tmp_path / "bad.ckpt"
+    with pytest.raises(ClgptError, match="bad.ckpt: checkpoint not found"):
+        load_checkpoint(str(bad))
+    bad.write_bytes(b"not a zip")
+    with pytest.raises(ClgptError, match="bad.ckpt: not a readable clgpt checkpoint"):
+        load_checkpoint(str(bad))
+    cfg = ModelConfig(vocab_size=V, n_ctx=16, n_embd=16, n_head=2, n_layer=1, n_ff=32)
+    good = tmp_path / "good.ckpt"
+    save_checkpoint(str(good), cfg, init_params(cfg, 0), None, 0, None)
+    bad.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    with pytest.raises(ClgptError, match="bad.ckpt: not a readable clgpt checkpoint"):
+        load_checkpoint(str(bad))
+
+
+# ---- determinism and resume ----
+
+def test_same_settings_same_checkpoint_bytes(data, tmp_path):
+    pretrain(data, tmp_path / "a")
+    pretrain(data, tmp_path / "b")
+    assert (tmp_path / "a" / "model.ckpt").read_bytes() == (tmp_path / "b" / "model.ckpt").read_bytes()
+
+
+@pytest.mark.parametrize("stop", [1, 5, 8])
+def test_resume_after_ctrl_c_is_bit_identical(data, tmp_path, stop):
+    pretrain(data, tmp_path / "full")
+    out = tmp_path / "resumed"
+    out.mkdir()
+    args = ("pretrain", data["text"], settings(), str(out / "model.ckpt"), str(out / "log.csv"))
+    with pytest.raises(KeyboardInterrupt):
+        run_stage(*args, model=TINY, tokenizer_hash="test-tokenizer", callback=stop_at(stop))
+    assert not (out / "model.ckpt").exists()
+    assert load_checkpoint(str(out / "model.ckpt") + ".partial")["step"] == stop
+    summary = run_stage(*args, model=TINY, tokenizer_hash="test-tokenizer")
+    assert summary["resumed_from"] == stop
+    assert (out / "model.ckpt").read_bytes() == (tmp_path / "full" / "model.ckpt").read_bytes()
+    assert not (out / "model.ckpt.partial").exists()
+    rows = read_log(out / "log.csv")
+    assert [int(r["step"]) for r in rows] == list(range(1, 13))
+    full = read_log(tmp_path / "full" / "log.csv")
+    assert [r["loss"] for r in rows] == [r["loss"] for r in full]
+
+
+def test_resume_drops_log_rows_past_the_checkpoint(data, tmp_path):
+    """A crash after step 6 with the last checkpoint at 4: rows 5 and 6 are rewritten, not duplicated."""
+    args = ("pretrain", data["text"], settings(), str(tmp_path / "model.ckpt"), str(tmp_path / "log.csv"))
+    with pytest.raises(StopAt):
+        run_stage(*args, model=TINY, callback=stop_at(6, StopAt))
+    assert load_checkpoint(str(tmp_path / "model.ckpt.partial"))["step"] == 4
+    assert len(read_log(tmp_path / "log.csv")) == 6
+    run_stage(*args, model=TINY)
+    assert [int(r["step"]) for r in read_log(tmp_path / "log.csv")] == list(range(1, 13))
+
+
+def test_tune_resume_across_epochs_is_bit_identical(data, pretrained, tmp_path):
+    kw = dict(steps=10, epochs=3, mix_pretrain=0.25, checkpoint_every=3)
+    tune(data, pretrained, tmp_path / "full", **kw)
+    out = tmp_path / "resumed"
+    out.mkdir()
+    args = ("tune", data["dialog"], settings(**kw), str(out / "model.ckpt"), str(out / "log.csv"))
+    with pytest.raises(KeyboardInterrupt):
+        run_stage(*args, init_ckpt=pretrained, mix_encoded=data["text"], callback=stop_at(4))
+    run_stage(*args, init_ckpt=pretrained, mix_encoded=data["text"])
+    assert (out / "model.ckpt").read_bytes() == (tmp_path / "full" / "model.ckpt").read_bytes()
+
+
+def test_partial_from_other_settings_is_ignored(data, tmp_path):
+    pretrain(data, tmp_path / "full")
+    out = tmp_path / "other"
+    with pytest.raises(KeyboardInterrupt):
+        out.mkdir()
+        run_stage("pretrain", data["text"], settings(lr=5e-3), str(out / "model.ckpt"), str(out / "log.csv"),
+                  model=TINY, tokenizer_hash="test-tokenizer", callback=stop_at(6))
+    summary = pretrain(data, out)
+    assert summary["resumed_from"] == 0
+    assert (out / "model.ckpt").read_bytes() == (tmp_path / "full" / "model.ckpt").read_bytes()
+
+
+def _start_slow_run(data, out: Path, steps: int) -> subprocess.Popen:
+    """A real pretrain run in another process, slowed down so a test can signal it mid-run."""
+    code = textwrap.dedent(f"""
+        import time
+        from clgpt.train import run_stage
+        run_stage("pretrain", {data["text"]!r}, {settings(steps=steps, checkpoint_every=1)!r},
+                  {str(out / "model.ckpt")!r}, {str(out / "log.csv")!r}, model={TINY!r},
+                  tokenizer_hash="test-tokenizer", callback=lambda step, loss: time.sleep(0.05))
+    """)
+    return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stderr=subprocess.PIPE)
+
+
+def _signal_after_step(proc: subprocess.Popen, partial: Path, step: int, sig: int) -> None:
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if partial.exists() and load_checkpoint(str(partial))["step"] >= step:
+                break
+            time.sleep(0.02)
+        assert proc.poll() is None, "the run ended before it could be signalled"
+        os.kill(proc.pid, sig)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
+def test_resume_after_kill_is_bit_identical(data, tmp_path, sig):
+    pretrain(data, tmp_path / "full", steps=30, checkpoint_every=1)
+    out = tmp_path / "killed"
+    out.mkdir()
+    partial = out / "model.ckpt.partial"
+    proc = _start_slow_run(data, out, 30)
+    _signal_after_step(proc, partial, 3, sig)
+    # SIGKILL: dies at once; SIGINT (Ctrl-C): finishes the step, saves, exits as interrupted
+    assert proc.returncode in ((-signal.SIGKILL,) if sig == signal.SIGKILL else (-signal.SIGINT, 130))
+    assert not (out / "model.ckpt").exists()
+    stopped_at = load_checkpoint(str(partial))["step"]
+    assert 3 <= stopped_at < 30
+    if sig == signal.SIGINT:
+        assert len(read_log(out / "log.csv")) == stopped_at
+    summary = pretrain(data, out, steps=30, checkpoint_every=1)
+    assert summary["resumed_from"] == stopped_at
+    assert (out / "model.ckpt").read_bytes() == (tmp_path / "full" / "model.ckpt").read_bytes()
+    assert [int(r["step"]) for r in read_log(out / "log.csv")] == list(range(1, 31))
+
+
+def test_nan_loss_stops_and_keeps_the_partial(data, tmp_path):
+    with pytest.raises(ClgptError, match=r"(loss became nan|loss became inf|non-finite).*at step \d+.*lower pretrain.lr"):
+        pretrain(data, tmp_path, lr=1e30, warmup_steps=0, checkpoint_every=1)
+    assert not (tmp_path / "model.ckpt").exists()
+    ck = load_checkpoint(str(tmp_path / "model.ckpt.partial"))
+    assert all(np.isfinite(w).all() for w in ck["params"].values())
