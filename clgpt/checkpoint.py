@@ -35,7 +35,8 @@ def _split_arrays(tree: Any, prefix: str, arrays: dict[str, np.ndarray]) -> Any:
         for key in tree:
             if not isinstance(key, str) or "/" in key:
                 raise ClgptError(f"checkpoint: key {key!r} under {prefix!r} must be a string without '/'")
-        return {key: _split_arrays(value, f"{prefix}/{key}", arrays) for key, value in tree.items()}
+        # sorted: the bytes must not depend on the order a dict was filled in
+        return {key: _split_arrays(tree[key], f"{prefix}/{key}", arrays) for key in sorted(tree)}
     if isinstance(tree, (list, tuple)):
         return [_split_arrays(value, f"{prefix}/{i}", arrays) for i, value in enumerate(tree)]
     if isinstance(tree, np.ndarray):

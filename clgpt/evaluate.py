@@ -64,7 +64,8 @@ def text_batches(ids: np.ndarray, T: int, B: int):
     by B; a last shorter window for the remainder. Yields tokens, targets int32 (B', T'), mask."""
     n_windows = (len(ids) - 1) // T
     for b0 in range(0, n_windows, B):
-        rows = np.stack([np.asarray(ids[w * T : w * T + T + 1], dtype=np.int32) for w in range(b0, min(b0 + B, n_windows))])
+        windows = range(b0, min(b0 + B, n_windows))
+        rows = np.stack([np.asarray(ids[w * T : w * T + T + 1], dtype=np.int32) for w in windows])
         yield rows[:, :-1], rows[:, 1:], np.ones((len(rows), T), dtype=np.float32)
     rest = len(ids) - 1 - n_windows * T
     if rest > 0:
@@ -168,10 +169,10 @@ def report_markdown(m: dict) -> str:
         r = h[name]
         lines.append(f"| {name} | {r['tokens']} | {_fmt(r['loss_pretrained'])} | {_fmt(r['ppl_pretrained'])} | "
                      f"{_fmt(r['loss_tuned'])} | {_fmt(r['ppl_tuned'])} |")
+    forgetting = "n/a" if m["forgetting"] is None else f"{m['forgetting']:+.4f}"
     lines += [
         "",
-        f"Forgetting (pretrain held-out loss after tune minus before): {m['forgetting']:+.4f}" if m["forgetting"] is not None
-        else "Forgetting: n/a",
+        f"Forgetting (pretrain held-out loss after tune minus before): {forgetting}",
         "",
         "## Training",
         "",
@@ -194,7 +195,8 @@ def report_markdown(m: dict) -> str:
             "| --- | --- | --- | --- |",
         ]
         for a in m["answers"][name]:
-            lines.append(f"| {'✓' if a['match'] else '✗'} | {_cell(a['user'])} | {_cell(a['expected'])} | {_cell(a['answer'])} |")
+            mark = "✓" if a["match"] else "✗"
+            lines.append(f"| {mark} | {_cell(a['user'])} | {_cell(a['expected'])} | {_cell(a['answer'])} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -217,7 +219,7 @@ def run_evaluate(
 ) -> dict:
     """Write out_dir/metrics.json, report.md, loss_pretrain.png, loss_tune.png (each atomically);
     return the metrics. Dialogs are {"user", "assistant"} dicts (extra keys are ignored)."""
-    from clgpt.engine import Engine
+    from clgpt.engine_llama import make_engine
     from clgpt.generate import Generator
     from clgpt.tokenizer import Tokenizer
 
@@ -244,7 +246,7 @@ def run_evaluate(
     B = s["batch_size"]
 
     print(f"evaluate: held-out loss of {pretrain_ckpt} and {tune_ckpt}", file=sys.stderr)
-    eng = Engine(cfg, pre["params"], batch_size=B, seq_len=max(T_text, T_dialog), device=dev)
+    eng = make_engine(cfg, pre["params"], batch_size=B, seq_len=max(T_text, T_dialog), device=dev)
     heldout = {"pretrain": {}, "tune": {}}
     for label, ck in (("pretrained", pre), ("tuned", tuned)):
         eng.set_params(ck["params"])
@@ -285,8 +287,8 @@ def run_evaluate(
     }
 
     os.makedirs(out_dir, exist_ok=True)
-    plot_loss(logs["pretrain"], "pretrain", heldout["pretrain"]["loss_pretrained"], os.path.join(out_dir, "loss_pretrain.png"))
-    plot_loss(logs["tune"], "tune", heldout["tune"]["loss_tuned"], os.path.join(out_dir, "loss_tune.png"))
+    for stage, label in (("pretrain", "loss_pretrained"), ("tune", "loss_tuned")):
+        plot_loss(logs[stage], stage, heldout[stage][label], os.path.join(out_dir, f"loss_{stage}.png"))
 
     def write_text(text):
         def write(tmp):

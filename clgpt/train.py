@@ -22,6 +22,7 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -161,7 +162,9 @@ def dialog_rows(ids, meta: dict, where: str, T: int) -> tuple[list[tuple[np.ndar
         doc = np.asarray(ids[start:end], dtype=np.int32)
         a = pos - start
         if not 0 <= a < len(doc) - 1:
-            raise ClgptError(f"{where}: assistant_pos {pos} is outside its dialog [{start}, {end}); re-run the encode stage")
+            raise ClgptError(
+                f"{where}: assistant_pos {pos} is outside its dialog [{start}, {end}); re-run the encode stage"
+            )
         if a >= min(len(doc) - 1, T):
             dropped += 1
         else:
@@ -245,14 +248,21 @@ def _sha256_file(path: str) -> str:
 
 
 def _read_log(path: str, up_to_step: int) -> list[dict]:
-    """Rows of an earlier run's CSV log with step <= up_to_step (the rest were not checkpointed)."""
+    """The rows for steps 1..up_to_step of an earlier run's CSV log (later rows were not checkpointed);
+    stops at the first row that is not the next step with every column (e.g. one cut by a kill)."""
     if up_to_step <= 0 or not os.path.exists(path):
         return []
     try:
         with open(path, newline="", encoding="utf-8") as f:
-            return [row for row in csv.DictReader(f) if row.get("step", "").isdigit() and int(row["step"]) <= up_to_step]
+            rows = list(csv.DictReader(f))
     except (OSError, csv.Error, UnicodeDecodeError):
         return []
+    kept = []
+    for row in rows[:up_to_step]:
+        if row.get("step") != str(len(kept) + 1) or any(not row.get(c) for c in LOG_COLUMNS):
+            break
+        kept.append(row)
+    return kept
 
 
 def _start_log(path: str, rows: list[dict]):
@@ -291,7 +301,8 @@ class _DeferSigint:
     def _handle(self, signum, frame):
         self.requested = True
         signal.signal(signal.SIGINT, self._previous or signal.default_int_handler)
-        tqdm.write("Ctrl-C: stopping after this step and saving a checkpoint (Ctrl-C again to stop now)", file=sys.stderr)
+        tqdm.write("Ctrl-C: stopping after this step and saving a checkpoint (Ctrl-C again to stop now)",
+                   file=sys.stderr)
 
     def __exit__(self, *exc):
         if self._previous is not None:
@@ -300,6 +311,97 @@ class _DeferSigint:
 
 
 # ---- the stage -----------------------------------------------------------------------------------
+
+@dataclass
+class _Inputs:
+    cfg: ModelConfig
+    params: dict[str, np.ndarray]  # the starting weights
+    batches: PretrainBatches | DialogBatches
+    tokenizer_hash: str | None
+    hashes: dict[str, str]  # sha256 of every input file: part of the resume key
+
+
+@dataclass
+class _Progress:
+    """What a checkpoint records beyond weights, optimizer and sampler state."""
+
+    step: int = 0  # optimizer steps done
+    smoothed_loss: float | None = None
+    last_loss: float | None = None
+    tokens_seen: int = 0
+
+
+def _pretrain_inputs(encoded: str, s: dict, model: dict | None, tokenizer_hash: str | None) -> _Inputs:
+    ids, meta = load_encoded(encoded)
+    if tokenizer_hash and meta.get("tokenizer_hash") and meta["tokenizer_hash"] != tokenizer_hash:
+        raise ClgptError(f"{encoded}: encoded with another tokenizer; re-run the encode stage")
+    if meta.get("kind", "text") != "text":
+        raise ClgptError(f"{encoded}: pretrain needs encoded text, this file holds {meta.get('kind')!r}")
+    m = dict(model or {})
+    unknown = sorted(set(m) - set(ModelConfig.__dataclass_fields__))
+    if unknown:
+        raise ClgptError(f"model.{unknown[0]}: unknown key; known: {', '.join(ModelConfig.__dataclass_fields__)}")
+    m["vocab_size"] = m.get("vocab_size") or int(meta["vocab_size"])
+    cfg = ModelConfig.from_dict(m)
+    cfg.validate()
+    if cfg.vocab_size < meta["vocab_size"]:
+        raise ClgptError(f"model.vocab_size={cfg.vocab_size} is smaller than the tokenizer's {meta['vocab_size']}")
+    return _Inputs(cfg, init_params(cfg, s["seed"]), PretrainBatches(ids, s, encoded),
+                   tokenizer_hash or meta.get("tokenizer_hash"), {"data": _sha256_file(encoded)})
+
+
+def _tune_inputs(encoded: str, s: dict, init_ckpt: str | None, mix_encoded: str | None) -> _Inputs:
+    if init_ckpt is None:
+        raise ClgptError("tune needs init_ckpt, the pretrain checkpoint")
+    init = load_checkpoint(init_ckpt)
+    ids, meta = load_encoded(encoded)
+    tok_hash = init["extra"].get("tokenizer_hash") or meta.get("tokenizer_hash")
+    if tok_hash and meta.get("tokenizer_hash") and meta["tokenizer_hash"] != tok_hash:
+        raise ClgptError(
+            f"{encoded}: encoded with another tokenizer than {init_ckpt} was trained with; re-run the encode stage"
+        )
+    if meta["vocab_size"] > init["cfg"].vocab_size:
+        raise ClgptError(
+            f"{encoded}: vocabulary of {meta['vocab_size']} is larger than the model's {init['cfg'].vocab_size}"
+        )
+    hashes = {"data": _sha256_file(encoded), "init": _sha256_file(init_ckpt)}
+    mix_ids = None
+    if s["mix_pretrain"] > 0:
+        if mix_encoded is None:
+            raise ClgptError("tune.mix_pretrain is above 0 but no pretrain data (mix_encoded) was given")
+        mix_ids, mix_meta = load_encoded(mix_encoded)
+        if tok_hash and mix_meta.get("tokenizer_hash") and mix_meta["tokenizer_hash"] != tok_hash:
+            raise ClgptError(f"{mix_encoded}: encoded with another tokenizer; re-run the encode stage")
+        hashes["mix"] = _sha256_file(mix_encoded)
+    batches = DialogBatches(ids, meta, s, encoded, mix_ids, mix_encoded or "")
+    return _Inputs(init["cfg"], init["params"], batches, tok_hash, hashes)
+
+
+def _resume_key(stage: str, s: dict, inp: _Inputs, total: int) -> str:
+    """sha256 of everything that decides the weights: a .partial with another key is not resumed."""
+    key = {"stage": stage, "cfg": json.loads(inp.cfg.to_json()), "total_steps": total, "inputs": inp.hashes,
+           "settings": {k: v for k, v in s.items() if k not in _NOT_HASHED}}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def _resume(partial: str, key: str, eng, batches, stage: str, total: int) -> _Progress:
+    """Load a matching .partial into the engine and the sampler; a fresh _Progress when there is none."""
+    if not os.path.exists(partial):
+        return _Progress()
+    try:
+        ck = load_checkpoint(partial)
+    except ClgptError as e:
+        tqdm.write(f"{stage}: ignoring unreadable {partial} ({e})", file=sys.stderr)
+        return _Progress()
+    if ck["extra"].get("resume_key") != key:
+        tqdm.write(f"{stage}: {partial} is from other settings or data; starting afresh", file=sys.stderr)
+        return _Progress()
+    eng.set_params(ck["params"])
+    eng.set_optimizer_state(ck["opt_state"])
+    batches.set_state(ck["rng_state"])
+    tqdm.write(f"{stage}: resuming from {partial} at step {ck['step']}/{total}", file=sys.stderr)
+    return _Progress(ck["step"], **ck["extra"]["progress"])
+
 
 def run_stage(
     stage: str,
@@ -328,124 +430,60 @@ def run_stage(
     "resumed_from", "stopped_early", "dropped_rows"}.
     """
     s = stage_settings(stage, settings)
-    ids, meta = load_encoded(encoded)
-    if tokenizer_hash and meta.get("tokenizer_hash") and meta["tokenizer_hash"] != tokenizer_hash:
-        raise ClgptError(f"{encoded}: encoded with another tokenizer; re-run the encode stage")
-    data_hash = {"data": _sha256_file(encoded)}
-
     if stage == "pretrain":
         if init_ckpt is not None:
             raise ClgptError("pretrain starts from scratch; init_ckpt is for the tune stage")
-        m = dict(model or {})
-        names = set(ModelConfig.__dataclass_fields__)
-        if set(m) - names:
-            raise ClgptError(f"model.{sorted(set(m) - names)[0]}: unknown key; known: {', '.join(sorted(names))}")
-        if not m.get("vocab_size"):
-            m["vocab_size"] = int(meta["vocab_size"])
-        cfg = ModelConfig.from_dict(m)
-        cfg.validate()
-        if cfg.vocab_size < meta["vocab_size"]:
-            raise ClgptError(f"model.vocab_size={cfg.vocab_size} is smaller than the tokenizer's {meta['vocab_size']}")
-        if meta.get("kind", "text") != "text":
-            raise ClgptError(f"{encoded}: pretrain needs encoded text, this file holds {meta.get('kind')!r}")
-        params = init_params(cfg, s["seed"])
-        batches = PretrainBatches(ids, s, encoded)
-        tok_hash = tokenizer_hash or meta.get("tokenizer_hash")
+        inp = _pretrain_inputs(encoded, s, model, tokenizer_hash)
     else:
-        if init_ckpt is None:
-            raise ClgptError("tune needs init_ckpt, the pretrain checkpoint")
         if model is not None:
             raise ClgptError("tune takes the model's shape from init_ckpt; do not pass model")
-        init = load_checkpoint(init_ckpt)
-        cfg, params = init["cfg"], init["params"]
-        tok_hash = init["extra"].get("tokenizer_hash")
-        if tok_hash and meta.get("tokenizer_hash") and meta["tokenizer_hash"] != tok_hash:
-            raise ClgptError(f"{encoded}: encoded with another tokenizer than {init_ckpt} was trained with; re-run encode")
-        if meta["vocab_size"] > cfg.vocab_size:
-            raise ClgptError(f"{encoded}: vocabulary of {meta['vocab_size']} is larger than the model's {cfg.vocab_size}")
-        mix_ids = None
-        if s["mix_pretrain"] > 0:
-            if mix_encoded is None:
-                raise ClgptError("tune.mix_pretrain is above 0 but no pretrain data (mix_encoded) was given")
-            mix_ids, mix_meta = load_encoded(mix_encoded)
-            if tok_hash and mix_meta.get("tokenizer_hash") and mix_meta["tokenizer_hash"] != tok_hash:
-                raise ClgptError(f"{mix_encoded}: encoded with another tokenizer; re-run the encode stage")
-            data_hash["mix"] = _sha256_file(mix_encoded)
-        data_hash["init"] = _sha256_file(init_ckpt)
-        batches = DialogBatches(ids, meta, s, encoded, mix_ids, mix_encoded or "")
+        inp = _tune_inputs(encoded, s, init_ckpt, mix_encoded)
+    cfg, batches = inp.cfg, inp.batches
     if s["seq_len"] > cfg.n_ctx:
         raise ClgptError(f"{stage}.seq_len={s['seq_len']} is longer than the model's n_ctx={cfg.n_ctx}")
-
+    if batches.dropped:
+        tqdm.write(f"{stage}: {batches.dropped} dialogs have no reply within seq_len={s['seq_len']} tokens; skipped",
+                   file=sys.stderr)
     B, T, accum = s["batch_size"], s["seq_len"], s["accum_steps"]
     if s["epochs"] > 0:
         total = max(1, math.ceil(s["epochs"] * batches.rows_per_epoch / ((B - batches.n_mix) * accum)))
     else:
         total = s["steps"]
-    settings_hash = hashlib.sha256(
-        json.dumps(
-            {"stage": stage, "cfg": json.loads(cfg.to_json()), "total_steps": total, "inputs": data_hash,
-             "settings": {k: v for k, v in s.items() if k not in _NOT_HASHED}},
-            sort_keys=True,
-        ).encode()
-    ).hexdigest()
+    key = _resume_key(stage, s, inp, total)
 
-    from clgpt.engine import Engine
+    from clgpt.engine_llama import make_engine  # Engine (gpt2) or LlamaEngine (llama); needs OpenCL
 
-    eng = Engine(cfg, params, batch_size=B, seq_len=T, device=_resolve_device(device))
-
-    # Resume from a matching .partial, else start afresh.
+    eng = make_engine(cfg, inp.params, batch_size=B, seq_len=T, device=_resolve_device(device))
     partial = ckpt_out + ".partial"
-    step, smoothed, tokens_seen, last_loss = 0, None, 0, None
-    if os.path.exists(partial):
-        try:
-            ck = load_checkpoint(partial)
-            ok = ck["extra"].get("settings_hash") == settings_hash
-        except ClgptError as e:
-            tqdm.write(f"{stage}: ignoring unreadable {partial} ({e})", file=sys.stderr)
-            ok = False
-        if ok:
-            eng.set_params(ck["params"])
-            eng.set_optimizer_state(ck["opt_state"])
-            batches.set_state(ck["rng_state"])
-            step = ck["step"]
-            smoothed, tokens_seen = ck["extra"]["smoothed_loss"], ck["extra"]["tokens_seen"]
-            last_loss = ck["extra"]["last_loss"]
-            tqdm.write(f"{stage}: resuming from {partial} at step {step}/{total}", file=sys.stderr)
-        else:
-            tqdm.write(f"{stage}: {partial} is from other settings or data; starting afresh", file=sys.stderr)
-    resumed_from = step
-    kept_rows = _read_log(log_csv, step)
-    elapsed_before = float(kept_rows[-1]["elapsed_s"]) if kept_rows else 0.0
+    prog = _resume(partial, key, eng, batches, stage, total)
+    resumed_from = prog.step
 
-    def extra():
-        return {"stage": stage, "settings": s, "settings_hash": settings_hash, "tokenizer_hash": tok_hash,
-                "total_steps": total, "smoothed_loss": smoothed, "tokens_seen": tokens_seen,
-                "last_loss": last_loss, "dropped_rows": batches.dropped}
-
-    def save(path: str, at_step: int, sampler_state: dict) -> None:
-        params_now = eng.get_params()
-        bad = [n for n, w in params_now.items() if not np.isfinite(w).all()]
+    def save(path: str, sampler_state: dict) -> None:
+        params = eng.get_params()
+        bad = [n for n, w in params.items() if not np.isfinite(w).all()]
         if bad:
             raise ClgptError(
-                f"{stage}: weights became non-finite ({bad[0]}) at step {at_step}; the last good checkpoint "
+                f"{stage}: weights became non-finite ({bad[0]}) at step {prog.step}; the last good checkpoint "
                 f"is kept at {partial}; lower {stage}.lr (now {s['lr']}) or grad_clip"
             )
-        save_checkpoint(path, cfg, params_now, eng.get_optimizer_state(), at_step, sampler_state, extra())
+        extra = {"stage": stage, "settings": s, "resume_key": key, "tokenizer_hash": inp.tokenizer_hash,
+                 "total_steps": total, "dropped_rows": batches.dropped,
+                 "progress": {k: v for k, v in vars(prog).items() if k != "step"}}
+        save_checkpoint(path, cfg, params, eng.get_optimizer_state(), prog.step, sampler_state, extra)
 
-    if batches.dropped:
-        tqdm.write(f"{stage}: {batches.dropped} dialogs have no reply within seq_len={T} tokens; skipped", file=sys.stderr)
-
+    kept_rows = _read_log(log_csv, prog.step)
+    elapsed_before = float(kept_rows[-1]["elapsed_s"]) if kept_rows else 0.0
     log = _start_log(log_csv, kept_rows)
     writer = csv.writer(log)
-    bar = tqdm(total=total, initial=step, desc=stage, unit="step", file=sys.stderr, dynamic_ncols=True)
+    bar = tqdm(total=total, initial=prog.step, desc=stage, unit="step", file=sys.stderr, dynamic_ncols=True)
     t0 = time.perf_counter()
-    resume_state = batches.state()  # the sampler's state at the start of step `step`
+    resume_state = batches.state()  # the sampler's state at the start of step prog.step
     in_update, stopped_early = False, False
     try:
         with _DeferSigint() as sigint:
-            while step < total:
+            while prog.step < total:
                 t_step = time.perf_counter()
-                lr = lr_at(step, total, s["lr"], s["min_lr"], s["warmup_steps"])
+                lr = lr_at(prog.step, total, s["lr"], s["min_lr"], s["warmup_steps"])
                 eng.zero_grad()
                 loss, n_tokens = 0.0, 0
                 for _ in range(accum):
@@ -454,54 +492,59 @@ def run_stage(
                     eng.backward(1.0 / accum)
                     n_tokens += n_real
                 if not math.isfinite(loss):
-                    where = f"the last good checkpoint is kept at {partial}" if os.path.exists(partial) else "no checkpoint was written yet"
+                    kept = (f"the last good checkpoint is kept at {partial}" if os.path.exists(partial)
+                            else "no checkpoint was written yet")
                     raise ClgptError(
-                        f"{stage}: loss became {loss} at step {step + 1}; {where}; lower {stage}.lr "
+                        f"{stage}: loss became {loss} at step {prog.step + 1}; {kept}; lower {stage}.lr "
                         f"(now {s['lr']}) or raise warmup_steps"
                     )
                 in_update = True
                 norm = float(eng.step(lr, s["beta1"], s["beta2"], ADAM_EPS, s["weight_decay"], s["grad_clip"]))
-                step += 1
+                prog.step += 1
                 resume_state = batches.state()
-                tokens_seen += n_tokens
-                last_loss = loss
-                smoothed = loss if smoothed is None else SMOOTHING * smoothed + (1 - SMOOTHING) * loss
+                prog.tokens_seen += n_tokens
+                prog.last_loss = loss
+                prev = loss if prog.smoothed_loss is None else prog.smoothed_loss
+                prog.smoothed_loss = SMOOTHING * prev + (1 - SMOOTHING) * loss
                 in_update = False
 
                 now = time.perf_counter()
                 tok_s = n_tokens / max(now - t_step, 1e-9)
-                writer.writerow([step, f"{loss:.6f}", f"{lr:.6g}", f"{norm:.6g}", f"{tok_s:.1f}", f"{elapsed_before + now - t0:.3f}"])
+                writer.writerow([prog.step, f"{loss:.6f}", f"{lr:.6g}", f"{norm:.6g}", f"{tok_s:.1f}",
+                                 f"{elapsed_before + now - t0:.3f}"])
                 log.flush()
-                bar.set_postfix(loss=f"{smoothed:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", refresh=False)
+                bar.set_postfix(loss=f"{prog.smoothed_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", refresh=False)
                 bar.update(1)
 
-                if step % s["checkpoint_every"] == 0 and step < total:
-                    save(partial, step, resume_state)
+                if prog.step % s["checkpoint_every"] == 0 and prog.step < total:
+                    save(partial, resume_state)
                 if callback is not None:
-                    callback(step, loss)
+                    callback(prog.step, loss)
                 if sigint.requested:
                     raise KeyboardInterrupt
-                if s["target_loss"] > 0 and smoothed <= s["target_loss"]:
-                    stopped_early = step < total
-                    tqdm.write(f"{stage}: smoothed loss {smoothed:.4f} <= target {s['target_loss']} at step {step}", file=sys.stderr)
+                if 0 < s["target_loss"] and prog.smoothed_loss <= s["target_loss"]:
+                    stopped_early = prog.step < total
+                    tqdm.write(f"{stage}: smoothed loss {prog.smoothed_loss:.4f} <= target {s['target_loss']} "
+                               f"at step {prog.step}", file=sys.stderr)
                     break
     except KeyboardInterrupt:
         bar.close()
-        if in_update:
+        if in_update:  # a second Ctrl-C inside Engine.step: the weights may be half updated
             tqdm.write(f"{stage}: interrupted while updating the weights; the last checkpoint stays", file=sys.stderr)
         else:
-            save(partial, step, resume_state)
-            tqdm.write(f"{stage}: interrupted; saved step {step} to {partial}; run again to resume", file=sys.stderr)
+            save(partial, resume_state)
+            tqdm.write(f"{stage}: interrupted; saved step {prog.step} to {partial}; run again to resume",
+                       file=sys.stderr)
         raise
     finally:
         bar.close()
         log.close()
 
-    save(ckpt_out, step, resume_state)
+    save(ckpt_out, resume_state)
     if os.path.exists(partial):
         os.remove(partial)
     return {
-        "stage": stage, "steps": step, "total_steps": total, "final_loss": last_loss, "smoothed_loss": smoothed,
-        "tokens_seen": tokens_seen, "seconds": time.perf_counter() - t0, "resumed_from": resumed_from,
-        "stopped_early": stopped_early, "dropped_rows": batches.dropped,
+        "stage": stage, "steps": prog.step, "total_steps": total, "final_loss": prog.last_loss,
+        "smoothed_loss": prog.smoothed_loss, "tokens_seen": prog.tokens_seen, "seconds": time.perf_counter() - t0,
+        "resumed_from": resumed_from, "stopped_early": stopped_early, "dropped_rows": batches.dropped,
     }

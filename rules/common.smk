@@ -22,4 +22,4 @@ def package(*modules):
 
 
 KERNELS = sorted(str(p) for p in Path("kernels").glob("*.cl"))
-ENGINE = ("model", "device", "engine")
+ENGINE = ("model", "device", "engine", "engine_llama")

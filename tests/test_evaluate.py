@@ -43,13 +43,14 @@ def stages(tmp_path_factory):
         "pretrain": encode_text_files(tok, [str(d / "pretrain.txt")], str(d / "pretrain.bin")),
         "pretrain_heldout": encode_text_files(tok, [str(d / "heldout.txt")], str(d / "pretrain_heldout.bin")),
         "tune": encode_dialog_files(tok, [_jsonl(d / "tune.jsonl", DIALOGS)], str(d / "tune.bin"), 32),
-        "tune_heldout": encode_dialog_files(tok, [_jsonl(d / "heldout.jsonl", HELDOUT)], str(d / "tune_heldout.bin"), 32),
+        "tune_heldout": encode_dialog_files(tok, [_jsonl(d / "heldout.jsonl", HELDOUT)], str(d / "tune_heldout.bin"),
+                                            32),
     }
     assert enc["tune"]["n_tokens"] > 0
     run_stage("pretrain", str(d / "pretrain.bin"), {**TRAIN, "steps": 30}, str(d / "pre.ckpt"), str(d / "pre.csv"),
               model={**TINY, "vocab_size": tok.vocab_size}, tokenizer_hash=tok.hash())
-    run_stage("tune", str(d / "tune.bin"), {**TRAIN, "steps": 150, "batch_size": 3, "min_lr": 3e-3}, str(d / "tune.ckpt"),
-              str(d / "tune.csv"), init_ckpt=str(d / "pre.ckpt"))
+    tune = {**TRAIN, "steps": 150, "batch_size": 3, "min_lr": 3e-3}
+    run_stage("tune", str(d / "tune.bin"), tune, str(d / "tune.ckpt"), str(d / "tune.csv"), init_ckpt=str(d / "pre.ckpt"))
     return d, tok
 
 
@@ -98,7 +99,8 @@ def test_run_evaluate_writes_report(stages, tmp_path):
         assert h["tokens"] > 0
         for label in ("pretrained", "tuned"):
             assert h[f"ppl_{label}"] == pytest.approx(math.exp(h[f"loss_{label}"]))
-    assert m["forgetting"] == pytest.approx(m["heldout"]["pretrain"]["loss_tuned"] - m["heldout"]["pretrain"]["loss_pretrained"])
+    pre = m["heldout"]["pretrain"]
+    assert m["forgetting"] == pytest.approx(pre["loss_tuned"] - pre["loss_pretrained"])
     # 150 steps on three dialogs: the tuned model has learned to answer them
     assert m["exact_match"]["tune"]["matches"] >= 2, m["answers"]["tune"]
     assert m["training"]["pretrain"]["steps"] == 30 and m["training"]["tune"]["steps"] == 150

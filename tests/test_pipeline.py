@@ -29,7 +29,7 @@ TINY = {
 def make_workdir(path: Path, config: dict = TINY) -> Path:
     """A copy of the workflow with a small corpus cut from data/ and the tiny config."""
     path.mkdir(parents=True)
-    for name in ("Snakefile", "rules", "scripts", "kernels", "clgpt", "schemas"):
+    for name in ("Snakefile", "rules", "scripts", "kernels", "clgpt", "schemas", "envs"):
         src = ROOT / name
         (shutil.copytree if src.is_dir() else shutil.copy)(src, path / name)
     for sub in ("pretrain", "tune", "heldout"):
