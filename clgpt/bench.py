@@ -126,9 +126,10 @@ def _profiling_device(dev):
         def kernel(self, file_stem, name, **defines):
             k = super().kernel(file_stem, name, **defines)
             label = name
-            if name == "matmul":
-                flags = [f for f in ("TA", "TB", "BIAS", "RESID", "ACCUM") if defines.get(f)]
-                label = "matmul[" + ",".join(flags) + "]" if flags else "matmul[NN]"
+            if name.startswith("matmul"):
+                flags = [f if defines.get(f) == 1 else f"{f}{defines.get(f)}"
+                         for f in ("TA", "TB", "BIAS", "RESID", "ACCUM", "EPI") if defines.get(f)]
+                label = f"{name}[" + (",".join(flags) or "NN") + "]"
             return _Recorder(k, label, self.log)
 
     return ProfDevice(dev.device)

@@ -23,7 +23,7 @@ def _load_tokenizer(path: str):
 def cmd_devices(args) -> None:
     from clgpt.device import list_devices
 
-    for index, name, kind, chosen in list_devices(args.device):
+    for index, name, kind, chosen in list_devices():
         print(f"{'*' if chosen else ' '} {index}  {kind:<4} {name}")
     print("(* = the device clgpt uses; choose another with `device:` in config.yaml, --device or PYOPENCL_CTX)")
 
@@ -89,7 +89,6 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("devices", help="list OpenCL devices and the one clgpt chooses")
-    p.add_argument("--device", default=None, help='device spec as in config.yaml ("0:1" or part of a name)')
     p.set_defaults(func=cmd_devices)
 
     p = sub.add_parser("tokenize", help="print the token ids of TEXT as a JSON list")

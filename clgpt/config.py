@@ -64,7 +64,8 @@ def check_shapes(config: dict, source: str = "config.yaml") -> None:
             f"{source}: model.n_embd={m['n_embd']} is not divisible by model.n_head={m['n_head']}; "
             "choose n_embd a multiple of n_head"
         )
-    if m["n_ctx"] % 256:
+    _check_model(m, source)
+    if m["arch"] == "gpt2" and m["n_ctx"] % 256:
         raise ClgptError(
             f"{source}: model.n_ctx={m['n_ctx']} is not a multiple of 256; llama.cpp allocates positions "
             "in multiples of 256 and aborts past the table, so use 256, 512, ..."
@@ -86,6 +87,17 @@ def check_shapes(config: dict, source: str = "config.yaml") -> None:
                     f"{source}: model.{key}={m[key]} is not a multiple of 32, which export.type={qtype} "
                     "needs (rows are quantized in blocks of 32); use f32/f16 or change the shape"
                 )
+
+
+def _check_model(m: dict, source: str) -> None:
+    """ModelConfig.validate: for llama an even head dim (RoPE pairs), n_head_kv dividing n_head, a
+    consistent expert count; for gpt2 none of the llama-only keys."""
+    from clgpt.model import ModelConfig
+
+    try:
+        ModelConfig.from_dict(m).validate()
+    except ClgptError as e:
+        raise ClgptError(f"{source}: {e}") from None
 
 
 def load_config(path: str) -> dict:

@@ -33,24 +33,30 @@ def corpus_files(folder: str, suffix: str) -> list[str]:
     return files
 
 
-def _read_utf8(path: str) -> str:
+def _utf8_lines(path: str) -> Iterator[tuple[int, str]]:
+    """(line number, line without its ending) of a UTF-8 file, streamed: memory stays bounded by the
+    longest line, and a decoding error names the byte offset in the file."""
     try:
-        raw = Path(path).read_bytes()
+        f = open(path, "rb")
     except OSError as e:
         raise ClgptError(f"{path}: cannot read ({e.strerror})") from None
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw[: e.start].count(b"\n") + 1
-        raise ClgptError(
-            f"{path}: not UTF-8 at byte offset {e.start} (line {line}); re-save the file as UTF-8"
-        ) from None
+    with f:
+        offset = 0
+        for n, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ClgptError(
+                    f"{path}: not UTF-8 at byte offset {offset + e.start} (line {n}); re-save the file as UTF-8"
+                ) from None
+            offset += len(raw)
+            yield n, line.rstrip("\r\n")
 
 
 def read_text(files: Iterable[str]) -> Iterator[str]:
     """Documents of text files: one per non-blank line, stripped of its line ending."""
     for path in files:
-        for line in _read_utf8(path).splitlines():
+        for _, line in _utf8_lines(path):
             if line.strip():
                 yield line
 
@@ -59,7 +65,7 @@ def read_dialogs(files: Iterable[str]) -> list[dict]:
     """Dialogs of JSON Lines files, each `{"user": str, "assistant": str}`; errors name file and line."""
     dialogs = []
     for path in files:
-        for n, line in enumerate(_read_utf8(path).splitlines(), start=1):
+        for n, line in _utf8_lines(path):
             if not line.strip():
                 continue
             try:
@@ -83,7 +89,11 @@ def read_dialogs(files: Iterable[str]) -> list[dict]:
 def files_sha256(files: Iterable[str]) -> str:
     h = hashlib.sha256()
     for path in files:
-        h.update(Path(path).name.encode() + b"\0" + Path(path).read_bytes() + b"\0")
+        h.update(Path(path).name.encode() + b"\0")
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        h.update(b"\0")
     return h.hexdigest()
 
 

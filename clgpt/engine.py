@@ -17,9 +17,11 @@ import pyopencl as cl
 from clgpt.device import Device, get_device
 from clgpt.errors import ClgptError
 from clgpt.model import ModelConfig, decays, param_shapes
+from clgpt.tuning import launch_config
 
 F32 = 4
-# Matmul tiles: TSM x TSN outputs per work-group, TSK deep, WPTM x WPTN outputs per work-item.
+# Default tiles of the local-memory matmul: TSM x TSN outputs per work-group, TSK deep, WPTM x WPTN outputs
+# per work-item. What a device actually runs comes from clgpt.tuning (per device type and vendor).
 MATMUL_TILES = dict(TSM=64, TSN=64, TSK=32, WPTM=8, WPTN=8)
 
 i32, f32 = np.int32, np.float32
@@ -27,6 +29,20 @@ i32, f32 = np.int32, np.float32
 
 def _ceil(a: int, b: int) -> int:
     return (a + b - 1) // b * b
+
+
+def matmul_launch(mm: dict, M: int, N: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """-> (global size, local size) of the matmul form `mm` (a clgpt.tuning matmul config) for C (M,N)."""
+    if mm["kernel"] == "matmul_rb":
+        lsize = tuple(mm.get("lsize", (1, 4)))
+        return (_ceil(-(-M // mm["RM"]), lsize[0]), _ceil(-(-N // (8 * mm["NV"])), lsize[1])), lsize
+    lsize = (mm["TSN"] // mm["WPTN"], mm["TSM"] // mm["WPTM"])
+    return (-(-N // mm["TSN"]) * lsize[0], -(-M // mm["TSM"]) * lsize[1]), lsize
+
+
+def matmul_defines(mm: dict) -> dict:
+    """The -D tile options of the matmul form `mm`."""
+    return {k: v for k, v in mm.items() if k not in ("kernel", "lsize")}
 
 
 class Engine:
@@ -37,6 +53,9 @@ class Engine:
         self.cfg, self.B, self.T = cfg, int(batch_size), int(seq_len)
         self.dev = device or get_device()
         self.ctx, self.queue = self.dev.ctx, self.dev.queue
+        self.launch = launch_config(self.dev.device)
+        self.mm = self.launch["matmul"]
+        self._scratch, self._scratch_size = [None, None], [0, 0]  # transposed B, A for matmul_rb
         self.shapes = param_shapes(cfg)
         self._layout()
         self._build_kernels()
@@ -74,7 +93,7 @@ class Engine:
         self.flat_p, self.flat_g = self._buf(self.n_flat), self._buf(self.n_flat)
         self.flat_m, self.flat_v = self._buf(self.n_flat), self._buf(self.n_flat)
         self.p, self.g = self._views(self.flat_p), self._views(self.flat_g)
-        self.n_parts = min(256, max(1, self.n_flat // 1024))
+        self.n_parts = min(self.launch["norm_parts"], max(1, self.n_flat // 1024))
         self.chunk = -(-self.n_flat // self.n_parts)
         self.partials, self.norm_buf = self._buf(self.n_parts), self._buf(2)
         ib = lambda n: cl.Buffer(self.ctx, mf.READ_ONLY, max(1, n) * 4)  # noqa: E731
@@ -106,14 +125,16 @@ class Engine:
         for kname in ("layernorm_forward", "layernorm_backward", "layernorm_param_backward"):
             k[kname] = dev.kernel("layernorm", kname, C=C, EPS=float(cfg.norm_eps))
         for kname in ("attention_forward", "attention_backward_query", "attention_backward_key"):
-            k[kname] = dev.kernel("attention", kname, C=C, H=H, D=D, SCALE=float(1.0 / math.sqrt(D)))
+            k[kname] = dev.kernel("attention", kname, C=C, H=H, D=D, SCALE=float(1.0 / math.sqrt(D)),
+                                  VEC=self.launch["vec"])
         for kname in ("xent_forward", "xent_backward"):
             k[kname] = dev.kernel("xent", kname, V=cfg.vocab_size)
         for kname in ("gelu_forward", "gelu_backward"):
             k[kname] = dev.kernel("gelu", kname)
         for kname in ("grad_norm_partial", "grad_norm_final", "adamw"):
-            k[kname] = dev.kernel("adamw", kname)
-        k["bias_backward"] = dev.kernel("matmul", "bias_backward", **MATMUL_TILES)
+            k[kname] = dev.kernel("adamw", kname, STRIDED=int(self.launch["norm_parts"] > 256))
+        k["bias_backward"] = dev.kernel("matmul", "bias_backward")
+        k["transpose"] = dev.kernel("matmul", "transpose")
         self.k = k
         self._mm = {}
 
@@ -121,28 +142,54 @@ class Engine:
     def _run(self, name, gsize, *args, lsize=None):
         self.k[name](self.queue, gsize, lsize, *args)
 
+    def _runp(self, name, gsize, *args):
+        """_run with the device's fixed local size, the global size padded to it (the kernel bounds-checks).
+        A fixed local size matters on PoCL: it compiles a kernel once per local size, and lets it pick one
+        that divides the global size when none is given, so a size that changes per call (distinct tokens,
+        T') would compile again and again."""
+        lsize = (self.launch["local_1d"],) if len(gsize) == 1 else self.launch["local_2d"]
+        self.k[name](self.queue, tuple(_ceil(g, l) for g, l in zip(gsize, lsize)), lsize, *args)
+
     def matmul(self, M, N, K, A, B, Cm, ta=0, tb=0, bias=None, resid=None, accum=False, alpha=1.0):
         """Cm (M,N) = alpha * op(A) @ op(B) [+ bias] [+ resid] [+ Cm], row-major, contiguous."""
-        key = (ta, tb, bias is not None, resid is not None, bool(accum))
+        self._matmul(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha)
+
+    def _matmul(self, M, N, K, A, B, Cm, ta=0, tb=0, bias=None, resid=None, accum=False, alpha=1.0, epi=0, E=None):
+        """matmul with an epilogue: epi 1 also writes E = gelu(Cm); epi 2 multiplies Cm by gelu'(E)."""
+        mm = self.mm
+        if mm["kernel"] == "matmul_rb":
+            # The CPU form wants op(B) rows and op(A) rows contiguous: a transposed copy costs far less than
+            # the strided (and, for wide A, TLB-missing) reads it saves.
+            if tb:
+                B, tb = self._transposed(0, B, N, K), 0
+            if ta:
+                A, ta = self._transposed(1, A, K, M), 0
+        key = (ta, tb, bias is not None, resid is not None, bool(accum), epi)
         kern = self._mm.get(key)
         if kern is None:
             kern = self._mm[key] = self.dev.kernel(
-                "matmul", "matmul", TA=ta, TB=tb, BIAS=int(key[2]), RESID=int(key[3]), ACCUM=int(key[4]), **MATMUL_TILES
-            )
-        t = MATMUL_TILES
-        lsize = (t["TSN"] // t["WPTN"], t["TSM"] // t["WPTM"])
-        gsize = (-(-N // t["TSN"]) * lsize[0], -(-M // t["TSM"]) * lsize[1])
+                "matmul", mm["kernel"], TA=ta, TB=tb, BIAS=int(key[2]), RESID=int(key[3]), ACCUM=int(key[4]), EPI=epi,
+                **matmul_defines(mm))
+        gsize, lsize = matmul_launch(mm, M, N)
         lda = M if ta else K
         ldb = K if tb else N
         kern(self.queue, gsize, lsize, i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm, i32(N),
-             bias, resid, f32(alpha))
+             bias, resid, f32(alpha), E)
+
+    def _transposed(self, slot, x, rows, cols):
+        """x (rows, cols) transposed into scratch buffer `slot` (grown as needed) -> the scratch (cols, rows)."""
+        if self._scratch_size[slot] < rows * cols:
+            self._scratch[slot], self._scratch_size[slot] = self._buf(rows * cols), rows * cols
+        self._run("transpose", (_ceil(-(-cols // 8), 4), -(-rows // 8)), i32(rows), i32(cols), x, self._scratch[slot],
+                  lsize=(4, 1))
+        return self._scratch[slot]
 
     def _layernorm(self, N, x, w, b, out, mean, rstd):
-        self._run("layernorm_forward", (N,), i32(N), x, w, b, out, mean, rstd)
+        self._runp("layernorm_forward", (N,), i32(N), x, w, b, out, mean, rstd)
 
     def _layernorm_backward(self, N, dout, x, mean, rstd, w, dw, db, dx, accum):
-        self._run("layernorm_backward", (N,), i32(N), i32(accum), dout, x, w, mean, rstd, dx)
-        self._run("layernorm_param_backward", (self.cfg.n_embd,), i32(N), dout, x, mean, rstd, dw, db)
+        self._runp("layernorm_backward", (N,), i32(N), i32(accum), dout, x, w, mean, rstd, dx)
+        self._runp("layernorm_param_backward", (self.cfg.n_embd,), i32(N), dout, x, mean, rstd, dw, db)
 
     # ---- forward / backward ----
     def _check(self, a, name, Bp, Tp, dtype):
@@ -163,7 +210,7 @@ class Engine:
             raise ClgptError(f"token ids must lie in [0, {V}); got {tokens.min()}..{tokens.max()}")
         cl.enqueue_copy(q, self.tokens, tokens, is_blocking=False)
         self._tokens_host = tokens  # keeps the host array alive during the non-blocking copy
-        self._run("embedding_forward", (C, N), i32(N), i32(Tp), self.tokens, self.p["token_embd.weight"],
+        self._runp("embedding_forward", (C, N), i32(N), i32(Tp), self.tokens, self.p["token_embd.weight"],
                   self.p["position_embd.weight"], self.acts[0]["x"] if cfg.n_layer else self.x_out)
         for i, a in enumerate(self.acts):
             pre = f"blk.{i}."
@@ -172,14 +219,13 @@ class Engine:
                             a["ln1"], a["ln1_mean"], a["ln1_rstd"])
             self.matmul(N, 3 * C, C, a["ln1"], self.p[pre + "attn_qkv.weight"], a["qkv"], tb=1,
                         bias=self.p[pre + "attn_qkv.bias"])
-            self._run("attention_forward", (Tp, Bp * cfg.n_head), i32(Bp), i32(Tp), a["qkv"], a["atty"], a["att"])
+            self._runp("attention_forward", (Tp, Bp * cfg.n_head), i32(Bp), i32(Tp), a["qkv"], a["atty"], a["att"])
             self.matmul(N, C, C, a["atty"], self.p[pre + "attn_output.weight"], a["x_mid"], tb=1,
                         bias=self.p[pre + "attn_output.bias"], resid=a["x"])
             self._layernorm(N, a["x_mid"], self.p[pre + "ffn_norm.weight"], self.p[pre + "ffn_norm.bias"],
                             a["ln2"], a["ln2_mean"], a["ln2_rstd"])
-            self.matmul(N, F, C, a["ln2"], self.p[pre + "ffn_up.weight"], a["h"], tb=1,
-                        bias=self.p[pre + "ffn_up.bias"])
-            self._run("gelu_forward", (_ceil(N * F, 256),), i32(N * F), a["h"], a["g"], lsize=(256,))
+            self._matmul(N, F, C, a["ln2"], self.p[pre + "ffn_up.weight"], a["h"], tb=1,
+                         bias=self.p[pre + "ffn_up.bias"], epi=1, E=a["g"])  # h, and g = gelu(h)
             self.matmul(N, C, F, a["g"], self.p[pre + "ffn_down.weight"], x_next, tb=1,
                         bias=self.p[pre + "ffn_down.bias"], resid=a["x_mid"])
         self._layernorm(N, self.x_out, self.p["output_norm.weight"], self.p["output_norm.bias"],
@@ -201,7 +247,7 @@ class Engine:
         self._targets_host, self._mask_host = targets, mask
         cl.enqueue_copy(q, self.targets, targets, is_blocking=False)
         cl.enqueue_copy(q, self.mask, mask, is_blocking=False)
-        self._run("xent_forward", (N,), i32(N), self.logits, self.targets, self.mask, self.losses, self.lse)
+        self._runp("xent_forward", (N,), i32(N), self.logits, self.targets, self.mask, self.losses, self.lse)
         losses = self.losses_host[:N]
         cl.enqueue_copy(q, losses, self.losses, is_blocking=True)
         self._fwd = (Bp, Tp, msum)
@@ -233,24 +279,23 @@ class Engine:
             pre, a, p, g = f"blk.{i}.", self.acts[i], self.p, self.g
             # ffn: x_out = x_mid + g @ Wdown.T + b
             self.matmul(C, F, N, self.dx, a["g"], g[pre + "ffn_down.weight"], ta=1, accum=True)
-            self._run("bias_backward", (C,), i32(N), i32(C), self.dx, g[pre + "ffn_down.bias"])
-            self.matmul(N, F, C, self.dx, p[pre + "ffn_down.weight"], self.dg)
-            self._run("gelu_backward", (_ceil(N * F, 256),), i32(N * F), self.dg, a["h"], self.dh, lsize=(256,))
+            self._runp("bias_backward", (C,), i32(N), i32(C), self.dx, g[pre + "ffn_down.bias"])
+            self._matmul(N, F, C, self.dx, p[pre + "ffn_down.weight"], self.dh, epi=2, E=a["h"])  # dh = dg * gelu'(h)
             self.matmul(F, C, N, self.dh, a["ln2"], g[pre + "ffn_up.weight"], ta=1, accum=True)
-            self._run("bias_backward", (F,), i32(N), i32(F), self.dh, g[pre + "ffn_up.bias"])
+            self._runp("bias_backward", (F,), i32(N), i32(F), self.dh, g[pre + "ffn_up.bias"])
             self.matmul(N, C, F, self.dh, p[pre + "ffn_up.weight"], self.dln)
             self._layernorm_backward(N, self.dln, a["x_mid"], a["ln2_mean"], a["ln2_rstd"], p[pre + "ffn_norm.weight"],
                                      g[pre + "ffn_norm.weight"], g[pre + "ffn_norm.bias"], self.dx, accum=1)
             # attention: x_mid = x + atty @ Wo.T + b
             self.matmul(C, C, N, self.dx, a["atty"], g[pre + "attn_output.weight"], ta=1, accum=True)
-            self._run("bias_backward", (C,), i32(N), i32(C), self.dx, g[pre + "attn_output.bias"])
+            self._runp("bias_backward", (C,), i32(N), i32(C), self.dx, g[pre + "attn_output.bias"])
             self.matmul(N, C, C, self.dx, p[pre + "attn_output.weight"], self.datty)
-            self._run("attention_backward_query", (Tp, Bp * H), i32(Bp), i32(Tp), self.datty, a["qkv"], a["att"],
+            self._runp("attention_backward_query", (Tp, Bp * H), i32(Bp), i32(Tp), self.datty, a["qkv"], a["att"],
                       self.datt, self.dqkv)
-            self._run("attention_backward_key", (Tp, Bp * H), i32(Bp), i32(Tp), self.datty, a["qkv"], a["att"],
+            self._runp("attention_backward_key", (Tp, Bp * H), i32(Bp), i32(Tp), self.datty, a["qkv"], a["att"],
                       self.datt, self.dqkv)
             self.matmul(3 * C, C, N, self.dqkv, a["ln1"], g[pre + "attn_qkv.weight"], ta=1, accum=True)
-            self._run("bias_backward", (3 * C,), i32(N), i32(3 * C), self.dqkv, g[pre + "attn_qkv.bias"])
+            self._runp("bias_backward", (3 * C,), i32(N), i32(3 * C), self.dqkv, g[pre + "attn_qkv.bias"])
             self.matmul(N, C, 3 * C, self.dqkv, p[pre + "attn_qkv.weight"], self.dln)
             self._layernorm_backward(N, self.dln, a["x"], a["ln1_mean"], a["ln1_rstd"], p[pre + "attn_norm.weight"],
                                      g[pre + "attn_norm.weight"], g[pre + "attn_norm.bias"], self.dx, accum=1)
@@ -262,9 +307,9 @@ class Engine:
         self._emb_host = (order, rows.astype(np.int32), starts)
         for buf, arr in zip((self.emb_order, self.emb_rows, self.emb_starts), self._emb_host):
             cl.enqueue_copy(self.queue, buf, arr, is_blocking=False)
-        self._run("embedding_backward_wte", (C, len(rows)), i32(len(rows)), self.emb_rows, self.emb_starts,
+        self._runp("embedding_backward_wte", (C, len(rows)), i32(len(rows)), self.emb_rows, self.emb_starts,
                   self.emb_order, self.dx, self.g["token_embd.weight"])
-        self._run("embedding_backward_wpe", (C, Tp), i32(Bp), i32(Tp), self.dx, self.g["position_embd.weight"])
+        self._runp("embedding_backward_wpe", (C, Tp), i32(Bp), i32(Tp), self.dx, self.g["position_embd.weight"])
 
     # ---- optimizer ----
     def _norm(self, clip: float):
@@ -282,7 +327,7 @@ class Engine:
         self._norm(float(clip))
         self.t += 1
         bc1, bc2 = 1.0 - beta1**self.t, 1.0 - beta2**self.t
-        self._run("adamw", (self.n_flat,), i32(self.n_flat), i32(self.n_decay), self.flat_p, self.flat_g,
+        self._runp("adamw", (self.n_flat,), i32(self.n_flat), i32(self.n_decay), self.flat_p, self.flat_g,
                   self.flat_m, self.flat_v, self.norm_buf, f32(lr), f32(beta1), f32(beta2), f32(bc1), f32(bc2),
                   f32(eps), f32(weight_decay))
         out = np.empty(2, np.float32)

@@ -79,14 +79,18 @@ def dialog_batches(rows: list, T: int, B: int):
         yield tokens, targets, mask
 
 
-def mean_loss(eng, batches) -> tuple[float, int]:
-    """Token-weighted mean loss over batches (Engine.forward returns each batch's masked mean)."""
+def mean_loss(eng, batches, usage: np.ndarray | None = None) -> tuple[float, int]:
+    """Token-weighted mean loss over batches (Engine.forward returns each batch's masked mean).
+    With `usage` (an (L, E) array, mixture-of-experts models), add each batch's expert usage, weighted
+    like its loss."""
     total, count = 0.0, 0
     for tokens, targets, mask in batches:
         n = float(mask.sum())
         if n:
             total += float(eng.forward(tokens, targets, mask)) * n
             count += int(n)
+            if usage is not None:
+                usage += eng.expert_usage() * n
     return (total / count if count else float("nan")), count
 
 
@@ -183,6 +187,20 @@ def report_markdown(m: dict) -> str:
         t = m["training"][stage]
         lines.append(f"| {stage} | {t['steps']} | {_fmt(t['final_loss'])} | {t['elapsed_s']:.1f} |")
     lines += ["", "![pretrain loss](loss_pretrain.png)", "", "![tune loss](loss_tune.png)", ""]
+    if "expert_usage" in m:
+        n_expert = len(m["expert_usage"][0])
+        lines += [
+            "## Expert usage (tuned model, held-out tokens)",
+            "",
+            "Share of tokens routed to each expert; a row sums to the experts used per token. "
+            "An expert near 0 has collapsed.",
+            "",
+            "| layer | " + " | ".join(f"expert {e}" for e in range(n_expert)) + " |",
+            "| --- |" + " ---: |" * n_expert,
+        ]
+        for i, row in enumerate(m["expert_usage"]):
+            lines.append(f"| {i} | " + " | ".join(f"{u:.3f}" for u in row) + " |")
+        lines.append("")
     titles = {"tune": "Answers to the tune prompts", "heldout": "Answers to held-out prompts"}
     for name in ("tune", "heldout"):
         s = em[name]
@@ -248,11 +266,14 @@ def run_evaluate(
     print(f"evaluate: held-out loss of {pretrain_ckpt} and {tune_ckpt}", file=sys.stderr)
     eng = make_engine(cfg, pre["params"], batch_size=B, seq_len=max(T_text, T_dialog), device=dev)
     heldout = {"pretrain": {}, "tune": {}}
+    usage = np.zeros((cfg.n_layer, cfg.n_expert)) if getattr(cfg, "n_expert", 0) else None
+    usage_tokens = 0
     for label, ck in (("pretrained", pre), ("tuned", tuned)):
         eng.set_params(ck["params"])
         for name, batches in (("pretrain", lambda: text_batches(text_ids, T_text, B)),
                               ("tune", lambda: dialog_batches(rows, cfg.n_ctx, B))):
-            loss, count = mean_loss(eng, batches())
+            loss, count = mean_loss(eng, batches(), usage if label == "tuned" else None)
+            usage_tokens += count if label == "tuned" else 0
             ok = math.isfinite(loss)
             heldout[name].update({"tokens": count, f"loss_{label}": loss if ok else None,
                                   f"ppl_{label}": math.exp(min(loss, 700.0)) if ok else None})
@@ -285,6 +306,9 @@ def run_evaluate(
         "training": {stage: _train_summary(log) for stage, log in logs.items()},
         "settings": s,
     }
+    if usage is not None:
+        # share of held-out tokens routed to each expert by the tuned model: (L, E), rows sum to n_expert_used
+        metrics["expert_usage"] = (usage / max(usage_tokens, 1)).round(4).tolist()
 
     os.makedirs(out_dir, exist_ok=True)
     for stage, label in (("pretrain", "loss_pretrained"), ("tune", "loss_tuned")):

@@ -1,6 +1,7 @@
 """Sampling on the OpenCL forward pass: greedy, temperature, top-k, top-p, seeded.
 
-The Generator runs `clgpt.engine.Engine` (batch 1, seq_len = n_ctx) on any parameters -- typically the
+The Generator runs the engine for cfg.arch (`clgpt.engine_llama.make_engine`: Engine for gpt2,
+LlamaEngine for llama; batch 1, seq_len = n_ctx) on any parameters -- typically the
 float32 weights `gguf_io.read_gguf` reads back, so q8_0/q4_0 exports generate from the same dequantized
 weights llama.cpp runs. Each step recomputes the whole prefix (no KV cache): models here are small and
 the context is at most n_ctx positions. The prefix is padded up to a multiple of PAD_TO tokens: the
@@ -8,7 +9,8 @@ attention is causal, so padding after the last token changes none of its logits,
 n_ctx / PAD_TO distinct lengths instead of n_ctx (on PoCL each new length costs a kernel build).
 
 Context: a sequence never grows past n_ctx tokens (prompt + generated), the rows of position_embd;
-llama.cpp stops at the same point (it aborts, rather than stops, past the table).
+llama.cpp stops at the same point (it aborts, rather than stops, past the table). A llama model has no
+position table; the Generator still stops at n_ctx, the context it was trained for.
 """
 
 from __future__ import annotations
@@ -60,10 +62,10 @@ class Generator:
     """Next-token logits and sampling from the OpenCL engine for one sequence at a time."""
 
     def __init__(self, cfg: ModelConfig, params: dict[str, np.ndarray], device=None):
-        from clgpt.engine import Engine  # import here: reading a GGUF must not need OpenCL
+        from clgpt.engine_llama import make_engine  # import here: reading a GGUF must not need OpenCL
 
         self.cfg = cfg
-        self.engine = Engine(cfg, params, batch_size=1, seq_len=cfg.n_ctx, device=device)
+        self.engine = make_engine(cfg, params, batch_size=1, seq_len=cfg.n_ctx, device=device)
 
     def next_logits(self, ids: Sequence[int]) -> np.ndarray:
         """(V,) float32 logits for the token after `ids` (only the last n_ctx ids are seen)."""

@@ -6,11 +6,18 @@ shape reversed), the byte-level BPE as `tokenizer.ggml.*` in GPT-2's bytes-to-un
 chat format as `tokenizer.chat_template`, and provenance under `clgpt.*` keys. Nothing time-dependent is
 written: identical inputs give byte-identical files.
 
+Architectures: `gpt2` (above) and `llama` (RMSNorm, RoPE, SwiGLU, optional grouped-query heads and
+mixture of experts: `llama.expert_count`, `llama.expert_used_count`, `ffn_gate_inp` and the stacked
+`ffn_{gate,up,down}_exps` tensors). Q and K are written unpermuted: clgpt trains with llama.cpp's own RoPE
+layout (adjacent pairs), so the Hugging Face converter's row permutation does not apply.
+
 Context: llama.cpp pads the context it allocates up to a multiple of 256 positions and aborts
 (GGML_ASSERT in get_rows) once generation passes the last row of `position_embd`. Export therefore
 REFUSES an n_ctx that is not a multiple of 256 rather than padding the position table: padded rows
 would be untrained positions the model silently runs on. Train with a 256-row (or 512, ...) table;
-training sequences may still be shorter (seq_len <= n_ctx).
+training sequences may still be shorter (seq_len <= n_ctx). A `llama` model has no position table:
+`llama.context_length` is the n_ctx it was trained for (any value), and llama.cpp may allocate a longer
+context without failing (it warns; quality past the trained length is whatever RoPE extrapolation gives).
 
 Quantized types (q8_0, q4_0) quantize every 2-D tensor in blocks of 32 along its rows (ne[0], the
 numpy last axis: n_embd, or n_ff for ffn_down); 1-D tensors (norms, biases) stay F32, as llama.cpp's
@@ -40,6 +47,7 @@ from clgpt.model import ModelConfig, param_shapes
 from clgpt.tokenizer import SPECIAL_TOKENS, Tokenizer
 
 ARCH = "gpt2"
+ARCHS = ("gpt2", "llama")
 CTX_MULTIPLE = 256  # llama.cpp pads its allocated context to this many positions
 QK = 32  # block length of Q8_0 and Q4_0
 
@@ -62,7 +70,7 @@ def check_export_shape(cfg: ModelConfig, ftype: str) -> None:
     position table (n_ctx rows) is not a multiple of 256 (see the module docstring)."""
     if ftype not in FTYPES:
         raise ClgptError(f"export.type={ftype!r} is not one of {', '.join(FTYPES)}")
-    if cfg.n_ctx % CTX_MULTIPLE:
+    if cfg.arch == "gpt2" and cfg.n_ctx % CTX_MULTIPLE:
         raise ClgptError(
             f"model.n_ctx={cfg.n_ctx} is not a multiple of {CTX_MULTIPLE}; llama.cpp allocates positions "
             f"in multiples of {CTX_MULTIPLE} and aborts past the table, so use 256, 512, ..."
@@ -109,7 +117,7 @@ def export_gguf(
     name: str = "clgpt",
     metadata: dict | None = None,
 ) -> None:
-    """Write the model as a llama.cpp-loadable `gpt2` GGUF at `path` (atomically: path + ".tmp", then
+    """Write the model as a llama.cpp-loadable `gpt2` or `llama` GGUF (cfg.arch) at `path` (atomically: path + ".tmp", then
     os.replace; a failure leaves no file behind). `metadata` keys become `clgpt.<key>` (training
     steps, losses, corpus/config hashes: anything deterministic; no timestamps)."""
     path = os.fspath(path)
@@ -132,16 +140,26 @@ def export_gguf(
             raise ClgptError(f"{path}: parameter {k} holds NaN or inf; the model diverged, do not export it")
     qtype, file_type = FTYPES[ftype]
 
-    w = GGUFWriter(None, ARCH)  # path given at write time so nothing is opened before the tmp file
+    w = GGUFWriter(None, cfg.arch)  # path given at write time so nothing is opened before the tmp file
     w.add_name(name)
     w.add_file_type(file_type)
     w.add_quantization_version(QUANT_VERSION)
-    w.add_context_length(cfg.n_ctx)
+    w.add_context_length(cfg.n_ctx)  # llama: the context it was trained for
     w.add_embedding_length(cfg.n_embd)
     w.add_block_count(cfg.n_layer)
     w.add_feed_forward_length(cfg.n_ff)
     w.add_head_count(cfg.n_head)
-    w.add_layer_norm_eps(cfg.norm_eps)
+    if cfg.arch == "llama":
+        w.add_head_count_kv(cfg.kv_heads)
+        w.add_layer_norm_rms_eps(cfg.norm_eps)
+        w.add_rope_dimension_count(cfg.head_dim)
+        w.add_rope_freq_base(cfg.rope_base)
+        w.add_vocab_size(cfg.vocab_size)
+        if cfg.n_expert:
+            w.add_expert_count(cfg.n_expert)
+            w.add_expert_used_count(cfg.n_expert_used)
+    else:
+        w.add_layer_norm_eps(cfg.norm_eps)
 
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("gpt-2")
@@ -374,10 +392,10 @@ def _int_key(kv: dict, key: str) -> int:
 
 
 def read_gguf(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, np.ndarray], Tokenizer, dict]:
-    """(cfg, float32 params, tokenizer, all key/values) of a clgpt `gpt2` GGUF of any export type.
+    """(cfg, float32 params, tokenizer, all key/values) of a clgpt `gpt2` or `llama` GGUF of any export type.
 
     Quantized tensors come back dequantized, exactly as llama.cpp sees them. The config is rebuilt from
-    the `gpt2.*` keys and the tensors (not from `clgpt.config`), so it is what llama.cpp runs.
+    the `gpt2.*` / `llama.*` keys and the tensors (not from `clgpt.config`), so it is what llama.cpp runs.
     """
     path = os.fspath(path)
     try:
@@ -388,20 +406,34 @@ def read_gguf(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, np.ndarra
     try:
         kv, tensors = _parse(buf)
         arch = kv.get("general.architecture")
-        if arch != ARCH:
-            raise _Corrupt(f"architecture {arch!r} is not 'gpt2'")
+        if arch not in ARCHS:
+            raise _Corrupt(f"architecture {arch!r} is not 'gpt2' or 'llama'")
         tok = _tokenizer_from_gguf(kv)
-        eps = kv.get(f"{ARCH}.attention.layer_norm_epsilon")
+        eps_key = f"{arch}.attention.layer_norm_{'rms_' if arch == 'llama' else ''}epsilon"
+        eps = kv.get(eps_key)
         if not isinstance(eps, float) or not eps > 0:
-            raise _Corrupt(f"{ARCH}.attention.layer_norm_epsilon is missing or not a positive float")
+            raise _Corrupt(f"{eps_key} is missing or not a positive float")
+        extra_cfg = {}
+        if arch == "llama":
+            hkv = _int_key(kv, "llama.attention.head_count_kv")
+            extra_cfg = dict(
+                n_head_kv=0 if hkv == kv.get("llama.attention.head_count") else hkv,  # 0: one kv head per head
+                rope_base=float(f"{kv.get('llama.rope.freq_base', 10000.0):.7g}"),
+                n_expert=kv.get("llama.expert_count", 0),
+                n_expert_used=kv.get("llama.expert_used_count", 0),
+            )
+            if kv.get("llama.rope.dimension_count") != _int_key(kv, "llama.embedding_length") // _int_key(
+                    kv, "llama.attention.head_count"):
+                raise _Corrupt("llama.rope.dimension_count is not the head dim (clgpt rotates whole heads)")
         cfg = ModelConfig(
-            arch=ARCH,
+            **extra_cfg,
+            arch=arch,
             vocab_size=tok.vocab_size,
-            n_ctx=_int_key(kv, f"{ARCH}.context_length"),
-            n_embd=_int_key(kv, f"{ARCH}.embedding_length"),
-            n_head=_int_key(kv, f"{ARCH}.attention.head_count"),
-            n_layer=_int_key(kv, f"{ARCH}.block_count"),
-            n_ff=_int_key(kv, f"{ARCH}.feed_forward_length"),
+            n_ctx=_int_key(kv, f"{arch}.context_length"),
+            n_embd=_int_key(kv, f"{arch}.embedding_length"),
+            n_head=_int_key(kv, f"{arch}.attention.head_count"),
+            n_layer=_int_key(kv, f"{arch}.block_count"),
+            n_ff=_int_key(kv, f"{arch}.feed_forward_length"),
             tied="output.weight" not in tensors,
             norm_eps=float(f"{eps:.7g}"),  # stored as float32: 1e-5 comes back as 9.99999974738e-06
         )
@@ -414,7 +446,7 @@ def read_gguf(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, np.ndarra
             if k not in tensors:
                 raise _Corrupt(f"tensor {k} is missing")
             if tensors[k].shape != shape:
-                raise _Corrupt(f"tensor {k} has shape {tensors[k].shape}, the gpt2.* keys need {shape}")
+                raise _Corrupt(f"tensor {k} has shape {tensors[k].shape}, the {arch}.* keys need {shape}")
             if not np.isfinite(tensors[k]).all():
                 raise _Corrupt(f"tensor {k} holds NaN or inf")
         extra = sorted(set(tensors) - set(shapes))

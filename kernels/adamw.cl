@@ -1,17 +1,26 @@
 // Global gradient norm, clipping and AdamW over one flat buffer of all parameters (n floats).
 //   grad_norm_partial: partials[i] = sum_{j in chunk i} g[j]^2          (chunk = ceil(n / n_parts))
+//                      -DSTRIDED=1 (GPUs): partials[i] = sum_{j = i mod n_parts} g[j]^2, coalesced reads
 //   grad_norm_final:   out[0] = sqrt(sum_i partials[i]);  out[1] = clip > 0 ? min(1, clip / out[0]) : 1
 //   adamw:             g = grad * out[1];  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
 //                      p -= lr wd p (only j < n_decay);  p -= lr (m / bc1) / (sqrt(v / bc2) + eps)
+#ifndef STRIDED
+#define STRIDED 0
+#endif
 // Two stages with fixed orders: deterministic. Parameters that decay come first in the flat buffer.
 
 __kernel void grad_norm_partial(const int n, const int chunk, __global const float* g, __global float* partials)
 {
     const int i = get_global_id(0);
+    float s = 0.0f;
+#if STRIDED
+    const int n_parts = get_global_size(0);
+    for (int j = i; j < n; j += n_parts) s += g[j] * g[j];
+#else
     const int lo = i * chunk;
     const int hi = min(n, lo + chunk);
-    float s = 0.0f;
     for (int j = lo; j < hi; j++) s += g[j] * g[j];
+#endif
     partials[i] = s;
 }
 

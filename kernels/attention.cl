@@ -4,10 +4,28 @@
 //   backward: dp = dout_t . v_t2;  ds = att * (dp - sum_t2 att * dp)  (kept in datt)
 //             dq_t = SCALE sum_t2 ds k_t2;  dk_t2 = SCALE sum_t ds q_t;  dv_t2 = sum_t att dout_t
 // One work-item per (query t | key t2, b*H+h), every sum in a fixed order: deterministic, no atomics.
+// -DVEC=1 (CPUs) handles head vectors as D/8 float8 when D is a multiple of 8, else one float at a time:
+// explicit vectors keep PoCL from scalarising the per-work-item loops, whose trip counts differ.
 #ifndef C
 #error "C must be defined"
 #endif
 #define C3 (3 * C)
+
+#ifndef VEC
+#define VEC 0
+#endif
+#if VEC && D % 8 == 0
+#define W 8
+typedef float floatw __attribute__((ext_vector_type(8), aligned(4)));
+#define HSUM(v) ({ const float4 h4 = (v).lo + (v).hi; const float2 h2 = h4.lo + h4.hi; h2.x + h2.y; })
+#else
+#define W 1
+typedef float floatw;
+#define HSUM(v) (v)
+#endif
+#define DV (D / W)
+#define LDW(p, i) (((__global const floatw*)(p))[i])
+#define STW(p, i, v) (((__global floatw*)(p))[i] = (v))
 
 __kernel void attention_forward(const int B, const int T, __global const float* qkv,
                                 __global float* out, __global float* att)
@@ -17,16 +35,16 @@ __kernel void attention_forward(const int B, const int T, __global const float* 
     const int b = bh / H, h = bh % H;
     __global const float* q = qkv + (b * T + t) * C3 + h * D;
     __global float* arow = att + (bh * T + t) * T;
-    float qv[D];
-    for (int d = 0; d < D; d++) qv[d] = q[d];
+    floatw qv[DV];
+    for (int d = 0; d < DV; d++) qv[d] = LDW(q, d);
     float mx = -INFINITY;
     for (int t2 = 0; t2 <= t; t2++) {
         __global const float* k = qkv + (b * T + t2) * C3 + C + h * D;
-        float s = 0.0f;
-        for (int d = 0; d < D; d++) s += qv[d] * k[d];
-        s *= SCALE;
-        arow[t2] = s;
-        mx = fmax(mx, s);
+        floatw s = 0.0f;
+        for (int d = 0; d < DV; d++) s += qv[d] * LDW(k, d);
+        const float sc = HSUM(s) * SCALE;
+        arow[t2] = sc;
+        mx = fmax(mx, sc);
     }
     float sum = 0.0f;
     for (int t2 = 0; t2 <= t; t2++) {
@@ -35,17 +53,17 @@ __kernel void attention_forward(const int B, const int T, __global const float* 
         sum += e;
     }
     const float inv = 1.0f / sum;
-    float acc[D];
-    for (int d = 0; d < D; d++) acc[d] = 0.0f;
+    floatw acc[DV];
+    for (int d = 0; d < DV; d++) acc[d] = 0.0f;
     for (int t2 = 0; t2 <= t; t2++) {
         const float p = arow[t2] * inv;
         arow[t2] = p;
         __global const float* v = qkv + (b * T + t2) * C3 + 2 * C + h * D;
-        for (int d = 0; d < D; d++) acc[d] += p * v[d];
+        for (int d = 0; d < DV; d++) acc[d] += p * LDW(v, d);
     }
     for (int t2 = t + 1; t2 < T; t2++) arow[t2] = 0.0f;
     __global float* o = out + (b * T + t) * C + h * D;
-    for (int d = 0; d < D; d++) o[d] = acc[d];
+    for (int d = 0; d < DV; d++) STW(o, d, acc[d]);
 }
 
 // Per query row: ds into datt, dq into dqkv (overwrites the q part).
@@ -58,26 +76,27 @@ __kernel void attention_backward_query(const int B, const int T, __global const 
     const int b = bh / H, h = bh % H;
     __global const float* arow = att + (bh * T + t) * T;
     __global float* drow = datt + (bh * T + t) * T;
-    float dy[D];
-    for (int d = 0; d < D; d++) dy[d] = dout[(b * T + t) * C + h * D + d];
+    floatw dy[DV];
+    for (int d = 0; d < DV; d++) dy[d] = LDW(dout + (b * T + t) * C + h * D, d);
     float sdot = 0.0f;
     for (int t2 = 0; t2 <= t; t2++) {
         __global const float* v = qkv + (b * T + t2) * C3 + 2 * C + h * D;
-        float dp = 0.0f;
-        for (int d = 0; d < D; d++) dp += dy[d] * v[d];
+        floatw s = 0.0f;
+        for (int d = 0; d < DV; d++) s += dy[d] * LDW(v, d);
+        const float dp = HSUM(s);
         drow[t2] = dp;
         sdot += arow[t2] * dp;
     }
-    float dq[D];
-    for (int d = 0; d < D; d++) dq[d] = 0.0f;
+    floatw dq[DV];
+    for (int d = 0; d < DV; d++) dq[d] = 0.0f;
     for (int t2 = 0; t2 <= t; t2++) {
         const float ds = arow[t2] * (drow[t2] - sdot);
         drow[t2] = ds;
         __global const float* k = qkv + (b * T + t2) * C3 + C + h * D;
-        for (int d = 0; d < D; d++) dq[d] += ds * k[d];
+        for (int d = 0; d < DV; d++) dq[d] += ds * LDW(k, d);
     }
     __global float* o = dqkv + (b * T + t) * C3 + h * D;
-    for (int d = 0; d < D; d++) o[d] = dq[d] * SCALE;
+    for (int d = 0; d < DV; d++) STW(o, d, dq[d] * SCALE);
 }
 
 // Per key row t2: dk, dv into dqkv (overwrites the k and v parts). Reads ds from datt.
@@ -88,15 +107,16 @@ __kernel void attention_backward_key(const int B, const int T, __global const fl
     const int t2 = get_global_id(0), bh = get_global_id(1);
     if (t2 >= T || bh >= B * H) return;
     const int b = bh / H, h = bh % H;
-    float dk[D], dv[D];
-    for (int d = 0; d < D; d++) { dk[d] = 0.0f; dv[d] = 0.0f; }
-    for (int t = t2; t < T; t++) {
+    floatw dk[DV], dv[DV];
+    for (int d = 0; d < DV; d++) { dk[d] = 0.0f; dv[d] = 0.0f; }
+    // t descends from T-1 for every work-item: neighbouring key rows read the same q, dout row together
+    for (int t = T - 1; t >= t2; t--) {
         const float ds = datt[(bh * T + t) * T + t2];
         const float p = att[(bh * T + t) * T + t2];
         __global const float* q = qkv + (b * T + t) * C3 + h * D;
         __global const float* dy = dout + (b * T + t) * C + h * D;
-        for (int d = 0; d < D; d++) { dk[d] += ds * q[d]; dv[d] += p * dy[d]; }
+        for (int d = 0; d < DV; d++) { dk[d] += ds * LDW(q, d); dv[d] += p * LDW(dy, d); }
     }
     __global float* o = dqkv + (b * T + t2) * C3 + h * D;
-    for (int d = 0; d < D; d++) { o[C + d] = dk[d] * SCALE; o[2 * C + d] = dv[d]; }
+    for (int d = 0; d < DV; d++) { STW(o + C, d, dk[d] * SCALE); STW(o + 2 * C, d, dv[d]); }
 }

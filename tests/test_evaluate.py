@@ -150,3 +150,22 @@ def test_exact_match_counts_generated_answers(stages, tmp_path, monkeypatch):
     assert m["exact_match"]["tune"] == {"matches": 1, "total": 3, "rate": 1 / 3}
     assert m["exact_match"]["heldout"] == {"matches": 0, "total": 1, "rate": 0.0}
     assert [a["match"] for a in m["answers"]["tune"]] == [True, False, False]
+
+
+def test_moe_model_reports_expert_usage(stages, tmp_path):
+    d, tok = stages
+    moe = {**TINY, "arch": "llama", "n_expert": 4, "n_expert_used": 2, "vocab_size": tok.vocab_size}
+    run_stage("pretrain", str(d / "pretrain.bin"), {**TRAIN, "steps": 4}, str(tmp_path / "pre.ckpt"),
+              str(tmp_path / "pre.csv"), model=moe, tokenizer_hash=tok.hash())
+    run_stage("tune", str(d / "tune.bin"), {**TRAIN, "steps": 4, "batch_size": 3}, str(tmp_path / "tune.ckpt"),
+              str(tmp_path / "tune.csv"), init_ckpt=str(tmp_path / "pre.ckpt"))
+    m = run_evaluate(
+        str(tmp_path / "pre.ckpt"), str(tmp_path / "tune.ckpt"), str(d / "tokenizer.json"),
+        str(d / "pretrain_heldout.bin"), str(d / "tune_heldout.bin"), read_dialogs([str(d / "tune.jsonl")]),
+        read_dialogs([str(d / "heldout.jsonl")]), str(tmp_path / "pre.csv"), str(tmp_path / "tune.csv"),
+        {"max_tokens": 4}, str(tmp_path / "eval"),
+    )
+    usage = np.array(m["expert_usage"])
+    assert usage.shape == (1, 4)
+    assert np.allclose(usage.sum(axis=1), 2.0, atol=1e-3)  # each token goes to n_expert_used experts
+    assert "Expert usage" in (tmp_path / "eval" / "report.md").read_text()

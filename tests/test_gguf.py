@@ -267,15 +267,15 @@ def test_missing_and_not_gguf(tmp_path):
 
 
 def test_wrong_architecture(tmp_path):
-    path = tmp_path / "llama.gguf"
-    w = gguf.GGUFWriter(str(path), "llama")
+    path = tmp_path / "falcon.gguf"
+    w = gguf.GGUFWriter(str(path), "falcon")
     w.add_block_count(1)
     w.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(ClgptError, match=r"llama\.gguf: architecture 'llama' is not 'gpt2'"):
+    with pytest.raises(ClgptError, match=r"falcon\.gguf: architecture 'falcon' is not 'gpt2'"):
         read_gguf(str(path))
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from clgpt import reference as ref
 from clgpt.device import get_device
-from clgpt.engine import MATMUL_TILES
+from clgpt.engine import MATMUL_TILES, matmul_defines, matmul_launch
 
 i32, f32 = np.int32, np.float32
 
@@ -63,27 +63,55 @@ rng = np.random.default_rng(1234)
 
 
 # ---------------- matmul ----------------
+# Each form the tuning table can pick: the local-memory tiled kernel (default tiles; small float4 tiles)
+# and the CPU register-blocked one (whose op(B) must have contiguous rows: tb=1 goes through transpose).
+MATMUL_FORMS = {
+    "tiled": dict(kernel="matmul", LDSV=0, **MATMUL_TILES),
+    "tiled_f4": dict(kernel="matmul", TSM=32, TSN=32, TSK=8, WPTM=4, WPTN=4, LDSV=1),
+    "rb": dict(kernel="matmul_rb", RM=6, NV=2, lsize=(1, 4)),
+}
+
+
+@pytest.mark.parametrize("form", sorted(MATMUL_FORMS))
 @pytest.mark.parametrize("ta,tb", [(0, 1), (0, 0), (1, 0)])
 @pytest.mark.parametrize("M,N,K", [(37, 53, 29), (64, 32, 16), (1, 7, 3), (70, 65, 130)])
-def test_matmul(dev, ta, tb, M, N, K):
+def test_matmul(dev, form, ta, tb, M, N, K):
+    mm = MATMUL_FORMS[form]
     A = rng.normal(size=(K, M) if ta else (M, K)).astype(f32)
     B = rng.normal(size=(N, K) if tb else (K, N)).astype(f32)
     bias = rng.normal(size=N).astype(f32)
     R = rng.normal(size=(M, N)).astype(f32)
     C0 = rng.normal(size=(M, N)).astype(f32)
+    E0 = rng.normal(size=(M, N)).astype(f32)
     opA = A.T.astype(np.float64) if ta else A.astype(np.float64)
     opB = B.T.astype(np.float64) if tb else B.astype(np.float64)
-    t = MATMUL_TILES
-    lsize = (t["TSN"] // t["WPTN"], t["TSM"] // t["WPTM"])
-    gsize = (-(-N // t["TSN"]) * lsize[0], -(-M // t["TSM"]) * lsize[1])
-    for use_bias, use_r, accum in [(0, 0, 0), (1, 1, 0), (0, 0, 1)]:
-        k = dev.kernel("matmul", "matmul", TA=ta, TB=tb, BIAS=use_bias, RESID=use_r, ACCUM=accum, **t)
-        cbuf = to_dev(dev, C0)
-        k(dev.queue, gsize, lsize, i32(M), i32(N), i32(K), to_dev(dev, A), i32(M if ta else K), to_dev(dev, B),
-          i32(K if tb else N), cbuf, i32(N), to_dev(dev, bias) if use_bias else None,
-          to_dev(dev, R) if use_r else None, f32(0.5))
+    Bdev, tbk = B, tb
+    if mm["kernel"] == "matmul_rb" and tb:
+        Bdev, tbk = np.ascontiguousarray(B.T), 0
+    gsize, lsize = matmul_launch(mm, M, N)
+    # (bias, resid, accum, epilogue): 1 also writes E = gelu(C), 2 multiplies C by gelu'(E)
+    for use_bias, use_r, accum, epi in [(0, 0, 0, 0), (1, 1, 0, 1), (0, 0, 1, 2)]:
+        k = dev.kernel("matmul", mm["kernel"], TA=ta, TB=tbk, BIAS=use_bias, RESID=use_r, ACCUM=accum, EPI=epi,
+                       **matmul_defines(mm))
+        cbuf, ebuf = to_dev(dev, C0), to_dev(dev, E0)
+        k(dev.queue, gsize, lsize, i32(M), i32(N), i32(K), to_dev(dev, A), i32(M if ta else K), to_dev(dev, Bdev),
+          i32(K if tbk else N), cbuf, i32(N), to_dev(dev, bias) if use_bias else None,
+          to_dev(dev, R) if use_r else None, f32(0.5), ebuf)
         want = 0.5 * opA @ opB + (bias if use_bias else 0) + (R if use_r else 0) + (C0 if accum else 0)
-        assert_close(from_dev(dev, cbuf, (M, N)), want, 1e-4, 1e-4, f"matmul ta={ta} tb={tb} {M}x{N}x{K}")
+        what = f"matmul[{form}] ta={ta} tb={tb} epi={epi} {M}x{N}x{K}"
+        if epi == 1:
+            assert_close(from_dev(dev, ebuf, (M, N)), ref.gelu_forward(want), 1e-4, 1e-4, what + " E")
+        if epi == 2:
+            want = ref.gelu_backward(want, E0.astype(np.float64))
+        assert_close(from_dev(dev, cbuf, (M, N)), want, 1e-4, 1e-4, what)
+
+
+@pytest.mark.parametrize("K,N", [(13, 29), (64, 16), (1, 1)])
+def test_transpose(dev, K, N):
+    x = rng.normal(size=(K, N)).astype(f32)
+    out = empty(dev, N * K)
+    dev.kernel("matmul", "transpose")(dev.queue, (-(-N // 8), -(-K // 8)), None, i32(K), i32(N), to_dev(dev, x), out)
+    assert np.array_equal(from_dev(dev, out, (N, K)), x.T)
 
 
 def test_bias_backward(dev):
@@ -91,7 +119,7 @@ def test_bias_backward(dev):
     dy = rng.normal(size=(M, N)).astype(f32)
     db0 = rng.normal(size=N).astype(f32)
     buf = to_dev(dev, db0)
-    dev.kernel("matmul", "bias_backward", **MATMUL_TILES)(dev.queue, (N,), None, i32(M), i32(N), to_dev(dev, dy), buf)
+    dev.kernel("matmul", "bias_backward")(dev.queue, (N,), None, i32(M), i32(N), to_dev(dev, dy), buf)
     assert_close(from_dev(dev, buf, N), db0 + dy.astype(np.float64).sum(0), 1e-5, 1e-5, "bias_backward")
 
 
@@ -134,14 +162,15 @@ def test_gelu(dev):
 
 
 # ---------------- attention ----------------
-@pytest.mark.parametrize("B,T,C,H", [(2, 7, 12, 3), (1, 1, 8, 1), (3, 9, 16, 2)])
-def test_attention(dev, B, T, C, H):
+@pytest.mark.parametrize("vec", [0, 1])
+@pytest.mark.parametrize("B,T,C,H", [(2, 7, 12, 3), (1, 1, 8, 1), (3, 9, 16, 2), (2, 5, 48, 3)])
+def test_attention(dev, B, T, C, H, vec):
     D = C // H
     qkv = rng.normal(size=(B, T, 3 * C)).astype(f32)
     dout = rng.normal(size=(B, T, C)).astype(f32)
     want, att = ref.attention_forward(qkv, H)
     dqkv_want = ref.attention_backward(dout, qkv, att, H)
-    kw = dict(C=C, H=H, D=D, SCALE=1.0 / math.sqrt(D))
+    kw = dict(C=C, H=H, D=D, SCALE=1.0 / math.sqrt(D), VEC=vec)
     qb, ob, ab = to_dev(dev, qkv), empty(dev, B * T * C), empty(dev, B * H * T * T)
     dev.kernel("attention", "attention_forward", **kw)(dev.queue, (T, B * H), None, i32(B), i32(T), qb, ob, ab)
     assert_close(from_dev(dev, ob, (B, T, C)), want, 1e-5, 1e-4, "attention_forward out")
@@ -198,16 +227,19 @@ def test_embedding(dev):
 
 
 # ---------------- grad norm + AdamW ----------------
+@pytest.mark.parametrize("strided", [0, 1])
 @pytest.mark.parametrize("clip", [0.0, 1.0, 100.0])
-def test_grad_norm_and_adamw(dev, clip):
+def test_grad_norm_and_adamw(dev, clip, strided):
     n, n_decay, n_parts = 1001, 600, 7
     chunk = -(-n // n_parts)
     p, g = rng.normal(size=n).astype(f32), (rng.normal(size=n) * 0.1).astype(f32)
     m, v = (rng.normal(size=n) * 0.01).astype(f32), (rng.random(n) * 1e-3).astype(f32)
     pb, gb, mb, vb = (to_dev(dev, a) for a in (p, g, m, v))
     partials, normb = empty(dev, n_parts), empty(dev, 2)
-    dev.kernel("adamw", "grad_norm_partial")(dev.queue, (n_parts,), None, i32(n), i32(chunk), gb, partials)
-    dev.kernel("adamw", "grad_norm_final")(dev.queue, (1,), None, i32(n_parts), f32(clip), partials, normb)
+    dev.kernel("adamw", "grad_norm_partial", STRIDED=strided)(dev.queue, (n_parts,), None, i32(n), i32(chunk), gb,
+                                                            partials)
+    dev.kernel("adamw", "grad_norm_final", STRIDED=strided)(dev.queue, (1,), None, i32(n_parts), f32(clip), partials,
+                                                          normb)
     norm_want = np.sqrt((g.astype(np.float64) ** 2).sum())
     norm = from_dev(dev, normb, 2)
     assert abs(norm[0] - norm_want) < 1e-5 * norm_want, f"grad norm {norm[0]} vs {norm_want}"

@@ -149,3 +149,14 @@ def test_bad_input_stops_early_and_leaves_no_output(tmp_path, breakage, message)
     assert not (path / "model.gguf").exists()
     leftovers = [p for p in (path / "results").rglob("*") if p.is_file()] if (path / "results").exists() else []
     assert leftovers == []
+
+
+def test_llama_cpp_answers_like_the_evaluation(workdir):
+    """The exported GGUF, run by llama.cpp through its own chat template, gives the evaluation's answers."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from llama_exact_match import chat_answers
+
+    metrics = json.loads((workdir / "results/eval/metrics.json").read_text())
+    rows = metrics["answers"]["tune"][:6]
+    got = chat_answers(str(workdir / "model.gguf"), [r["user"] for r in rows], TINY["evaluate"]["max_tokens"])
+    assert got == [r["answer"] for r in rows]

@@ -1,0 +1,148 @@
+// Mixture of experts: router, top-k routing, per-expert token lists, gather/combine and their backward.
+// -D: E (experts), K (experts used per token), C (channels), S (rows reserved per expert: >= N, aligned)
+// Shapes: N = B*T tokens; rlogits/probs (N,E); sel (N,K) int, w (N,K); lists (E*S) int, pos (N*K) int;
+// counts (E) int, pmean (E); xg / ye / dye / dxg (E*S, C): expert e's rows at e*S .. e*S+counts[e]-1.
+//   router:   p = softmax(rlogits);  sel = top-k of p, descending, ties to the lower index;
+//             w_k = p[sel_k] / sum_j p[sel_j]                (llama.cpp build_moe_ffn, softmax gating, norm_w)
+//   route:    expert e's list holds its tokens in increasing n; pos[n*K+k] = row of (n, k) in xg/ye;
+//             pmean[e] = mean_n p[n,e] (for the load-balancing loss E * sum_e f_e pmean_e, f_e = counts_e/(N*K))
+//   gather:   xg[pos(n,k)] = x[n];   combine: out[n] = resid[n] + sum_k w[n,k] ye[pos(n,k)]
+//   backward: dye[pos(n,k)] = w[n,k] dout[n];  dw[n,k] = dout[n] . ye[pos(n,k)]
+//             dp_k = (dw_k - sum_j w_j dw_j) / sum_j p[sel_j]  (+ aux_scale * counts_e on every p[n,e])
+//             drlogits = p * (dp - sum_e p dp);   dx[n] += sum_k dxg[pos(n,k)]
+// The routing indices are fixed in the backward (the top-k is piecewise constant). Every sum runs in a
+// fixed order and every row is written by one work-item: deterministic, no atomics.
+#ifndef E
+#error "E must be defined"
+#endif
+
+__kernel void moe_router_forward(const int N, const int fixed, __global const float* rlogits,
+                                 __global float* probs, __global int* sel, __global float* w)
+{
+    const int n = get_global_id(0);
+    if (n >= N) return;
+    __global const float* l = rlogits + n * E;
+    float p[E];
+    float mx = -INFINITY;
+    for (int e = 0; e < E; e++) mx = fmax(mx, l[e]);
+    float sum = 0.0f;
+    for (int e = 0; e < E; e++) { p[e] = exp(l[e] - mx); sum += p[e]; }
+    for (int e = 0; e < E; e++) { p[e] /= sum; probs[n * E + e] = p[e]; }
+    if (!fixed) {  // fixed != 0 keeps the previous forward's sel (gradient checks)
+        int taken[E];
+        for (int e = 0; e < E; e++) taken[e] = 0;
+        for (int k = 0; k < K; k++) {
+            int best = -1;
+            for (int e = 0; e < E; e++)
+                if (!taken[e] && (best < 0 || p[e] > p[best])) best = e;
+            taken[best] = 1;
+            sel[n * K + k] = best;
+        }
+    }
+    float ssel = 0.0f;
+    for (int k = 0; k < K; k++) ssel += p[sel[n * K + k]];
+    for (int k = 0; k < K; k++) w[n * K + k] = p[sel[n * K + k]] / ssel;
+}
+
+// One work-item per expert, tokens in increasing order.
+__kernel void moe_route(const int N, __global const float* probs, __global const int* sel,
+                        __global int* lists, __global int* pos, __global int* counts, __global float* pmean)
+{
+    const int e = get_global_id(0);
+    if (e >= E) return;
+    int cnt = 0;
+    float ps = 0.0f;
+    for (int n = 0; n < N; n++) {
+        ps += probs[n * E + e];
+        for (int k = 0; k < K; k++)
+            if (sel[n * K + k] == e) {
+                lists[e * S + cnt] = n;
+                pos[n * K + k] = e * S + cnt;
+                cnt++;
+            }
+    }
+    counts[e] = cnt;
+    pmean[e] = ps / N;
+}
+
+__kernel void moe_gather(__global const int* counts, __global const int* lists, __global const float* x,
+                         __global float* xg)
+{
+    const int c = get_global_id(0), r = get_global_id(1);
+    if (c >= C || r >= E * S) return;
+    const int e = r / S;
+    if (r - e * S >= counts[e]) return;
+    xg[r * C + c] = x[lists[r] * C + c];
+}
+
+__kernel void moe_combine_forward(const int N, __global const float* resid, __global const float* w,
+                                  __global const int* pos, __global const float* ye, __global float* out)
+{
+    const int c = get_global_id(0), n = get_global_id(1);
+    if (c >= C || n >= N) return;
+    float s = resid[n * C + c];
+    for (int k = 0; k < K; k++) s += w[n * K + k] * ye[pos[n * K + k] * C + c];
+    out[n * C + c] = s;
+}
+
+// dye rows of every (n, k): one work-item per (channel, assignment).
+__kernel void moe_combine_backward(const int N, __global const float* dout, __global const float* w,
+                                   __global const int* pos, __global float* dye)
+{
+    const int c = get_global_id(0), a = get_global_id(1);
+    if (c >= C || a >= N * K) return;
+    dye[pos[a] * C + c] = w[a] * dout[(a / K) * C + c];
+}
+
+__kernel void moe_weight_backward(const int N, __global const float* dout, __global const int* pos,
+                                  __global const float* ye, __global float* dw)
+{
+    const int a = get_global_id(0);
+    if (a >= N * K) return;
+    __global const float* d = dout + (a / K) * C;
+    __global const float* y = ye + pos[a] * C;
+    float s = 0.0f;
+    for (int c = 0; c < C; c++) s += d[c] * y[c];
+    dw[a] = s;
+}
+
+// drlogits (N,E) from dw (N,K); aux_scale = scale * coef * E / (N^2 K), so that aux_scale * counts[e]
+// is d(scale * coef * aux)/dp[n,e].
+__kernel void moe_router_backward(const int N, const float aux_scale, __global const float* dw,
+                                  __global const float* probs, __global const int* sel,
+                                  __global const float* w, __global const int* counts,
+                                  __global float* drlogits)
+{
+    const int n = get_global_id(0);
+    if (n >= N) return;
+    __global const float* p = probs + n * E;
+    float dp[E];
+    for (int e = 0; e < E; e++) dp[e] = aux_scale * counts[e];
+    float ssel = 0.0f, wdw = 0.0f;
+    for (int k = 0; k < K; k++) {
+        ssel += p[sel[n * K + k]];
+        wdw += w[n * K + k] * dw[n * K + k];
+    }
+    for (int k = 0; k < K; k++) dp[sel[n * K + k]] += (dw[n * K + k] - wdw) / ssel;
+    float dot = 0.0f;
+    for (int e = 0; e < E; e++) dot += p[e] * dp[e];
+    for (int e = 0; e < E; e++) drlogits[n * E + e] = p[e] * (dp[e] - dot);
+}
+
+__kernel void moe_scatter_backward(const int N, __global const int* pos, __global const float* dxg,
+                                   __global float* dx)
+{
+    const int c = get_global_id(0), n = get_global_id(1);
+    if (c >= C || n >= N) return;
+    float s = dx[n * C + c];
+    for (int k = 0; k < K; k++) s += dxg[pos[n * K + k] * C + c];
+    dx[n * C + c] = s;
+}
+
+// dst[offset + i] += src[i]: an expert's weight gradient into its slice of the stacked tensor.
+__kernel void moe_accumulate(const int n, const int offset, __global const float* src, __global float* dst)
+{
+    const int i = get_global_id(0);
+    if (i >= n) return;
+    dst[offset + i] += src[i];
+}

@@ -1,0 +1,94 @@
+"""The command line, as a user runs it: `python -m clgpt ...` in a subprocess."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from clgpt.chat import encode_prompt
+from clgpt.generate import Generator
+from clgpt.gguf_io import export_gguf, read_gguf
+from clgpt.model import ModelConfig, init_params
+from clgpt.tokenizer import Tokenizer
+
+TEXTS = ["The cat sat on the mat.", "Water boils at one hundred degrees.", "Кошка сидит на коврике!"]
+
+
+def clgpt(*args, check=True):
+    r = subprocess.run([sys.executable, "-m", "clgpt", *args], capture_output=True, text=True, timeout=300)
+    if check:
+        assert r.returncode == 0, r.stderr
+    return r
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cli")
+    tok = Tokenizer.train(TEXTS, 300)
+    tok.save(str(d / "tokenizer.json"))
+    cfg = ModelConfig(vocab_size=tok.vocab_size, n_ctx=256, n_embd=32, n_head=2, n_layer=1, n_ff=64)
+    params = init_params(cfg, seed=3)
+    rng = np.random.default_rng(0)
+    params = {k: v + rng.normal(0, 0.3, v.shape).astype(np.float32) for k, v in params.items()}  # peaked logits
+    export_gguf(str(d / "m.gguf"), cfg, params, tok)
+    return d, tok
+
+
+def test_devices_lists_the_chosen_one():
+    out = clgpt("devices").stdout
+    assert any(line.startswith("*") for line in out.splitlines()), out
+
+
+@pytest.mark.parametrize("text", ["Hello, world!", "What?! No...", "<user> typed by hand", "Привет, мир"])
+def test_tokenize_prints_json_ids(model, text):
+    d, tok = model
+    for source in ("tokenizer.json", "m.gguf"):
+        assert json.loads(clgpt("tokenize", str(d / source), text).stdout) == tok.encode(text)
+
+
+def test_train_tokenizer_writes_a_loadable_file(tmp_path):
+    src = tmp_path / "a.txt"
+    src.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    out = tmp_path / "tok.json"
+    clgpt("train-tokenizer", str(src), "--vocab-size", "280", "--out", str(out))
+    assert Tokenizer.load(str(out)).vocab_size == 280
+
+
+def test_generate_prints_only_the_continuation(model):
+    d, tok = model
+    cfg, params, tok2, _ = read_gguf(str(d / "m.gguf"))
+    gen = Generator(cfg, params)
+    expected = gen.generate([tok.bos_id, *tok.encode("The cat")], max_tokens=8, greedy=True, stop_ids=(tok.eos_id,))
+    out = clgpt("generate", str(d / "m.gguf"), "--prompt", "The cat", "--greedy", "--max-tokens", "8").stdout
+    assert out == tok.decode([i for i, _ in expected]) + "\n"
+
+    expected = gen.generate(encode_prompt(tok, "Hi?"), max_tokens=8, greedy=True, stop_ids=(tok.eos_id,))
+    out = clgpt("generate", str(d / "m.gguf"), "--chat", "Hi?", "--greedy", "--max-tokens", "8").stdout
+    assert out == tok.decode([i for i, _ in expected]) + "\n"
+
+
+def test_generate_show_probs_and_seeded_sampling(model):
+    d, _ = model
+    args = ("generate", str(d / "m.gguf"), "--prompt", "Water", "--max-tokens", "6", "--seed", "7")
+    a, b = clgpt(*args).stdout, clgpt(*args).stdout
+    assert a == b  # same seed, same text
+    rows = clgpt(*args, "--show-probs").stdout.splitlines()
+    assert rows and all(0.0 < float(r.split()[0]) <= 1.0 for r in rows)
+
+
+@pytest.mark.parametrize("content", [b"", b"not a gguf at all", b"GGUF\x03\x00\x00\x00\x05"])
+def test_bad_gguf_is_a_one_line_error(tmp_path, content):
+    p = tmp_path / "bad.gguf"
+    p.write_bytes(content)
+    r = clgpt("generate", str(p), "--prompt", "x", check=False)
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and str(p) in lines[0]
+
+
+def test_generate_needs_prompt_or_chat(model):
+    d, _ = model
+    r = clgpt("generate", str(d / "m.gguf"), check=False)
+    assert r.returncode == 1 and "--prompt" in r.stderr

@@ -1,0 +1,428 @@
+"""The llama kernels and LlamaEngine against the float64 reference (clgpt.reference_llama): each kernel
+forward and backward, the reference backward against finite differences, the engine's loss, logits and
+gradients (dense, grouped-query, mixture of experts), training steps, determinism and expert usage.
+
+Routing is discrete, so every gradient check of a mixture-of-experts model holds the routing fixed
+(reference: `routing=`; engine: `freeze_routing`). Tolerances: kernels 1e-5 of the largest value; engine
+gradients 1e-4 relative to each tensor's largest gradient; float32 finite differences (eps 1e-2)
+2e-3 + 2e-2 of the largest difference, as for the GPT-2 engine."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyopencl as cl
+import pytest
+
+from clgpt import reference_llama as ref
+from clgpt.device import get_device
+from clgpt.engine import Engine
+from clgpt.engine_llama import LlamaEngine, make_engine
+from clgpt.errors import ClgptError
+from clgpt.model import ModelConfig, init_params, param_shapes
+
+KERNEL_TOL = 1e-5
+
+
+def llama_cfg(E=0, K=0, hkv=0, tied=True, **kw) -> ModelConfig:
+    d = dict(arch="llama", vocab_size=23, n_ctx=6, n_embd=8, n_head=2, n_head_kv=hkv, n_layer=2, n_ff=12,
+             tied=tied, n_expert=E, n_expert_used=K, moe_aux_loss=0.05)
+    d.update(kw)
+    return ModelConfig(**d)
+
+
+CFGS = {  # dense, dense + GQA, MoE + GQA (untied), MoE with k = 1, MoE with k = E
+    "dense": llama_cfg(),
+    "gqa": llama_cfg(n_head=4, hkv=2, tied=False),
+    "moe": llama_cfg(E=4, K=2, hkv=1, tied=False),
+    "moe_k1": llama_cfg(E=3, K=1),
+    "moe_all": llama_cfg(E=2, K=2),
+}
+
+
+def noisy_params(cfg, seed=0, std=0.2):
+    rng = np.random.default_rng(seed + 100)
+    return {k: (v + rng.normal(0, std, v.shape)).astype(np.float32) for k, v in init_params(cfg, seed).items()}
+
+
+def batch(cfg, B, T, seed=0):
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, cfg.vocab_size, (B, T)).astype(np.int32)
+    targets = rng.integers(0, cfg.vocab_size, (B, T)).astype(np.int32)
+    mask = (rng.random((B, T)) > 0.3).astype(np.float32)
+    mask[0, -1] = 1
+    return tokens, targets, mask
+
+
+def max_rel(got: dict, want: dict) -> tuple[float, str]:
+    worst, where = 0.0, ""
+    for k in want:
+        d = np.abs(np.asarray(got[k], np.float64) - want[k]).max() / (np.abs(want[k]).max() + 1e-8)
+        if d > worst:
+            worst, where = d, k
+    return worst, where
+
+
+# ---- kernels ------------------------------------------------------------------------------------
+
+
+class Launcher:
+    """Runs one kernel on numpy inputs: arrays become buffers, `out` names the buffers read back."""
+
+    def __init__(self):
+        self.dev = get_device()
+
+    def __call__(self, file, name, defines, gsize, args, out):
+        k = self.dev.kernel(file, name, **defines)
+        bufs, call = {}, []
+        mf = cl.mem_flags
+        for key, a in args:
+            if isinstance(a, np.ndarray):
+                a = np.ascontiguousarray(a)
+                bufs[key] = (cl.Buffer(self.dev.ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=a), a)
+                call.append(bufs[key][0])
+            else:
+                call.append(a)
+        k(self.dev.queue, gsize, None, *call)
+        res = {}
+        for key in out:
+            buf, a = bufs[key]
+            res[key] = np.empty_like(a)
+            cl.enqueue_copy(self.dev.queue, res[key], buf, is_blocking=True)
+        return res
+
+
+@pytest.fixture(scope="module")
+def launch():
+    return Launcher()
+
+
+def close(got, want, what):
+    err = np.abs(np.asarray(got, np.float64) - want).max()
+    assert err <= KERNEL_TOL * max(1.0, np.abs(want).max()), f"{what}: max abs diff {err:.3e}"
+
+
+def rnd(*shape, seed=0, scale=1.0):
+    return (np.random.default_rng(seed).normal(0, scale, shape)).astype(np.float32)
+
+
+def test_rmsnorm_kernels(launch):
+    N, C = 7, 12
+    x, w, dout = rnd(N, C, seed=1), rnd(C, seed=2), rnd(N, C, seed=3)
+    want, rstd = ref.rmsnorm_forward(x, w)
+    d = dict(C=C, EPS=1e-5)
+    r = launch("rmsnorm", "rmsnorm_forward", d, (N,), [("N", np.int32(N)), ("x", x), ("w", w),
+               ("out", np.zeros_like(x)), ("rstd", np.zeros(N, np.float32))], ["out", "rstd"])
+    close(r["out"], want, "rmsnorm forward")
+    close(r["rstd"], rstd, "rmsnorm rstd")
+    dx, dw = ref.rmsnorm_backward(dout, x, w, rstd)
+    prev = rnd(N, C, seed=4)
+    r = launch("rmsnorm", "rmsnorm_backward", d, (N,), [("N", np.int32(N)), ("acc", np.int32(1)), ("dout", dout),
+               ("x", x), ("w", w), ("rstd", rstd.astype(np.float32)), ("dx", prev)], ["dx"])
+    close(r["dx"], dx + prev, "rmsnorm dx (accumulated)")
+    r = launch("rmsnorm", "rmsnorm_param_backward", d, (C,), [("N", np.int32(N)), ("dout", dout), ("x", x),
+               ("rstd", rstd.astype(np.float32)), ("dw", np.ones(C, np.float32))], ["dw"])
+    close(r["dw"], dw + 1, "rmsnorm dw (accumulated)")
+    # and the reference backward against finite differences
+    f = lambda a: (ref.rmsnorm_forward(a["x"], a["w"])[0] * dout).sum()  # noqa: E731
+    p = {"x": x.astype(np.float64), "w": w.astype(np.float64)}
+    for name, g in (("x", dx), ("w", dw)):
+        fd = ref.fd_entries(f, p, name, range(0, p[name].size, 5), 1e-6)
+        assert np.abs(g.flat[::5] - fd).max() < 1e-7
+
+
+@pytest.mark.parametrize("H,Hkv", [(2, 2), (4, 2), (4, 1)])
+def test_rope_qkv_kernels(launch, H, Hkv):
+    B, T, D = 2, 5, 6
+    C, Ckv, N = H * D, Hkv * D, B * T
+    q, k, v = rnd(B, T, C, seed=1), rnd(B, T, Ckv, seed=2), rnd(B, T, Ckv, seed=3)
+    cos, sin = ref.rope_tables(T + 3, D, 10000.0)  # the table may be longer than T
+    want = ref.rope_qkv_forward(q, k, v, H, Hkv, cos, sin)
+    d = dict(C=C, D=D, G=H // Hkv, CKV=Ckv)
+    tabs = [("cos", cos.astype(np.float32)), ("sin", sin.astype(np.float32))]
+    r = launch("rope", "rope_qkv_forward", d, (3 * C // 2, N), [("N", np.int32(N)), ("T", np.int32(T)), ("q", q),
+               ("k", k), ("v", v), *tabs, ("qkv", np.zeros((N, 3 * C), np.float32))], ["qkv"])
+    close(r["qkv"].reshape(B, T, 3 * C), want, "rope_qkv forward")
+    dqkv = rnd(B, T, 3 * C, seed=4)
+    dq, dk, dv = ref.rope_qkv_backward(dqkv, H, Hkv, cos, sin)
+    r = launch("rope", "rope_qkv_backward", d, (C // 2 + Ckv, N), [("N", np.int32(N)), ("T", np.int32(T)),
+               ("dqkv", dqkv), *tabs, ("dq", np.zeros_like(q)), ("dk", np.zeros_like(k)), ("dv", np.zeros_like(v))],
+               ["dq", "dk", "dv"])
+    for key, want_d in (("dq", dq), ("dk", dk), ("dv", dv)):
+        close(r[key], want_d, f"rope_qkv backward {key}")
+    # the backward is the transpose of the forward: <dqkv, fwd(q,k,v)> = <bwd(dqkv), (q,k,v)>
+    lhs = (dqkv * want).sum()
+    rhs = sum((a * b).sum() for a, b in ((dq, q), (dk, k), (dv, v)))
+    assert abs(lhs - rhs) < 1e-9 * abs(lhs)
+
+
+def test_rope_is_llama_cpp_normal_layout():
+    """Pairs (2i, 2i+1) rotate by t * base^(-2i/D): position 1, head dim 4, base 100."""
+    cos, sin = ref.rope_tables(2, 4, 100.0)
+    x = np.array([1.0, 0.0, 1.0, 0.0]).reshape(1, 1, 1, 4)
+    y = ref.rope_forward(np.concatenate([x, x], axis=1), cos, sin)[0, 1, 0]
+    np.testing.assert_allclose(y, [np.cos(1), np.sin(1), np.cos(0.1), np.sin(0.1)], rtol=1e-12)
+
+
+def test_swiglu_kernels(launch):
+    n = 50
+    g, u, dy = rnd(n, seed=1, scale=3), rnd(n, seed=2), rnd(n, seed=3)
+    g[:2] = [-100.0, 100.0]  # saturated sigmoid: no NaN
+    r = launch("swiglu", "swiglu_forward", {}, (n,), [("n", np.int32(n)), ("g", g), ("u", u),
+               ("y", np.zeros(n, np.float32))], ["y"])
+    close(r["y"], ref.swiglu_forward(g, u), "swiglu forward")
+    dg, du = ref.swiglu_backward(dy, g, u)
+    r = launch("swiglu", "swiglu_backward", {}, (n,), [("n", np.int32(n)), ("dy", dy), ("g", g), ("u", u),
+               ("dg", np.zeros(n, np.float32)), ("du", np.zeros(n, np.float32))], ["dg", "du"])
+    close(r["dg"], dg, "swiglu dgate")
+    close(r["du"], du, "swiglu dup")
+    p = {"g": g.astype(np.float64)[2:], "u": u.astype(np.float64)[2:]}
+    f = lambda a: (ref.swiglu_forward(a["g"], a["u"]) * dy[2:]).sum()  # noqa: E731
+    for name, want in (("g", dg[2:]), ("u", du[2:])):
+        assert np.abs(ref.fd_entries(f, p, name, range(48), 1e-6) - want).max() < 1e-7
+
+
+@pytest.mark.parametrize("E,K", [(4, 2), (3, 1), (2, 2)])
+def test_moe_kernels(launch, E, K):
+    N, C, S = 9, 5, 16
+    x, rl = rnd(N, C, seed=1), rnd(N, E, seed=2, scale=2)
+    rl[0] = 0.0  # an exact tie: the lower index wins
+    probs, sel, w = ref.router_forward(rl, K)
+    d = dict(E=E, K=K, C=C, S=S)
+    r = launch("moe", "moe_router_forward", d, (N,), [("N", np.int32(N)), ("fixed", np.int32(0)), ("rl", rl),
+               ("probs", np.zeros((N, E), np.float32)), ("sel", np.zeros((N, K), np.int32)),
+               ("w", np.zeros((N, K), np.float32))], ["probs", "sel", "w"])
+    assert np.array_equal(r["sel"], sel) and list(sel[0]) == list(range(K))
+    close(r["probs"], probs, "router probs")
+    close(r["w"], w, "router weights")
+    sel32, probs32, w32 = sel.astype(np.int32), probs.astype(np.float32), w.astype(np.float32)
+    r = launch("moe", "moe_route", d, (E,), [("N", np.int32(N)), ("probs", probs32), ("sel", sel32),
+               ("lists", np.full(E * S, -1, np.int32)), ("pos", np.zeros(N * K, np.int32)),
+               ("counts", np.zeros(E, np.int32)), ("pmean", np.zeros(E, np.float32))],
+               ["lists", "pos", "counts", "pmean"])
+    counts, pos, lists = r["counts"], r["pos"], r["lists"]
+    assert np.array_equal(counts, np.bincount(sel.reshape(-1), minlength=E))
+    close(r["pmean"], probs.mean(axis=0), "pmean")
+    for e in range(E):
+        assert list(lists[e * S: e * S + counts[e]]) == list(np.nonzero(sel == e)[0])  # increasing tokens
+    assert np.array_equal(lists[pos], np.repeat(np.arange(N), K)) and len(set(pos)) == N * K
+    # gather, combine, and their backward against the dense formula out[n] = resid[n] + sum_k w ye[pos]
+    r = launch("moe", "moe_gather", d, (C, E * S), [("counts", counts), ("lists", lists), ("x", x),
+               ("xg", np.zeros((E * S, C), np.float32))], ["xg"])
+    assert np.array_equal(r["xg"][pos], np.repeat(x, K, axis=0))
+    ye, resid, dout = rnd(E * S, C, seed=5), rnd(N, C, seed=6), rnd(N, C, seed=7)
+    want = resid + (w[..., None] * ye[pos].reshape(N, K, C)).sum(axis=1)
+    r = launch("moe", "moe_combine_forward", d, (C, N), [("N", np.int32(N)), ("resid", resid), ("w", w32),
+               ("pos", pos), ("ye", ye), ("out", np.zeros((N, C), np.float32))], ["out"])
+    close(r["out"], want, "combine forward")
+    r = launch("moe", "moe_combine_backward", d, (C, N * K), [("N", np.int32(N)), ("dout", dout), ("w", w32),
+               ("pos", pos), ("dye", np.zeros((E * S, C), np.float32))], ["dye"])
+    close(r["dye"][pos], (w[..., None] * dout[:, None]).reshape(N * K, C), "combine backward dye")
+    dw = (dout[:, None] * ye[pos].reshape(N, K, C)).sum(-1)
+    r = launch("moe", "moe_weight_backward", d, (N * K,), [("N", np.int32(N)), ("dout", dout), ("pos", pos),
+               ("ye", ye), ("dw", np.zeros((N, K), np.float32))], ["dw"])
+    close(r["dw"], dw, "combine backward dw")
+    aux_scale = 0.3 / N
+    want = ref.router_backward(dw, probs, sel, w, np.broadcast_to(aux_scale * counts, (N, E)))
+    r = launch("moe", "moe_router_backward", d, (N,), [("N", np.int32(N)), ("aux", np.float32(aux_scale)),
+               ("dw", dw.astype(np.float32)), ("probs", probs32), ("sel", sel32), ("w", w32), ("counts", counts),
+               ("drl", np.zeros((N, E), np.float32))], ["drl"])
+    close(r["drl"], want, "router backward")
+    dxg, dx0 = rnd(E * S, C, seed=8), rnd(N, C, seed=9)
+    r = launch("moe", "moe_scatter_backward", d, (C, N), [("N", np.int32(N)), ("pos", pos), ("dxg", dxg),
+               ("dx", dx0)], ["dx"])
+    close(r["dx"], dx0 + dxg[pos].reshape(N, K, C).sum(1), "scatter backward")
+    # the router backward against finite differences of sum(dw * w) + <aux grad, p>, routing fixed
+    f = lambda a: (ref.router_forward(a["rl"], K, sel)[2] * dw).sum() + (  # noqa: E731
+        ref.router_forward(a["rl"], K, sel)[0] * aux_scale * counts).sum()
+    pr = {"rl": rl.astype(np.float64)}
+    assert np.abs(ref.fd_entries(f, pr, "rl", range(N * E), 1e-6) - want.reshape(-1)).max() < 1e-7
+
+
+# ---- the reference model against finite differences ---------------------------------------------
+
+
+@pytest.mark.parametrize("kind", list(CFGS))
+def test_reference_grads_vs_finite_differences(kind):
+    cfg = CFGS[kind]
+    p = {k: v.astype(np.float64) for k, v in noisy_params(cfg).items()}
+    tokens, targets, mask = batch(cfg, 2, 5)
+    _, _, cache = ref.llama_forward(p, cfg, tokens, targets, mask)
+    grads = ref.llama_backward(cache)
+    routing = ref.routing_of(cache) if cfg.n_expert else None
+    f = lambda q: ref.llama_objective(q, cfg, tokens, targets, mask, routing)  # noqa: E731
+    rng = np.random.default_rng(0)
+    for name in p:
+        idxs = rng.choice(p[name].size, size=min(5, p[name].size), replace=False)
+        fd = ref.fd_entries(f, p, name, idxs, 1e-6)
+        diff = np.abs(grads[name].flat[idxs] - fd).max()
+        assert diff < 1e-7 + 1e-5 * np.abs(fd).max(), f"{kind} {name}: max abs diff {diff:.3e}"
+
+
+# ---- the engine ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", list(CFGS))
+def test_engine_loss_logits_and_grads_vs_reference(kind):
+    cfg = CFGS[kind]
+    p = noisy_params(cfg)
+    eng = LlamaEngine(cfg, p, batch_size=3, seq_len=6)
+    tokens, targets, mask = batch(cfg, 3, 6)
+    loss = eng.forward(tokens, targets, mask)
+    eng.zero_grad()
+    eng.backward()
+    loss_ref, aux_ref, cache = ref.llama_forward(p, cfg, tokens, targets, mask)
+    assert abs(loss - loss_ref) < 1e-5 * abs(loss_ref), f"loss {loss} vs reference {loss_ref}"
+    assert abs(eng.aux_loss() - aux_ref) < 1e-5 * max(1.0, aux_ref)
+    if cfg.n_expert:
+        np.testing.assert_allclose(eng.expert_usage(), ref.expert_usage(cache), rtol=0, atol=1e-12)
+        assert np.allclose(eng.expert_usage().sum(axis=1), cfg.n_expert_used)
+    worst, where = max_rel(eng.get_grads(), ref.llama_backward(cache))
+    assert worst < 1e-4, f"grads: max relative diff {worst:.3e} in {where}"
+    for Bp, Tp in ((3, 6), (1, 1), (1, 4), (2, 3)):  # generation-style and partial calls
+        got = eng.forward(tokens[:Bp, :Tp])
+        want = ref.llama_logits(p, cfg, tokens[:Bp, :Tp])
+        assert got.shape == want.shape and got.dtype == np.float32
+        assert np.abs(got - want).max() < 1e-5, f"({Bp},{Tp}): logits max abs diff {np.abs(got - want).max():.3e}"
+
+
+@pytest.mark.parametrize("kind", ["gqa", "moe"])
+def test_engine_grads_vs_finite_differences(kind):
+    cfg = CFGS[kind]
+    p = noisy_params(cfg, std=0.3)
+    eng = LlamaEngine(cfg, p, batch_size=2, seq_len=5)
+    tokens, targets, mask = batch(cfg, 2, 5, seed=3)
+    eng.forward(tokens, targets, mask)
+    eng.zero_grad()
+    eng.backward()
+    grads = eng.get_grads()
+    eng.freeze_routing(True)  # the finite differences must not flip an expert choice
+
+    def f(q):
+        eng.set_params(q)
+        loss = eng.forward(tokens, targets, mask)
+        return loss + cfg.moe_aux_loss * eng.aux_loss()
+
+    rng = np.random.default_rng(1)
+    for name in p:
+        idxs = rng.choice(p[name].size, size=min(3, p[name].size), replace=False)
+        fd = ref.fd_entries(f, p, name, idxs, 1e-2)
+        diff = np.abs(grads[name].flat[idxs] - fd).max()
+        assert diff < 2e-3 + 2e-2 * np.abs(fd).max(), f"{name}: max abs diff {diff:.3e} (fd {fd}, engine {grads[name].flat[idxs]})"
+
+
+def test_gradient_accumulation_and_partial_batch():
+    cfg = CFGS["moe"]
+    p = noisy_params(cfg)
+    eng = LlamaEngine(cfg, p, batch_size=4, seq_len=6)
+    tokens, targets, mask = batch(cfg, 4, 6)
+    eng.zero_grad()
+    want = {k: np.zeros(v.shape) for k, v in p.items()}
+    for lo, hi in ((0, 2), (2, 4)):  # two half batches, each weighted 0.5
+        eng.forward(tokens[lo:hi, :4], targets[lo:hi, :4], mask[lo:hi, :4])
+        eng.backward(scale=0.5)
+        _, _, cache = ref.llama_forward(p, cfg, tokens[lo:hi, :4], targets[lo:hi, :4], mask[lo:hi, :4])
+        for k, g in ref.llama_backward(cache).items():
+            want[k] += 0.5 * g
+    worst, where = max_rel(eng.get_grads(), want)
+    assert worst < 1e-4, f"accumulated grads: max relative diff {worst:.3e} in {where}"
+
+
+@pytest.mark.parametrize("kind", ["gqa", "moe"])
+def test_training_follows_reference(kind):
+    cfg = ModelConfig(**{**CFGS[kind].__dict__, "n_embd": 16, "n_ff": 24, "n_ctx": 8, "vocab_size": 29})
+    p = init_params(cfg, 1)
+    eng = LlamaEngine(cfg, p, batch_size=4, seq_len=8)
+    ref_p = {k: v.astype(np.float64) for k, v in p.items()}
+    state: dict = {}
+    hp = dict(lr=3e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, clip=1.0)
+    from clgpt.reference import adamw_step
+    for it in range(20):
+        tokens, targets, mask = batch(cfg, 4, 8, seed=it)
+        loss = eng.forward(tokens, targets, mask)
+        eng.zero_grad()
+        eng.backward()
+        norm = eng.step(**hp)
+        loss_ref, aux_ref, cache = ref.llama_forward(ref_p, cfg, tokens, targets, mask)
+        ref_p, norm_ref = adamw_step(ref_p, ref.llama_backward(cache), state, **hp)
+        assert abs(loss - loss_ref) < 1e-4 * abs(loss_ref), f"step {it}: loss {loss} vs reference {loss_ref}"
+        assert abs(eng.aux_loss() - aux_ref) < 1e-4 * max(1.0, aux_ref), f"step {it}: aux {eng.aux_loss()} vs {aux_ref}"
+        assert abs(norm - norm_ref) < 1e-3 * norm_ref, f"step {it}: norm {norm} vs reference {norm_ref}"
+    worst, where = max_rel(eng.get_params(), ref_p)
+    assert worst < 1e-3, f"params after 20 steps: max relative diff {worst:.3e} in {where}"
+
+
+def test_determinism_and_state_roundtrip():
+    cfg = llama_cfg(E=4, K=2, hkv=1, n_head=4, n_embd=16, n_ff=16, n_ctx=8)
+    p = init_params(cfg, 2)
+    engines = [LlamaEngine(cfg, p, batch_size=3, seq_len=8) for _ in range(2)]
+    for it in range(4):
+        tokens, targets, mask = batch(cfg, 3, 8, seed=it)
+        for eng in engines:
+            eng.forward(tokens, targets, mask)
+            eng.zero_grad()
+            eng.backward()
+            eng.step(1e-2)
+    a, b = (e.get_params() for e in engines)
+    for k in a:
+        assert np.array_equal(a[k], b[k]), f"{k} differs between two identical runs"
+    fresh = LlamaEngine(cfg, engines[0].get_params(), batch_size=3, seq_len=8)
+    fresh.set_optimizer_state(engines[0].get_optimizer_state())
+    tokens, targets, mask = batch(cfg, 3, 8, seed=9)
+    for eng in (engines[0], fresh):
+        eng.forward(tokens, targets, mask)
+        eng.zero_grad()
+        eng.backward()
+        eng.step(1e-2)
+    a, b = engines[0].get_params(), fresh.get_params()
+    for k in a:
+        assert np.array_equal(a[k], b[k]), f"{k} differs after restoring the optimizer state"
+
+
+def test_load_balancing_loss_spreads_the_experts():
+    """A router biased to expert 0 at first: training with a large aux coefficient lowers the aux loss
+    and the busiest expert's share of the tokens."""
+    cfg = llama_cfg(E=4, K=1, moe_aux_loss=1.0, n_layer=1)
+    p = noisy_params(cfg)
+    p["blk.0.ffn_gate_inp.weight"][0] += 2.0  # every token prefers expert 0 at first
+    eng = LlamaEngine(cfg, p, batch_size=4, seq_len=6)
+    tokens, targets, mask = batch(cfg, 4, 6)
+    eng.forward(tokens, targets, mask)
+    first_aux, first_usage = eng.aux_loss(), eng.expert_usage()
+    for _ in range(30):
+        eng.forward(tokens, targets, mask)
+        eng.zero_grad()
+        eng.backward()
+        eng.step(3e-2, weight_decay=0.0)
+    eng.forward(tokens, targets, mask)
+    assert eng.aux_loss() < first_aux, (first_aux, eng.aux_loss())
+    assert eng.expert_usage().max() < first_usage.max()
+
+
+def test_factory_and_errors():
+    gpt2 = ModelConfig(vocab_size=23, n_ctx=6, n_embd=8, n_head=2, n_layer=1, n_ff=12)
+    assert type(make_engine(gpt2, init_params(gpt2, 0), 1, 6)) is Engine
+    cfg = CFGS["moe"]
+    eng = make_engine(cfg, init_params(cfg, 0), 2, 6)
+    assert type(eng) is LlamaEngine
+    with pytest.raises(ClgptError, match="forward"):
+        eng.expert_usage()
+    with pytest.raises(ClgptError, match="LlamaEngine"):
+        LlamaEngine(gpt2, init_params(gpt2, 0), 1, 6)
+    with pytest.raises(ClgptError, match="no experts"):
+        LlamaEngine(CFGS["dense"], init_params(CFGS["dense"], 0), 1, 6).expert_usage()
+    assert "position_embd.weight" not in param_shapes(cfg)
+    assert param_shapes(cfg)["blk.0.ffn_down_exps.weight"] == (4, 8, 12)
+    assert param_shapes(cfg)["blk.0.attn_k.weight"] == (4, 8)  # one kv head of dim 4
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(n_embd=6, n_head=2), "must be even"),
+    (dict(n_head=4, n_head_kv=3), "must divide"),
+    (dict(n_expert=1, n_expert_used=1), "at least 2"),
+    (dict(n_expert=4, n_expert_used=5), "must lie in"),
+    (dict(n_expert=0, n_expert_used=2), "needs n_expert"),
+    (dict(arch="gpt2", n_expert=4, n_expert_used=2), "only the llama arch"),
+])
+def test_config_validation(change, match):
+    with pytest.raises(ClgptError, match=match):
+        ModelConfig(**{**llama_cfg().__dict__, **change}).validate()
