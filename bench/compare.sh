@@ -5,14 +5,16 @@
 #   REPEATS=5 STEPS_M=10 bash bench/compare.sh  # longer, steadier
 #   SHAPES="S M L" DEVICE=cuda TORCH_THREADS=0 bash bench/compare.sh   # on a GPU machine (L is GPU only)
 #
-# Runs alternate (clgpt, torch, torch 1 thread, clgpt, ...) so that all see the same machine; each figure
-# is the best of REPEATS runs (the one least disturbed by whatever else runs). The peer is PyTorch eager
-# fp32 with its default intra-op threads (all cores) and, on the CPU, also with 1 thread: on a shared
-# 2-core machine torch's 2-thread OpenMP loses much when another process takes a core, so the ratio is
-# given against the faster of the two (the strongest peer) as well as against each.
+# Runs alternate (clgpt, torch, clgpt 1 thread, torch 1 thread, clgpt, ...) so that all see the same
+# machine; each figure is the best of REPEATS runs (the one least disturbed by whatever else runs). The peer
+# is PyTorch eager fp32. On the CPU both run twice: with their default threads (all cores: PoCL's pthread
+# device, torch's OpenMP) and with 1 thread each (POCL_CPU_MAX_CU_COUNT=1 / torch.set_num_threads(1)). On a
+# shared 2-core machine the 1-thread pair is the steadier comparison: torch's 2-thread OpenMP loses much
+# (up to 10x per step, seen here) whenever another process takes a core.
 # Needs torch (pip install torch==2.13.0; it is no dependency of clgpt). Raw logs go to $LOG_DIR.
 # Env: PYTHON, REPEATS, STEPS_S, STEPS_M, STEPS_L, GEMM (0 = skip), SHAPES, DEVICE (torch: cpu|cuda),
-#      TORCH_THREADS (torch --threads values, 0 = torch's default), CLGPT_DEVICE (clgpt --device), LOG_DIR.
+#      THREADS (thread counts to run, 0 = each one's default; on cuda only 0), CLGPT_DEVICE (clgpt --device),
+#      LOG_DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,7 +26,7 @@ STEPS_L=${STEPS_L:-10}
 GEMM=${GEMM:-1024}
 SHAPES=${SHAPES:-"S M"}
 DEVICE=${DEVICE:-cpu}
-if [ "$DEVICE" = cpu ]; then TORCH_THREADS=${TORCH_THREADS:-"0 1"}; else TORCH_THREADS=${TORCH_THREADS:-0}; fi
+if [ "$DEVICE" = cpu ]; then THREADS=${THREADS:-"0 1"}; else THREADS=${THREADS:-0}; fi
 LOG_DIR=${LOG_DIR:-$(mktemp -d /tmp/clgpt-compare.XXXXXX)}
 mkdir -p "$LOG_DIR"
 rm -f "$LOG_DIR"/*.log
@@ -54,22 +56,23 @@ for shape in $SHAPES; do
   for r in $(seq 1 "$REPEATS"); do
     g=0
     if [ "$shape" = "$first_shape" ] && [ "$r" = 1 ]; then g=$GEMM; fi
-    log="$LOG_DIR/clgpt_${shape}_$r.log"
-    echo "[$shape $r/$REPEATS] $PYTHON -m clgpt bench $args --gemm $g ${dev_arg[*]:-}" >&2
-    "$PYTHON" -m clgpt bench $args --gemm "$g" "${dev_arg[@]}" >"$log" 2>&1 || { cat "$log" >&2; exit 1; }
-    for th in $TORCH_THREADS; do
+    for th in $THREADS; do
+      [ "$th" != "${THREADS%% *}" ] && g=0  # the GEMM figures once, with the first thread setting
+      penv=()
+      if [ "$th" != 0 ]; then penv=(env "POCL_CPU_MAX_CU_COUNT=$th" "POCL_MAX_PTHREAD_COUNT=$th"); fi
+      log="$LOG_DIR/clgpt${th}_${shape}_$r.log"
+      echo "[$shape $r/$REPEATS] ${penv[*]:-} $PYTHON -m clgpt bench $args --gemm $g ${dev_arg[*]:-}" >&2
+      "${penv[@]}" "$PYTHON" -m clgpt bench $args --gemm "$g" "${dev_arg[@]}" >"$log" 2>&1 || { cat "$log" >&2; exit 1; }
       log="$LOG_DIR/torch${th}_${shape}_$r.log"
-      tg=$g
-      [ "$th" != "${TORCH_THREADS%% *}" ] && tg=0  # torch's GEMM once, with its default threads
-      echo "[$shape $r/$REPEATS] $PYTHON bench/bench_torch.py $args --gemm $tg --device $DEVICE --threads $th" >&2
-      "$PYTHON" bench/bench_torch.py $args --gemm "$tg" --device "$DEVICE" --threads "$th" >"$log" 2>&1 \
+      echo "[$shape $r/$REPEATS] $PYTHON bench/bench_torch.py $args --gemm $g --device $DEVICE --threads $th" >&2
+      "$PYTHON" bench/bench_torch.py $args --gemm "$g" --device "$DEVICE" --threads "$th" >"$log" 2>&1 \
         || { cat "$log" >&2; exit 1; }
     done
   done
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$LOG_DIR/header.txt"
 
-"$PYTHON" - "$LOG_DIR" "$SHAPES" "$TORCH_THREADS" "$GEMM" <<'EOF' | tee "$LOG_DIR/table.md"
+"$PYTHON" - "$LOG_DIR" "$SHAPES" "$THREADS" "$GEMM" <<'EOF' | tee "$LOG_DIR/table.md"
 import glob, re, sys
 log_dir, shapes, threads, gemm = sys.argv[1], sys.argv[2].split(), sys.argv[3].split(), int(sys.argv[4])
 
@@ -86,38 +89,32 @@ def runs(prefix, shape):
         out.append(dict(tps=float(m.group(1)), ms=ms, cpu=cpu, text=text))
     return out
 
-def name(th):
-    return "torch" if th == "0" else f"torch {th}thr"
-
 def first(pattern, text):
     m = re.search(pattern, text)
     return m.group(1) if m else "?"
 
-dev = first(r"(?m)^device: (.*)$", open(glob.glob(f"{log_dir}/clgpt_*_1.log")[0]).read())
-peer = first(r"(?m)^device: (.*)$", open(glob.glob(f"{log_dir}/torch*_1.log")[0]).read())
+t0 = threads[0]
+dev = first(r"(?m)^device: (.*)$", open(glob.glob(f"{log_dir}/clgpt{t0}_*_1.log")[0]).read())
+peer = first(r"(?m)^device: (.*)$", open(glob.glob(f"{log_dir}/torch{t0}_*_1.log")[0]).read())
 print(f"\nclgpt: {dev}\npeer:  {peer}\n")
-cols = ["shape", "clgpt tok/s"] + [f"{name(t)} tok/s" for t in threads] + [f"clgpt/{name(t)}" for t in threads]
-if len(threads) > 1:
-    cols.append("clgpt/best torch")
-cols += ["clgpt ms/step", "clgpt CPU ms/step"] + [f"{name(t)} CPU ms/step" for t in threads]
+cols = ["shape", "threads", "clgpt tok/s", "torch tok/s", "clgpt/torch", "clgpt ms/step", "torch ms/step",
+        "clgpt CPU ms/step", "torch CPU ms/step", "CPU torch/clgpt"]
 print("| " + " | ".join(cols) + " |")
-print("|" + "|".join("---:" if i else "---" for i in range(len(cols))) + "|")
+print("|" + "|".join("---:" if i > 1 else "---" for i in range(len(cols))) + "|")
 for shape in shapes:
-    ours = runs("clgpt", shape)
-    peers = [runs(f"torch{t}", shape) for t in threads]
-    o = max(r["tps"] for r in ours)
-    p = [max(r["tps"] for r in rs) for rs in peers]
-    row = [shape, f"{o:,.0f}"] + [f"{x:,.0f}" for x in p] + [f"{o / x:.2f}" for x in p]
-    if len(threads) > 1:
-        row.append(f"**{o / max(p):.2f}**")
-    row += [f"{min(r['ms'] for r in ours):.1f}", f"{min(r['cpu'] for r in ours):.1f}"]
-    row += [f"{min(r['cpu'] for r in rs):.1f}" for rs in peers]
-    print("| " + " | ".join(row) + " |")
-print(f"\ntok/s: best of {len(ours)} runs each; clgpt/X > 1 means clgpt trains faster. CPU ms/step: process CPU time"
-      " (all threads) per step, least of the runs.")
+    for th in threads:
+        ours, peers = runs(f"clgpt{th}", shape), runs(f"torch{th}", shape)
+        o, p = max(r["tps"] for r in ours), max(r["tps"] for r in peers)
+        oc, pc = min(r["cpu"] for r in ours), min(r["cpu"] for r in peers)
+        row = [shape, "default" if th == "0" else th, f"{o:,.0f}", f"{p:,.0f}", f"**{o / p:.2f}**",
+               f"{min(r['ms'] for r in ours):.1f}", f"{min(r['ms'] for r in peers):.1f}", f"{oc:.1f}", f"{pc:.1f}",
+               f"{pc / oc:.2f}"]
+        print("| " + " | ".join(row) + " |")
+print(f"\ntok/s: best of {len(ours)} runs each; clgpt/torch > 1 means clgpt trains faster. CPU ms/step: process"
+      " CPU time (all threads) per step, least of the runs; CPU torch/clgpt > 1 means clgpt spends less CPU.")
 if gemm:
-    o = open(glob.glob(f"{log_dir}/clgpt_{shapes[0]}_1.log")[0]).read()
-    t = open(glob.glob(f"{log_dir}/torch{threads[0]}_{shapes[0]}_1.log")[0]).read()
+    o = open(glob.glob(f"{log_dir}/clgpt{t0}_{shapes[0]}_1.log")[0]).read()
+    t = open(glob.glob(f"{log_dir}/torch{t0}_{shapes[0]}_1.log")[0]).read()
     cl_gf = float(first(r"OpenCL ([0-9.]+) GFLOP/s", o))
     np_gf = float(first(r"numpy ([0-9.]+) GFLOP/s", o))
     t_gf = float(first(r"torch matmul \([^)]*\) ([0-9.]+) GFLOP/s", t))

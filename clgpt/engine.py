@@ -17,7 +17,7 @@ import pyopencl as cl
 from clgpt.device import Device, get_device
 from clgpt.errors import ClgptError
 from clgpt.model import ModelConfig, decays, param_shapes
-from clgpt.tuning import launch_config
+from clgpt.tuning import SMALL_GROUPS, launch_config
 
 F32 = 4
 # Default tiles of the local-memory matmul: TSM x TSN outputs per work-group, TSK deep, WPTM x WPTN outputs
@@ -157,6 +157,9 @@ class Engine:
     def _matmul(self, M, N, K, A, B, Cm, ta=0, tb=0, bias=None, resid=None, accum=False, alpha=1.0, epi=0, E=None):
         """matmul with an epilogue: epi 1 also writes E = gelu(Cm); epi 2 multiplies Cm by gelu'(E)."""
         mm = self.mm
+        small = self.launch.get("matmul_small")
+        if small is not None and -(-M // mm["TSM"]) * -(-N // mm["TSN"]) < SMALL_GROUPS:
+            mm = small
         if mm["kernel"] == "matmul_rb":
             # The CPU form wants op(B) rows and op(A) rows contiguous: a transposed copy costs far less than
             # the strided (and, for wide A, TLB-missing) reads it saves.
@@ -164,7 +167,7 @@ class Engine:
                 B, tb = self._transposed(0, B, N, K), 0
             if ta:
                 A, ta = self._transposed(1, A, K, M), 0
-        key = (ta, tb, bias is not None, resid is not None, bool(accum), epi)
+        key = (ta, tb, bias is not None, resid is not None, bool(accum), epi, mm is small)
         kern = self._mm.get(key)
         if kern is None:
             kern = self._mm[key] = self.dev.kernel(

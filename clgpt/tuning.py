@@ -18,12 +18,16 @@ import pyopencl as cl
 _CPU = dict(kernel="matmul_rb", RM=6, NV=2, lsize=(1, 4))
 _NVIDIA = dict(kernel="matmul", TSM=128, TSN=128, TSK=16, WPTM=8, WPTN=8, LDSV=0)
 _GPU = dict(kernel="matmul", TSM=64, TSN=64, TSK=32, WPTM=8, WPTN=8, LDSV=0)
+# GPUs: outputs too small to fill the device with big tiles (dW of a narrow layer: M, N small, K = B*T)
+# take smaller tiles, 4x4 per work-item, so more work-groups run.
+_GPU_SMALL = dict(kernel="matmul", TSM=32, TSN=32, TSK=16, WPTM=4, WPTN=4, LDSV=0)
+SMALL_GROUPS = 264  # fewer work-groups than this (2 per SM of an H200) with the big tiles -> small tiles
 
 # (device type, vendor substring or "" for any) -> matmul config, local size of 1-D and 2-D launches.
 TABLE = [
     (cl.device_type.CPU, "", dict(matmul=_CPU, local_1d=16, local_2d=(16, 1), vec=1, norm_parts=256)),
-    (cl.device_type.GPU, "nvidia", dict(matmul=_NVIDIA, local_1d=128, local_2d=(32, 4), vec=0, norm_parts=8192)),
-    (cl.device_type.GPU, "", dict(matmul=_GPU, local_1d=128, local_2d=(32, 4), vec=0, norm_parts=8192)),
+    (cl.device_type.GPU, "nvidia", dict(matmul=_NVIDIA, matmul_small=_GPU_SMALL, local_1d=128, local_2d=(32, 4), vec=0, norm_parts=8192)),
+    (cl.device_type.GPU, "", dict(matmul=_GPU, matmul_small=_GPU_SMALL, local_1d=128, local_2d=(32, 4), vec=0, norm_parts=8192)),
 ]
 _DEFAULT = dict(matmul=_GPU, local_1d=64, local_2d=(16, 4), vec=0, norm_parts=4096)
 
@@ -41,7 +45,7 @@ def _parse(spec: str) -> dict:
 
 
 def launch_config(device: cl.Device) -> dict:
-    """-> dict(matmul=..., local_1d=int, local_2d=(int, int), vec=0/1 (float8 attention),
+    """-> dict(matmul=..., [matmul_small=...,] local_1d=int, local_2d=(int, int), vec=0/1 (float8 attention),
     norm_parts: partial sums of the grad norm (GPUs: many, strided)) for this device."""
     vendor = (device.vendor + " " + device.platform.name).lower()
     cfg = _DEFAULT
@@ -53,4 +57,5 @@ def launch_config(device: cl.Device) -> dict:
     spec = os.environ.get("CLGPT_MATMUL", "").strip()
     if spec:
         cfg["matmul"] = _parse(spec)
+        cfg.pop("matmul_small", None)
     return cfg
