@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # clgpt against its PyTorch peer on this machine, shapes S and M, in one go; prints a table of ratios.
 #
-#   bash bench/compare.sh                       # REPEATS=3 STEPS_S=30 STEPS_M=6 GEMM=1024 TORCH_THREADS="0 1"
+#   bash bench/compare.sh                       # REPEATS=3 STEPS_S=30 STEPS_M=6 GEMM=1024 THREADS="0 1"
 #   REPEATS=5 STEPS_M=10 bash bench/compare.sh  # longer, steadier
-#   SHAPES="S M L" DEVICE=cuda TORCH_THREADS=0 bash bench/compare.sh   # on a GPU machine (L is GPU only)
+#   SHAPES="S M L" DEVICE=cuda bash bench/compare.sh   # on a GPU machine (L is GPU only)
 #
 # Runs alternate (clgpt, torch, clgpt 1 thread, torch 1 thread, clgpt, ...) so that all see the same
 # machine; each figure is the best of REPEATS runs (the one least disturbed by whatever else runs). The peer

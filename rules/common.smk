@@ -4,10 +4,12 @@ from pathlib import Path
 
 from clgpt.config import validate_config
 from clgpt.data import corpus_files
+from clgpt.device import get_device
 from clgpt.errors import ClgptError
 
 try:
     _validated = validate_config(config)
+    get_device(_validated["device"])  # a device that does not exist stops the run before any stage
     PRETRAIN_TEXT = corpus_files(_validated["corpus"]["pretrain"], ".txt")
     TUNE_DIALOGS = corpus_files(_validated["corpus"]["tune"], ".jsonl")
 except ClgptError as e:

@@ -136,6 +136,8 @@ def test_same_config_gives_same_bytes(workdir, tmp_path):
     [
         (lambda p: write_config(p, {**TINY, "tune": {**TINY["tune"], "lr_rate": 1}}), "unknown key 'tune.lr_rate'"),
         (lambda p: [f.unlink() for f in (p / "data/tune").glob("*.jsonl")], "data/tune: no *.jsonl files"),
+        (lambda p: write_config(p, {**TINY, "device": "no-such-device"}), "no-such-device"),
+        (lambda p: write_config(p, {**TINY, "model": {**TINY["model"], "n_embd": 31}}), "model.n_embd=31 is not divisible"),
         (lambda p: (p / "data/pretrain/en.txt").write_bytes(b"ok\n\xc3\x28 bad\n"), "not UTF-8 at byte offset 3"),
         (lambda p: (p / "data/tune/en.jsonl").write_text('{"user": "hi"}\n'), 'en.jsonl:1: missing or empty "assistant"'),
     ],
