@@ -11,7 +11,7 @@ def test_default_config_validates_and_fills_defaults():
     cfg = load_config("config.yaml")
     assert set(cfg) >= {"device", "corpus", "tokenizer", "model", "pretrain", "tune", "evaluate", "export"}
     assert cfg["pretrain"]["grad_clip"] == 1.0  # not in config.yaml: filled from the schema
-    assert cfg["tune"]["mix_pretrain"] == 0.0
+    assert cfg["tune"]["accum_steps"] == 1
 
 
 def test_empty_config_is_all_defaults():
