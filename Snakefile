@@ -18,8 +18,8 @@ include: "rules/export.smk"
 
 
 rule all:
+    default_target: True
     input:
         "model.gguf",
         "Modelfile",
         "results/eval/report.md",
-    default_target: True

@@ -9,7 +9,9 @@ from clgpt.errors import ClgptError
 
 try:
     _validated = validate_config(config)
-    get_device(_validated["device"])  # a device that does not exist stops the run before any stage
+    get_device(
+        _validated["device"]
+    )  # a device that does not exist stops the run before any stage
     PRETRAIN_TEXT = corpus_files(_validated["corpus"]["pretrain"], ".txt")
     TUNE_DIALOGS = corpus_files(_validated["corpus"]["tune"], ".jsonl")
 except ClgptError as e:

@@ -15,13 +15,13 @@ rule encode:
             "results/encoded/{part}.json",
             part=["pretrain", "pretrain_heldout", "tune", "tune_heldout"],
         ),
-    params:
-        n_ctx=config["model"]["n_ctx"],
-    conda:
-        "../envs/clgpt.yaml"
     log:
         "logs/encode.log",
     benchmark:
         "benchmarks/encode.tsv"
+    conda:
+        "../envs/clgpt.yaml"
+    params:
+        n_ctx=config["model"]["n_ctx"],
     script:
         "../scripts/encode.py"

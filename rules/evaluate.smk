@@ -15,14 +15,14 @@ rule evaluate:
         metrics="results/eval/metrics.json",
         report="results/eval/report.md",
         plots=expand("results/eval/loss_{stage}.png", stage=["pretrain", "tune"]),
-    params:
-        settings=config["evaluate"],
-        device=config["device"],
-    conda:
-        "../envs/clgpt.yaml"
     log:
         "logs/evaluate.log",
     benchmark:
         "benchmarks/evaluate.tsv"
+    conda:
+        "../envs/clgpt.yaml"
+    params:
+        settings=config["evaluate"],
+        device=config["device"],
     script:
         "../scripts/evaluate.py"

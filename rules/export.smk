@@ -7,13 +7,13 @@ rule export:
     output:
         gguf="model.gguf",
         modelfile="Modelfile",
-    params:
-        settings=config["export"],
-    conda:
-        "../envs/clgpt.yaml"
     log:
         "logs/export.log",
     benchmark:
         "benchmarks/export.tsv"
+    conda:
+        "../envs/clgpt.yaml"
+    params:
+        settings=config["export"],
     script:
         "../scripts/export.py"

@@ -7,15 +7,15 @@ rule pretrain:
     output:
         checkpoint="results/pretrain/model.ckpt",
         log_csv="results/pretrain/log.csv",
-    params:
-        model=config["model"],
-        settings=config["pretrain"],
-        device=config["device"],
-    conda:
-        "../envs/clgpt.yaml"
     log:
         "logs/pretrain.log",
     benchmark:
         "benchmarks/pretrain.tsv"
+    conda:
+        "../envs/clgpt.yaml"
+    params:
+        model=config["model"],
+        settings=config["pretrain"],
+        device=config["device"],
     script:
         "../scripts/pretrain.py"

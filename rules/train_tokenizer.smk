@@ -6,13 +6,13 @@ rule train_tokenizer:
     output:
         tokenizer="results/tokenizer/tokenizer.json",
         vocab="results/tokenizer/vocab.txt",
-    params:
-        settings=config["tokenizer"],
-    conda:
-        "../envs/clgpt.yaml"
     log:
         "logs/train_tokenizer.log",
     benchmark:
         "benchmarks/train_tokenizer.tsv"
+    conda:
+        "../envs/clgpt.yaml"
+    params:
+        settings=config["tokenizer"],
     script:
         "../scripts/train_tokenizer.py"

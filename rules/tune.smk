@@ -8,14 +8,14 @@ rule tune:
     output:
         checkpoint="results/tune/model.ckpt",
         log_csv="results/tune/log.csv",
-    params:
-        settings=config["tune"],
-        device=config["device"],
-    conda:
-        "../envs/clgpt.yaml"
     log:
         "logs/tune.log",
     benchmark:
         "benchmarks/tune.tsv"
+    conda:
+        "../envs/clgpt.yaml"
+    params:
+        settings=config["tune"],
+        device=config["device"],
     script:
         "../scripts/tune.py"

@@ -162,3 +162,9 @@ def test_llama_cpp_answers_like_the_evaluation(workdir):
     rows = metrics["answers"]["tune"][:6]
     got = chat_answers(str(workdir / "model.gguf"), [r["user"] for r in rows], TINY["evaluate"]["max_tokens"])
     assert got == [r["answer"] for r in rows]
+
+
+def test_workflow_lint_is_clean():
+    r = subprocess.run([sys.executable, "-m", "snakemake", "--lint"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert "Congratulations, your workflow is in a good condition!" in r.stdout + r.stderr, r.stdout + r.stderr
