@@ -168,3 +168,21 @@ def test_workflow_lint_is_clean():
     r = subprocess.run([sys.executable, "-m", "snakemake", "--lint"], cwd=ROOT, capture_output=True, text=True,
                        timeout=300)
     assert "Congratulations, your workflow is in a good condition!" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def test_llama_moe_pipeline_end_to_end(tmp_path):
+    """`model.arch: llama` with 4 experts, 2 used per token: the whole workflow, then llama.cpp."""
+    config = json.loads(json.dumps(TINY))
+    config["model"] = {"arch": "llama", "n_ctx": 128, "n_embd": 32, "n_head": 2, "n_layer": 1, "n_ff": 64,
+                       "n_expert": 4, "n_expert_used": 2}
+    path = make_workdir(tmp_path / "moe", config)
+    r = snakemake(path, "model.gguf")
+    assert r.returncode == 0, r.stderr[-4000:]
+    metrics = json.loads((path / "results/eval/metrics.json").read_text())
+    assert len(metrics["expert_usage"]) == 1 and len(metrics["expert_usage"][0]) == 4
+    sys.path.insert(0, str(ROOT / "bench"))
+    from llama_exact_match import chat_answers
+
+    rows = metrics["answers"]["tune"][:4]
+    got = chat_answers(str(path / "model.gguf"), [r["user"] for r in rows], TINY["evaluate"]["max_tokens"])
+    assert got == [r["answer"] for r in rows]
