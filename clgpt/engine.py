@@ -17,7 +17,7 @@ import pyopencl as cl
 from clgpt.device import Device, get_device
 from clgpt.errors import ClgptError
 from clgpt.model import ModelConfig, decays, param_shapes
-from clgpt.tuning import SMALL_GROUPS, launch_config
+from clgpt.tuning import SMALL_GROUPS, SPLIT_MIN_K, SPLIT_MIN_TOTAL_K, SPLIT_SMALL_GROUPS, launch_config
 
 F32 = 4
 # Default tiles of the local-memory matmul: TSM x TSN outputs per work-group, TSK deep, WPTM x WPTN outputs
@@ -56,6 +56,12 @@ class Engine:
         self.launch = launch_config(self.dev.device)
         self.mm = self.launch["matmul"]
         self._scratch, self._scratch_size = [None, None], [0, 0]  # transposed B, A for matmul_rb
+        self._parts, self._parts_size = None, 0  # split-K partial products, column-sum partials (GPUs)
+        self._cparts, self._cparts_size = None, 0
+        self.rows = int(self.launch.get("rows", 0))  # GPUs: one work-group of `rows` work-items per row
+        self.attn_gemm = bool(self.launch.get("attn_gemm", 0)) and self.T >= self.launch.get("attn_gemm_min_t", 0)
+        self.preset = bool(self.launch.get("preset", 0))
+        self._plans = {}  # preset launches: (kernel, gsize, lsize, args) -> a cl.Kernel with those args set
         self.shapes = param_shapes(cfg)
         self._layout()
         self._build_kernels()
@@ -127,8 +133,26 @@ class Engine:
         for kname in ("attention_forward", "attention_backward_query", "attention_backward_key"):
             k[kname] = dev.kernel("attention", kname, C=C, H=H, D=D, SCALE=float(1.0 / math.sqrt(D)),
                                   VEC=self.launch["vec"])
+        if self.launch.get("cpu_attn"):  # CPUs: same kernels, dot products 4 keys at a time (kernels/cpu.cl)
+            for kname in ("attention_forward", "attention_backward_query"):
+                k[kname] = dev.kernel("cpu", kname + "_u4", C=C, H=H, D=D, SCALE=float(1.0 / math.sqrt(D)))
         for kname in ("xent_forward", "xent_backward"):
             k[kname] = dev.kernel("xent", kname, V=cfg.vocab_size)
+        if self.launch.get("xent_fused"):  # CPUs: loss and unscaled gradient in one vectorised pass per row
+            k["xent_fused"] = dev.kernel("xent", "xent_fused", V=cfg.vocab_size)
+        if self.launch.get("cpu_bias"):  # CPUs: float8 column sums (kernels/cpu.cl)
+            k["bias_backward_v8"] = dev.kernel("cpu", "bias_backward_v8")
+        if self.rows:
+            LW = self.rows
+            for kname in ("layernorm_forward_wg", "layernorm_backward_wg", "layernorm_param_partial",
+                          "layernorm_param_final"):
+                k[kname] = dev.kernel("layernorm", kname, C=C, EPS=float(cfg.norm_eps), LW=LW)
+            k["xent_forward_wg"] = dev.kernel("xent", "xent_forward_wg", V=cfg.vocab_size, LW=LW)
+            for kname in ("attention_softmax", "attention_dsoftmax"):
+                k[kname] = dev.kernel("attention", kname, C=C, H=H, D=D, SCALE=float(1.0 / math.sqrt(D)), VEC=0, LW=LW)
+            k["bias_partial"] = dev.kernel("matmul", "bias_partial")
+            k["bias_final"] = dev.kernel("matmul", "bias_final")
+        k["splitk_reduce"] = dev.kernel("matmul", "splitk_reduce")
         for kname in ("gelu_forward", "gelu_backward"):
             k[kname] = dev.kernel("gelu", kname)
         for kname in ("grad_norm_partial", "grad_norm_final", "adamw"):
@@ -140,44 +164,194 @@ class Engine:
 
     # ---- launch helpers ----
     def _run(self, name, gsize, *args, lsize=None):
-        self.k[name](self.queue, gsize, lsize, *args)
+        self._launch(self.k[name], gsize, lsize, args)
+
+    def _launch(self, kern, gsize, lsize, args):
+        """kern(queue, gsize, lsize, *args); with `preset`, through a cl.Kernel kept per (kernel, sizes, args)
+        whose arguments were set once: a repeated launch (every step of training) is one enqueue."""
+        if not self.preset or not isinstance(kern, cl.Kernel):
+            kern(self.queue, gsize, lsize, *args)
+            return
+        key = (kern.int_ptr, tuple(gsize), lsize and tuple(lsize), args)
+        try:
+            k = self._plans.get(key)
+        except TypeError:  # an unhashable argument: launch it plainly
+            kern(self.queue, gsize, lsize, *args)
+            return
+        if k is None:
+            if len(self._plans) >= 4096:
+                self._plans.clear()
+            k = cl.Kernel(kern.program, kern.function_name)
+            k.set_args(*args)
+            self._plans[key] = k
+        cl.enqueue_nd_range_kernel(self.queue, k, gsize, lsize)
 
     def _runp(self, name, gsize, *args):
         """_run with the device's fixed local size, the global size padded to it (the kernel bounds-checks).
         A fixed local size matters on PoCL: it compiles a kernel once per local size, and lets it pick one
         that divides the global size when none is given, so a size that changes per call (distinct tokens,
         T') would compile again and again."""
-        lsize = (self.launch["local_1d"],) if len(gsize) == 1 else self.launch["local_2d"]
-        self.k[name](self.queue, tuple(_ceil(g, l) for g, l in zip(gsize, lsize)), lsize, *args)
+        lsize = (self.launch["local_1d"],) if len(gsize) == 1 else tuple(self.launch["local_2d"])
+        self._launch(self.k[name], tuple(_ceil(g, l) for g, l in zip(gsize, lsize)), lsize, args)
 
     def matmul(self, M, N, K, A, B, Cm, ta=0, tb=0, bias=None, resid=None, accum=False, alpha=1.0):
         """Cm (M,N) = alpha * op(A) @ op(B) [+ bias] [+ resid] [+ Cm], row-major, contiguous."""
         self._matmul(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha)
 
+    def _tiles(self, M, N, nz=1, narrow_ok=False):
+        """-> (config, work-groups) for an (M,N) output (times nz batches): the big tiles, or the small ones
+        where the big give fewer than SMALL_GROUPS work-groups."""
+        mm = self.mm
+        if mm["kernel"] != "matmul":
+            return mm, 0
+        groups = -(-M // mm["TSM"]) * -(-N // mm["TSN"]) * nz
+        small = self.launch.get("matmul_small")
+        if small is not None and groups < SMALL_GROUPS:
+            return small, -(-M // small["TSM"]) * -(-N // small["TSN"]) * nz
+        narrow = self.launch.get("matmul_narrow")
+        if narrow is not None and N <= narrow["TSN"] < mm["TSN"]:
+            return narrow, -(-M // narrow["TSM"]) * -(-N // narrow["TSN"]) * nz
+        return mm, groups
+
+    def _kernel_mm(self, mm, ta, tb, bias, resid, accum, epi, split=0, batch=0, causal=0):
+        key = (ta, tb, bias, resid, accum, epi, split, batch, causal, id(mm))
+        kern = self._mm.get(key)
+        if kern is None:
+            extra = {}
+            if split:
+                extra["SPLITK"] = 1
+            if batch:
+                extra.update(BATCH=1, CAUSAL=causal)
+            kern = self._mm[key] = self.dev.kernel(
+                "matmul", mm["kernel"], TA=ta, TB=tb, BIAS=int(bias), RESID=int(resid), ACCUM=int(accum), EPI=epi,
+                **extra, **matmul_defines(mm))
+        return kern
+
+    def _split_plan(self, M, N, K):
+        """-> (config, S, kc): split-K into S chunks of kc (S = 1: no split), GPUs only."""
+        mm, groups = self._tiles(M, N)
+        if not self.launch.get("split_k") or K < SPLIT_MIN_TOTAL_K:
+            return mm, 1, K
+        target = SPLIT_SMALL_GROUPS
+        if mm is not self.launch.get("matmul_small"):  # big (or narrow) tiles: split only a short last wave
+            if groups >= target:
+                return mm, 1, K
+            s = min(-(-target // groups), K // SPLIT_MIN_K["big"])
+        else:
+            big = self.mm
+            gbig = -(-M // big["TSM"]) * -(-N // big["TSN"])
+            s = min(-(-target // gbig), K // SPLIT_MIN_K["big"])
+            if s * gbig >= SMALL_GROUPS:
+                mm, groups = big, gbig
+            elif groups >= SMALL_GROUPS:
+                return mm, 1, K
+            else:
+                s = min(-(-target // groups), K // SPLIT_MIN_K["small"])
+        if s < 2:
+            return mm, 1, K
+        kc = _ceil(-(-K // s), mm["TSK"])
+        return mm, -(-K // kc), kc
+
     def _matmul(self, M, N, K, A, B, Cm, ta=0, tb=0, bias=None, resid=None, accum=False, alpha=1.0, epi=0, E=None):
         """matmul with an epilogue: epi 1 also writes E = gelu(Cm); epi 2 multiplies Cm by gelu'(E)."""
-        mm = self.mm
-        small = self.launch.get("matmul_small")
-        if small is not None and -(-M // mm["TSM"]) * -(-N // mm["TSN"]) < SMALL_GROUPS:
-            mm = small
+        if M <= 0 or N <= 0:
+            return
+        mm, _ = self._tiles(M, N)
         if mm["kernel"] == "matmul_rb":
             # The CPU form wants op(B) rows and op(A) rows contiguous: a transposed copy costs far less than
             # the strided (and, for wide A, TLB-missing) reads it saves.
             if tb:
                 B, tb = self._transposed(0, B, N, K), 0
-            if ta:
+            # A small op(A) (M*K <= ta_direct floats: S's weight gradients) is read in place (matmul_rb's TA=1):
+            # measured 25-30% under transpose + NN there, and one launch fewer.
+            if ta and M * K > self.launch.get("ta_direct", 0):
                 A, ta = self._transposed(1, A, K, M), 0
-        key = (ta, tb, bias is not None, resid is not None, bool(accum), epi, mm is small)
-        kern = self._mm.get(key)
-        if kern is None:
-            kern = self._mm[key] = self.dev.kernel(
-                "matmul", mm["kernel"], TA=ta, TB=tb, BIAS=int(key[2]), RESID=int(key[3]), ACCUM=int(key[4]), EPI=epi,
-                **matmul_defines(mm))
-        gsize, lsize = matmul_launch(mm, M, N)
         lda = M if ta else K
         ldb = K if tb else N
-        kern(self.queue, gsize, lsize, i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm, i32(N),
-             bias, resid, f32(alpha), E)
+        if mm["kernel"] == "matmul" and bias is None and resid is None and epi == 0 and K > 0:
+            mm, S, kc = self._split_plan(M, N, K)
+            if S > 1:
+                P = self._grow_parts(S * M * N)
+                kern = self._kernel_mm(mm, ta, tb, False, False, False, 0, split=1)
+                (gx, gy), lsize = matmul_launch(mm, M, N)
+                self._launch(kern, (gx, gy, S), lsize + (1,), (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), P,
+                             i32(N), None, None, f32(1.0), None, i32(kc), i32(1), *(i32(0),) * 9))
+                self._runp("splitk_reduce", (M * N,), i32(M * N), i32(S), i32(bool(accum)), f32(alpha), P, Cm)
+                return
+        kern = self._kernel_mm(mm, ta, tb, bias is not None, resid is not None, bool(accum), epi)
+        gsize, lsize = matmul_launch(mm, M, N)
+        self._launch(kern, gsize, lsize, (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm, i32(N),
+                                          bias, resid, f32(alpha), E))
+
+    def _grow_parts(self, n):
+        if self._parts_size < n:
+            self._parts, self._parts_size = self._buf(n), n
+        return self._parts
+
+    def _grow_cparts(self, n):
+        if self._cparts_size < n:
+            self._cparts, self._cparts_size = self._buf(n), n
+        return self._cparts
+
+    def _bmm(self, M, N, K, nz, hb, A, lda, a_off, B, ldb, b_off, Cm, ldc, c_off, ta=0, tb=0, alpha=1.0, causal=0):
+        """Batched matmul (GPUs): for z < nz, (zb, zh) = divmod(z, hb), Cm_z (M,N) = alpha op(A_z) @ op(B_z)
+        where X_z = X + o + zb * s_b + zh * s_h and x_off = (o, s_b, s_h); causal: see kernels/matmul.cl."""
+        mm, _ = self._tiles(M, N, nz)
+        kern = self._kernel_mm(mm, ta, tb, False, False, False, 0, batch=1, causal=causal)
+        (gx, gy), lsize = matmul_launch(mm, M, N)
+        self._launch(kern, (gx, gy, nz), lsize + (1,), (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm, i32(ldc),
+                     None, None, f32(alpha), None, i32(0), i32(hb), *(i32(v) for v in (*a_off, *b_off, *c_off))))
+
+    def _bias_backward(self, M, N, dy, db):
+        """db (N) += column sums of dy (M,N), in a fixed order."""
+        if self.launch.get("cpu_bias"):
+            self._run("bias_backward_v8", (-(-N // 8),), i32(M), i32(N), dy, db, lsize=(1,))
+            return
+        if not self.rows:
+            self._runp("bias_backward", (N,), i32(M), i32(N), dy, db)
+            return
+        rc = self.launch["colsum_rows"]
+        R = -(-M // rc)
+        if R < self.launch["colsum_min_parts"]:
+            self._runp("bias_backward", (N,), i32(M), i32(N), dy, db)
+            return
+        part = self._grow_cparts(R * N)
+        self._runp("bias_partial", (N, R), i32(M), i32(N), i32(rc), dy, part)
+        self._runp("bias_final", (N,), i32(R), i32(N), part, db)
+
+    def _attention_forward(self, Bp, Tp, qkv, out, att):
+        cfg = self.cfg
+        C, H, D = cfg.n_embd, cfg.n_head, cfg.head_dim
+        if not self.attn_gemm:
+            self._runp("attention_forward", (Tp, Bp * H), i32(Bp), i32(Tp), qkv, out, att)
+            return
+        T3, TT = Tp * 3 * C, Tp * Tp
+        nz, scale = Bp * H, 1.0 / math.sqrt(D)
+        # att = SCALE q k^T (causal tiles only), softmax rows, out = att v
+        self._bmm(Tp, Tp, D, nz, H, qkv, 3 * C, (0, T3, D), qkv, 3 * C, (C, T3, D), att, Tp, (0, H * TT, TT),
+                  tb=1, alpha=scale, causal=1)
+        self._run("attention_softmax", (nz * Tp * self.rows,), i32(Tp), att, lsize=(self.rows,))
+        self._bmm(Tp, D, Tp, nz, H, att, Tp, (0, H * TT, TT), qkv, 3 * C, (2 * C, T3, D), out, C, (0, Tp * C, D),
+                  causal=2)
+
+    def _attention_backward(self, Bp, Tp, dout, qkv, att, datt, dqkv):
+        cfg = self.cfg
+        C, H, D = cfg.n_embd, cfg.n_head, cfg.head_dim
+        if not self.attn_gemm:
+            self._runp("attention_backward_query", (Tp, Bp * H), i32(Bp), i32(Tp), dout, qkv, att, datt, dqkv)
+            self._runp("attention_backward_key", (Tp, Bp * H), i32(Bp), i32(Tp), dout, qkv, att, datt, dqkv)
+            return
+        T3, TT, TC = Tp * 3 * C, Tp * Tp, Tp * C
+        nz, scale = Bp * H, 1.0 / math.sqrt(D)
+        ATT = (0, H * TT, TT)
+        # dp = dout v^T; ds = att (dp - sum att dp); dq = SCALE ds k; dk = SCALE ds^T q; dv = att^T dout
+        self._bmm(Tp, Tp, D, nz, H, dout, C, (0, TC, D), qkv, 3 * C, (2 * C, T3, D), datt, Tp, ATT, tb=1, causal=1)
+        self._run("attention_dsoftmax", (nz * Tp * self.rows,), i32(Tp), att, datt, lsize=(self.rows,))
+        self._bmm(Tp, D, Tp, nz, H, datt, Tp, ATT, qkv, 3 * C, (C, T3, D), dqkv, 3 * C, (0, T3, D), alpha=scale,
+                  causal=2)
+        self._bmm(Tp, D, Tp, nz, H, datt, Tp, ATT, qkv, 3 * C, (0, T3, D), dqkv, 3 * C, (C, T3, D), ta=1,
+                  alpha=scale, causal=3)
+        self._bmm(Tp, D, Tp, nz, H, att, Tp, ATT, dout, C, (0, TC, D), dqkv, 3 * C, (2 * C, T3, D), ta=1, causal=3)
 
     def _transposed(self, slot, x, rows, cols):
         """x (rows, cols) transposed into scratch buffer `slot` (grown as needed) -> the scratch (cols, rows)."""
@@ -188,11 +362,27 @@ class Engine:
         return self._scratch[slot]
 
     def _layernorm(self, N, x, w, b, out, mean, rstd):
+        if self.rows:
+            self._run("layernorm_forward_wg", (N * self.rows,), i32(N), x, w, b, out, mean, rstd, lsize=(self.rows,))
+            return
         self._runp("layernorm_forward", (N,), i32(N), x, w, b, out, mean, rstd)
 
     def _layernorm_backward(self, N, dout, x, mean, rstd, w, dw, db, dx, accum):
+        C = self.cfg.n_embd
+        if self.rows:
+            self._run("layernorm_backward_wg", (N * self.rows,), i32(N), i32(accum), dout, x, w, mean, rstd, dx,
+                      lsize=(self.rows,))
+            rc = self.launch["colsum_rows"]
+            R = -(-N // rc)
+            if R < self.launch["colsum_min_parts"]:
+                self._runp("layernorm_param_backward", (C,), i32(N), dout, x, mean, rstd, dw, db)
+                return
+            part = self._grow_cparts(2 * R * C)
+            self._runp("layernorm_param_partial", (C, R), i32(N), i32(rc), dout, x, mean, rstd, part)
+            self._runp("layernorm_param_final", (C,), i32(R), part, dw, db)
+            return
         self._runp("layernorm_backward", (N,), i32(N), i32(accum), dout, x, w, mean, rstd, dx)
-        self._runp("layernorm_param_backward", (self.cfg.n_embd,), i32(N), dout, x, mean, rstd, dw, db)
+        self._runp("layernorm_param_backward", (C,), i32(N), dout, x, mean, rstd, dw, db)
 
     # ---- forward / backward ----
     def _check(self, a, name, Bp, Tp, dtype):
@@ -222,7 +412,7 @@ class Engine:
                             a["ln1"], a["ln1_mean"], a["ln1_rstd"])
             self.matmul(N, 3 * C, C, a["ln1"], self.p[pre + "attn_qkv.weight"], a["qkv"], tb=1,
                         bias=self.p[pre + "attn_qkv.bias"])
-            self._runp("attention_forward", (Tp, Bp * cfg.n_head), i32(Bp), i32(Tp), a["qkv"], a["atty"], a["att"])
+            self._attention_forward(Bp, Tp, a["qkv"], a["atty"], a["att"])
             self.matmul(N, C, C, a["atty"], self.p[pre + "attn_output.weight"], a["x_mid"], tb=1,
                         bias=self.p[pre + "attn_output.bias"], resid=a["x"])
             self._layernorm(N, a["x_mid"], self.p[pre + "ffn_norm.weight"], self.p[pre + "ffn_norm.bias"],
@@ -250,11 +440,22 @@ class Engine:
         self._targets_host, self._mask_host = targets, mask
         cl.enqueue_copy(q, self.targets, targets, is_blocking=False)
         cl.enqueue_copy(q, self.mask, mask, is_blocking=False)
-        self._runp("xent_forward", (N,), i32(N), self.logits, self.targets, self.mask, self.losses, self.lse)
+        self._xent_forward(N)
         losses = self.losses_host[:N]
         cl.enqueue_copy(q, losses, self.losses, is_blocking=True)
         self._fwd = (Bp, Tp, msum)
         return float(losses.sum(dtype=np.float64) / msum)
+
+    def _xent_forward(self, N):
+        if self.launch.get("xent_fused"):  # also leaves mask * (softmax - onehot) in dlogits for backward
+            self._runp("xent_fused", (N,), i32(N), self.logits, self.targets, self.mask, self.losses, self.lse,
+                       self.dlogits)
+            return
+        if self.rows:
+            self._run("xent_forward_wg", (N * self.rows,), i32(N), self.logits, self.targets, self.mask, self.losses,
+                      self.lse, lsize=(self.rows,))
+            return
+        self._runp("xent_forward", (N,), i32(N), self.logits, self.targets, self.mask, self.losses, self.lse)
 
     def _w_out(self):
         return self.p["token_embd.weight"] if self.cfg.tied else self.p["output.weight"]
@@ -272,33 +473,34 @@ class Engine:
         cfg = self.cfg
         Bp, Tp, msum = self._fwd
         N, C, V, F, H = Bp * Tp, cfg.n_embd, cfg.vocab_size, cfg.n_ff, cfg.n_head
-        self._run("xent_backward", (_ceil(V, 64), N), i32(N), f32(scale / msum), self.logits, self.targets, self.mask,
-                  self.lse, self.dlogits, lsize=(64, 1))
-        self.matmul(V, C, N, self.dlogits, self.lnf, self._g_out(), ta=1, accum=True)
-        self.matmul(N, C, V, self.dlogits, self._w_out(), self.dln)
+        if self.launch.get("xent_fused"):  # the forward left the unscaled gradient in dlogits
+            alpha = scale / msum
+        else:
+            self._run("xent_backward", (_ceil(V, 64), N), i32(N), f32(scale / msum), self.logits, self.targets,
+                      self.mask, self.lse, self.dlogits, lsize=(64, 1))
+            alpha = 1.0
+        self.matmul(V, C, N, self.dlogits, self.lnf, self._g_out(), ta=1, accum=True, alpha=alpha)
+        self.matmul(N, C, V, self.dlogits, self._w_out(), self.dln, alpha=alpha)
         self._layernorm_backward(N, self.dln, self.x_out, self.lnf_mean, self.lnf_rstd, self.p["output_norm.weight"],
                                  self.g["output_norm.weight"], self.g["output_norm.bias"], self.dx, accum=0)
         for i in reversed(range(cfg.n_layer)):
             pre, a, p, g = f"blk.{i}.", self.acts[i], self.p, self.g
             # ffn: x_out = x_mid + g @ Wdown.T + b
             self.matmul(C, F, N, self.dx, a["g"], g[pre + "ffn_down.weight"], ta=1, accum=True)
-            self._runp("bias_backward", (C,), i32(N), i32(C), self.dx, g[pre + "ffn_down.bias"])
+            self._bias_backward(N, C, self.dx, g[pre + "ffn_down.bias"])
             self._matmul(N, F, C, self.dx, p[pre + "ffn_down.weight"], self.dh, epi=2, E=a["h"])  # dh = dg * gelu'(h)
             self.matmul(F, C, N, self.dh, a["ln2"], g[pre + "ffn_up.weight"], ta=1, accum=True)
-            self._runp("bias_backward", (F,), i32(N), i32(F), self.dh, g[pre + "ffn_up.bias"])
+            self._bias_backward(N, F, self.dh, g[pre + "ffn_up.bias"])
             self.matmul(N, C, F, self.dh, p[pre + "ffn_up.weight"], self.dln)
             self._layernorm_backward(N, self.dln, a["x_mid"], a["ln2_mean"], a["ln2_rstd"], p[pre + "ffn_norm.weight"],
                                      g[pre + "ffn_norm.weight"], g[pre + "ffn_norm.bias"], self.dx, accum=1)
             # attention: x_mid = x + atty @ Wo.T + b
             self.matmul(C, C, N, self.dx, a["atty"], g[pre + "attn_output.weight"], ta=1, accum=True)
-            self._runp("bias_backward", (C,), i32(N), i32(C), self.dx, g[pre + "attn_output.bias"])
+            self._bias_backward(N, C, self.dx, g[pre + "attn_output.bias"])
             self.matmul(N, C, C, self.dx, p[pre + "attn_output.weight"], self.datty)
-            self._runp("attention_backward_query", (Tp, Bp * H), i32(Bp), i32(Tp), self.datty, a["qkv"], a["att"],
-                      self.datt, self.dqkv)
-            self._runp("attention_backward_key", (Tp, Bp * H), i32(Bp), i32(Tp), self.datty, a["qkv"], a["att"],
-                      self.datt, self.dqkv)
+            self._attention_backward(Bp, Tp, self.datty, a["qkv"], a["att"], self.datt, self.dqkv)
             self.matmul(3 * C, C, N, self.dqkv, a["ln1"], g[pre + "attn_qkv.weight"], ta=1, accum=True)
-            self._runp("bias_backward", (3 * C,), i32(N), i32(3 * C), self.dqkv, g[pre + "attn_qkv.bias"])
+            self._bias_backward(N, 3 * C, self.dqkv, g[pre + "attn_qkv.bias"])
             self.matmul(N, C, 3 * C, self.dqkv, p[pre + "attn_qkv.weight"], self.dln)
             self._layernorm_backward(N, self.dln, a["x"], a["ln1_mean"], a["ln1_rstd"], p[pre + "attn_norm.weight"],
                                      g[pre + "attn_norm.weight"], g[pre + "attn_norm.bias"], self.dx, accum=1)
@@ -330,7 +532,8 @@ class Engine:
         self._norm(float(clip))
         self.t += 1
         bc1, bc2 = 1.0 - beta1**self.t, 1.0 - beta2**self.t
-        self._runp("adamw", (self.n_flat,), i32(self.n_flat), i32(self.n_decay), self.flat_p, self.flat_g,
+        lsize = (self.launch["local_1d"],)  # lr and the bias corrections change every step: no preset
+        self.k["adamw"](self.queue, (_ceil(self.n_flat, lsize[0]),), lsize, i32(self.n_flat), i32(self.n_decay), self.flat_p, self.flat_g,
                   self.flat_m, self.flat_v, self.norm_buf, f32(lr), f32(beta1), f32(beta2), f32(bc1), f32(bc2),
                   f32(eps), f32(weight_decay))
         out = np.empty(2, np.float32)

@@ -5,6 +5,7 @@ each row are in bench/RESULTS_GPU.md (GPUs) and the engine's commit notes (PoCL)
 
 CLGPT_MATMUL overrides the matmul choice for experiments, e.g.
 `CLGPT_MATMUL=kernel=matmul,TSM=128,TSN=128,TSK=16,WPTM=8,WPTN=8,LDSV=1`.
+CLGPT_LAUNCH=cpu|nvidia|gpu takes that table row whatever the device (tests run the GPU paths on PoCL).
 """
 
 from __future__ import annotations
@@ -16,18 +17,47 @@ import pyopencl as cl
 # matmul: local-memory tiles TSM x TSN x TSK, WPTM x WPTN outputs per work-item (kernels/matmul.cl).
 # matmul_rb: RM rows x NV float8 columns per work-item, no local memory; lsize in work-items.
 _CPU = dict(kernel="matmul_rb", RM=6, NV=2, lsize=(1, 4))
-_NVIDIA = dict(kernel="matmul", TSM=128, TSN=128, TSK=16, WPTM=8, WPTN=8, LDSV=0)
+_NVIDIA = dict(kernel="matmul", TSM=128, TSN=128, TSK=8, WPTM=8, WPTN=8, LDSV=1, PREF=1)
+# outputs 64 columns wide (attention's per-head products): no half-empty 128-column tiles
+_NVIDIA_NARROW = dict(kernel="matmul", TSM=128, TSN=64, TSK=16, WPTM=8, WPTN=4, LDSV=1, PREF=1)
 _GPU = dict(kernel="matmul", TSM=64, TSN=64, TSK=32, WPTM=8, WPTN=8, LDSV=0)
 # GPUs: outputs too small to fill the device with big tiles (dW of a narrow layer: M, N small, K = B*T)
 # take smaller tiles, 4x4 per work-item, so more work-groups run.
 _GPU_SMALL = dict(kernel="matmul", TSM=32, TSN=32, TSK=16, WPTM=4, WPTN=4, LDSV=0)
+_NVIDIA_SMALL = dict(_GPU_SMALL, PREF=1)
 SMALL_GROUPS = 264  # fewer work-groups than this (2 per SM of an H200) with the big tiles -> small tiles
+# Split-K (GPUs, products with no bias/residual/epilogue whose output gives too few work-groups, chiefly the
+# weight gradients dW = dy.T @ x with K = B*T): the K range is cut into S chunks, each work-group stores its
+# part, a second kernel adds the S parts in a fixed order. Chunks stay >= SPLIT_MIN_K[tile] deep; the
+# small tiles aim at SPLIT_SMALL_GROUPS work-groups (several of their 64-work-item groups fit one SM).
+SPLIT_MIN_K = {"big": 512, "small": 128}
+SPLIT_SMALL_GROUPS = 1056  # also the aim of the big tiles: about 4 waves of 2 work-groups per SM
+SPLIT_MIN_TOTAL_K = 1024  # shallower products are not split (each split costs a launch: small shapes are host-bound)
+
+# The GPU rows also name: rows = LW, the work-group size of the one-work-group-per-row kernels (layernorm,
+# softmax, cross-entropy) and two-stage column sums; attn_gemm = 1 runs attention as batched matmuls with
+# the row kernels (kernels/attention.cl); split_k = 1 allows split-K. CPUs keep the one-work-item-per-row
+# kernels (PoCL runs those loops vectorised; its barriers cost).
+# attn_gemm_min_t: shorter sequences keep the one-launch-per-pass attention kernels (fewer launches);
+# colsum_min_parts: column sums over fewer row chunks than this keep the one-stage kernels;
+# preset = 1: each launch site keeps its own cl.Kernel with its arguments set once (enqueue only after).
+_GPU_ROWS = dict(rows=128, attn_gemm=1, attn_gemm_min_t=128, split_k=1, colsum_rows=64, colsum_min_parts=16,
+                 preset=1)
+
+# The CPU row also names: xent_fused = 1, cross-entropy forward and gradient in one vectorised pass per row
+# (kernels/xent.cl; the backward folds scale / sum(mask) into the matmuls' alpha); cpu_bias = 1, the float8
+# column sums of kernels/cpu.cl for the bias gradients; ta_direct: matmul_rb reads op(A) = A.T in place (TA=1)
+# when M*K is at most this many floats, else through a transposed copy (wide strided A: 2-2.5x slower).
+# cpu_attn = 1: attention forward and query backward from kernels/cpu.cl (q.k, dout.v 4 keys at a time).
+_CPU_ROWS = dict(xent_fused=1, cpu_bias=1, ta_direct=3 << 17, cpu_attn=1)
 
 # (device type, vendor substring or "" for any) -> matmul config, local size of 1-D and 2-D launches.
 TABLE = [
-    (cl.device_type.CPU, "", dict(matmul=_CPU, local_1d=16, local_2d=(16, 1), vec=1, norm_parts=256)),
-    (cl.device_type.GPU, "nvidia", dict(matmul=_NVIDIA, matmul_small=_GPU_SMALL, local_1d=128, local_2d=(32, 4), vec=0, norm_parts=8192)),
-    (cl.device_type.GPU, "", dict(matmul=_GPU, matmul_small=_GPU_SMALL, local_1d=128, local_2d=(32, 4), vec=0, norm_parts=8192)),
+    (cl.device_type.CPU, "", dict(matmul=_CPU, local_1d=16, local_2d=(16, 1), vec=1, norm_parts=256, **_CPU_ROWS)),
+    (cl.device_type.GPU, "nvidia", dict(matmul=_NVIDIA, matmul_small=_NVIDIA_SMALL, matmul_narrow=_NVIDIA_NARROW, local_1d=128, local_2d=(32, 4), vec=0,
+                                        norm_parts=8192, **_GPU_ROWS)),
+    (cl.device_type.GPU, "", dict(matmul=_GPU, matmul_small=_GPU_SMALL, local_1d=128, local_2d=(32, 4), vec=0, norm_parts=8192,
+                                  **_GPU_ROWS)),
 ]
 _DEFAULT = dict(matmul=_GPU, local_1d=64, local_2d=(16, 4), vec=0, norm_parts=4096)
 
@@ -48,14 +78,25 @@ def launch_config(device: cl.Device) -> dict:
     """-> dict(matmul=..., [matmul_small=...,] local_1d=int, local_2d=(int, int), vec=0/1 (float8 attention),
     norm_parts: partial sums of the grad norm (GPUs: many, strided)) for this device."""
     vendor = (device.vendor + " " + device.platform.name).lower()
+    dtype_of = device.type
+    force = os.environ.get("CLGPT_LAUNCH", "").strip().lower()
+    if force:
+        if force not in ("cpu", "nvidia", "gpu"):
+            raise ValueError(f"CLGPT_LAUNCH={force!r}: expected cpu, nvidia or gpu")
+        dtype_of = cl.device_type.CPU if force == "cpu" else cl.device_type.GPU
+        vendor = "nvidia" if force == "nvidia" else "other"
     cfg = _DEFAULT
     for dtype, vend, row in TABLE:
-        if device.type & dtype and vend in vendor:
+        if dtype_of & dtype and vend in vendor:
             cfg = row
             break
     cfg = dict(cfg)
     spec = os.environ.get("CLGPT_MATMUL", "").strip()
     if spec:
         cfg["matmul"] = _parse(spec)
-        cfg.pop("matmul_small", None)
+        if os.environ.get("CLGPT_MATMUL_KEEP_SMALL", "") in ("", "0"):
+            cfg.pop("matmul_small", None)
+            cfg.pop("matmul_narrow", None)
+    if os.environ.get("CLGPT_PRESET", "") in ("0", "1"):
+        cfg["preset"] = int(os.environ["CLGPT_PRESET"])
     return cfg

@@ -120,3 +120,58 @@ __kernel void attention_backward_key(const int B, const int T, __global const fl
     __global float* o = dqkv + (b * T + t2) * C3 + h * D;
     for (int d = 0; d < DV; d++) { STW(o + C, d, dk[d] * SCALE); STW(o + 2 * C, d, dv[d]); }
 }
+
+// ---- GPUs: attention as batched matmuls (kernels/matmul.cl, BATCH=1, CAUSAL) plus these two row kernels ----
+// One work-group of LW work-items per row r of att (B*H*T rows of T; query t = r % T), fixed-order tree
+// reductions: deterministic.
+//   attention_softmax:  att[r, t2] = softmax_{t2 <= t}(att[r, :])  (att holds SCALE * q.k), 0 for t2 > t
+//   attention_dsoftmax: datt[r, t2] = att * (dp - sum_t2 att * dp)  (datt holds dp = dout . v), 0 for t2 > t
+#ifndef LW
+#define LW 64
+#endif
+
+inline float wg_reduce(__local float* red, float v, const int is_max)
+{
+    const int l = get_local_id(0);
+    red[l] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = LW / 2; s > 0; s >>= 1) {
+        if (l < s) red[l] = is_max ? fmax(red[l], red[l + s]) : red[l] + red[l + s];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const float r = red[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return r;
+}
+
+__kernel __attribute__((reqd_work_group_size(LW, 1, 1)))
+void attention_softmax(const int T, __global float* att)
+{
+    const int r = get_group_id(0), l = get_local_id(0), t = r % T;
+    __global float* row = att + (size_t)r * T;
+    __local float red[LW];
+    float mx = -INFINITY;
+    for (int j = l; j <= t; j += LW) mx = fmax(mx, row[j]);
+    mx = wg_reduce(red, mx, 1);
+    float s = 0.0f;
+    for (int j = l; j <= t; j += LW) {
+        const float e = exp(row[j] - mx);
+        row[j] = e;
+        s += e;
+    }
+    const float inv = 1.0f / wg_reduce(red, s, 0);
+    for (int j = l; j < T; j += LW) row[j] = j <= t ? row[j] * inv : 0.0f;
+}
+
+__kernel __attribute__((reqd_work_group_size(LW, 1, 1)))
+void attention_dsoftmax(const int T, __global const float* att, __global float* datt)
+{
+    const int r = get_group_id(0), l = get_local_id(0), t = r % T;
+    __global const float* arow = att + (size_t)r * T;
+    __global float* drow = datt + (size_t)r * T;
+    __local float red[LW];
+    float s = 0.0f;
+    for (int j = l; j <= t; j += LW) s += arow[j] * drow[j];
+    s = wg_reduce(red, s, 0);
+    for (int j = l; j < T; j += LW) drow[j] = j <= t ? arow[j] * (drow[j] - s) : 0.0f;
+}

@@ -86,6 +86,51 @@ inline float epilogue(const float acc, const int gm, const int gn, const int ldc
     return c;
 }
 
+// Tile loads: element e (0 .. TSK*TSM-1) of the A tile at k0 -> (k, m), coalesced along A's rows in memory.
+#if TA == 0
+#define A_KM(e, k, m) const int m = (e) / TSK, k = (e) % TSK
+#define A_AT(gm, gk) A[(gm) * lda + (gk)]
+#else
+#define A_KM(e, k, m) const int k = (e) / TSM, m = (e) % TSM
+#define A_AT(gm, gk) A[(gk) * lda + (gm)]
+#endif
+#if TB == 0
+#define B_KN(e, k, n) const int k = (e) / TSN, n = (e) % TSN
+#define B_AT(gn, gk) B[(gk) * ldb + (gn)]
+#else
+#define B_KN(e, k, n) const int n = (e) / TSK, k = (e) % TSK
+#define B_AT(gn, gk) B[(gn) * ldb + (gk)]
+#endif
+#define LA ((TSK * TSM + NTHREADS - 1) / NTHREADS)
+#define LB ((TSK * TSN + NTHREADS - 1) / NTHREADS)
+#ifndef PREF
+#define PREF 0
+#endif
+#ifndef SPLITK
+#define SPLITK 0
+#endif
+#ifndef BATCH
+#define BATCH 0
+#endif
+#ifndef CAUSAL
+#define CAUSAL 0
+#endif
+#define NBUF (PREF ? 2 : 1)
+// SPLITK=1: work-group z of dimension 2 sums k in [z*kc, min(K, (z+1)*kc)) and stores the raw sums (no alpha,
+//   no epilogue) at Cm + z*M*ldc; splitk_reduce adds the parts in order of z (deterministic).
+// BATCH=1: work-group z of dimension 2 offsets A, B, Cm by o + (z / HB) * s_b + (z % HB) * s_h (batch, head).
+// CAUSAL (batched attention products, M = the query axis): 1 skips output tiles wholly above the diagonal
+//   (n > m: the row kernels write those entries), 2 stops k at the diagonal (op(A)[m,k] = 0 for k > m),
+//   3 starts k at the diagonal (op(A)[m,k] = 0 for k < m). Only zero terms are skipped.
+// PREF=1: double-buffered local tiles, the next tile's global loads issued before the current tile's
+//   products; one barrier a tile. Same order of summation either way.
+#if SPLITK || BATCH
+#define EXTRA_ARGS , const int kc, const int HB, const int oA, const int sAb, const int sAh, const int oB, \
+    const int sBb, const int sBh, const int oC, const int sCb, const int sCh
+#else
+#define EXTRA_ARGS
+#endif
+
 __kernel __attribute__((reqd_work_group_size(RTSN, RTSM, 1)))
 void matmul(const int M, const int N, const int K,
             __global const float* restrict A, const int lda,
@@ -93,70 +138,110 @@ void matmul(const int M, const int N, const int K,
             __global float* Cm, const int ldc,
             __global const float* restrict bias,
             __global const float* R,
-            const float alpha, __global float* E)
+            const float alpha, __global float* E EXTRA_ARGS)
 {
     const int tn = get_local_id(0), tm = get_local_id(1);
     const int n0 = get_group_id(0) * TSN, m0 = get_group_id(1) * TSM;
     const int tid = tm * RTSN + tn;
+    int kbeg = 0, kend = K;
+#if SPLITK
+    {
+        const int z = get_group_id(2);
+        kbeg = z * kc;
+        kend = min(K, kbeg + kc);
+        Cm += (size_t)z * M * ldc;
+    }
+#endif
+#if BATCH
+    {
+        const int z = get_group_id(2), zb = z / HB, zh = z % HB;
+        A += oA + (size_t)zb * sAb + zh * sAh;
+        B += oB + (size_t)zb * sBb + zh * sBh;
+        Cm += oC + (size_t)zb * sCb + zh * sCh;
+    }
+#endif
+#if CAUSAL == 1
+    if (n0 > m0 + TSM - 1) return;
+#elif CAUSAL == 2
+    kend = min(kend, m0 + TSM);
+#elif CAUSAL == 3
+    kbeg = max(kbeg, m0 / TSK * TSK);
+#endif
     // +4 padding: the transposing stores into As / Bs do not all hit one bank; rows stay 16-byte aligned
-    __local float As[TSK][TSM + 4] __attribute__((aligned(16)));
-    __local float Bs[TSK][TSN + 4] __attribute__((aligned(16)));
+    __local float As[NBUF][TSK][TSM + 4] __attribute__((aligned(16)));
+    __local float Bs[NBUF][TSK][TSN + 4] __attribute__((aligned(16)));
     float acc[WPTM][WPTN];
     for (int i = 0; i < WPTM; i++)
         for (int j = 0; j < WPTN; j++) acc[i][j] = 0.0f;
+    float ra[LA], rb[LB];
 
-    for (int k0 = 0; k0 < K; k0 += TSK) {
-        for (int e = tid; e < TSK * TSM; e += NTHREADS) {
-#if TA == 0
-            const int m = e / TSK, k = e % TSK;
-#else
-            const int k = e / TSM, m = e % TSM;
+#define LOAD_TILE(k0)                                                                   \
+    for (int i = 0; i < LA; i++) {                                                      \
+        const int e = tid + i * NTHREADS;                                               \
+        A_KM(e, k, m);                                                                  \
+        const int gm = m0 + m, gk = (k0) + k;                                           \
+        ra[i] = (e < TSK * TSM && gm < M && gk < kend) ? A_AT(gm, gk) : 0.0f;          \
+    }                                                                                   \
+    for (int i = 0; i < LB; i++) {                                                      \
+        const int e = tid + i * NTHREADS;                                               \
+        B_KN(e, k, n);                                                                  \
+        const int gn = n0 + n, gk = (k0) + k;                                           \
+        rb[i] = (e < TSK * TSN && gn < N && gk < kend) ? B_AT(gn, gk) : 0.0f;          \
+    }
+#define STORE_TILE(buf)                                                                 \
+    for (int i = 0; i < LA; i++) {                                                      \
+        const int e = tid + i * NTHREADS;                                               \
+        A_KM(e, k, m);                                                                  \
+        if (e < TSK * TSM) As[buf][k][m] = ra[i];                                       \
+    }                                                                                   \
+    for (int i = 0; i < LB; i++) {                                                      \
+        const int e = tid + i * NTHREADS;                                               \
+        B_KN(e, k, n);                                                                  \
+        if (e < TSK * TSN) Bs[buf][k][n] = rb[i];                                       \
+    }
+
+    if (kbeg < kend) {
+        LOAD_TILE(kbeg)
+        STORE_TILE(0)
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    int cur = 0;
+    for (int k0 = kbeg; k0 < kend; k0 += TSK) {
+        const int nk = k0 + TSK;
+#if PREF
+        if (nk < kend) { LOAD_TILE(nk) }
 #endif
-            const int gm = m0 + m, gk = k0 + k;
-            float a = 0.0f;
-#if TA == 0
-            if (gm < M && gk < K) a = A[gm * lda + gk];
-#else
-            if (gm < M && gk < K) a = A[gk * lda + gm];
-#endif
-            As[k][m] = a;
-        }
-        for (int e = tid; e < TSK * TSN; e += NTHREADS) {
-#if TB == 0
-            const int k = e / TSN, n = e % TSN;
-#else
-            const int n = e / TSK, k = e % TSK;
-#endif
-            const int gn = n0 + n, gk = k0 + k;
-            float b = 0.0f;
-#if TB == 0
-            if (gn < N && gk < K) b = B[gk * ldb + gn];
-#else
-            if (gn < N && gk < K) b = B[gn * ldb + gk];
-#endif
-            Bs[k][n] = b;
-        }
-        barrier(CLK_LOCAL_MEM_FENCE);
         for (int k = 0; k < TSK; k++) {
             float a[WPTM], b[WPTN];
 #if LDSV
             // work-item (tn, tm) owns rows tm*4 + {0..3} + i4*RTSM*4 and likewise columns
             for (int j = 0; j < WPTN / 4; j++) {
-                const float4 v = *(__local const float4*)&Bs[k][(j * RTSN + tn) * 4];
+                const float4 v = *(__local const float4*)&Bs[cur][k][(j * RTSN + tn) * 4];
                 b[4 * j] = v.x; b[4 * j + 1] = v.y; b[4 * j + 2] = v.z; b[4 * j + 3] = v.w;
             }
             for (int i = 0; i < WPTM / 4; i++) {
-                const float4 v = *(__local const float4*)&As[k][(i * RTSM + tm) * 4];
+                const float4 v = *(__local const float4*)&As[cur][k][(i * RTSM + tm) * 4];
                 a[4 * i] = v.x; a[4 * i + 1] = v.y; a[4 * i + 2] = v.z; a[4 * i + 3] = v.w;
             }
 #else
-            for (int j = 0; j < WPTN; j++) b[j] = Bs[k][tn + j * RTSN];
-            for (int i = 0; i < WPTM; i++) a[i] = As[k][tm + i * RTSM];
+            for (int j = 0; j < WPTN; j++) b[j] = Bs[cur][k][tn + j * RTSN];
+            for (int i = 0; i < WPTM; i++) a[i] = As[cur][k][tm + i * RTSM];
 #endif
             for (int i = 0; i < WPTM; i++)
                 for (int j = 0; j < WPTN; j++) acc[i][j] += a[i] * b[j];
         }
+#if PREF
+        if (nk < kend) { STORE_TILE(cur ^ 1) }
         barrier(CLK_LOCAL_MEM_FENCE);
+        cur ^= 1;
+#else
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (nk < kend) {
+            LOAD_TILE(nk)
+            STORE_TILE(0)
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+#endif
     }
 
 #if LDSV
@@ -172,9 +257,26 @@ void matmul(const int M, const int N, const int K,
         for (int j = 0; j < WPTN; j++) {
             const int gn = COL_OF(j);
             if (gn >= N) continue;
+#if SPLITK
+            Cm[gm * ldc + gn] = acc[i][j];
+#else
             Cm[gm * ldc + gn] = epilogue(acc[i][j], gm, gn, ldc, Cm, bias, R, E, alpha);
+#endif
         }
     }
+}
+
+// Cm (MN) = alpha * sum_{z < S} P[z*MN + i] (in order of z) [+ Cm]: the second stage of a split-K matmul.
+__kernel void splitk_reduce(const int MN, const int S, const int accum, const float alpha,
+                            __global const float* P, __global float* Cm)
+{
+    const int i = get_global_id(0);
+    if (i >= MN) return;
+    float s = 0.0f;
+    for (int z = 0; z < S; z++) s += P[(size_t)z * MN + i];
+    float c = alpha * s;
+    if (accum) c += Cm[i];
+    Cm[i] = c;
 }
 
 // CPU form: no local memory (the caches hold the operands), each work-item RM rows x NV*8 columns held
@@ -286,12 +388,33 @@ __kernel void transpose(const int K, const int N, __global const float* restrict
         for (int k = 0; k < nk; k++) out[(n0 + n) * K + k0 + k] = in[(k0 + k) * N + n0 + n];
 }
 
-// db (N) += sum over the M rows of dy (M,N), rows summed in order.
+// db (N) += sum over the M rows of dy (M,N), rows summed in order (one work-item per column: CPUs).
 __kernel void bias_backward(const int M, const int N, __global const float* dy, __global float* db)
 {
     const int n = get_global_id(0);
     if (n >= N) return;
     float s = 0.0f;
     for (int m = 0; m < M; m++) s += dy[m * N + n];
+    db[n] += s;
+}
+
+// GPUs, two stages with fixed orders: part[r*N+n] = sum of rows [r*rc, (r+1)*rc) of column n (2-D launch,
+// (n, r)); then db[n] += sum_r part[r*N+n] in order of r.
+__kernel void bias_partial(const int M, const int N, const int rc, __global const float* dy, __global float* part)
+{
+    const int n = get_global_id(0), r = get_global_id(1);
+    if (n >= N || r * rc >= M) return;
+    const int hi = min(M, (r + 1) * rc);
+    float s = 0.0f;
+    for (int m = r * rc; m < hi; m++) s += dy[m * N + n];
+    part[r * N + n] = s;
+}
+
+__kernel void bias_final(const int R, const int N, __global const float* part, __global float* db)
+{
+    const int n = get_global_id(0);
+    if (n >= N) return;
+    float s = 0.0f;
+    for (int r = 0; r < R; r++) s += part[r * N + n];
     db[n] += s;
 }

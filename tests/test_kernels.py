@@ -68,6 +68,7 @@ rng = np.random.default_rng(1234)
 MATMUL_FORMS = {
     "tiled": dict(kernel="matmul", LDSV=0, **MATMUL_TILES),
     "tiled_f4": dict(kernel="matmul", TSM=32, TSN=32, TSK=8, WPTM=4, WPTN=4, LDSV=1),
+    "tiled_pref": dict(kernel="matmul", TSM=32, TSN=32, TSK=8, WPTM=4, WPTN=4, LDSV=0, PREF=1),
     "rb": dict(kernel="matmul_rb", RM=6, NV=2, lsize=(1, 4)),
 }
 
@@ -104,6 +105,57 @@ def test_matmul(dev, form, ta, tb, M, N, K):
         if epi == 2:
             want = ref.gelu_backward(want, E0.astype(np.float64))
         assert_close(from_dev(dev, cbuf, (M, N)), want, 1e-4, 1e-4, what)
+
+
+def _gpu_engine(monkeypatch, launch="nvidia", **shape):
+    """An Engine whose launch table row is a GPU's (split-K, batched attention, row kernels), on any device."""
+    from clgpt.engine import Engine
+    from clgpt.model import ModelConfig, init_params
+
+    monkeypatch.setenv("CLGPT_LAUNCH", launch)
+    cfg = ModelConfig(vocab_size=16, n_ctx=shape.get("T", 8), n_embd=shape.get("C", 16), n_head=shape.get("H", 2),
+                      n_layer=1, n_ff=32)
+    return Engine(cfg, init_params(cfg, 0), batch_size=shape.get("B", 1), seq_len=shape.get("T", 8))
+
+
+@pytest.mark.parametrize("launch", ["nvidia", "gpu"])
+@pytest.mark.parametrize("ta,tb", [(1, 0), (0, 0), (0, 1)])
+@pytest.mark.parametrize("M,N,K", [(40, 37, 1100), (130, 7, 1500), (1100, 1030, 2048), (64, 300, 4096)])
+def test_matmul_split_k(dev, monkeypatch, launch, ta, tb, M, N, K):
+    """Engine.matmul on a GPU row: small outputs with a deep K are split along K, the parts summed in order."""
+    if M * N * K > 1e9 and not dev.device.type & cl.device_type.GPU:
+        pytest.skip("the big-tile split is a GPU-sized product")
+    eng = _gpu_engine(monkeypatch, launch)
+    assert eng._split_plan(M, N, K)[1] > 1
+    A = rng.normal(size=(K, M) if ta else (M, K)).astype(f32)
+    B = rng.normal(size=(N, K) if tb else (K, N)).astype(f32)
+    C0 = rng.normal(size=(M, N)).astype(f32)
+    want = 0.5 * (A.T if ta else A).astype(np.float64) @ (B.T if tb else B) + C0
+    outs = []
+    for _ in range(2):
+        cbuf = to_dev(dev, C0)
+        eng.matmul(M, N, K, to_dev(dev, A), to_dev(dev, B), cbuf, ta=ta, tb=tb, accum=True, alpha=0.5)
+        outs.append(from_dev(dev, cbuf, (M, N)))
+    assert_close(outs[0], want, 1e-4, 1e-4, f"split-K ta={ta} tb={tb} {M}x{N}x{K}")
+    assert np.array_equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("B,T,C,H", [(2, 70, 16, 2), (1, 5, 8, 1), (2, 33, 24, 3)])
+def test_attention_batched_matmuls(dev, monkeypatch, B, T, C, H):
+    """The GPU attention (batched causal matmuls + softmax rows) against the float64 reference."""
+    eng = _gpu_engine(monkeypatch, B=B, T=T, C=C, H=H)
+    eng.attn_gemm = True  # whatever the table's shortest sequence for it
+    qkv = rng.normal(size=(B, T, 3 * C)).astype(f32)
+    dout = rng.normal(size=(B, T, C)).astype(f32)
+    want, att = ref.attention_forward(qkv, H)
+    dqkv_want = ref.attention_backward(dout, qkv, att, H)
+    qb, ob, ab = to_dev(dev, qkv), empty(dev, B * T * C), empty(dev, B * H * T * T)
+    eng._attention_forward(B, T, qb, ob, ab)
+    assert_close(from_dev(dev, ob, (B, T, C)), want, 1e-5, 1e-4, "attention out")
+    assert_close(from_dev(dev, ab, (B, H, T, T)), att, 1e-6, 1e-4, "attention att")
+    dq, datt = empty(dev, B * T * 3 * C), empty(dev, B * H * T * T)
+    eng._attention_backward(B, T, to_dev(dev, dout), qb, ab, datt, dq)
+    assert_close(from_dev(dev, dq, (B, T, 3 * C)), dqkv_want, 1e-5, 1e-4, "attention backward")
 
 
 @pytest.mark.parametrize("K,N", [(13, 29), (64, 16), (1, 1)])
@@ -317,3 +369,74 @@ def test_ref_adamw_matches_formula():
     m2, v2 = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
     want = p * (1 - lr * wd) - lr * (m2 / (1 - b1**t)) / (math.sqrt(v2 / (1 - b2**t)) + eps)
     assert abs(float(pn) - want) < 1e-12 and abs(float(mn) - m2) < 1e-15 and abs(float(vn) - v2) < 1e-15
+
+
+# ---------------- CPU forms (kernels/xent.cl xent_fused, kernels/cpu.cl) ----------------
+@pytest.mark.parametrize("N,V", [(13, 37), (9, 512), (5, 4099)])
+def test_xent_fused(dev, N, V):
+    """Loss as xent_forward; dlogits = mask * (softmax - onehot), unscaled (the engine's matmuls scale it)."""
+    logits = (rng.normal(size=(N, V)) * 3).astype(f32)
+    targets = rng.integers(0, V, N).astype(np.int32)
+    mask = (rng.random(N) > 0.4).astype(f32) * rng.choice([1.0, 0.5], N).astype(f32)
+    mask[0] = 1
+    targets[mask == 0] = -1  # ignored where the mask is 0
+    loss_want, probs = ref.softmax_xent_forward(logits, targets, mask)
+    dl_want = ref.softmax_xent_backward(probs, targets, mask, dloss=0.7)
+    lb, tb, mb = to_dev(dev, logits), to_dev(dev, targets), to_dev(dev, mask)
+    losses, lse, dl = empty(dev, N), empty(dev, N), to_dev(dev, np.full(N * V, np.nan, f32))
+    dev.kernel("xent", "xent_fused", V=V)(dev.queue, (N,), None, i32(N), lb, tb, mb, losses, lse, dl)
+    loss = from_dev(dev, losses, N).astype(np.float64).sum() / mask.sum()
+    assert abs(loss - loss_want) < 1e-5 * abs(loss_want), f"xent_fused loss {loss} vs {loss_want}"
+    l64 = logits.astype(np.float64)
+    lse_want = np.log(np.exp(l64 - l64.max(1, keepdims=True)).sum(1)) + l64.max(1)
+    assert_close(from_dev(dev, lse, N), lse_want, 1e-5, 1e-6, "xent_fused lse")
+    got = from_dev(dev, dl, (N, V)).astype(np.float64) * (0.7 / mask.astype(np.float64).sum())
+    assert_close(got, dl_want, 1e-6, 1e-4, "xent_fused dlogits")
+
+
+@pytest.mark.parametrize("M,N", [(37, 29), (640, 64), (3, 8), (50, 3)])
+def test_bias_backward_v8(dev, M, N):
+    dy = rng.normal(size=(M, N)).astype(f32)
+    db0 = rng.normal(size=N).astype(f32)
+    buf, old = to_dev(dev, db0), to_dev(dev, db0)
+    dyb = to_dev(dev, dy)
+    dev.kernel("cpu", "bias_backward_v8")(dev.queue, (-(-N // 8),), (1,), i32(M), i32(N), dyb, buf)
+    got = from_dev(dev, buf, N)
+    # float32 sums of M terms in order: the error grows with M (the order itself is checked just below)
+    assert_close(got, db0 + dy.astype(np.float64).sum(0), 1e-6 * M, 1e-5, "bias_backward_v8")
+    dev.kernel("matmul", "bias_backward")(dev.queue, (N,), None, i32(M), i32(N), dyb, old)
+    assert np.array_equal(got, from_dev(dev, old, N)), "bias_backward_v8 sums in another order than bias_backward"
+
+
+@pytest.mark.parametrize("B,T,C,H", [(2, 7, 12, 3), (1, 1, 8, 1), (3, 9, 16, 2), (2, 13, 48, 3), (1, 21, 64, 2)])
+def test_attention_u4(dev, B, T, C, H):
+    """kernels/cpu.cl's 4-keys-at-a-time attention: the float64 reference's values; given the same att, its
+    query backward gives attention.cl's (VEC=1) datt and dq bit for bit (backward_key reads that datt)."""
+    D = C // H
+    qkv = rng.normal(size=(B, T, 3 * C)).astype(f32)
+    dout = rng.normal(size=(B, T, C)).astype(f32)
+    want, att = ref.attention_forward(qkv, H)
+    dqkv_want = ref.attention_backward(dout, qkv, att, H)
+    kw = dict(C=C, H=H, D=D, SCALE=1.0 / math.sqrt(D))
+    qb, dob = to_dev(dev, qkv), to_dev(dev, dout)
+    res = {}
+    for form, (fw, bq) in {"u4": ("cpu", "_u4"), "vec": ("attention", "")}.items():
+        kf = dict(kw, VEC=1) if fw == "attention" else kw
+        ob, ab = empty(dev, B * T * C), empty(dev, B * H * T * T)
+        datt, dq = empty(dev, B * H * T * T), empty(dev, B * T * 3 * C)
+        dev.kernel(fw, "attention_forward" + bq, **kf)(dev.queue, (T, B * H), None, i32(B), i32(T), qb, ob, ab)
+        if form == "vec":  # the same att into both backwards
+            cl.enqueue_copy(dev.queue, ab, res["u4"][1])
+        dev.kernel(fw, "attention_backward_query" + bq, **kf)(dev.queue, (T, B * H), None, i32(B), i32(T), dob, qb,
+                                                              ab, datt, dq)
+        dev.kernel("attention", "attention_backward_key", **dict(kw, VEC=1))(dev.queue, (T, B * H), None, i32(B),
+                                                                             i32(T), dob, qb, ab, datt, dq)
+        res[form] = [from_dev(dev, ob, (B, T, C)), from_dev(dev, ab, (B, H, T, T)),
+                     from_dev(dev, datt, (B, H, T, T)), from_dev(dev, dq, (B, T, 3 * C))]
+    out, a, _, dq = res["u4"]
+    assert_close(out, want, 1e-5, 1e-4, "attention_forward_u4 out")
+    assert_close(a, att, 1e-6, 1e-4, "attention_forward_u4 att")
+    assert_close(dq, dqkv_want, 1e-5, 1e-4, "attention_backward_query_u4")
+    res["u4"][2], res["vec"][2] = np.tril(res["u4"][2]), np.tril(res["vec"][2])  # datt above t: not written
+    for x, y, what in zip(res["u4"][2:], res["vec"][2:], ("datt", "dqkv")):
+        assert np.array_equal(x, y), f"attention u4 {what} differs from attention.cl's"
