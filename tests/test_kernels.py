@@ -123,8 +123,6 @@ def _gpu_engine(monkeypatch, launch="nvidia", **shape):
 @pytest.mark.parametrize("M,N,K", [(40, 37, 1100), (130, 7, 1500), (1100, 1030, 2048), (64, 300, 4096)])
 def test_matmul_split_k(dev, monkeypatch, launch, ta, tb, M, N, K):
     """Engine.matmul on a GPU row: small outputs with a deep K are split along K, the parts summed in order."""
-    if M * N * K > 1e9 and not dev.device.type & cl.device_type.GPU:
-        pytest.skip("the big-tile split is a GPU-sized product")
     eng = _gpu_engine(monkeypatch, launch)
     assert eng._split_plan(M, N, K)[1] > 1
     A = rng.normal(size=(K, M) if ta else (M, K)).astype(f32)
