@@ -159,6 +159,9 @@ class Engine:
             k[kname] = dev.kernel("adamw", kname, STRIDED=int(self.launch["norm_parts"] > 256))
         k["bias_backward"] = dev.kernel("matmul", "bias_backward")
         k["transpose"] = dev.kernel("matmul", "transpose")
+        if self.launch.get("cpu_vec"):  # CPUs: float8 AdamW (kernels/adamw.cl), register transposes (kernels/cpu.cl)
+            k["adamw_v8"] = dev.kernel("adamw", "adamw_v8", STRIDED=int(self.launch["norm_parts"] > 256))
+            k["transpose_v8"] = dev.kernel("cpu", "transpose_v8")
         self.k = k
         self._mm = {}
 
@@ -357,6 +360,10 @@ class Engine:
         """x (rows, cols) transposed into scratch buffer `slot` (grown as needed) -> the scratch (cols, rows)."""
         if self._scratch_size[slot] < rows * cols:
             self._scratch[slot], self._scratch_size[slot] = self._buf(rows * cols), rows * cols
+        if "transpose_v8" in self.k:  # 16 x 8 blocks
+            self._run("transpose_v8", (_ceil(-(-cols // 8), 4), -(-rows // 16)), i32(rows), i32(cols), x,
+                      self._scratch[slot], lsize=(4, 1))
+            return self._scratch[slot]
         self._run("transpose", (_ceil(-(-cols // 8), 4), -(-rows // 8)), i32(rows), i32(cols), x, self._scratch[slot],
                   lsize=(4, 1))
         return self._scratch[slot]
@@ -533,7 +540,8 @@ class Engine:
         self.t += 1
         bc1, bc2 = 1.0 - beta1**self.t, 1.0 - beta2**self.t
         lsize = (self.launch["local_1d"],)  # lr and the bias corrections change every step: no preset
-        self.k["adamw"](self.queue, (_ceil(self.n_flat, lsize[0]),), lsize, i32(self.n_flat), i32(self.n_decay), self.flat_p, self.flat_g,
+        name, per = ("adamw_v8", 8) if "adamw_v8" in self.k else ("adamw", 1)  # adamw_v8: 8 parameters a work-item
+        self.k[name](self.queue, (_ceil(-(-self.n_flat // per), lsize[0]),), lsize, i32(self.n_flat), i32(self.n_decay), self.flat_p, self.flat_g,
                   self.flat_m, self.flat_v, self.norm_buf, f32(lr), f32(beta1), f32(beta2), f32(bc1), f32(bc2),
                   f32(eps), f32(weight_decay))
         out = np.empty(2, np.float32)

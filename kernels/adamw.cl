@@ -53,3 +53,42 @@ __kernel void adamw(const int n, const int n_decay, __global float* p, __global 
     if (j < n_decay) pj -= lr * weight_decay * pj;
     p[j] = pj - lr * (mj / bc1) / (sqrt(vj / bc2) + eps);
 }
+
+// CPUs: adamw with 8 parameters a work-item as float8 (PoCL left the scalar kernel's sqrt and division
+// unvectorised: ~5 ns a parameter); the same per-element arithmetic in the same order. Global size ceil(n / 8).
+typedef float float8a __attribute__((ext_vector_type(8), aligned(4)));
+#define VLD8(p) (*(__global const float8a*)(p))
+#define VST8(p, x) (*(__global float8a*)(p) = (x))
+__kernel void adamw_v8(const int n, const int n_decay, __global float* p, __global float* grad,
+                       __global float* m, __global float* v, __global const float* norm,
+                       const float lr, const float beta1, const float beta2, const float bc1, const float bc2,
+                       const float eps, const float weight_decay)
+{
+    const int j0 = get_global_id(0) * 8;
+    if (j0 >= n) return;
+    const float s = norm[1];
+    if (j0 + 8 <= n) {
+        float8 g = VLD8(grad + j0);
+        if (s != 1.0f) { g *= s; VST8(grad + j0, g); }
+        const float8 mj = beta1 * VLD8(m + j0) + (1.0f - beta1) * g;
+        const float8 vj = beta2 * VLD8(v + j0) + (1.0f - beta2) * g * g;
+        VST8(m + j0, mj);
+        VST8(v + j0, vj);
+        float8 pj = VLD8(p + j0);
+        const int8 dec = (int8)(j0) + (int8)(0, 1, 2, 3, 4, 5, 6, 7) < (int8)(n_decay);
+        pj = select(pj, pj - lr * weight_decay * pj, dec);
+        VST8(p + j0, pj - lr * (mj / bc1) / (sqrt(vj / bc2) + eps));
+    } else {
+        for (int j = j0; j < n; j++) {
+            float g = grad[j];
+            if (s != 1.0f) { g *= s; grad[j] = g; }
+            const float mj = beta1 * m[j] + (1.0f - beta1) * g;
+            const float vj = beta2 * v[j] + (1.0f - beta2) * g * g;
+            m[j] = mj;
+            v[j] = vj;
+            float pj = p[j];
+            if (j < n_decay) pj -= lr * weight_decay * pj;
+            p[j] = pj - lr * (mj / bc1) / (sqrt(vj / bc2) + eps);
+        }
+    }
+}

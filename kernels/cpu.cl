@@ -154,136 +154,45 @@ __kernel void attention_backward_query_u4(const int B, const int T, __global con
 }
 #endif
 
-// ---- matmul_kb: matmul_rb of kernels/matmul.cl (same arguments, same results bit for bit: every output
-// sums over k in order from 0 into one float8 lane) with the k range cut into chunks of KC. Each work-item
-// owns MB blocks of RM rows x 8*NV columns; for each chunk the MB blocks run one after the other over the
-// same KC x 8*NV panel of op(B), which stays in L1 (matmul_rb streams the whole K-deep panel from L2 or
-// beyond for every 6 rows), their accumulators parked in a private array between chunks. With TA=1 the MB*RM
-// values of op(A) a row k needs lie side by side (A[k*lda + m0 ...]): wide transposed A is read in place.
-// Needs op(B) rows contiguous (TB == 0). Global size (ceil(M / (RM*MB)), ceil(N / (8 NV))).
-#ifdef MMKB
-#ifndef TA
-#define TA 0
-#endif
-#ifndef BIAS
-#define BIAS 0
-#endif
-#ifndef RESID
-#define RESID 0
-#endif
-#ifndef ACCUM
-#define ACCUM 0
-#endif
-#ifndef EPI
-#define EPI 0
-#endif
-#define GELU_S 0.7978845608028654f
-#if TA == 0
-#define AT(m, k) A[(m) * lda + (k)]
-#else
-#define AT(m, k) A[(k) * lda + (m)]
-#endif
 
-__kernel void matmul_kb(const int M, const int N, const int K,
-                        __global const float* restrict A, const int lda,
-                        __global const float* restrict B, const int ldb,
-                        __global float* Cm, const int ldc,
-                        __global const float* restrict bias,
-                        __global const float* R,
-                        const float alpha, __global float* E)
+// out (N,K) = in (K,N).T (matmul.cl's transpose, same launch arguments): one work-item per 16 (k) x 8 (n)
+// block, read as 16 float8 rows, turned by two 8x8 register transposes (unpack, shuffle, 128-bit lane
+// swaps) and written as 8 rows of 16 contiguous floats. Partial blocks at the edges go element by element.
+// Global size (ceil(N / 8), ceil(K / 16)).
+#define SHUF(a, b, ...) __builtin_shufflevector((a), (b), __VA_ARGS__)
+inline void tr8(const float8 r0, const float8 r1, const float8 r2, const float8 r3, const float8 r4,
+                const float8 r5, const float8 r6, const float8 r7, __global float* o, const int ldo)
 {
-    const int m0 = get_global_id(0) * (RM * MB), n0 = get_global_id(1) * (8 * NV);
-    if (m0 >= M || n0 >= N) return;
-    const int mbs = min(MB, (M - m0 + RM - 1) / RM);  // blocks with at least one row inside M
-    if (n0 + 8 * NV <= N) {
-        float8 accs[MB][RM][NV];
-        for (int mb = 0; mb < MB; mb++)
-            for (int i = 0; i < RM; i++)
-                for (int j = 0; j < NV; j++) accs[mb][i][j] = 0.0f;
-        for (int kb = 0; kb < K; kb += KC) {
-            const int ke = min(K, kb + KC);
-            for (int mb = 0; mb < mbs; mb++) {
-                int rows[RM];  // rows past M repeat the last one; their results are not stored
-#pragma unroll
-                for (int i = 0; i < RM; i++) rows[i] = min(m0 + mb * RM + i, M - 1);
-                float8 acc[RM][NV];
-#pragma unroll
-                for (int i = 0; i < RM; i++)
-#pragma unroll
-                    for (int j = 0; j < NV; j++) acc[i][j] = accs[mb][i][j];
-                __global const float* bp = B + (size_t)kb * ldb + n0;
-                for (int k = kb; k < ke; k++, bp += ldb) {
-                    float8 b[NV];
-#pragma unroll
-                    for (int j = 0; j < NV; j++) b[j] = VLD(bp + 8 * j);
-#pragma unroll
-                    for (int i = 0; i < RM; i++) {
-                        const float a = AT(rows[i], k);
-#pragma unroll
-                        for (int j = 0; j < NV; j++) acc[i][j] += a * b[j];
-                    }
-                }
-#pragma unroll
-                for (int i = 0; i < RM; i++)
-#pragma unroll
-                    for (int j = 0; j < NV; j++) accs[mb][i][j] = acc[i][j];
-            }
-        }
-        for (int mb = 0; mb < mbs; mb++) {
-            for (int i = 0; i < RM; i++) {
-                const int gm = m0 + mb * RM + i;
-                if (gm >= M) break;
-#pragma unroll
-                for (int j = 0; j < NV; j++) {
-                    const int o = gm * ldc + n0 + 8 * j;
-                    float8 c = alpha * accs[mb][i][j];
-#if BIAS
-                    c += VLD(bias + n0 + 8 * j);
-#endif
-#if RESID
-                    c += VLD(R + o);
-#endif
-#if ACCUM
-                    c += VLD(Cm + o);
-#endif
-#if EPI == 1
-                    VST(E + o, c - c / (exp(2.0f * GELU_S * (c + 0.044715f * c * c * c)) + 1.0f));
-#elif EPI == 2
-                    const float8 x = VLD(E + o);
-                    const float8 t = 1.0f - 2.0f / (exp(2.0f * GELU_S * (x + 0.044715f * x * x * x)) + 1.0f);
-                    c *= 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * GELU_S * (1.0f + 3.0f * 0.044715f * x * x);
-#endif
-                    VST(Cm + o, c);
-                }
-            }
-        }
-    } else {  // the last, partial column block: scalar, same order of summation over k
-        const int nn = N - n0, me = min(M, m0 + RM * MB);
-        for (int gm = m0; gm < me; gm++) {
-            for (int j = 0; j < nn; j++) {
-                const int gn = n0 + j, o = gm * ldc + gn;
-                float s = 0.0f;
-                for (int k = 0; k < K; k++) s += AT(gm, k) * B[k * ldb + gn];
-                float c = alpha * s;
-#if BIAS
-                c += bias[gn];
-#endif
-#if RESID
-                c += R[o];
-#endif
-#if ACCUM
-                c += Cm[o];
-#endif
-#if EPI == 1
-                E[o] = c - c / (exp(2.0f * GELU_S * (c + 0.044715f * c * c * c)) + 1.0f);
-#elif EPI == 2
-                const float x = E[o];
-                const float t = 1.0f - 2.0f / (exp(2.0f * GELU_S * (x + 0.044715f * x * x * x)) + 1.0f);
-                c *= 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * GELU_S * (1.0f + 3.0f * 0.044715f * x * x);
-#endif
-                Cm[o] = c;
-            }
-        }
-    }
+    const float8 t0 = SHUF(r0, r1, 0, 8, 1, 9, 4, 12, 5, 13), t1 = SHUF(r0, r1, 2, 10, 3, 11, 6, 14, 7, 15);
+    const float8 t2 = SHUF(r2, r3, 0, 8, 1, 9, 4, 12, 5, 13), t3 = SHUF(r2, r3, 2, 10, 3, 11, 6, 14, 7, 15);
+    const float8 t4 = SHUF(r4, r5, 0, 8, 1, 9, 4, 12, 5, 13), t5 = SHUF(r4, r5, 2, 10, 3, 11, 6, 14, 7, 15);
+    const float8 t6 = SHUF(r6, r7, 0, 8, 1, 9, 4, 12, 5, 13), t7 = SHUF(r6, r7, 2, 10, 3, 11, 6, 14, 7, 15);
+    const float8 s0 = SHUF(t0, t2, 0, 1, 8, 9, 4, 5, 12, 13), s1 = SHUF(t0, t2, 2, 3, 10, 11, 6, 7, 14, 15);
+    const float8 s2 = SHUF(t1, t3, 0, 1, 8, 9, 4, 5, 12, 13), s3 = SHUF(t1, t3, 2, 3, 10, 11, 6, 7, 14, 15);
+    const float8 s4 = SHUF(t4, t6, 0, 1, 8, 9, 4, 5, 12, 13), s5 = SHUF(t4, t6, 2, 3, 10, 11, 6, 7, 14, 15);
+    const float8 s6 = SHUF(t5, t7, 0, 1, 8, 9, 4, 5, 12, 13), s7 = SHUF(t5, t7, 2, 3, 10, 11, 6, 7, 14, 15);
+    VST(o, SHUF(s0, s4, 0, 1, 2, 3, 8, 9, 10, 11));
+    VST(o + ldo, SHUF(s1, s5, 0, 1, 2, 3, 8, 9, 10, 11));
+    VST(o + 2 * ldo, SHUF(s2, s6, 0, 1, 2, 3, 8, 9, 10, 11));
+    VST(o + 3 * ldo, SHUF(s3, s7, 0, 1, 2, 3, 8, 9, 10, 11));
+    VST(o + 4 * ldo, SHUF(s0, s4, 4, 5, 6, 7, 12, 13, 14, 15));
+    VST(o + 5 * ldo, SHUF(s1, s5, 4, 5, 6, 7, 12, 13, 14, 15));
+    VST(o + 6 * ldo, SHUF(s2, s6, 4, 5, 6, 7, 12, 13, 14, 15));
+    VST(o + 7 * ldo, SHUF(s3, s7, 4, 5, 6, 7, 12, 13, 14, 15));
 }
-#endif
+
+__kernel void transpose_v8(const int K, const int N, __global const float* restrict in, __global float* restrict out)
+{
+    const int n0 = get_global_id(0) * 8, k0 = get_global_id(1) * 16;
+    if (n0 >= N || k0 >= K) return;
+    if (n0 + 8 <= N && k0 + 16 <= K) {
+        __global const float* p = in + (size_t)k0 * N + n0;
+        for (int h = 0; h < 2; h++, p += 8 * (size_t)N)
+            tr8(VLD(p), VLD(p + N), VLD(p + 2 * N), VLD(p + 3 * N), VLD(p + 4 * N), VLD(p + 5 * N),
+                VLD(p + 6 * N), VLD(p + 7 * N), out + (size_t)n0 * K + k0 + 8 * h, K);
+        return;
+    }
+    const int nk = min(16, K - k0), nn = min(8, N - n0);
+    for (int n = 0; n < nn; n++)
+        for (int k = 0; k < nk; k++) out[(size_t)(n0 + n) * K + k0 + k] = in[(size_t)(k0 + k) * N + n0 + n];
+}

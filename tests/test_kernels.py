@@ -438,3 +438,42 @@ def test_attention_u4(dev, B, T, C, H):
     res["u4"][2], res["vec"][2] = np.tril(res["u4"][2]), np.tril(res["vec"][2])  # datt above t: not written
     for x, y, what in zip(res["u4"][2:], res["vec"][2:], ("datt", "dqkv")):
         assert np.array_equal(x, y), f"attention u4 {what} differs from attention.cl's"
+
+
+@pytest.mark.parametrize("K,N", [(37, 53), (16, 8), (5, 3), (130, 70), (64, 256)])
+def test_transpose_v8(dev, K, N):
+    """kernels/cpu.cl's register-shuffle transpose: exactly x.T, full 16x8 blocks and ragged edges alike."""
+    x = rng.normal(size=(K, N)).astype(f32)
+    out = empty(dev, K * N)
+    dev.kernel("cpu", "transpose_v8")(dev.queue, (-(-(-(-N // 8)) // 4) * 4, -(-K // 16)), (4, 1), i32(K), i32(N),
+                                      to_dev(dev, x), out)
+    assert np.array_equal(from_dev(dev, out, (N, K)), x.T)
+
+
+@pytest.mark.parametrize("clip", [0.0, 1.0])
+@pytest.mark.parametrize("n,n_decay", [(1001, 600), (64, 64), (13, 5)])
+def test_adamw_v8(dev, clip, n, n_decay):
+    """adamw_v8 (8 parameters a work-item, kernels/adamw.cl): the reference update, and bit for bit what the
+    scalar adamw writes (same arithmetic per element), on float8 blocks, the decay boundary inside a block
+    and the scalar tail."""
+    p, g = rng.normal(size=n).astype(f32), (rng.normal(size=n) * 0.1).astype(f32)
+    m, v = (rng.normal(size=n) * 0.01).astype(f32), (rng.random(n) * 1e-3).astype(f32)
+    norm_want = np.sqrt((g.astype(np.float64) ** 2).sum())
+    scale = min(1.0, clip / norm_want) if clip > 0 else 1.0
+    t, lr, b1, b2, eps, wd = 3, 0.01, 0.9, 0.95, 1e-8, 0.1
+    outs = {}
+    for name, per in (("adamw", 1), ("adamw_v8", 8)):
+        bufs = [to_dev(dev, a) for a in (p, g, m, v)]
+        normb = to_dev(dev, np.array([norm_want, scale], f32))
+        dev.kernel("adamw", name)(dev.queue, (-(-n // per),), None, i32(n), i32(n_decay), *bufs, normb, f32(lr),
+                                  f32(b1), f32(b2), f32(1 - b1**t), f32(1 - b2**t), f32(eps), f32(wd))
+        outs[name] = [from_dev(dev, b, n) for b in bufs]
+    for got, want in zip(outs["adamw_v8"], outs["adamw"]):
+        assert np.array_equal(got, want)
+    pv, mv, vv = outs["adamw_v8"][0], outs["adamw_v8"][2], outs["adamw_v8"][3]
+    for lo, hi, decay in ((0, n_decay, True), (n_decay, n, False)):
+        pw, mw, vw = ref.adamw_update(p[lo:hi], g[lo:hi] * f32(scale), m[lo:hi], v[lo:hi], t, lr, b1, b2, eps, wd,
+                                      decay)
+        assert_close(pv[lo:hi], pw, 1e-6, 1e-5, f"adamw_v8 param (decay={decay})")
+        assert_close(mv[lo:hi], mw, 1e-7, 1e-5, "adamw_v8 m")
+        assert_close(vv[lo:hi], vw, 1e-9, 1e-5, "adamw_v8 v")
