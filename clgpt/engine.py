@@ -431,6 +431,12 @@ class Engine:
         self._layernorm(N, self.x_out, self.p["output_norm.weight"], self.p["output_norm.bias"],
                         self.lnf, self.lnf_mean, self.lnf_rstd)
         self.matmul(N, V, C, self.lnf, self._w_out(), self.logits, tb=1)
+        return self._loss(Bp, Tp, targets, mask, self._xent_forward)
+
+    def _loss(self, Bp, Tp, targets, mask, xent_forward):
+        """The forward's ending, shared by every engine: logits back to the host when there are no targets,
+        else the masked mean loss (per-token losses summed on the host in float64, in a fixed order)."""
+        q, V, N = self.queue, self.cfg.vocab_size, Bp * Tp
         if targets is None:
             self._fwd = None
             out = np.empty((Bp, Tp, V), np.float32)
@@ -447,7 +453,7 @@ class Engine:
         self._targets_host, self._mask_host = targets, mask
         cl.enqueue_copy(q, self.targets, targets, is_blocking=False)
         cl.enqueue_copy(q, self.mask, mask, is_blocking=False)
-        self._xent_forward(N)
+        xent_forward(N)
         losses = self.losses_host[:N]
         cl.enqueue_copy(q, losses, self.losses, is_blocking=True)
         self._fwd = (Bp, Tp, msum)
@@ -479,7 +485,7 @@ class Engine:
             raise ClgptError("backward() needs a forward() with targets first")
         cfg = self.cfg
         Bp, Tp, msum = self._fwd
-        N, C, V, F, H = Bp * Tp, cfg.n_embd, cfg.vocab_size, cfg.n_ff, cfg.n_head
+        N, C, V, F = Bp * Tp, cfg.n_embd, cfg.vocab_size, cfg.n_ff
         if self.launch.get("xent_fused"):  # the forward left the unscaled gradient in dlogits
             alpha = scale / msum
         else:

@@ -36,7 +36,7 @@ import numpy as np
 import pyopencl as cl
 
 from clgpt.device import Device
-from clgpt.engine import MATMUL_TILES, Engine, _ceil
+from clgpt.engine import Engine, _ceil
 from clgpt.errors import ClgptError
 from clgpt.model import ModelConfig
 
@@ -235,31 +235,15 @@ class LlamaEngine(Engine):
                 self.matmul(N, C, F, a["act"], p[pre + "ffn_down.weight"], x_next, tb=1, resid=a["x_mid"])
         self._rmsnorm(N, self.x_out, self.p["output_norm.weight"], self.lnf, self.rf)
         self.matmul(N, V, C, self.lnf, self._w_out(), self.logits, tb=1)
-        if targets is None:
-            self._fwd = None
-            out = np.empty((Bp, Tp, V), np.float32)
-            cl.enqueue_copy(q, out, self.logits, is_blocking=True)
-            return out
-        targets = self._check(targets, "targets", Bp, Tp, np.int32)
-        mask = np.ones((Bp, Tp), np.float32) if mask is None else self._check(mask, "mask", Bp, Tp, np.float32)
-        msum = float(mask.sum(dtype=np.float64))
-        if msum <= 0:
-            raise ClgptError("mask has no nonzero entry; the loss would be 0/0")
-        live = mask != 0
-        if live.any() and (targets[live].min() < 0 or targets[live].max() >= V):
-            raise ClgptError(f"target ids where mask != 0 must lie in [0, {V})")
-        self._targets_host, self._mask_host = targets, mask
-        cl.enqueue_copy(q, self.targets, targets, is_blocking=False)
-        cl.enqueue_copy(q, self.mask, mask, is_blocking=False)
+        return self._loss(Bp, Tp, targets, mask, self._xent_plain)
+
+    def _xent_plain(self, N):
+        # the unfused kernels: backward reads lse (the GPT-2 engine's CPU path fuses the gradient instead)
         self._run("xent_forward", (N,), i32(N), self.logits, self.targets, self.mask, self.losses, self.lse)
-        losses = self.losses_host[:N]
-        cl.enqueue_copy(q, losses, self.losses, is_blocking=True)
-        self._fwd = (Bp, Tp, msum)
-        return float(losses.sum(dtype=np.float64) / msum)
 
     def _moe_forward(self, i, a, N, x_next):
         cfg, pre = self.cfg, f"blk.{i}."
-        C, F, E, K, S = cfg.n_embd, cfg.n_ff, cfg.n_expert, cfg.n_expert_used, self.S
+        C, F, E, S = cfg.n_embd, cfg.n_ff, cfg.n_expert, self.S
         self.matmul(N, E, C, a["ln2"], self.p[pre + "ffn_gate_inp.weight"], self.rlogits, tb=1)
         self._run("moe_router_forward", (N,), i32(N), i32(self._fixed_routing), self.rlogits, a["probs"], a["sel"], a["w"])
         self._run("moe_route", (E,), i32(N), a["probs"], a["sel"], a["lists"], a["pos"], a["counts"], a["pmean"])

@@ -2,7 +2,6 @@
 only what a change touches, stops early on bad input, and gives the same bytes twice."""
 
 import json
-import os
 import re
 import shutil
 import subprocess
