@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from clgpt.atomic import atomic_path
 from clgpt.errors import ClgptError
 from clgpt.model import ModelConfig, param_shapes
 
@@ -102,15 +103,13 @@ def save_checkpoint(
     meta_bytes = json.dumps(meta, sort_keys=True, allow_nan=False).encode("utf-8")
 
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as fh:
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
         with zipfile.ZipFile(fh, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
             _write_member(zf, "meta", np.frombuffer(meta_bytes, dtype=np.uint8))
             for name, array in arrays.items():
                 _write_member(zf, name, array)
         fh.flush()
         os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 def load_checkpoint(path: str) -> dict:

@@ -16,6 +16,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
+from clgpt.atomic import atomic_path, write_text_atomic
 from clgpt.chat import encode_dialog
 from clgpt.errors import ClgptError
 
@@ -105,8 +106,7 @@ def _write_encoded(out_bin: str, docs: Iterable[list[int]], tok, meta: dict) -> 
     """Stream documents' ids to `out_bin` (temp name, then rename) and write the sidecar."""
     dtype = _dtype_for(tok.vocab_size)
     documents, n = [], 0
-    tmp = out_bin + ".tmp"
-    try:
+    with atomic_path(out_bin) as tmp:
         with open(tmp, "wb") as f:
             for ids in docs:
                 f.write(np.asarray(ids, dtype=dtype).tobytes())
@@ -122,15 +122,7 @@ def _write_encoded(out_bin: str, docs: Iterable[list[int]], tok, meta: dict) -> 
             **meta,
             "documents": documents,
         }
-        side = sidecar_path(out_bin)
-        with open(side + ".tmp", "w", encoding="utf-8") as f:
-            json.dump(sidecar, f, indent=1, ensure_ascii=False)
-        os.replace(tmp, out_bin)
-        os.replace(side + ".tmp", side)
-    finally:
-        for p in (tmp, sidecar_path(out_bin) + ".tmp"):
-            if os.path.exists(p):
-                os.remove(p)
+        write_text_atomic(sidecar_path(out_bin), json.dumps(sidecar, indent=1, ensure_ascii=False))
     return sidecar
 
 

@@ -17,6 +17,7 @@ import sys
 
 import numpy as np
 
+from clgpt.atomic import atomic_path, write_text_atomic
 from clgpt.chat import encode_prompt
 from clgpt.checkpoint import load_checkpoint
 from clgpt.data import load_encoded
@@ -105,16 +106,6 @@ def read_log(path: str):
         raise ClgptError(f"{path}: cannot read the training log ({e}); re-run the training stage") from None
 
 
-def _write_atomic(path: str, write) -> None:
-    tmp = path + ".tmp"
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
 def plot_loss(log, title: str, heldout: float | None, path: str) -> None:
     import matplotlib
 
@@ -135,7 +126,8 @@ def plot_loss(log, title: str, heldout: float | None, path: str) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    _write_atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100, metadata={"Software": None}))
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=100, metadata={"Software": None})
     plt.close(fig)
 
 
@@ -314,15 +306,9 @@ def run_evaluate(
     for stage, label in (("pretrain", "loss_pretrained"), ("tune", "loss_tuned")):
         plot_loss(logs[stage], stage, heldout[stage][label], os.path.join(out_dir, f"loss_{stage}.png"))
 
-    def write_text(text):
-        def write(tmp):
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write(text)
-        return write
-
-    _write_atomic(os.path.join(out_dir, "report.md"), write_text(report_markdown(metrics)))
-    _write_atomic(os.path.join(out_dir, "metrics.json"),
-                  write_text(json.dumps(metrics, indent=1, ensure_ascii=False, allow_nan=False) + "\n"))
+    write_text_atomic(os.path.join(out_dir, "report.md"), report_markdown(metrics))
+    write_text_atomic(os.path.join(out_dir, "metrics.json"),
+                      json.dumps(metrics, indent=1, ensure_ascii=False, allow_nan=False) + "\n")
     print(f"evaluate: tune exact match {exact['tune']['matches']}/{exact['tune']['total']}, held-out "
           f"{exact['heldout']['matches']}/{exact['heldout']['total']}; forgetting "
           f"{'n/a' if forgetting is None else f'{forgetting:+.4f}'}", file=sys.stderr)

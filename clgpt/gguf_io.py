@@ -41,6 +41,7 @@ from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 from gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC
 from gguf.quants import dequantize, quantize
 
+from clgpt.atomic import write_text_atomic
 from clgpt.chat import CHAT_TEMPLATE, OLLAMA_TEMPLATE
 from clgpt.errors import ClgptError
 from clgpt.model import ModelConfig, param_shapes
@@ -216,17 +217,9 @@ def write_modelfile(path: str | os.PathLike, gguf_name: str, cfg: ModelConfig) -
         'PARAMETER stop "<user>"\n'
         f"PARAMETER num_ctx {cfg.n_ctx}\n"
     )
-    path = os.fspath(path)
-    tmp = path + ".tmp"
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
+        write_text_atomic(path, text)
     except OSError as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
         raise ClgptError(f"{path}: cannot write the Modelfile ({e.strerror or e})") from None
 
 

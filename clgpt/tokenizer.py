@@ -25,12 +25,12 @@ import hashlib
 import heapq
 import json
 import os
-import tempfile
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 
 import regex
 
+from clgpt.atomic import write_text_atomic
 from clgpt.errors import ClgptError
 
 SPECIAL_TOKENS = ["<s>", "</s>", "<user>", "<assistant>"]
@@ -259,7 +259,7 @@ class Tokenizer:
     def save(self, path: str | os.PathLike) -> None:
         data = {"version": FORMAT_VERSION, "type": "byte-level-bpe", "split_pattern": GPT2_SPLIT_PATTERN,
                 "vocab_size": self.vocab_size, "hash": self.hash(), **self._content()}
-        _write_atomic(path, json.dumps(data, indent=1) + "\n")
+        write_text_atomic(path, json.dumps(data, indent=1) + "\n")
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Tokenizer:
@@ -310,7 +310,7 @@ class Tokenizer:
             elif i >= 256:
                 line += "\tspecial"
             lines.append(line)
-        _write_atomic(path, "\n".join(lines) + "\n")
+        write_text_atomic(path, "\n".join(lines) + "\n")
 
     # ---- GGUF views -----------------------------------------------------------------------------
 
@@ -330,18 +330,3 @@ class Tokenizer:
         return [f"{toks[a]} {toks[b]}" for a, b in self.merges]
 
 
-def _write_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write to a temp file in the same folder, then os.replace, so readers never see half a file."""
-    path = os.fspath(path)
-    folder = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise

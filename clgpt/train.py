@@ -28,6 +28,7 @@ from typing import Callable
 import numpy as np
 from tqdm import tqdm
 
+from clgpt.atomic import atomic_path
 from clgpt.checkpoint import load_checkpoint, save_checkpoint
 from clgpt.data import load_encoded
 from clgpt.errors import ClgptError
@@ -268,12 +269,10 @@ def _read_log(path: str, up_to_step: int) -> list[dict]:
 def _start_log(path: str, rows: list[dict]):
     """Rewrite the log (atomically) with the header and the kept rows; return it open for appending."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
+    with atomic_path(path) as tmp, open(tmp, "w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=LOG_COLUMNS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
-    os.replace(tmp, path)
     return open(path, "a", newline="", encoding="utf-8")
 
 
