@@ -136,6 +136,13 @@ class Engine:
         if self.launch.get("cpu_attn"):  # CPUs: same kernels, dot products 4 keys at a time (kernels/cpu.cl)
             for kname in ("attention_forward", "attention_backward_query"):
                 k[kname] = dev.kernel("cpu", kname + "_u4", C=C, H=H, D=D, SCALE=float(1.0 / math.sqrt(D)))
+            if D % 16 == 0:  # the products with att / datt as register-blocked ones (6 rows x 16 columns a
+                # work-item): key side, and att @ v, datt @ k after the u4 kernels (ROWS_RB=1: softmax only)
+                kw = dict(C=C, H=H, D=D, SCALE=float(1.0 / math.sqrt(D)))
+                k["attention_backward_key_rb"] = dev.kernel("cpu", "attention_backward_key_rb", **kw)
+                k["attention_rows_rb"] = dev.kernel("cpu", "attention_rows_rb", **kw)
+                for kname in ("attention_forward", "attention_backward_query"):
+                    k[kname] = dev.kernel("cpu", kname + "_u4", ROWS_RB=1, **kw)
         for kname in ("xent_forward", "xent_backward"):
             k[kname] = dev.kernel("xent", kname, V=cfg.vocab_size)
         if self.launch.get("xent_fused"):  # CPUs: loss and unscaled gradient in one vectorised pass per row
@@ -162,6 +169,8 @@ class Engine:
         if self.launch.get("cpu_vec"):  # CPUs: float8 AdamW (kernels/adamw.cl), register transposes (kernels/cpu.cl)
             k["adamw_v8"] = dev.kernel("adamw", "adamw_v8", STRIDED=int(self.launch["norm_parts"] > 256))
             k["transpose_v8"] = dev.kernel("cpu", "transpose_v8")
+            if self.launch["norm_parts"] <= 256:  # chunked partial sums (not STRIDED): float8 chains
+                k["grad_norm_partial"] = dev.kernel("cpu", "grad_norm_partial_v8")
         self.k = k
         self._mm = {}
 
@@ -327,6 +336,8 @@ class Engine:
         C, H, D = cfg.n_embd, cfg.n_head, cfg.head_dim
         if not self.attn_gemm:
             self._runp("attention_forward", (Tp, Bp * H), i32(Bp), i32(Tp), qkv, out, att)
+            if "attention_rows_rb" in self.k:  # out = att @ v
+                self._rows_rb(Bp, Tp, att, qkv, 2 * C, 3 * C, out, 0, C, 1.0)
             return
         T3, TT = Tp * 3 * C, Tp * Tp
         nz, scale = Bp * H, 1.0 / math.sqrt(D)
@@ -342,6 +353,11 @@ class Engine:
         C, H, D = cfg.n_embd, cfg.n_head, cfg.head_dim
         if not self.attn_gemm:
             self._runp("attention_backward_query", (Tp, Bp * H), i32(Bp), i32(Tp), dout, qkv, att, datt, dqkv)
+            if "attention_backward_key_rb" in self.k:
+                self._rows_rb(Bp, Tp, datt, qkv, C, 3 * C, dqkv, 0, 3 * C, 1.0 / math.sqrt(D))  # dq = SCALE ds @ k
+                self._run("attention_backward_key_rb", (-(-Tp // 6), Bp * H * (D // 8)), i32(Bp), i32(Tp), dout, qkv,
+                          att, datt, dqkv, lsize=(1, D // 8))
+                return
             self._runp("attention_backward_key", (Tp, Bp * H), i32(Bp), i32(Tp), dout, qkv, att, datt, dqkv)
             return
         T3, TT, TC = Tp * 3 * C, Tp * Tp, Tp * C
@@ -356,16 +372,25 @@ class Engine:
                   alpha=scale, causal=3)
         self._bmm(Tp, D, Tp, nz, H, att, Tp, ATT, dout, C, (0, TC, D), dqkv, 3 * C, (2 * C, T3, D), ta=1, causal=3)
 
+    def _rows_rb(self, Bp, Tp, A, Bm, boff, ldb, O, ooff, ldo, sc):
+        """CPUs: O[b, t, head h] = sc * sum_{t2 <= t} A[b, h, t, t2] Bm[b, t2, head h] (kernels/cpu.cl)."""
+        D = self.cfg.head_dim
+        self._run("attention_rows_rb", (-(-Tp // 6), Bp * self.cfg.n_head * (D // 16)), i32(Bp), i32(Tp), A, Bm,
+                  i32(boff), i32(ldb), O, i32(ooff), i32(ldo), f32(sc), lsize=(1, D // 16))
+
+    def _transpose_into(self, x, out, rows, cols):
+        """out (cols, rows) = x (rows, cols).T."""
+        if "transpose_v8" in self.k:  # 16 x 8 blocks
+            self._run("transpose_v8", (_ceil(-(-cols // 8), 4), -(-rows // 16)), i32(rows), i32(cols), x, out,
+                      lsize=(4, 1))
+            return
+        self._run("transpose", (_ceil(-(-cols // 8), 4), -(-rows // 8)), i32(rows), i32(cols), x, out, lsize=(4, 1))
+
     def _transposed(self, slot, x, rows, cols):
         """x (rows, cols) transposed into scratch buffer `slot` (grown as needed) -> the scratch (cols, rows)."""
         if self._scratch_size[slot] < rows * cols:
             self._scratch[slot], self._scratch_size[slot] = self._buf(rows * cols), rows * cols
-        if "transpose_v8" in self.k:  # 16 x 8 blocks
-            self._run("transpose_v8", (_ceil(-(-cols // 8), 4), -(-rows // 16)), i32(rows), i32(cols), x,
-                      self._scratch[slot], lsize=(4, 1))
-            return self._scratch[slot]
-        self._run("transpose", (_ceil(-(-cols // 8), 4), -(-rows // 8)), i32(rows), i32(cols), x, self._scratch[slot],
-                  lsize=(4, 1))
+        self._transpose_into(x, self._scratch[slot], rows, cols)
         return self._scratch[slot]
 
     def _layernorm(self, N, x, w, b, out, mean, rstd):

@@ -48,10 +48,12 @@ _GPU_ROWS = dict(rows=128, attn_gemm=1, attn_gemm_min_t=128, split_k=1, colsum_r
 # (kernels/xent.cl; the backward folds scale / sum(mask) into the matmuls' alpha); cpu_bias = 1, the float8
 # column sums of kernels/cpu.cl for the bias gradients; ta_direct: matmul_rb reads op(A) = A.T in place (TA=1)
 # when M*K is at most this many floats, else through a transposed copy (wide strided A: 2-2.5x slower).
-# cpu_attn = 1: attention forward and query backward from kernels/cpu.cl (q.k, dout.v 4 keys at a time).
+# cpu_attn = 1: attention forward and query backward from kernels/cpu.cl (q.k, dout.v 4 keys at a time); with
+# head_dim % 16 == 0 also att @ v, datt @ k (attention_rows_rb) and the key side (attention_backward_key_rb) as
+# register-blocked products, 6 rows x 16 columns a work-item (M: attention 121 -> 81 ms/step, 1 thread).
 # cpu_vec = 1: AdamW 8 parameters a work-item as float8 (adamw_v8, kernels/adamw.cl: same results bit for bit,
 # 21 -> 4-6 ms for M's 4.3M parameters) and transposes as 16x8 blocks through register shuffles (transpose_v8,
-# kernels/cpu.cl: 1.2-2.2x faster).
+# kernels/cpu.cl: 1.2-2.2x faster) and the grad norm's chunk sums as float8 chains (grad_norm_partial_v8, 4.7 -> 0.5 ms).
 _CPU_ROWS = dict(xent_fused=1, cpu_bias=1, ta_direct=3 << 17, cpu_attn=1, cpu_vec=1)
 
 # (device type, vendor substring or "" for any) -> matmul config, local size of 1-D and 2-D launches.

@@ -31,6 +31,9 @@ __kernel void bias_backward_v8(const int M, const int N, __global const float* d
 // forward's softmax sums its lanes in another order. -D: C, H, D, SCALE (D % 8 == 0 for float8, else one
 // float at a time).
 #ifdef C
+#ifndef ROWS_RB
+#define ROWS_RB 0
+#endif
 #define C3 (3 * C)
 #if D % 8 == 0
 #define W 8
@@ -97,6 +100,11 @@ __kernel void attention_forward_u4(const int B, const int T, __global const floa
         sum += e;
     }
     const float inv = 1.0f / sum;
+#if ROWS_RB  // out = att @ v follows in attention_rows_rb
+    for (t2 = 0; t2 <= t; t2++) arow[t2] *= inv;
+    for (t2 = t + 1; t2 < T; t2++) arow[t2] = 0.0f;
+    return;
+#endif
     floatw acc[DV];
     for (int d = 0; d < DV; d++) acc[d] = 0.0f;
     for (t2 = 0; t2 <= t; t2++) {
@@ -141,6 +149,10 @@ __kernel void attention_backward_query_u4(const int B, const int T, __global con
         drow[t2] = dp;
         sdot += arow[t2] * dp;
     }
+#if ROWS_RB  // dq = SCALE datt @ k follows in attention_rows_rb
+    for (t2 = 0; t2 <= t; t2++) drow[t2] = arow[t2] * (drow[t2] - sdot);
+    return;
+#endif
     floatw dq[DV];
     for (int d = 0; d < DV; d++) dq[d] = 0.0f;
     for (t2 = 0; t2 <= t; t2++) {
@@ -152,6 +164,118 @@ __kernel void attention_backward_query_u4(const int B, const int T, __global con
     __global float* o = dqkv + (b * T + t) * C3 + h * D;
     for (int d = 0; d < DV; d++) STW(o, d, dq[d] * SCALE);
 }
+
+// Key-side backward of kernels/attention.cl (attention_backward_key: same arguments) as register-blocked
+// products: dk = SCALE ds^T q, dv = att^T dout over t >= t2, each work-item RK adjacent keys x 16 columns
+// (two float8) of one head of dk or dv. The RK values ds[t, t2..t2+RK-1] (att likewise) are contiguous in
+// a row, so the reads go along rows, not down columns; t descends as in attention.cl (same order of
+// summation; rows above the diagonal contribute 0). D % 16 == 0.
+// Global size (ceil(T / RK), B * H * D / 8): dimension 1 is bh * (D / 8) + column block, blocks
+// 0..D/16-1 of dk, then D/16..D/8-1 of dv.
+#if D % 16 == 0
+// O[b, t, col..] = sc * sum_{t2 <= t} A[bh, t, t2] Bm[b, t2, col..] for the head's D columns (attention's
+// att @ v and datt @ k, with ROWS_RB=1 u4 kernels doing the rest), t2 ascending as in the u4 kernels (the
+// same sums, bit for bit); entries of A above the diagonal are not read. Each work-item 6 rows t x 16
+// columns; global size (ceil(T / 6), B * H * D / 16), dimension 1 = bh * (D / 16) + column block.
+// Bm, O: row b*T + t at Bm + boff + (b*T + t) * ldb + h*D (O likewise with ooff, ldo).
+__kernel void attention_rows_rb(const int B, const int T, __global const float* A, __global const float* Bm,
+                                const int boff, const int ldb, __global float* O, const int ooff, const int ldo,
+                                const float sc)
+{
+    const int t0 = get_global_id(0) * 6, g1 = get_global_id(1);
+    if (t0 >= T || g1 >= B * H * (D / 16)) return;
+    const int bh = g1 / (D / 16), cb = g1 % (D / 16), b = bh / H, h = bh % H;
+    const int col = h * D + cb * 16;
+    __global const float* Ab = A + (size_t)bh * T * T;
+    __global const float* bp = Bm + boff + (size_t)b * T * ldb + col;
+    int rows[6];
+#pragma unroll
+    for (int i = 0; i < 6; i++) rows[i] = min(t0 + i, T - 1) * T;
+    float8 acc[6][2];
+#pragma unroll
+    for (int i = 0; i < 6; i++) { acc[i][0] = 0.0f; acc[i][1] = 0.0f; }
+    int t2 = 0;
+    for (; t2 <= t0; t2++, bp += ldb) {  // every row of the block is >= t2
+        const float8 b0 = VLD(bp), b1 = VLD(bp + 8);
+#pragma unroll
+        for (int i = 0; i < 6; i++) {
+            const float a = Ab[rows[i] + t2];
+            acc[i][0] += a * b0;
+            acc[i][1] += a * b1;
+        }
+    }
+    const int tend = min(T - 1, t0 + 5);
+    for (; t2 <= tend; t2++, bp += ldb) {  // the diagonal block: row t0 + i only while t2 <= t0 + i
+        const float8 b0 = VLD(bp), b1 = VLD(bp + 8);
+#pragma unroll
+        for (int i = 0; i < 6; i++) {
+            if (t2 <= t0 + i) {
+                const float a = Ab[rows[i] + t2];
+                acc[i][0] += a * b0;
+                acc[i][1] += a * b1;
+            }
+        }
+    }
+    __global float* o = O + ooff + (size_t)(b * T + t0) * ldo + col;
+#pragma unroll
+    for (int i = 0; i < 6; i++) {
+        if (t0 + i >= T) break;
+        VST(o + (size_t)i * ldo, acc[i][0] * sc);
+        VST(o + (size_t)i * ldo + 8, acc[i][1] * sc);
+    }
+}
+
+#define RK 6
+#define NCB (D / 8)
+__kernel void attention_backward_key_rb(const int B, const int T, __global const float* dout,
+                                        __global const float* qkv, __global const float* att,
+                                        __global const float* datt, __global float* dqkv)
+{
+    const int t0 = get_global_id(0) * RK, g1 = get_global_id(1);
+    if (t0 >= T || g1 >= B * H * NCB) return;
+    const int bh = g1 / NCB, cb = g1 % NCB, b = bh / H, h = bh % H;
+    const int is_v = cb >= NCB / 2, col = h * D + (cb % (NCB / 2)) * 16;
+    __global const float* A = (is_v ? att : datt) + (size_t)bh * T * T + t0;
+    __global const float* Bm = is_v ? dout + (size_t)b * T * C + col : qkv + (size_t)b * T * C3 + col;
+    const int ldb = is_v ? C : C3;
+    float8 acc[RK][2];
+#pragma unroll
+    for (int i = 0; i < RK; i++) { acc[i][0] = 0.0f; acc[i][1] = 0.0f; }
+    int t = T - 1;
+    for (; t >= t0 + RK - 1; t--) {  // every key of the block is <= t
+        __global const float* bp = Bm + (size_t)t * ldb;
+        const float8 b0 = VLD(bp), b1 = VLD(bp + 8);
+        __global const float* ap = A + (size_t)t * T;
+#pragma unroll
+        for (int i = 0; i < RK; i++) {
+            const float a = ap[i];
+            acc[i][0] += a * b0;
+            acc[i][1] += a * b1;
+        }
+    }
+    for (; t >= t0; t--) {  // the diagonal block: key t0 + i only while t0 + i <= t
+        __global const float* bp = Bm + (size_t)t * ldb;
+        const float8 b0 = VLD(bp), b1 = VLD(bp + 8);
+        __global const float* ap = A + (size_t)t * T;
+#pragma unroll
+        for (int i = 0; i < RK; i++) {
+            if (t0 + i <= t) {
+                const float a = ap[i];
+                acc[i][0] += a * b0;
+                acc[i][1] += a * b1;
+            }
+        }
+    }
+    const float sc = is_v ? 1.0f : SCALE;
+    __global float* o = dqkv + (size_t)(b * T + t0) * C3 + (is_v ? 2 * C : C) + col;
+#pragma unroll
+    for (int i = 0; i < RK; i++) {
+        if (t0 + i >= T) break;
+        VST(o + (size_t)i * C3, acc[i][0] * sc);
+        VST(o + (size_t)i * C3 + 8, acc[i][1] * sc);
+    }
+}
+#endif
 #endif
 
 
@@ -195,4 +319,25 @@ __kernel void transpose_v8(const int K, const int N, __global const float* restr
     const int nk = min(16, K - k0), nn = min(8, N - n0);
     for (int n = 0; n < nn; n++)
         for (int k = 0; k < nk; k++) out[(size_t)(n0 + n) * K + k0 + k] = in[(size_t)(k0 + k) * N + n0 + n];
+}
+
+// adamw.cl's grad_norm_partial (chunks, not STRIDED; same launch and arguments): partials[i] = sum of g[j]^2
+// over chunk i, as four float8 chains (32 floats a step), the 32 lanes summed in a fixed order at the end,
+// then the scalar tail. Deterministic; another order of summation than adamw.cl's.
+__kernel void grad_norm_partial_v8(const int n, const int chunk, __global const float* g, __global float* partials)
+{
+    const int i = get_global_id(0);
+    const int lo = i * chunk, hi = min(n, lo + chunk);
+    float8 s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+    int j = lo;
+    for (; j + 32 <= hi; j += 32) {
+        const float8 a = VLD(g + j), b = VLD(g + j + 8), c = VLD(g + j + 16), d = VLD(g + j + 24);
+        s0 += a * a; s1 += b * b; s2 += c * c; s3 += d * d;
+    }
+    const float8 sv = (s0 + s1) + (s2 + s3);
+    const float4 h4 = sv.lo + sv.hi;
+    const float2 h2 = h4.lo + h4.hi;
+    float s = h2.x + h2.y;
+    for (; j < hi; j++) s += g[j] * g[j];
+    partials[i] = s;
 }

@@ -477,3 +477,57 @@ def test_adamw_v8(dev, clip, n, n_decay):
         assert_close(pv[lo:hi], pw, 1e-6, 1e-5, f"adamw_v8 param (decay={decay})")
         assert_close(mv[lo:hi], mw, 1e-7, 1e-5, "adamw_v8 m")
         assert_close(vv[lo:hi], vw, 1e-9, 1e-5, "adamw_v8 v")
+
+
+@pytest.mark.parametrize("B,T,C,H", [(2, 37, 64, 2), (1, 5, 32, 2), (2, 13, 48, 3), (1, 1, 16, 1)])
+def test_attention_rb(dev, B, T, C, H):
+    """kernels/cpu.cl's register-blocked attention products (D % 16 == 0): the u4 kernels with ROWS_RB=1
+    plus attention_rows_rb (att @ v, datt @ k) and attention_backward_key_rb give the float64 reference's
+    values, and att, datt, out and dqkv bit for bit as the u4 kernels with attention.cl's key backward."""
+    D = C // H
+    qkv = rng.normal(size=(B, T, 3 * C)).astype(f32)
+    dout = rng.normal(size=(B, T, C)).astype(f32)
+    want, att = ref.attention_forward(qkv, H)
+    dqkv_want = ref.attention_backward(dout, qkv, att, H)
+    kw = dict(C=C, H=H, D=D, SCALE=1.0 / math.sqrt(D))
+    qb, dob = to_dev(dev, qkv), to_dev(dev, dout)
+    q, res = dev.queue, {}
+    for rb in (0, 1):
+        ob, ab = empty(dev, B * T * C), empty(dev, B * H * T * T)
+        datt, dq = empty(dev, B * H * T * T), empty(dev, B * T * 3 * C)
+        kf = dict(kw, ROWS_RB=rb)
+        dev.kernel("cpu", "attention_forward_u4", **kf)(q, (T, B * H), None, i32(B), i32(T), qb, ob, ab)
+        g_rows = (-(-T // 6), B * H * (D // 16))
+        rows = dev.kernel("cpu", "attention_rows_rb", **kw)
+        if rb:
+            rows(q, g_rows, None, i32(B), i32(T), ab, qb, i32(2 * C), i32(3 * C), ob, i32(0), i32(C), f32(1.0))
+        dev.kernel("cpu", "attention_backward_query_u4", **kf)(q, (T, B * H), None, i32(B), i32(T), dob, qb, ab,
+                                                                datt, dq)
+        if rb:
+            rows(q, g_rows, None, i32(B), i32(T), datt, qb, i32(C), i32(3 * C), dq, i32(0), i32(3 * C),
+                 f32(1.0 / math.sqrt(D)))
+            dev.kernel("cpu", "attention_backward_key_rb", **kw)(q, (-(-T // 6), B * H * (D // 8)), None, i32(B),
+                                                                  i32(T), dob, qb, ab, datt, dq)
+        else:
+            dev.kernel("attention", "attention_backward_key", **dict(kw, VEC=1))(q, (T, B * H), None, i32(B),
+                                                                                 i32(T), dob, qb, ab, datt, dq)
+        res[rb] = [from_dev(dev, ob, (B, T, C)), from_dev(dev, ab, (B, H, T, T)),
+                   np.tril(from_dev(dev, datt, (B, H, T, T))), from_dev(dev, dq, (B, T, 3 * C))]
+    out, a, _, dq = res[1]
+    assert_close(out, want, 1e-5, 1e-4, "attention rb out")
+    assert_close(a, att, 1e-6, 1e-4, "attention rb att")
+    assert_close(dq, dqkv_want, 1e-5, 1e-4, "attention rb dqkv")
+    for x, y, what in zip(res[1], res[0], ("out", "att", "datt", "dqkv")):
+        assert np.array_equal(x, y), f"attention rb {what} differs from the u4 kernels'"
+
+
+@pytest.mark.parametrize("n,parts", [(1000, 7), (4096, 4), (77, 77), (5, 8)])
+def test_grad_norm_partial_v8(dev, n, parts):
+    """kernels/cpu.cl's float8 chunk sums of squares: the float64 sums over each chunk."""
+    g = rng.normal(size=n).astype(f32)
+    chunk = -(-n // parts)
+    out = empty(dev, parts)
+    dev.kernel("cpu", "grad_norm_partial_v8")(dev.queue, (parts,), None, i32(n), i32(chunk), to_dev(dev, g), out)
+    g64 = g.astype(np.float64)
+    want = np.array([(g64[i * chunk: min(n, (i + 1) * chunk)] ** 2).sum() for i in range(parts)])
+    assert_close(from_dev(dev, out, parts), want, 1e-5, 1e-5, "grad_norm_partial_v8")
