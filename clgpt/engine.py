@@ -169,6 +169,9 @@ class Engine:
         if self.launch.get("cpu_vec"):  # CPUs: float8 AdamW (kernels/adamw.cl), register transposes (kernels/cpu.cl)
             k["adamw_v8"] = dev.kernel("adamw", "adamw_v8", STRIDED=int(self.launch["norm_parts"] > 256))
             k["transpose_v8"] = dev.kernel("cpu", "transpose_v8")
+        if self.launch.get("ld_pad"):
+            k["transpose_ld_v8"] = dev.kernel("cpu", "transpose_ld_v8")
+            k["copy_ld_v8"] = dev.kernel("cpu", "copy_ld_v8")
             if self.launch["norm_parts"] <= 256:  # chunked partial sums (not STRIDED): float8 chains
                 k["grad_norm_partial"] = dev.kernel("cpu", "grad_norm_partial_v8")
         self.k = k
@@ -272,14 +275,28 @@ class Engine:
         if mm["kernel"] == "matmul_rb":
             # The CPU form wants op(B) rows and op(A) rows contiguous: a transposed copy costs far less than
             # the strided (and, for wide A, TLB-missing) reads it saves.
+            # ld_pad: op(B) rows whose stride is a multiple of 64 floats (256 bytes: 1024, 4096 floats here) map
+            # a work-item's K loads down a column strip onto a few cache sets; rows padded by ld_pad floats
+            # spread them (1.2-1.4x on M's 2048x4096x256 and K = 2048 weight gradients). A transposed B is
+            # written padded at no extra cost; a plain one is copied (once per product) where it holds at
+            # least ld_pad_copy floats.
+            pad = self.launch.get("ld_pad", 0)
             if tb:
-                B, tb = self._transposed(0, B, N, K), 0
+                ldb = N + pad if pad and N % 64 == 0 else N
+                B, tb = self._transposed(0, B, N, K, ldb), 0
+            else:
+                ldb = N
+                if pad and N % 64 == 0 and K * N >= self.launch.get("ld_pad_copy", 1 << 62):
+                    ldb = N + pad
+                    B = self._padded(0, B, K, N, ldb)
             # A small op(A) (M*K <= ta_direct floats: S's weight gradients) is read in place (matmul_rb's TA=1):
             # measured 25-30% under transpose + NN there, and one launch fewer.
+            lda = M if ta else K
             if ta and M * K > self.launch.get("ta_direct", 0):
-                A, ta = self._transposed(1, A, K, M), 0
-        lda = M if ta else K
-        ldb = K if tb else N
+                A, ta, lda = self._transposed(1, A, K, M), 0, K  # (padding its rows measured no gain)
+        else:
+            ldb = K if tb else N
+            lda = M if ta else K
         if mm["kernel"] == "matmul" and bias is None and resid is None and epi == 0 and K > 0:
             mm, S, kc = self._split_plan(M, N, K)
             if S > 1:
@@ -378,20 +395,36 @@ class Engine:
         self._run("attention_rows_rb", (-(-Tp // 6), Bp * self.cfg.n_head * (D // 16)), i32(Bp), i32(Tp), A, Bm,
                   i32(boff), i32(ldb), O, i32(ooff), i32(ldo), f32(sc), lsize=(1, D // 16))
 
-    def _transpose_into(self, x, out, rows, cols):
-        """out (cols, rows) = x (rows, cols).T."""
+    def _transpose_into(self, x, out, rows, cols, ldo=None):
+        """out (cols, rows) = x (rows, cols).T; out's rows ldo (default rows) floats apart (transpose_ld_v8)."""
+        if ldo is not None and ldo != rows:
+            self._run("transpose_ld_v8", (_ceil(-(-cols // 8), 4), -(-rows // 16)), i32(rows), i32(cols), x, out,
+                      i32(ldo), lsize=(4, 1))
+            return
         if "transpose_v8" in self.k:  # 16 x 8 blocks
             self._run("transpose_v8", (_ceil(-(-cols // 8), 4), -(-rows // 16)), i32(rows), i32(cols), x, out,
                       lsize=(4, 1))
             return
         self._run("transpose", (_ceil(-(-cols // 8), 4), -(-rows // 8)), i32(rows), i32(cols), x, out, lsize=(4, 1))
 
-    def _transposed(self, slot, x, rows, cols):
-        """x (rows, cols) transposed into scratch buffer `slot` (grown as needed) -> the scratch (cols, rows)."""
-        if self._scratch_size[slot] < rows * cols:
-            self._scratch[slot], self._scratch_size[slot] = self._buf(rows * cols), rows * cols
-        self._transpose_into(x, self._scratch[slot], rows, cols)
+    def _scratch_buf(self, slot, n):
+        if self._scratch_size[slot] < n:
+            self._scratch[slot], self._scratch_size[slot] = self._buf(n), n
         return self._scratch[slot]
+
+    def _transposed(self, slot, x, rows, cols, ldo=None):
+        """x (rows, cols) transposed into scratch buffer `slot` (grown as needed) -> the scratch (cols, rows),
+        its rows ldo (default rows) floats apart."""
+        ldo = rows if ldo is None else ldo
+        out = self._scratch_buf(slot, cols * ldo)
+        self._transpose_into(x, out, rows, cols, ldo)
+        return out
+
+    def _padded(self, slot, x, rows, cols, ldo):
+        """x (rows, cols) copied into scratch buffer `slot`, its rows ldo floats apart (the padding unwritten)."""
+        out = self._scratch_buf(slot, rows * ldo)
+        self._run("copy_ld_v8", (-(-cols // 64), rows), i32(rows), i32(cols), x, out, i32(ldo), lsize=(1, 1))
+        return out
 
     def _layernorm(self, N, x, w, b, out, mean, rstd):
         if self.rows:

@@ -16,7 +16,7 @@ import pyopencl as cl
 
 # matmul: local-memory tiles TSM x TSN x TSK, WPTM x WPTN outputs per work-item (kernels/matmul.cl).
 # matmul_rb: RM rows x NV float8 columns per work-item, no local memory; lsize in work-items.
-_CPU = dict(kernel="matmul_rb", RM=6, NV=2, lsize=(1, 4))
+_CPU = dict(kernel="matmul_rb", RM=6, NV=2, PREFETCH=1, lsize=(1, 4))
 _NVIDIA = dict(kernel="matmul", TSM=128, TSN=128, TSK=8, WPTM=8, WPTN=8, LDSV=1, PREF=1)
 # outputs 64 columns wide (attention's per-head products): no half-empty 128-column tiles
 _NVIDIA_NARROW = dict(kernel="matmul", TSM=128, TSN=64, TSK=16, WPTM=8, WPTN=4, LDSV=1, PREF=1)
@@ -54,7 +54,10 @@ _GPU_ROWS = dict(rows=128, attn_gemm=1, attn_gemm_min_t=128, split_k=1, colsum_r
 # cpu_vec = 1: AdamW 8 parameters a work-item as float8 (adamw_v8, kernels/adamw.cl: same results bit for bit,
 # 21 -> 4-6 ms for M's 4.3M parameters) and transposes as 16x8 blocks through register shuffles (transpose_v8,
 # kernels/cpu.cl: 1.2-2.2x faster) and the grad norm's chunk sums as float8 chains (grad_norm_partial_v8, 4.7 -> 0.5 ms).
-_CPU_ROWS = dict(xent_fused=1, cpu_bias=1, ta_direct=3 << 17, cpu_attn=1, cpu_vec=1)
+# ld_pad = 16: matmul_rb's op(B) rows a multiple of 64 floats apart get 16 floats of padding (a transposed B
+# written so by transpose_ld_v8, a plain one of >= ld_pad_copy floats copied by copy_ld_v8; kernels/cpu.cl):
+# such strides map a column strip onto a few cache sets (M: kernels 883 -> 835 ms/step, with PREFETCH).
+_CPU_ROWS = dict(xent_fused=1, cpu_bias=1, ta_direct=3 << 17, cpu_attn=1, cpu_vec=1, ld_pad=16, ld_pad_copy=1 << 17)
 
 # (device type, vendor substring or "" for any) -> matmul config, local size of 1-D and 2-D launches.
 TABLE = [

@@ -305,7 +305,8 @@ inline void tr8(const float8 r0, const float8 r1, const float8 r2, const float8 
     VST(o + 7 * ldo, SHUF(s3, s7, 4, 5, 6, 7, 12, 13, 14, 15));
 }
 
-__kernel void transpose_v8(const int K, const int N, __global const float* restrict in, __global float* restrict out)
+inline void transpose_blk(const int K, const int N, __global const float* restrict in, __global float* restrict out,
+                          const int ldo)
 {
     const int n0 = get_global_id(0) * 8, k0 = get_global_id(1) * 16;
     if (n0 >= N || k0 >= K) return;
@@ -313,12 +314,42 @@ __kernel void transpose_v8(const int K, const int N, __global const float* restr
         __global const float* p = in + (size_t)k0 * N + n0;
         for (int h = 0; h < 2; h++, p += 8 * (size_t)N)
             tr8(VLD(p), VLD(p + N), VLD(p + 2 * N), VLD(p + 3 * N), VLD(p + 4 * N), VLD(p + 5 * N),
-                VLD(p + 6 * N), VLD(p + 7 * N), out + (size_t)n0 * K + k0 + 8 * h, K);
+                VLD(p + 6 * N), VLD(p + 7 * N), out + (size_t)n0 * ldo + k0 + 8 * h, ldo);
         return;
     }
     const int nk = min(16, K - k0), nn = min(8, N - n0);
     for (int n = 0; n < nn; n++)
-        for (int k = 0; k < nk; k++) out[(size_t)(n0 + n) * K + k0 + k] = in[(size_t)(k0 + k) * N + n0 + n];
+        for (int k = 0; k < nk; k++) out[(size_t)(n0 + n) * ldo + k0 + k] = in[(size_t)(k0 + k) * N + n0 + n];
+}
+
+__kernel void transpose_v8(const int K, const int N, __global const float* restrict in, __global float* restrict out)
+{
+    transpose_blk(K, N, in, out, K);
+}
+
+// transpose_v8 into rows ldo >= K floats apart (out row n at out + n * ldo; the padding is not written):
+// matmul_rb's op(B) with a leading dimension off the powers of two (engine.py, ld_pad).
+__kernel void transpose_ld_v8(const int K, const int N, __global const float* restrict in, __global float* restrict out,
+                              const int ldo)
+{
+    transpose_blk(K, N, in, out, ldo);
+}
+
+// out (K,N), rows ldo floats apart = in (K,N) contiguous; 64 floats of a row a work-item (float8 where whole).
+// Global size (ceil(N / 64), K).
+__kernel void copy_ld_v8(const int K, const int N, __global const float* restrict in, __global float* restrict out,
+                         const int ldo)
+{
+    const int c0 = get_global_id(0) * 64, k = get_global_id(1);
+    if (c0 >= N || k >= K) return;
+    __global const float* p = in + (size_t)k * N;
+    __global float* o = out + (size_t)k * ldo;
+    if (c0 + 64 <= N) {
+#pragma unroll
+        for (int j = 0; j < 64; j += 8) VST(o + c0 + j, VLD(p + c0 + j));
+        return;
+    }
+    for (int c = c0; c < N; c++) o[c] = p[c];
 }
 
 // adamw.cl's grad_norm_partial (chunks, not STRIDED; same launch and arguments): partials[i] = sum of g[j]^2

@@ -289,6 +289,9 @@ __kernel void splitk_reduce(const int MN, const int S, const int accum, const fl
 #ifndef NV
 #define NV 2
 #endif
+#ifndef PREFETCH  // 1: the epilogue's operand lines are prefetched before the k loop (EPI 2, RESID, ACCUM)
+#define PREFETCH 0
+#endif
 // float8 loads/stores with 4-byte alignment: plain vector access, inlined (PoCL calls vload8 out of line)
 typedef float float8u __attribute__((ext_vector_type(8), aligned(4)));
 #define VLD(p) (*(__global const float8u*)(p))
@@ -319,6 +322,19 @@ __kernel void matmul_rb(const int M, const int N, const int K,
 #pragma unroll
             for (int j = 0; j < NV; j++) acc[i][j] = 0.0f;
         __global const float* bp = B + n0;
+#if PREFETCH && (EPI == 2 || RESID || ACCUM)
+        // the epilogue's loads (E, R or Cm: rows ldc apart) start now, under the k loop, not after it
+#pragma unroll
+        for (int i = 0; i < RM; i++) {
+#if EPI == 2
+            __builtin_prefetch(E + rows[i] * ldc + n0);
+#elif RESID
+            __builtin_prefetch(R + rows[i] * ldc + n0);
+#else
+            __builtin_prefetch(Cm + rows[i] * ldc + n0);
+#endif
+        }
+#endif
         for (int k = 0; k < K; k++, bp += ldb) {
             float8 b[NV];
 #pragma unroll

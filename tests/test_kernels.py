@@ -70,6 +70,7 @@ MATMUL_FORMS = {
     "tiled_f4": dict(kernel="matmul", TSM=32, TSN=32, TSK=8, WPTM=4, WPTN=4, LDSV=1),
     "tiled_pref": dict(kernel="matmul", TSM=32, TSN=32, TSK=8, WPTM=4, WPTN=4, LDSV=0, PREF=1),
     "rb": dict(kernel="matmul_rb", RM=6, NV=2, lsize=(1, 4)),
+    "rb_pf": dict(kernel="matmul_rb", RM=6, NV=2, PREFETCH=1, lsize=(1, 4)),  # the CPU row's (prefetches)
 }
 
 
@@ -448,6 +449,59 @@ def test_transpose_v8(dev, K, N):
     dev.kernel("cpu", "transpose_v8")(dev.queue, (-(-(-(-N // 8)) // 4) * 4, -(-K // 16)), (4, 1), i32(K), i32(N),
                                       to_dev(dev, x), out)
     assert np.array_equal(from_dev(dev, out, (N, K)), x.T)
+
+
+@pytest.mark.parametrize("K,N,pad", [(37, 53, 16), (16, 8, 3), (130, 70, 16), (64, 256, 16)])
+def test_transpose_ld_v8(dev, K, N, pad):
+    """transpose_ld_v8: x.T into rows K + pad floats apart; the padding is left as it was."""
+    x = rng.normal(size=(K, N)).astype(f32)
+    ldo = K + pad
+    init = np.full((N, ldo), -7.0, f32)
+    out = to_dev(dev, init)
+    dev.kernel("cpu", "transpose_ld_v8")(dev.queue, (-(-(-(-N // 8)) // 4) * 4, -(-K // 16)), (4, 1), i32(K),
+                                         i32(N), to_dev(dev, x), out, i32(ldo))
+    got = from_dev(dev, out, (N, ldo))
+    assert np.array_equal(got[:, :K], x.T)
+    assert np.all(got[:, K:] == -7.0)
+
+
+@pytest.mark.parametrize("K,N,pad", [(37, 53, 16), (5, 64, 16), (9, 200, 8), (3, 1, 1)])
+def test_copy_ld_v8(dev, K, N, pad):
+    """copy_ld_v8: x (K,N) into rows N + pad floats apart; the padding is left as it was."""
+    x = rng.normal(size=(K, N)).astype(f32)
+    ldo = N + pad
+    out = to_dev(dev, np.full((K, ldo), -7.0, f32))
+    dev.kernel("cpu", "copy_ld_v8")(dev.queue, (-(-N // 64), K), (1, 1), i32(K), i32(N), to_dev(dev, x), out,
+                                    i32(ldo))
+    got = from_dev(dev, out, (K, ldo))
+    assert np.array_equal(got[:, :N], x)
+    assert np.all(got[:, N:] == -7.0)
+
+
+@pytest.mark.parametrize("ta,tb", [(0, 1), (0, 0), (1, 0)])
+@pytest.mark.parametrize("M,N,K", [(70, 128, 130), (13, 64, 256), (40, 192, 64)])
+def test_engine_matmul_ld_pad(dev, monkeypatch, ta, tb, M, N, K):
+    """Engine.matmul on the CPU row with op(B) (and the transposed op(A)) in rows padded off multiples of 64
+    floats (ld_pad): the float64 product, and bit for bit the unpadded result (same order of summation)."""
+    from clgpt.engine import Engine
+    from clgpt.model import ModelConfig, init_params
+
+    monkeypatch.setenv("CLGPT_LAUNCH", "cpu")
+    cfg = ModelConfig(vocab_size=16, n_ctx=8, n_embd=16, n_head=2, n_layer=1, n_ff=32)
+    eng = Engine(cfg, init_params(cfg, 0), batch_size=1, seq_len=8, device=dev)
+    assert eng.launch.get("ld_pad") and "copy_ld_v8" in eng.k
+    A = rng.normal(size=(K, M) if ta else (M, K)).astype(f32)
+    B = rng.normal(size=(N, K) if tb else (K, N)).astype(f32)
+    C0 = rng.normal(size=(M, N)).astype(f32)
+    want = (A.T if ta else A).astype(np.float64) @ (B.T if tb else B).astype(np.float64) + C0
+    outs = []
+    for pad, ta_direct in [(0, 0), (16, 0), (16, 1 << 30)]:  # ta_direct 0: op(A) through a transposed copy
+        eng.launch = dict(eng.launch, ld_pad=pad, ld_pad_copy=0, ta_direct=ta_direct)
+        cbuf = to_dev(dev, C0)
+        eng.matmul(M, N, K, to_dev(dev, A), to_dev(dev, B), cbuf, ta=ta, tb=tb, accum=True)
+        outs.append(from_dev(dev, cbuf, (M, N)))
+        assert_close(outs[-1], want, 1e-4, 1e-4, f"ld_pad={pad} ta={ta} tb={tb} {M}x{N}x{K}")
+    assert np.array_equal(outs[0], outs[1]), "padded op(B) changed the result"
 
 
 @pytest.mark.parametrize("clip", [0.0, 1.0])
