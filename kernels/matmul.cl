@@ -292,6 +292,10 @@ __kernel void splitk_reduce(const int MN, const int S, const int accum, const fl
 #ifndef PREFETCH  // 1: the epilogue's operand lines are prefetched before the k loop (EPI 2, RESID, ACCUM)
 #define PREFETCH 0
 #endif
+#if PREFETCH && !defined(__x86_64__)  // __builtin_prefetch is a CPU (x86) compiler's; elsewhere (NVIDIA) none
+#undef PREFETCH
+#define PREFETCH 0
+#endif
 // float8 loads/stores with 4-byte alignment: plain vector access, inlined (PoCL calls vload8 out of line)
 typedef float float8u __attribute__((ext_vector_type(8), aligned(4)));
 #define VLD(p) (*(__global const float8u*)(p))

@@ -362,7 +362,8 @@ def _start_slow_run(data, out: Path, steps: int) -> subprocess.Popen:
                   {str(out / "model.ckpt")!r}, {str(out / "log.csv")!r}, model={TINY!r},
                   tokenizer_hash="test-tokenizer", callback=lambda step, loss: time.sleep(0.05))
     """)
-    return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": path},
                             stderr=subprocess.PIPE)
 
 
