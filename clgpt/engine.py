@@ -456,16 +456,23 @@ class Engine:
             raise ClgptError(f"{name} has shape {a.shape}; expected ({Bp}, {Tp}) like tokens")
         return a
 
-    def forward(self, tokens, targets=None, mask=None):
-        """Mean masked NLL (float) when targets are given, else logits (B', T', V) float32."""
-        cfg, q = self.cfg, self.queue
+    def _check_tokens(self, tokens) -> np.ndarray:
+        """tokens as contiguous int32 (B', T'), B' <= B, T' <= T, ids inside the vocabulary."""
         tokens = np.ascontiguousarray(tokens, dtype=np.int32)
         if tokens.ndim != 2 or tokens.shape[0] > self.B or tokens.shape[1] > self.T or tokens.size == 0:
             raise ClgptError(f"tokens shape {tokens.shape} must be (B', T') with B' <= {self.B}, T' <= {self.T}")
         Bp, Tp = tokens.shape
-        N, C, V, F = Bp * Tp, cfg.n_embd, cfg.vocab_size, cfg.n_ff
+        V = self.cfg.vocab_size
         if tokens.min() < 0 or tokens.max() >= V:
             raise ClgptError(f"token ids must lie in [0, {V}); got {tokens.min()}..{tokens.max()}")
+        return tokens
+
+    def forward(self, tokens, targets=None, mask=None):
+        """Mean masked NLL (float) when targets are given, else logits (B', T', V) float32."""
+        cfg, q = self.cfg, self.queue
+        tokens = self._check_tokens(tokens)
+        Bp, Tp = tokens.shape
+        N, C, V, F = Bp * Tp, cfg.n_embd, cfg.vocab_size, cfg.n_ff
         cl.enqueue_copy(q, self.tokens, tokens, is_blocking=False)
         self._tokens_host = tokens  # keeps the host array alive during the non-blocking copy
         self._runp("embedding_forward", (C, N), i32(N), i32(Tp), self.tokens, self.p["token_embd.weight"],

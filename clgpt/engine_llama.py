@@ -198,14 +198,10 @@ class LlamaEngine(Engine):
     def forward(self, tokens, targets=None, mask=None):
         """Mean masked NLL (float) when targets are given, else logits (B', T', V) float32."""
         cfg, q = self.cfg, self.queue
-        tokens = np.ascontiguousarray(tokens, dtype=np.int32)
-        if tokens.ndim != 2 or tokens.shape[0] > self.B or tokens.shape[1] > self.T or tokens.size == 0:
-            raise ClgptError(f"tokens shape {tokens.shape} must be (B', T') with B' <= {self.B}, T' <= {self.T}")
+        tokens = self._check_tokens(tokens)
         Bp, Tp = tokens.shape
         N, C, V, F = Bp * Tp, cfg.n_embd, cfg.vocab_size, cfg.n_ff
         Ckv = cfg.kv_heads * cfg.head_dim
-        if tokens.min() < 0 or tokens.max() >= V:
-            raise ClgptError(f"token ids must lie in [0, {V}); got {tokens.min()}..{tokens.max()}")
         if cfg.n_expert and self._fixed_routing and self._n_routed != N:
             raise ClgptError("freeze_routing: the routing was recorded for another batch shape")
         if cfg.n_expert and not self._staged:
