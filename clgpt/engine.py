@@ -582,17 +582,21 @@ class Engine:
             self.matmul(N, C, 3 * C, self.dqkv, p[pre + "attn_qkv.weight"], self.dln)
             self._layernorm_backward(N, self.dln, a["x"], a["ln1_mean"], a["ln1_rstd"], p[pre + "attn_norm.weight"],
                                      g[pre + "attn_norm.weight"], g[pre + "attn_norm.bias"], self.dx, accum=1)
-        # embedding: distinct tokens and their rows, sorted, so each dwte row sums in a fixed order
+        self._token_embd_backward(N, self.dx)
+        self._runp("embedding_backward_wpe", (C, Tp), i32(Bp), i32(Tp), self.dx, self.g["position_embd.weight"])
+
+    def _token_embd_backward(self, N, dx):
+        """dwte += dx rows by token: distinct tokens and their rows, sorted on the host (which holds the
+        tokens), so each dwte row sums in a fixed order: deterministic, no float atomics."""
         tok = self._tokens_host.reshape(-1)
         order = np.argsort(tok, kind="stable").astype(np.int32)
         rows, starts = np.unique(tok[order], return_index=True)
         starts = np.append(starts, N).astype(np.int32)
-        self._emb_host = (order, rows.astype(np.int32), starts)
+        self._emb_host = (order, rows.astype(np.int32), starts)  # alive during the non-blocking copies
         for buf, arr in zip((self.emb_order, self.emb_rows, self.emb_starts), self._emb_host):
             cl.enqueue_copy(self.queue, buf, arr, is_blocking=False)
-        self._runp("embedding_backward_wte", (C, len(rows)), i32(len(rows)), self.emb_rows, self.emb_starts,
-                  self.emb_order, self.dx, self.g["token_embd.weight"])
-        self._runp("embedding_backward_wpe", (C, Tp), i32(Bp), i32(Tp), self.dx, self.g["position_embd.weight"])
+        self._runp("embedding_backward_wte", (self.cfg.n_embd, len(rows)), i32(len(rows)), self.emb_rows,
+                   self.emb_starts, self.emb_order, dx, self.g["token_embd.weight"])
 
     # ---- optimizer ----
     def _norm(self, clip: float):

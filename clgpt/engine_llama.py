@@ -304,16 +304,7 @@ class LlamaEngine(Engine):
                 self.matmul(N, C, width, d, p[name], dln, accum=j > 0)
             self._rmsnorm_backward(N, dln, a["x"], a["r1"], p[pre + "attn_norm.weight"], g[pre + "attn_norm.weight"],
                                    dx, 1)
-        # embedding: distinct tokens and their rows, sorted, so each row of dwte sums in a fixed order
-        tok = self._tokens_host.reshape(-1)
-        order = np.argsort(tok, kind="stable").astype(np.int32)
-        rows, starts = np.unique(tok[order], return_index=True)
-        starts = np.append(starts, N).astype(np.int32)
-        self._emb_host = (order, rows.astype(np.int32), starts)
-        for buf, arr in zip((self.emb_order, self.emb_rows, self.emb_starts), self._emb_host):
-            cl.enqueue_copy(self.queue, buf, arr, is_blocking=False)
-        self._run("embedding_backward_wte", (C, len(rows)), i32(len(rows)), self.emb_rows, self.emb_starts,
-                  self.emb_order, dx, g["token_embd.weight"])
+        self._token_embd_backward(N, dx)
 
     def _moe_backward(self, i, a, N, scale):
         cfg, pre, p, g = self.cfg, f"blk.{i}.", self.p, self.g
