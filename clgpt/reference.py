@@ -265,3 +265,19 @@ def gpt_backward(cache) -> dict[str, np.ndarray]:
     grads["token_embd.weight"] += dwte
     grads["position_embd.weight"] += dwpe
     return grads
+
+
+# ---- finite differences ----
+def fd_entries(f, params, name, idxs, eps):
+    """Central differences of the scalar f(params) at the flat indices idxs of params[name] (in place,
+    restored afterwards)."""
+    out = []
+    for i in idxs:
+        old = params[name].flat[i]
+        params[name].flat[i] = old + eps
+        fp = f(params)
+        params[name].flat[i] = old - eps
+        fm = f(params)
+        params[name].flat[i] = old
+        out.append((fp - fm) / (2 * eps))
+    return np.array(out)

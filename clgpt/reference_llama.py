@@ -279,19 +279,3 @@ def llama_objective(params, cfg, tokens, targets, mask=None, routing=None) -> fl
     """loss + cfg.moe_aux_loss * aux: what llama_backward differentiates."""
     loss, aux, _ = llama_forward(params, cfg, tokens, targets, mask, routing)
     return loss + cfg.moe_aux_loss * aux
-
-
-# ---- finite differences ----
-def fd_entries(f, params, name, idxs, eps):
-    """Central differences of the scalar f(params) at the flat indices idxs of params[name] (in place,
-    restored afterwards)."""
-    out = []
-    for i in idxs:
-        old = params[name].flat[i]
-        params[name].flat[i] = old + eps
-        fp = f(params)
-        params[name].flat[i] = old - eps
-        fm = f(params)
-        params[name].flat[i] = old
-        out.append((fp - fm) / (2 * eps))
-    return np.array(out)

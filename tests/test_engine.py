@@ -41,19 +41,6 @@ def max_rel(got: dict, want: dict) -> tuple[float, str]:
     return worst, where
 
 
-def fd_entries(f, p, name, idxs, eps):
-    out = []
-    for i in idxs:
-        old = p[name].flat[i]
-        p[name].flat[i] = old + eps
-        fp = f(p)
-        p[name].flat[i] = old - eps
-        fm = f(p)
-        p[name].flat[i] = old
-        out.append((fp - fm) / (2 * eps))
-    return np.array(out)
-
-
 @pytest.mark.parametrize("tied", [True, False])
 def test_reference_model_grads_vs_finite_differences(tied):
     cfg = tiny_cfg(tied)
@@ -65,7 +52,7 @@ def test_reference_model_grads_vs_finite_differences(tied):
     rng = np.random.default_rng(0)
     for name in p:
         idxs = rng.choice(p[name].size, size=min(6, p[name].size), replace=False)
-        fd = fd_entries(f, p, name, idxs, 1e-6)
+        fd = ref.fd_entries(f, p, name, idxs, 1e-6)
         diff = np.abs(grads[name].flat[idxs] - fd).max()
         assert diff < 1e-7 + 1e-5 * np.abs(fd).max(), f"{name}: max abs diff {diff:.3e}"
 
@@ -111,7 +98,7 @@ def test_engine_grads_vs_finite_differences():
     rng = np.random.default_rng(1)
     for name in p:
         idxs = rng.choice(p[name].size, size=min(3, p[name].size), replace=False)
-        fd = fd_entries(f, p, name, idxs, 1e-2)
+        fd = ref.fd_entries(f, p, name, idxs, 1e-2)
         diff = np.abs(grads[name].flat[idxs] - fd).max()
         assert diff < 2e-3 + 2e-2 * np.abs(fd).max(), f"{name}: max abs diff {diff:.3e} (fd {fd}, engine {grads[name].flat[idxs]})"
 

@@ -19,6 +19,7 @@ from clgpt.engine import Engine
 from clgpt.engine_llama import LlamaEngine, make_engine
 from clgpt.errors import ClgptError
 from clgpt.model import ModelConfig, init_params, param_shapes
+from clgpt.reference import fd_entries
 
 KERNEL_TOL = 1e-5
 
@@ -126,7 +127,7 @@ def test_rmsnorm_kernels(launch):
     f = lambda a: (ref.rmsnorm_forward(a["x"], a["w"])[0] * dout).sum()  # noqa: E731
     p = {"x": x.astype(np.float64), "w": w.astype(np.float64)}
     for name, g in (("x", dx), ("w", dw)):
-        fd = ref.fd_entries(f, p, name, range(0, p[name].size, 5), 1e-6)
+        fd = fd_entries(f, p, name, range(0, p[name].size, 5), 1e-6)
         assert np.abs(g.flat[::5] - fd).max() < 1e-7
 
 
@@ -178,7 +179,7 @@ def test_swiglu_kernels(launch):
     p = {"g": g.astype(np.float64)[2:], "u": u.astype(np.float64)[2:]}
     f = lambda a: (ref.swiglu_forward(a["g"], a["u"]) * dy[2:]).sum()  # noqa: E731
     for name, want in (("g", dg[2:]), ("u", du[2:])):
-        assert np.abs(ref.fd_entries(f, p, name, range(48), 1e-6) - want).max() < 1e-7
+        assert np.abs(fd_entries(f, p, name, range(48), 1e-6) - want).max() < 1e-7
 
 
 @pytest.mark.parametrize("E,K", [(4, 2), (3, 1), (2, 2)])
@@ -235,7 +236,7 @@ def test_moe_kernels(launch, E, K):
     f = lambda a: (ref.router_forward(a["rl"], K, sel)[2] * dw).sum() + (  # noqa: E731
         ref.router_forward(a["rl"], K, sel)[0] * aux_scale * counts).sum()
     pr = {"rl": rl.astype(np.float64)}
-    assert np.abs(ref.fd_entries(f, pr, "rl", range(N * E), 1e-6) - want.reshape(-1)).max() < 1e-7
+    assert np.abs(fd_entries(f, pr, "rl", range(N * E), 1e-6) - want.reshape(-1)).max() < 1e-7
 
 
 # ---- the reference model against finite differences ---------------------------------------------
@@ -253,7 +254,7 @@ def test_reference_grads_vs_finite_differences(kind):
     rng = np.random.default_rng(0)
     for name in p:
         idxs = rng.choice(p[name].size, size=min(5, p[name].size), replace=False)
-        fd = ref.fd_entries(f, p, name, idxs, 1e-6)
+        fd = fd_entries(f, p, name, idxs, 1e-6)
         diff = np.abs(grads[name].flat[idxs] - fd).max()
         assert diff < 1e-7 + 1e-5 * np.abs(fd).max(), f"{kind} {name}: max abs diff {diff:.3e}"
 
@@ -305,7 +306,7 @@ def test_engine_grads_vs_finite_differences(kind):
     rng = np.random.default_rng(1)
     for name in p:
         idxs = rng.choice(p[name].size, size=min(3, p[name].size), replace=False)
-        fd = ref.fd_entries(f, p, name, idxs, 1e-2)
+        fd = fd_entries(f, p, name, idxs, 1e-2)
         diff = np.abs(grads[name].flat[idxs] - fd).max()
         assert diff < 2e-3 + 2e-2 * np.abs(fd).max(), f"{name}: max abs diff {diff:.3e} (fd {fd}, engine {grads[name].flat[idxs]})"
 
