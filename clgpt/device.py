@@ -104,7 +104,8 @@ class Device:
             if not path.exists():
                 raise ClgptError(f"kernel file {path} not found")
             try:
-                prg = cl.Program(self.ctx, path.read_text()).build(options=list(options))
+                # -I: kernels share pieces through #include "reduce.cl" (pyopencl's cache hashes included files)
+                prg = cl.Program(self.ctx, path.read_text()).build(options=[*options, "-I", str(KERNEL_DIR)])
             except cl.RuntimeError as e:
                 raise ClgptError(f"building {path} with {' '.join(options)} failed on {self.name}:\n{e}") from e
             self._programs[key] = prg

@@ -126,23 +126,7 @@ __kernel void attention_backward_key(const int B, const int T, __global const fl
 // reductions: deterministic.
 //   attention_softmax:  att[r, t2] = softmax_{t2 <= t}(att[r, :])  (att holds SCALE * q.k), 0 for t2 > t
 //   attention_dsoftmax: datt[r, t2] = att * (dp - sum_t2 att * dp)  (datt holds dp = dout . v), 0 for t2 > t
-#ifndef LW
-#define LW 64
-#endif
-
-inline float wg_reduce(__local float* red, float v, const int is_max)
-{
-    const int l = get_local_id(0);
-    red[l] = v;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int s = LW / 2; s > 0; s >>= 1) {
-        if (l < s) red[l] = is_max ? fmax(red[l], red[l + s]) : red[l] + red[l + s];
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    const float r = red[0];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    return r;
-}
+#include "reduce.cl"
 
 __kernel __attribute__((reqd_work_group_size(LW, 1, 1)))
 void attention_softmax(const int T, __global float* att)

@@ -74,23 +74,7 @@ __kernel void layernorm_param_backward(const int N, __global const float* dout, 
 }
 
 // ---- GPUs: one work-group of LW work-items per row, fixed-order tree reductions (deterministic) ----
-#ifndef LW
-#define LW 64
-#endif
-
-inline float wg_sum(__local float* red, const float v)
-{
-    const int l = get_local_id(0);
-    red[l] = v;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int s = LW / 2; s > 0; s >>= 1) {
-        if (l < s) red[l] += red[l + s];
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    const float r = red[0];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    return r;
-}
+#include "reduce.cl"
 
 __kernel __attribute__((reqd_work_group_size(LW, 1, 1)))
 void layernorm_forward_wg(const int N, __global const float* x, __global const float* w,

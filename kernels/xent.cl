@@ -36,23 +36,7 @@ __kernel void xent_backward(const int N, const float s, __global const float* lo
 }
 
 // GPUs: one work-group of LW work-items per row, fixed-order tree reductions (deterministic).
-#ifndef LW
-#define LW 64
-#endif
-
-inline float wg_reduce(__local float* red, float v, const int is_max)
-{
-    const int l = get_local_id(0);
-    red[l] = v;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int s = LW / 2; s > 0; s >>= 1) {
-        if (l < s) red[l] = is_max ? fmax(red[l], red[l + s]) : red[l] + red[l + s];
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    const float r = red[0];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    return r;
-}
+#include "reduce.cl"
 
 __kernel __attribute__((reqd_work_group_size(LW, 1, 1)))
 void xent_forward_wg(const int N, __global const float* logits, __global const int* targets,
