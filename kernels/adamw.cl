@@ -35,14 +35,11 @@ __kernel void grad_norm_final(const int n_parts, const float clip, __global cons
     out[1] = (clip > 0.0f && norm > clip) ? clip / norm : 1.0f;
 }
 
-__kernel void adamw(const int n, const int n_decay, __global float* p, __global float* grad,
-                    __global float* m, __global float* v, __global const float* norm,
-                    const float lr, const float beta1, const float beta2, const float bc1, const float bc2,
-                    const float eps, const float weight_decay)
+// One parameter j: clip-scale its gradient by s (written back), update m, v, then p (decoupled decay).
+inline void adamw_one(const int j, const int n_decay, __global float* p, __global float* grad,
+                      __global float* m, __global float* v, const float s, const float lr, const float beta1,
+                      const float beta2, const float bc1, const float bc2, const float eps, const float weight_decay)
 {
-    const int j = get_global_id(0);
-    if (j >= n) return;
-    const float s = norm[1];
     float g = grad[j];
     if (s != 1.0f) { g *= s; grad[j] = g; }
     const float mj = beta1 * m[j] + (1.0f - beta1) * g;
@@ -52,6 +49,15 @@ __kernel void adamw(const int n, const int n_decay, __global float* p, __global 
     float pj = p[j];
     if (j < n_decay) pj -= lr * weight_decay * pj;
     p[j] = pj - lr * (mj / bc1) / (sqrt(vj / bc2) + eps);
+}
+
+__kernel void adamw(const int n, const int n_decay, __global float* p, __global float* grad,
+                    __global float* m, __global float* v, __global const float* norm,
+                    const float lr, const float beta1, const float beta2, const float bc1, const float bc2,
+                    const float eps, const float weight_decay)
+{
+    const int j = get_global_id(0);
+    if (j < n) adamw_one(j, n_decay, p, grad, m, v, norm[1], lr, beta1, beta2, bc1, bc2, eps, weight_decay);
 }
 
 // CPUs: adamw with 8 parameters a work-item as float8 (PoCL left the scalar kernel's sqrt and division
@@ -79,16 +85,7 @@ __kernel void adamw_v8(const int n, const int n_decay, __global float* p, __glob
         pj = select(pj, pj - lr * weight_decay * pj, dec);
         VST8(p + j0, pj - lr * (mj / bc1) / (sqrt(vj / bc2) + eps));
     } else {
-        for (int j = j0; j < n; j++) {
-            float g = grad[j];
-            if (s != 1.0f) { g *= s; grad[j] = g; }
-            const float mj = beta1 * m[j] + (1.0f - beta1) * g;
-            const float vj = beta2 * v[j] + (1.0f - beta2) * g * g;
-            m[j] = mj;
-            v[j] = vj;
-            float pj = p[j];
-            if (j < n_decay) pj -= lr * weight_decay * pj;
-            p[j] = pj - lr * (mj / bc1) / (sqrt(vj / bc2) + eps);
-        }
+        for (int j = j0; j < n; j++)
+            adamw_one(j, n_decay, p, grad, m, v, s, lr, beta1, beta2, bc1, bc2, eps, weight_decay);
     }
 }
