@@ -41,8 +41,3 @@ def encode_dialog(tok, user: str, assistant: str) -> tuple[list[int], int]:
 def encode_prompt(tok, user: str) -> list[int]:
     """Token ids that ask the model for the assistant's reply to one user message."""
     return [tok.bos_id, tok.user_id, *tok.encode(user), tok.assistant_id]
-
-
-def loss_mask(ids: list[int], assistant_pos: int) -> list[float]:
-    """Mask over targets ids[1:]: 1.0 for the assistant's tokens and its `</s>`."""
-    return [1.0 if j >= assistant_pos else 0.0 for j in range(len(ids) - 1)]

@@ -27,12 +27,13 @@ import numpy as np
 import pytest
 
 from clgpt import reference
-from clgpt.chat import encode_dialog, encode_prompt, loss_mask
+from clgpt.chat import encode_dialog, encode_prompt
 from clgpt.engine import Engine
 from clgpt.generate import Generator
 from clgpt.gguf_io import export_gguf, read_gguf
 from clgpt.model import ModelConfig, init_params
 from clgpt.tokenizer import Tokenizer
+from clgpt.train import pad_dialogs
 
 PRETRAIN = [
     "The cat sat on the mat.",
@@ -61,19 +62,10 @@ def train_tiny():
     steps on the engine, a few seconds)."""
     tok = Tokenizer.train(PRETRAIN + [f"{u} {a}" for u, a in DIALOGS], 360)
     cfg = ModelConfig(vocab_size=tok.vocab_size, n_ctx=N_CTX, n_embd=64, n_head=2, n_layer=2, n_ff=128)
-    rows = []
-    for s in PRETRAIN:
-        ids = [tok.bos_id, *tok.encode(s), tok.eos_id]
-        rows.append((ids, [1.0] * (len(ids) - 1)))
-    for u, a in DIALOGS:
-        ids, start = encode_dialog(tok, u, a)
-        rows.append((ids, loss_mask(ids, start)))
-    B, T = len(rows), max(len(ids) for ids, _ in rows) - 1
-    tokens, targets, mask = np.zeros((B, T), np.int32), np.zeros((B, T), np.int32), np.zeros((B, T), np.float32)
-    for i, (ids, m) in enumerate(rows):
-        n = len(ids) - 1
-        tokens[i, :n], targets[i, :n], mask[i, :n] = ids[:-1], ids[1:], m
-    eng = Engine(cfg, init_params(cfg, 0), batch_size=B, seq_len=T)
+    rows = [([tok.bos_id, *tok.encode(s), tok.eos_id], 0) for s in PRETRAIN]  # text: every target counts
+    rows += [encode_dialog(tok, u, a) for u, a in DIALOGS]  # dialogs: the reply's targets count
+    tokens, targets, mask, _ = pad_dialogs(rows, N_CTX)
+    eng = Engine(cfg, init_params(cfg, 0), batch_size=tokens.shape[0], seq_len=tokens.shape[1])
     for _ in range(100):
         loss = eng.forward(tokens, targets, mask)
         eng.zero_grad()
