@@ -1,7 +1,8 @@
 """The corpus: reading and checking it, the encode stage, and reading encoded token files back.
 
 Text corpus: UTF-8 files, one document (a short statement) per non-blank line.
-Dialogs: JSON Lines, one `{"user": "...", "assistant": "..."}` per line.
+Dialogs: JSON Lines, one conversation per line: `{"messages": [{"role": ..., "content": ...}, ...]}` or
+`{"user": "...", "assistant": "..."}` (clgpt.chat.parse_dialog_line checks both).
 Encoded files: a flat `uint16` (`uint32` when the vocabulary needs it) id file `X.bin` and a JSON sidecar
 `X.json` with the tokenizer hash, counts and document boundaries; read back with `np.memmap`.
 """
@@ -17,7 +18,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from clgpt.atomic import atomic_path, write_text_atomic
-from clgpt.chat import encode_dialog
+from clgpt.chat import encode_chat, parse_dialog_line
 from clgpt.errors import ClgptError
 
 ENCODED_VERSION = 1
@@ -63,7 +64,8 @@ def read_text(files: Iterable[str]) -> Iterator[str]:
 
 
 def read_dialogs(files: Iterable[str]) -> list[dict]:
-    """Dialogs of JSON Lines files, each `{"user": str, "assistant": str}`; errors name file and line."""
+    """Conversations of JSON Lines files, each {"messages": [{"role", "content"}, ...], "source": "file:line"};
+    errors name file and line."""
     dialogs = []
     for path in files:
         for n, line in _utf8_lines(path):
@@ -73,18 +75,20 @@ def read_dialogs(files: Iterable[str]) -> list[dict]:
                 d = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ClgptError(f"{path}:{n}: not valid JSON ({e.msg}); write one JSON object per line") from None
-            if not isinstance(d, dict):
-                raise ClgptError(f'{path}:{n}: expected an object {{"user": ..., "assistant": ...}}')
-            for key in ("user", "assistant"):
-                if not isinstance(d.get(key), str) or not d[key].strip():
-                    raise ClgptError(f'{path}:{n}: missing or empty "{key}" field; each line needs "user" and "assistant" strings')
-            extra = set(d) - {"user", "assistant"}
-            if extra:
-                raise ClgptError(f"{path}:{n}: unknown field {sorted(extra)[0]!r}; only \"user\" and \"assistant\" are allowed")
-            dialogs.append({"user": d["user"], "assistant": d["assistant"], "source": f"{path}:{n}"})
+            dialogs.append(parse_dialog_line(d, f"{path}:{n}"))
     if not dialogs:
-        raise ClgptError(f"{', '.join(files)}: no dialogs found; add lines like {{\"user\": \"Hi\", \"assistant\": \"Hello!\"}}")
+        raise ClgptError(f"{', '.join(files)}: no dialogs found; add lines like "
+                         '{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]}')
     return dialogs
+
+
+def dialog_texts(dialogs: Iterable[dict]) -> Iterator[str]:
+    """The ordinary-text pieces the chat format encodes (`role\ncontent` and the "\n" between messages),
+    for training the tokenizer on what it will see."""
+    for d in dialogs:
+        for m in d["messages"]:
+            yield f"{m['role']}\n{m['content']}"
+            yield "\n"
 
 
 def files_sha256(files: Iterable[str]) -> str:
@@ -133,24 +137,27 @@ def encode_text_files(tok, files: list[str], out_bin: str) -> dict:
 
 
 def encode_dialog_files(tok, files: list[str], out_bin: str, max_len: int) -> dict:
-    """Encode dialogs in the chat format; refuse (naming file and line) one longer than `max_len`."""
+    """Encode conversations in the chat format; refuse (naming file and line) one longer than `max_len`.
+    The sidecar's `loss_spans[d]` lists [a, b) target ranges of document d (relative to its start) that the
+    loss counts: every assistant turn's reply and its end-of-turn token."""
     dialogs = read_dialogs(files)
-    assistant_pos, n = [], 0
+    loss_spans = []
 
     def docs():
-        nonlocal n
         for d in dialogs:
-            ids, start = encode_dialog(tok, d["user"], d["assistant"])
+            try:
+                ids, spans = encode_chat(tok, d["messages"])
+            except ClgptError as e:
+                raise ClgptError(f"{d['source']}: {e}") from None
             if len(ids) > max_len:
                 raise ClgptError(
                     f"{d['source']}: dialog is {len(ids)} tokens, longer than the context of {max_len}; "
                     "shorten it or raise model.n_ctx"
                 )
-            assistant_pos.append(n + start)
-            n += len(ids)
+            loss_spans.append([list(span) for span in spans])
             yield ids
 
-    meta = {"kind": "dialog", "source_sha256": files_sha256(files), "assistant_pos": assistant_pos}
+    meta = {"kind": "dialog", "source_sha256": files_sha256(files), "loss_spans": loss_spans}
     return _write_encoded(out_bin, docs(), tok, meta)
 
 

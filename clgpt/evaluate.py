@@ -1,9 +1,10 @@
 """The evaluate stage: held-out loss and perplexity of both checkpoints on both held-out sets (so the
-forgetting the tune stage causes shows), greedy answers with exact-match rates, the loss curves, and a
-Markdown report.
+forgetting the tune stage causes shows), greedy answers to every assistant turn with exact-match rates
+(overall and per turn: first reply, first reply after a system prompt, later replies), the loss curves,
+and a Markdown report.
 
 Held-out text is cut into consecutive windows of the pretrain stage's seq_len (every token predicted
-once); held-out dialogs count the reply and its `</s>` only, as in training. Losses are means over all
+once); held-out dialogs count the replies and their `<|im_end|>` only, as in training. Losses are means over all
 counted tokens, perplexity is exp(loss). forgetting = pretrain held-out loss of the tuned model minus
 that of the pretrained one.
 """
@@ -18,7 +19,7 @@ import sys
 import numpy as np
 
 from clgpt.atomic import atomic_path, write_text_atomic
-from clgpt.chat import encode_prompt
+from clgpt.chat import encode_prompt, turns
 from clgpt.checkpoint import load_checkpoint
 from clgpt.data import load_encoded
 from clgpt.errors import ClgptError
@@ -48,6 +49,17 @@ def eval_settings(settings: dict) -> dict:
 def exact_match(answer: str, expected: str) -> bool:
     """An answer matches when it equals the expected reply after stripping surrounding whitespace."""
     return answer.strip() == expected.strip()
+
+
+TURN_KINDS = ("first", "system", "later")  # see turn_kind
+
+
+def turn_kind(history: list[dict]) -> str:
+    """Which exact-match column a reply counts in: "first" (the first reply, no system prompt), "system"
+    (the first reply after a system prompt) or "later" (the 2nd, 3rd, ... reply of a conversation)."""
+    if any(m["role"] == "assistant" for m in history):
+        return "later"
+    return "system" if history[0]["role"] == "system" else "first"
 
 
 def score(answers: list[str], expected: list[str]) -> dict:
@@ -201,12 +213,18 @@ def report_markdown(m: dict) -> str:
             "",
             f"Exact match: {s['matches']}/{s['total']} ({100 * s['rate']:.1f}%)",
             "",
-            "| | prompt | expected | answer |",
-            "| --- | --- | --- | --- |",
+            "| first reply | first reply after a system prompt | 2nd and later replies |",
+            "| ---: | ---: | ---: |",
+            "| " + " | ".join(f"{t['matches']}/{t['total']} ({100 * t['rate']:.1f}%)"
+                               for t in (s["by_turn"][k] for k in TURN_KINDS)) + " |",
+            "",
+            "| | turn | prompt | expected | answer |",
+            "| --- | --- | --- | --- | --- |",
         ]
         for a in m["answers"][name]:
             mark = "✓" if a["match"] else "✗"
-            lines.append(f"| {mark} | {_cell(a['user'])} | {_cell(a['expected'])} | {_cell(a['answer'])} |")
+            turn = f"{a['turn']}" + (" (system)" if a["kind"] == "system" else "")
+            lines.append(f"| {mark} | {turn} | {_cell(a['user'])} | {_cell(a['expected'])} | {_cell(a['answer'])} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -228,7 +246,8 @@ def run_evaluate(
     device=None,
 ) -> dict:
     """Write out_dir/metrics.json, report.md, loss_pretrain.png, loss_tune.png (each atomically);
-    return the metrics. Dialogs are {"user", "assistant"} dicts (extra keys are ignored)."""
+    return the metrics. Dialogs are {"messages": [...]} dicts as clgpt.data.read_dialogs gives them; every
+    assistant turn is answered after the conversation before it."""
     from clgpt.engine_llama import make_engine
     from clgpt.generate import Generator
     from clgpt.tokenizer import Tokenizer
@@ -276,15 +295,22 @@ def run_evaluate(
     gen = Generator(cfg, tuned["params"], device=dev)
     answers, exact = {}, {}
     for name, dialogs in (("tune", tune_dialogs), ("heldout", heldout_dialogs)):
+        # every assistant turn, after the conversation before it as written (the expected earlier replies)
+        probes = [(history, reply) for d in dialogs for history, reply in turns(d["messages"])]
         out = []
-        for i, d in enumerate(dialogs):
-            reply = gen.generate(encode_prompt(tok, d["user"]), s["max_tokens"], greedy=True, stop_ids=(tok.eos_id,))
+        for i, (history, expected) in enumerate(probes):
+            reply = gen.generate(encode_prompt(tok, history), s["max_tokens"], greedy=True, stop_ids=(tok.im_end_id,))
             answer = tok.decode([t for t, _ in reply])
-            out.append({"user": d["user"], "expected": d["assistant"], "answer": answer,
-                        "match": exact_match(answer, d["assistant"]), "tokens": len(reply)})
-            print(f"evaluate: {name} answer {i + 1}/{len(dialogs)}", file=sys.stderr, end="\r")
+            out.append({"user": history[-1]["content"], "turn": sum(m["role"] == "user" for m in history),
+                        "kind": turn_kind(history), "expected": expected, "answer": answer,
+                        "match": exact_match(answer, expected), "tokens": len(reply)})
+            print(f"evaluate: {name} answer {i + 1}/{len(probes)}", file=sys.stderr, end="\r")
         answers[name] = out
         exact[name] = score([a["answer"] for a in out], [a["expected"] for a in out])
+        exact[name]["by_turn"] = {
+            kind: score([a["answer"] for a in out if a["kind"] == kind], [a["expected"] for a in out if a["kind"] == kind])
+            for kind in TURN_KINDS
+        }
     print(file=sys.stderr)
 
     logs = {"pretrain": read_log(pretrain_log_csv), "tune": read_log(tune_log_csv)}
@@ -309,7 +335,8 @@ def run_evaluate(
     write_text_atomic(os.path.join(out_dir, "report.md"), report_markdown(metrics))
     write_text_atomic(os.path.join(out_dir, "metrics.json"),
                       json.dumps(metrics, indent=1, ensure_ascii=False, allow_nan=False) + "\n")
-    print(f"evaluate: tune exact match {exact['tune']['matches']}/{exact['tune']['total']}, held-out "
+    by_turn = ", ".join(f"{k} {v['matches']}/{v['total']}" for k, v in exact["tune"]["by_turn"].items())
+    print(f"evaluate: tune exact match {exact['tune']['matches']}/{exact['tune']['total']} ({by_turn}), held-out "
           f"{exact['heldout']['matches']}/{exact['heldout']['total']}; forgetting "
           f"{'n/a' if forgetting is None else f'{forgetting:+.4f}'}", file=sys.stderr)
     return metrics

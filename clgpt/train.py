@@ -152,41 +152,45 @@ class PretrainBatches:
         self.rng.bit_generator.state = state["rng"]
 
 
-def dialog_rows(ids, meta: dict, where: str, T: int) -> tuple[list[tuple[np.ndarray, int]], int]:
-    """[(dialog ids int32, index of its <assistant> token)] of an encoded dialog file, leaving out the
-    dialogs whose reply starts past T tokens (nothing of them would count); -> (rows, number left out)."""
-    positions = meta.get("assistant_pos") or []
-    if meta.get("kind") != "dialog" or len(positions) != len(meta["documents"]):
+def dialog_rows(ids, meta: dict, where: str, T: int) -> tuple[list[tuple[np.ndarray, list]], int]:
+    """[(dialog ids int32, its loss spans [(a, b)]: targets a..b-1 count)] of an encoded dialog file, leaving
+    out the dialogs whose first reply starts past T tokens (nothing of them would count); -> (rows, number
+    left out)."""
+    spans_of = meta.get("loss_spans")
+    if meta.get("kind") != "dialog" or not isinstance(spans_of, list) or len(spans_of) != len(meta["documents"]):
         raise ClgptError(f"{where}: not an encoded dialog file (kind {meta.get('kind')!r}); re-run the encode stage")
     rows, dropped = [], 0
-    for (start, end), pos in zip(meta["documents"], positions):
+    for (start, end), spans in zip(meta["documents"], spans_of):
         doc = np.asarray(ids[start:end], dtype=np.int32)
-        a = pos - start
-        if not 0 <= a < len(doc) - 1:
-            raise ClgptError(
-                f"{where}: assistant_pos {pos} is outside its dialog [{start}, {end}); re-run the encode stage"
-            )
-        if a >= min(len(doc) - 1, T):
+        if not spans or any(not 0 <= a < b <= len(doc) - 1 for a, b in spans):
+            raise ClgptError(f"{where}: loss spans {spans} do not fit their dialog [{start}, {end}); re-run the encode stage")
+        if spans[0][0] >= min(len(doc) - 1, T):
             dropped += 1
         else:
-            rows.append((doc, a))
+            rows.append((doc, [tuple(span) for span in spans]))
     return rows, dropped
 
 
-def pad_dialogs(rows: list[tuple[np.ndarray, int]], T: int):
-    """One dialog a row, cut to T tokens and padded to the longest row W <= T.
-    -> tokens, targets int32 (n, W); mask float32 (n, W), 1 from the <assistant> token's target on
-    (the reply and its </s>); number of real tokens. Padding is id 0 with mask 0: causal attention
-    keeps it from reaching the real positions before it."""
-    width = max(min(len(doc) - 1, T) for doc, _ in rows)
+PAD_WIDTH = 32  # dialog batches are padded to a multiple of this: few distinct widths, few kernel builds
+
+
+def pad_dialogs(rows: list[tuple[np.ndarray, list]], T: int):
+    """One dialog a row, cut to T tokens and padded to W: the longest row rounded up to a multiple of
+    PAD_WIDTH, at most T (on PoCL each new width costs kernel builds).
+    -> tokens, targets int32 (n, W); mask float32 (n, W), 1 on the targets of the row's loss spans (every
+    assistant reply and its end-of-turn token; an int a instead of spans: targets a to the end); number of
+    real tokens. Padding is id 0 with mask 0: causal
+    attention keeps it from reaching the real positions before it."""
+    width = min(-(-max(len(doc) - 1 for doc, _ in rows) // PAD_WIDTH) * PAD_WIDTH, T)
     tokens = np.zeros((len(rows), width), dtype=np.int32)
     targets = np.zeros((len(rows), width), dtype=np.int32)
     mask = np.zeros((len(rows), width), dtype=np.float32)
     n_real = 0
-    for r, (doc, a) in enumerate(rows):
+    for r, (doc, spans) in enumerate(rows):
         L = min(len(doc) - 1, T)
         tokens[r, :L], targets[r, :L] = doc[:L], doc[1 : L + 1]
-        mask[r, a:L] = 1.0
+        for a, b in [(spans, L)] if isinstance(spans, (int, np.integer)) else spans:
+            mask[r, a : min(b, L)] = 1.0
         n_real += L
     return tokens, targets, mask, n_real
 
@@ -210,13 +214,13 @@ class DialogBatches:
         self.epoch, self.pos = 0, 0
         self.order = self.rng.permutation(len(self.dialogs))
 
-    def _next_dialog(self) -> tuple[np.ndarray, int]:
+    def _next_dialog(self) -> tuple[np.ndarray, list]:
         if self.pos == len(self.order):
             self.epoch, self.pos = self.epoch + 1, 0
             self.order = self.rng.permutation(len(self.dialogs))
-        doc, a = self.dialogs[self.order[self.pos]]
+        row = self.dialogs[self.order[self.pos]]
         self.pos += 1
-        return doc, a
+        return row
 
     def next(self):
         """-> tokens, targets int32 (B, W), mask float32 (B, W), number of real tokens; W <= seq_len."""

@@ -1,14 +1,12 @@
 """Stage train_tokenizer: byte-level BPE on the pretrain text and the tune dialogs."""
 
-from clgpt.data import read_dialogs, read_text
+from clgpt.data import dialog_texts, read_dialogs, read_text
 from clgpt.stage import run_script
 from clgpt.tokenizer import Tokenizer
 
 
 def main(pretrain: list, tune: list, vocab_size: int, tokenizer_out: str, vocab_out: str) -> None:
-    dialogs = read_dialogs(tune)
-    texts = [*read_text(pretrain)]
-    texts += [t for d in dialogs for t in (d["user"], d["assistant"])]
+    texts = [*read_text(pretrain), *dialog_texts(read_dialogs(tune))]
     tok = Tokenizer.train(texts, vocab_size)
     tok.save(tokenizer_out)
     tok.dump_vocab(vocab_out)

@@ -64,7 +64,7 @@ def test_generate_prints_only_the_continuation(model):
     out = clgpt("generate", str(d / "m.gguf"), "--prompt", "The cat", "--greedy", "--max-tokens", "8").stdout
     assert out == tok.decode([i for i, _ in expected]) + "\n"
 
-    expected = gen.generate(encode_prompt(tok, "Hi?"), max_tokens=8, greedy=True, stop_ids=(tok.eos_id,))
+    expected = gen.generate(encode_prompt(tok, "Hi?"), max_tokens=8, greedy=True, stop_ids=(tok.im_end_id,))
     out = clgpt("generate", str(d / "m.gguf"), "--chat", "Hi?", "--greedy", "--max-tokens", "8").stdout
     assert out == tok.decode([i for i, _ in expected]) + "\n"
 
