@@ -88,9 +88,10 @@ def cmd_generate(args) -> None:
     if (args.prompt is None) == (args.chat is None and not turns):
         raise ClgptError("generate: give either --prompt TEXT, or a conversation: --chat TEXT|FILE.json and/or "
                          "--system/--user/--assistant TEXT")
+    messages = chat_messages(args.chat, turns) if args.prompt is None else None
     cfg, params, tok, _ = read_gguf(args.model)
-    if args.prompt is None:
-        prompt_ids, stop = encode_prompt(tok, chat_messages(args.chat, turns)), (tok.im_end_id,)
+    if messages is not None:
+        prompt_ids, stop = encode_prompt(tok, messages), (tok.im_end_id,)
     else:
         prompt_ids, stop = [tok.bos_id, *tok.encode(args.prompt)], (tok.eos_id,)
     gen = Generator(cfg, params, device=args.device)

@@ -24,7 +24,7 @@ from clgpt.checkpoint import load_checkpoint
 from clgpt.data import load_encoded
 from clgpt.errors import ClgptError
 from clgpt.model import num_params
-from clgpt.train import SMOOTHING, _resolve_device, dialog_rows, pad_dialogs
+from clgpt.train import PAD_WIDTH, SMOOTHING, _resolve_device, dialog_rows, pad_dialogs
 
 DEFAULTS = {
     "max_tokens": 48,  # reply length cap for greedy answers
@@ -68,6 +68,37 @@ def score(answers: list[str], expected: list[str]) -> dict:
         raise ValueError(f"{len(answers)} answers for {len(expected)} expected replies")
     matches = sum(exact_match(a, e) for a, e in zip(answers, expected))
     return {"matches": matches, "total": len(expected), "rate": matches / len(expected) if expected else 0.0}
+
+
+# ---- greedy answers ----------------------------------------------------------------------------
+
+def greedy_answers(eng, prompts: list[list[int]], max_tokens: int, stop_id: int, n_ctx: int, B: int) -> list[list[int]]:
+    """Greedy replies (ids, without the stop id) to many prompts, B at a time: each step runs one forward of
+    the batch's rows padded to a multiple of PAD_WIDTH (causal attention: padding after a row's last token
+    changes none of its logits) and appends each unfinished row's argmax. Stops a row as
+    clgpt.generate.Generator does: at the stop id, after max_tokens, or when it fills n_ctx."""
+    out = [[] for _ in prompts]
+    for b0 in range(0, len(prompts), B):
+        rows = [list(p[-n_ctx:]) for p in prompts[b0 : b0 + B]]
+        live = [len(r) < n_ctx and max_tokens > 0 for r in rows]
+        while any(live):
+            longest = max(len(r) for r, on in zip(rows, live) if on)
+            W = min(-(-longest // PAD_WIDTH) * PAD_WIDTH, n_ctx)
+            tokens = np.zeros((len(rows), W), dtype=np.int32)  # (rows, W); finished rows ride along unread
+            for i, r in enumerate(rows):
+                tokens[i, : min(len(r), W)] = r[:W]
+            logits = eng.forward(tokens)  # (rows, W, V)
+            for i, r in enumerate(rows):
+                if not live[i]:
+                    continue
+                t = int(np.argmax(logits[i, len(r) - 1]))
+                if t == stop_id:
+                    live[i] = False
+                    continue
+                r.append(t)
+                out[b0 + i].append(t)
+                live[i] = len(out[b0 + i]) < max_tokens and len(r) < n_ctx
+    return out
 
 
 # ---- held-out loss -----------------------------------------------------------------------------
@@ -249,7 +280,6 @@ def run_evaluate(
     return the metrics. Dialogs are {"messages": [...]} dicts as clgpt.data.read_dialogs gives them; every
     assistant turn is answered after the conversation before it."""
     from clgpt.engine_llama import make_engine
-    from clgpt.generate import Generator
     from clgpt.tokenizer import Tokenizer
 
     s = eval_settings(settings)
@@ -271,7 +301,8 @@ def run_evaluate(
             raise ClgptError(f"{path}: encoded with another tokenizer than {tokenizer_path}; re-run the encode stage")
     T_text = min(int(pre["extra"].get("settings", {}).get("seq_len", cfg.n_ctx)), cfg.n_ctx)
     rows, _ = dialog_rows(dialog_ids, dialog_meta, tune_heldout, cfg.n_ctx)
-    T_dialog = max((min(len(doc) - 1, cfg.n_ctx) for doc, _ in rows), default=1)
+    longest = max((len(doc) - 1 for doc, _ in rows), default=1)
+    T_dialog = min(-(-longest // PAD_WIDTH) * PAD_WIDTH, cfg.n_ctx)  # as pad_dialogs pads
     B = s["batch_size"]
 
     print(f"evaluate: held-out loss of {pretrain_ckpt} and {tune_ckpt}", file=sys.stderr)
@@ -292,26 +323,27 @@ def run_evaluate(
     lp, lt = heldout["pretrain"]["loss_pretrained"], heldout["pretrain"]["loss_tuned"]
     forgetting = lt - lp if lp is not None and lt is not None else None
 
-    gen = Generator(cfg, tuned["params"], device=dev)
+    gen = make_engine(cfg, tuned["params"], batch_size=B, seq_len=cfg.n_ctx, device=dev)
     answers, exact = {}, {}
     for name, dialogs in (("tune", tune_dialogs), ("heldout", heldout_dialogs)):
         # every assistant turn, after the conversation before it as written (the expected earlier replies)
         probes = [(history, reply) for d in dialogs for history, reply in turns(d["messages"])]
+        print(f"evaluate: greedy answers to {len(probes)} {name} turns", file=sys.stderr)
+        replies = greedy_answers(gen, [encode_prompt(tok, h) for h, _ in probes], s["max_tokens"], tok.im_end_id,
+                                 cfg.n_ctx, B)
         out = []
-        for i, (history, expected) in enumerate(probes):
-            reply = gen.generate(encode_prompt(tok, history), s["max_tokens"], greedy=True, stop_ids=(tok.im_end_id,))
-            answer = tok.decode([t for t, _ in reply])
+        for (history, expected), reply in zip(probes, replies):
+            answer = tok.decode(reply)
             out.append({"user": history[-1]["content"], "turn": sum(m["role"] == "user" for m in history),
                         "kind": turn_kind(history), "expected": expected, "answer": answer,
                         "match": exact_match(answer, expected), "tokens": len(reply)})
-            print(f"evaluate: {name} answer {i + 1}/{len(probes)}", file=sys.stderr, end="\r")
         answers[name] = out
         exact[name] = score([a["answer"] for a in out], [a["expected"] for a in out])
         exact[name]["by_turn"] = {
             kind: score([a["answer"] for a in out if a["kind"] == kind], [a["expected"] for a in out if a["kind"] == kind])
             for kind in TURN_KINDS
         }
-    print(file=sys.stderr)
+    del gen
 
     logs = {"pretrain": read_log(pretrain_log_csv), "tune": read_log(tune_log_csv)}
     metrics = {
