@@ -72,13 +72,16 @@ def score(answers: list[str], expected: list[str]) -> dict:
 
 # ---- greedy answers ----------------------------------------------------------------------------
 
-def greedy_answers(eng, prompts: list[list[int]], max_tokens: int, stop_id: int, n_ctx: int, B: int) -> list[list[int]]:
+def greedy_answers(eng, prompts: list[list[int]], max_tokens: int, stop_id: int, n_ctx: int, B: int,
+                   desc: str = "answers") -> list[list[int]]:
     """Greedy replies (ids, without the stop id) to many prompts, B at a time: each step runs one forward of
     the batch's rows padded to a multiple of PAD_WIDTH (causal attention: padding after a row's last token
     changes none of its logits) and appends each unfinished row's argmax. Stops a row as
     clgpt.generate.Generator does: at the stop id, after max_tokens, or when it fills n_ctx."""
+    from tqdm import tqdm
+
     out = [[] for _ in prompts]
-    for b0 in range(0, len(prompts), B):
+    for b0 in tqdm(range(0, len(prompts), B), desc=desc, unit="batch", file=sys.stderr, dynamic_ncols=True):
         rows = [list(p[-n_ctx:]) for p in prompts[b0 : b0 + B]]
         live = [len(r) < n_ctx and max_tokens > 0 for r in rows]
         while any(live):
@@ -328,9 +331,8 @@ def run_evaluate(
     for name, dialogs in (("tune", tune_dialogs), ("heldout", heldout_dialogs)):
         # every assistant turn, after the conversation before it as written (the expected earlier replies)
         probes = [(history, reply) for d in dialogs for history, reply in turns(d["messages"])]
-        print(f"evaluate: greedy answers to {len(probes)} {name} turns", file=sys.stderr)
         replies = greedy_answers(gen, [encode_prompt(tok, h) for h, _ in probes], s["max_tokens"], tok.im_end_id,
-                                 cfg.n_ctx, B)
+                                 cfg.n_ctx, B, desc=f"{name} answers ({len(probes)} turns)")
         out = []
         for (history, expected), reply in zip(probes, replies):
             answer = tok.decode(reply)

@@ -151,7 +151,7 @@ def test_exact_match_counts_generated_answers(stages, tmp_path, monkeypatch):
     d, tok = stages
     right = DIALOGS[0]["user"]
 
-    def fake_answers(eng, prompts, max_tokens, stop_id, n_ctx, B):
+    def fake_answers(eng, prompts, max_tokens, stop_id, n_ctx, B, desc=""):
         assert stop_id == tok.im_end_id
         out = []
         for ids in prompts:
