@@ -80,9 +80,12 @@ def greedy_answers(eng, prompts: list[list[int]], max_tokens: int, stop_id: int,
     clgpt.generate.Generator does: at the stop id, after max_tokens, or when it fills n_ctx."""
     from tqdm import tqdm
 
+    # batch prompts of similar length together (less padding); answers come back in the given order
+    order = sorted(range(len(prompts)), key=lambda k: len(prompts[k]))
     out = [[] for _ in prompts]
     for b0 in tqdm(range(0, len(prompts), B), desc=desc, unit="batch", file=sys.stderr, dynamic_ncols=True):
-        rows = [list(p[-n_ctx:]) for p in prompts[b0 : b0 + B]]
+        idx = order[b0 : b0 + B]
+        rows = [list(prompts[k][-n_ctx:]) for k in idx]
         live = [len(r) < n_ctx and max_tokens > 0 for r in rows]
         while any(live):
             longest = max(len(r) for r, on in zip(rows, live) if on)
@@ -99,8 +102,8 @@ def greedy_answers(eng, prompts: list[list[int]], max_tokens: int, stop_id: int,
                     live[i] = False
                     continue
                 r.append(t)
-                out[b0 + i].append(t)
-                live[i] = len(out[b0 + i]) < max_tokens and len(r) < n_ctx
+                out[idx[i]].append(t)
+                live[i] = len(out[idx[i]]) < max_tokens and len(r) < n_ctx
     return out
 
 
