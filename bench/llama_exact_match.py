@@ -55,6 +55,12 @@ def builtin_reply(llm, messages: list[dict], max_tokens: int, template: bytes) -
     return llm.detokenize(out).decode("utf-8", errors="replace")
 
 
+def chat_answers(gguf: str, questions: list[str], max_tokens: int = 48) -> list[str]:
+    """llama.cpp's replies (Jinja path) to single user questions."""
+    llm = llama_cpp.Llama(model_path=gguf, n_ctx=0, verbose=False, seed=0)
+    return [jinja_reply(llm, [{"role": "user", "content": q}], max_tokens) for q in questions]
+
+
 def run_probes(gguf: str, probes: list, max_tokens: int = 48) -> dict:
     """{path: [(kind, expected, answer)]} for each chat path."""
     llm = llama_cpp.Llama(model_path=gguf, n_ctx=0, verbose=False, seed=0)
