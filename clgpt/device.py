@@ -126,6 +126,13 @@ class Device:
 _cache: dict[str, Device] = {}
 
 
+def resolve_device(device: "Device | str | None" = None) -> Device:
+    """A Device as given, or the one a spec string (or None: PYOPENCL_CTX, a GPU, PoCL) names."""
+    if device is None or isinstance(device, str):
+        return get_device(device or None)
+    return device
+
+
 def get_device(spec: str | None = None) -> Device:
     """The chosen device (see module doc); one Device (context, queue, caches) per OpenCL device."""
     dev = _pick(spec)

@@ -229,7 +229,7 @@ def run_evaluate(
 ) -> dict:
     """Write out_dir/metrics.json, report.md, loss_pretrain.png, loss_tune.png (each atomically);
     return the metrics. Dialogs are {"user", "assistant"} dicts (extra keys are ignored)."""
-    from clgpt.engine_llama import make_engine
+    from clgpt.engine import make_engine
     from clgpt.generate import Generator
     from clgpt.tokenizer import Tokenizer
 

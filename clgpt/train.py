@@ -277,11 +277,9 @@ def _start_log(path: str, rows: list[dict]):
 
 
 def _resolve_device(device):
-    if device is None or isinstance(device, str):
-        from clgpt.device import get_device
+    from clgpt.device import resolve_device  # OpenCL is imported only where a stage runs the engine
 
-        return get_device(device or None)
-    return device
+    return resolve_device(device)
 
 
 class _DeferSigint:
@@ -450,7 +448,7 @@ def run_stage(
         total = s["steps"]
     key = _resume_key(stage, s, inp, total)
 
-    from clgpt.engine_llama import make_engine  # Engine (gpt2) or LlamaEngine (llama); needs OpenCL
+    from clgpt.engine import make_engine  # GPT2Engine or LlamaEngine; needs OpenCL
 
     eng = make_engine(cfg, inp.params, batch_size=B, seq_len=T, device=_resolve_device(device))
     partial = ckpt_out + ".partial"

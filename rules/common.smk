@@ -26,4 +26,4 @@ def package(*modules):
 
 
 KERNELS = sorted(str(p) for p in Path("kernels").glob("*.cl"))
-ENGINE = ("model", "device", "engine", "engine_llama")
+ENGINE = ("model", "device", "tuning", "ops", "params", "engine", "engine_llama", "gpt2", "llama", "dropout")

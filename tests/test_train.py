@@ -203,7 +203,7 @@ def test_dialog_batches_mask_only_the_reply(data):
 
 def test_tune_loss_ignores_user_targets(data, pretrained):
     from clgpt.data import load_encoded
-    from clgpt.engine_llama import make_engine
+    from clgpt.engine import make_engine
 
     ck = load_checkpoint(pretrained)
     ids, meta = load_encoded(data["dialog"])
