@@ -242,8 +242,8 @@ def _message(e: jsonschema.ValidationError, where: _Where) -> str:
         want = e.validator_value
         words = _TYPE_WORDS.get(want, want)
         if v is None:
-            default = f" (default {e.schema['default']!r})" if "default" in e.schema else ""
-            return f"{key}: empty; give {words} or remove the line to use the default{default}"
+            default = f" ({e.schema['default']!r})" if "default" in e.schema else ""
+            return f"{key}: empty; give {words}, or remove the line to use the default{default}"
         if path == ["device"] and isinstance(v, (int, float)) and not isinstance(v, bool):
             fix = f"{int(v) // 60}:{int(v) % 60}" if isinstance(v, int) and v >= 60 else str(v)
             sexa = (f" (YAML 1.1 reads an unquoted {fix} as the base-60 number {v})"
@@ -382,8 +382,9 @@ def _merge(base: dict, over: Mapping, where: dict, over_where: Mapping, path: Pa
             continue
         else:
             base[k] = copy.deepcopy(dict(v)) if isinstance(v, Mapping) else v
-            for q in [q for q in where if q[: len(p)] == p and len(q) > len(p) and q not in over_where]:
+            for q in [q for q in where if q[: len(p)] == p and len(q) > len(p)]:
                 del where[q]
+            where.update({q: w for q, w in over_where.items() if q[: len(p)] == p and len(q) > len(p)})
 
 
 def _yaml12_leaves(value):
