@@ -234,11 +234,15 @@ def test_workflow_stops_at_parse_time_with_one_line(tmp_path, breakage, message)
     assert message in one_line_error(r.stdout + r.stderr)
 
 
-def test_missing_configfile_is_one_line(tmp_path):
+def test_configfile_is_read_by_clgpts_loader(tmp_path):
+    """A --configfile is read again with YAML 1.2 numbers, and its mistakes name it and the line. (A
+    --configfile that does not exist or is not YAML at all is read by Snakemake itself before the
+    workflow runs, so that message is Snakemake's.)"""
     path = make_workdir(tmp_path / "wf", TINY)
-    r = snakemake(path, "-n", "--configfile", "nope.yaml", "model.gguf")
-    out = r.stdout + r.stderr
-    assert r.returncode != 0 and "Traceback" not in out and "nope.yaml" in out, out
+    (path / "more.yaml").write_text("# overrides\ntune:\n  lr: 1e-3\n  warmup_steps: -1\n")
+    r = snakemake(path, "-n", "--configfile", "more.yaml", "model.gguf")
+    assert r.returncode != 0
+    assert "more.yaml:4: tune.warmup_steps: -1 is less than the minimum of 0" in one_line_error(r.stdout + r.stderr)
 
 
 def test_configfile_and_config_reach_the_rules(tmp_path):
