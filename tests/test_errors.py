@@ -240,7 +240,7 @@ def test_configfile_is_read_by_clgpts_loader(tmp_path):
     workflow runs, so that message is Snakemake's.)"""
     path = make_workdir(tmp_path / "wf", TINY)
     (path / "more.yaml").write_text("# overrides\ntune:\n  lr: 1e-3\n  warmup_steps: -1\n")
-    r = snakemake(path, "-n", "--configfile", "more.yaml", "model.gguf")
+    r = snakemake(path, "-n", "model.gguf", "--configfile", "more.yaml")  # nargs="+": the target first
     assert r.returncode != 0
     assert "more.yaml:4: tune.warmup_steps: -1 is less than the minimum of 0" in one_line_error(r.stdout + r.stderr)
 
@@ -248,8 +248,11 @@ def test_configfile_is_read_by_clgpts_loader(tmp_path):
 def test_configfile_and_config_reach_the_rules(tmp_path):
     path = make_workdir(tmp_path / "wf", TINY)
     (path / "fast.yaml").write_text("tune:\n  lr: 1e-3\n")
-    r = snakemake(path, "-n", "-p", "--configfile", "fast.yaml", "--config", "export={'type': 'f16'}", "model.gguf")
+    r = snakemake(path, "-n", "model.gguf", "--configfile", "fast.yaml", "--config", "export={'type': 'f16'}")
     assert r.returncode == 0, r.stdout + r.stderr
+    r = snakemake(path, "-n", "model.gguf", "--configfile", "fast.yaml", "--config", "export={'type': 'q5'}")
+    assert r.returncode != 0
+    assert one_line_error(r.stdout + r.stderr).startswith("error: --config: export.type: 'q5' is not one of")
 
 
 # ---- the corpus ---------------------------------------------------------------------------------
