@@ -28,7 +28,7 @@ from clgpt.paths import data_path
 
 SCHEMA_PATH = data_path("schemas") / "config.schema.yaml"
 N_SPECIAL = 4  # <s> </s> <user> <assistant>
-Path_ = tuple  # a key path such as ("tune", "lr")
+KeyPath = tuple  # a key path such as ("tune", "lr")
 
 
 # ---- YAML 1.2 ----------------------------------------------------------------------------------
@@ -100,7 +100,7 @@ def plain_scalar(text: str):
         loader.dispose()
 
 
-def _key_lines(node, path: Path_ = ()) -> dict[Path_, int]:
+def _key_lines(node, path: KeyPath = ()) -> dict[KeyPath, int]:
     """{key path: 1-based line} of every mapping key in a composed YAML node tree."""
     out = {}
     if isinstance(node, yaml.MappingNode):
@@ -120,7 +120,7 @@ def _tab_indent_line(text: str, up_to: int) -> int | None:
     return None
 
 
-def read_yaml(path: str | Path) -> tuple[Any, dict[Path_, int]]:
+def read_yaml(path: str | Path) -> tuple[Any, dict[KeyPath, int]]:
     """(the document, {key path: line}) of a YAML file read with YAML 1.2 scalars; None for an empty file
     (or one of comments only). ClgptError naming the file and line for anything unreadable."""
     path = str(path)
@@ -206,7 +206,7 @@ class _Where:
     """Turns a key path into the error prefix: `config.yaml:37: tune.lr` (file and line known), else
     `SOURCE: tune.lr`."""
 
-    def __init__(self, source: str, lines: Mapping[Path_, str] | None = None):
+    def __init__(self, source: str, lines: Mapping[KeyPath, str] | None = None):
         self.source, self.lines = source, dict(lines or {})
 
     def __call__(self, path: Iterable) -> str:
@@ -292,7 +292,7 @@ def _validate(schema: dict, value, path: list, where: _Where):
     return _coerce_and_check_numbers(schema, value, path, where)
 
 
-def validate_config(config: Mapping | None, source: str = "config.yaml", lines: Mapping[Path_, str] | None = None) -> dict:
+def validate_config(config: Mapping | None, source: str = "config.yaml", lines: Mapping[KeyPath, str] | None = None) -> dict:
     """A copy of `config` with defaults filled in; ClgptError (one line naming the key, and its file and
     line when `lines` maps key paths to "file:line") on any problem."""
     where = _Where(source, lines)
@@ -369,7 +369,7 @@ def _check_model(m: dict, where: _Where) -> None:
 
 # ---- loading -----------------------------------------------------------------------------------
 
-def _merge(base: dict, over: Mapping, where: dict, over_where: Mapping, path: Path_ = ()) -> None:
+def _merge(base: dict, over: Mapping, where: dict, over_where: Mapping, path: KeyPath = ()) -> None:
     """Snakemake's update_config (nested sections merge, other values replace), keeping each key's
     "file:line"; a null section in `over` (all its keys commented out) leaves `base`'s section alone."""
     for k, v in over.items():
@@ -407,7 +407,7 @@ def load_workflow_config(main: str | None = "config.yaml", configfiles: Iterable
     if main is not None and not (replace and files) and (Path(main).exists() or not files):
         files.insert(0, main)
     merged: dict = {}
-    where: dict[Path_, str] = {}
+    where: dict[KeyPath, str] = {}
     for path in files:
         data, lines = read_yaml(path)
         if data is None:
@@ -421,7 +421,7 @@ def load_workflow_config(main: str | None = "config.yaml", configfiles: Iterable
     return validate_config(merged, source=files[-1] if files else "config", lines=where)
 
 
-def _paths(d: Mapping, path: Path_ = ()) -> list[Path_]:
+def _paths(d: Mapping, path: KeyPath = ()) -> list[KeyPath]:
     out = []
     for k, v in d.items():
         out.append((*path, k))
