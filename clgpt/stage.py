@@ -90,10 +90,35 @@ def _watch(chain: list[tuple[int, int]], stop: threading.Event, on_gone: Callabl
                 return
 
 
+RESUME_AFTER_KILL = "run `snakemake --unlock`, then the same snakemake command with --rerun-incomplete to resume"
+_lost_parent: list[int] = []  # the pid of the Snakemake that went away, once the watchdog saw it
+
+
 def _stop_for_lost_parent(snakemake_pid: int) -> None:
-    print(f"\nerror: snakemake (pid {snakemake_pid}) is gone; stopping this stage (its checkpoint is kept). "
-          "To go on: `snakemake --unlock`, then run snakemake again with --rerun-incomplete", file=sys.stderr)
+    _lost_parent.append(snakemake_pid)
     os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C: the training loop saves its checkpoint and stops
+
+
+def stale_lock(workdir: str | Path = ".") -> bool:
+    """Whether `workdir/.snakemake/locks` holds a lock that no running Snakemake owns (one killed with -9
+    leaves it). False when that cannot be told (no /proc, a process we may not inspect): Snakemake's own
+    lock check then speaks."""
+    workdir = Path(workdir).resolve()
+    if not any((workdir / ".snakemake" / "locks").glob("*.lock")) or not os.path.isdir("/proc/self"):
+        return False
+    me = {os.getpid(), os.getppid()}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in me:
+            continue
+        stat = _proc_stat(int(entry))
+        if stat is None or not _is_snakemake(stat[0]):
+            continue
+        try:
+            if Path(os.readlink(f"/proc/{entry}/cwd")).resolve() == workdir:
+                return False
+        except OSError:
+            return False
+    return True
 
 
 # ---- running a stage script -----------------------------------------------------------------------
@@ -115,7 +140,11 @@ def run_script(main: Callable, log_path: str | None, **kwargs) -> None:
         print(f"error: {e}", file=sys.stderr)
         code = 1
     except KeyboardInterrupt:
-        print("error: interrupted; run snakemake again to resume", file=sys.stderr)
+        if _lost_parent:
+            print(f"\nerror: snakemake was killed; this stage stopped and kept its checkpoint; {RESUME_AFTER_KILL}",
+                  file=sys.stderr)
+        else:
+            print("error: interrupted; run snakemake again to resume", file=sys.stderr)
         code = 130
     except OSError as e:
         print(f"error: {os_error_line(e)}", file=sys.stderr)

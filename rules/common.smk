@@ -8,10 +8,12 @@ from clgpt.config import load_workflow_config
 from clgpt.device import get_device
 from clgpt.errors import ClgptError
 from clgpt.preflight import check_corpus
-from clgpt.stage import code_inputs
+from clgpt.stage import RESUME_AFTER_KILL, code_inputs, stale_lock
 
 _settings = workflow.config_settings
 try:
+    if stale_lock() and not {"--unlock", "--nolock"} & set(sys.argv):
+        raise ClgptError(f"a killed snakemake left its lock in .snakemake/locks; {RESUME_AFTER_KILL}")
     _validated = load_workflow_config(
         "config.yaml",
         configfiles=getattr(_settings, "configfiles", ()),

@@ -21,7 +21,7 @@ from clgpt.config import defaults, load_schema, load_workflow_config, plain_scal
 from clgpt.data import read_dialogs, read_text
 from clgpt.errors import ClgptError
 from clgpt.preflight import check_corpus
-from clgpt.stage import code_inputs, run_script
+from clgpt.stage import code_inputs, run_script, stale_lock
 from test_pipeline import TINY, make_workdir, planned_rules, snakemake, write_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -438,6 +438,39 @@ def test_stage_stops_when_snakemake_is_killed(tmp_path):
     assert not alive, "the stage kept running after snakemake was killed"
     text = log.read_text()
     assert "snakemake --unlock" in text and "Traceback" not in text, text
+
+
+def test_stale_lock_is_told_apart_from_a_live_one(tmp_path):
+    locks = tmp_path / ".snakemake" / "locks"
+    locks.mkdir(parents=True)
+    assert not stale_lock(tmp_path)
+    (locks / "0.input.lock").write_text("")
+    assert stale_lock(tmp_path)
+    fake = tmp_path / "snakemake"  # a running snakemake working in that folder owns the lock
+    fake.write_text("import time\ntime.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, str(fake)], cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and str(fake) not in open(f"/proc/{proc.pid}/cmdline").read():
+            time.sleep(0.05)
+        assert not stale_lock(tmp_path)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_rerun_after_kill_9_says_unlock_first(tmp_path):
+    """kill -9 of snakemake leaves its lock; the next run names `--unlock` (not Snakemake's
+    --rerun-incomplete, which would fail on the lock), and --unlock itself still runs."""
+    path = make_workdir(tmp_path / "wf", TINY)
+    (path / ".snakemake" / "locks").mkdir(parents=True)
+    (path / ".snakemake" / "locks" / "0.output.lock").write_text(str(path / "model.gguf") + "\n")
+    r = snakemake(path, "-n", "model.gguf")
+    assert r.returncode != 0
+    assert "run `snakemake --unlock`, then the same snakemake command with --rerun-incomplete" in \
+        one_line_error(r.stdout + r.stderr)
+    assert snakemake(path, "--unlock").returncode == 0
+    assert snakemake(path, "-n", "model.gguf").returncode == 0
 
 
 # ---- the code each stage runs; the schema as the one source ----------------------------------------
