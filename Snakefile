@@ -1,11 +1,9 @@
 # clgpt: tokenizer -> encode -> pretrain -> tune -> evaluate -> export (model.gguf + Modelfile).
 # `snakemake --cores 1 model.gguf`; see README.md and ARCHITECTURE.md.
+# Settings: config.yaml (plus any --configfile / --config), read and validated in rules/common.smk.
 from snakemake.utils import min_version
 
 min_version("8.0")
-
-
-configfile: "config.yaml"
 
 
 include: "rules/common.smk"

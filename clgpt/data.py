@@ -28,7 +28,7 @@ def corpus_files(folder: str, suffix: str) -> list[str]:
     path = Path(folder)
     if not path.is_dir():
         raise ClgptError(f"{folder}: corpus folder does not exist; create it or fix the path in config.yaml")
-    files = sorted(str(p) for p in path.glob(f"*{suffix}") if p.is_file())
+    files = sorted(str(p) for p in path.glob(f"*{suffix}") if p.is_file() and not p.name.startswith("."))  # ._x (macOS)
     if not files:
         raise ClgptError(f"{folder}: no *{suffix} files; add at least one or fix the path in config.yaml")
     return files
@@ -51,6 +51,8 @@ def _utf8_lines(path: str) -> Iterator[tuple[int, str]]:
                     f"{path}: not UTF-8 at byte offset {offset + e.start} (line {n}); re-save the file as UTF-8"
                 ) from None
             offset += len(raw)
+            if n == 1:
+                line = line.removeprefix("\ufeff")  # a UTF-8 byte-order mark is not text
             yield n, line.rstrip("\r\n")
 
 

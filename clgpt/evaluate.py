@@ -20,27 +20,15 @@ import numpy as np
 from clgpt.atomic import atomic_path, write_text_atomic
 from clgpt.chat import encode_prompt
 from clgpt.checkpoint import load_checkpoint
+from clgpt.config import section_settings
 from clgpt.data import load_encoded
 from clgpt.errors import ClgptError
 from clgpt.model import num_params
 from clgpt.train import SMOOTHING, _resolve_device, dialog_rows, pad_dialogs
 
-DEFAULTS = {
-    "max_tokens": 48,  # reply length cap for greedy answers
-    "batch_size": 16,  # rows per batch for held-out loss
-}
-
-
 def eval_settings(settings: dict) -> dict:
-    unknown = sorted(set(settings) - set(DEFAULTS))
-    if unknown:
-        raise ClgptError(f"evaluate.{unknown[0]}: unknown setting; known: {', '.join(DEFAULTS)}")
-    s = {**DEFAULTS, **settings}
-    for key in DEFAULTS:
-        if isinstance(s[key], bool) or not isinstance(s[key], (int, np.integer)) or s[key] < 1:
-            raise ClgptError(f"evaluate.{key}: expected a positive integer, got {s[key]!r}")
-        s[key] = int(s[key])
-    return s
+    """The evaluate section with the schema's defaults filled in and checked."""
+    return section_settings("evaluate", settings)
 
 
 # ---- scoring -----------------------------------------------------------------------------------

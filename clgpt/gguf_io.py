@@ -345,6 +345,9 @@ def _parse(buf: bytes) -> tuple[dict, dict[str, np.ndarray]]:
 def _tokenizer_from_gguf(kv: dict) -> Tokenizer:
     """Rebuild the BPE from tokenizer.ggml.tokens + merges, and check it spells the same vocabulary."""
     tokens, merges = kv.get("tokenizer.ggml.tokens"), kv.get("tokenizer.ggml.merges")
+    if "tokenizer.ggml.model" not in kv:
+        raise _Corrupt("carries no tokenizer (no tokenizer.ggml.* keys); use the tokenizer JSON file the model "
+                       "was trained with (results/tokenizer/tokenizer.json), or re-export the model with clgpt")
     if kv.get("tokenizer.ggml.model") != "gpt2":
         raise _Corrupt(f"tokenizer.ggml.model is {kv.get('tokenizer.ggml.model')!r}, not 'gpt2'")
     if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):

@@ -18,6 +18,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -30,31 +31,14 @@ from tqdm import tqdm
 
 from clgpt.atomic import atomic_path
 from clgpt.checkpoint import load_checkpoint, save_checkpoint
+from clgpt.config import section_settings
 from clgpt.data import load_encoded
 from clgpt.errors import ClgptError
 from clgpt.model import ModelConfig, init_params
 
-# Settings of both stages with their defaults (the same as schemas/config.schema.yaml). epochs > 0
+# Settings and their defaults: schemas/config.schema.yaml (clgpt.config.section_settings). epochs > 0
 # replaces steps by ceil(epochs * rows / rows_per_step); mix_pretrain is the tune stage's share of rows
 # that are pretrain windows.
-DEFAULTS = {
-    "seed": 1234,  # init (pretrain) and data order
-    "steps": 300,  # optimizer steps
-    "epochs": 0,  # passes over the data; 0 = use steps
-    "batch_size": 16,  # rows per micro-batch
-    "seq_len": 64,  # tokens per row (pretrain windows; the cap on a dialog's length in tune)
-    "lr": 3e-3,  # peak learning rate, reached after warmup
-    "min_lr": 3e-4,  # learning rate at the end of the cosine decay
-    "warmup_steps": 20,  # linear warmup from lr/warmup_steps to lr
-    "weight_decay": 0.1,  # AdamW decoupled decay, matrices only
-    "beta1": 0.9,
-    "beta2": 0.95,
-    "grad_clip": 1.0,  # global gradient-norm clip; 0 = off
-    "accum_steps": 1,  # micro-batches per optimizer step
-    "checkpoint_every": 50,  # steps between resumable checkpoints
-    "target_loss": 0.0,  # stop once the smoothed loss is at or below it; 0 = off
-    "mix_pretrain": 0.0,  # tune only: share of rows that are pretrain windows (limits forgetting)
-}
 STAGES = ("pretrain", "tune")
 ADAM_EPS = 1e-8
 SMOOTHING = 0.9  # smoothed loss = SMOOTHING * previous + (1 - SMOOTHING) * this step's loss
@@ -64,37 +48,11 @@ _NOT_HASHED = ("checkpoint_every",)
 
 
 def stage_settings(stage: str, settings: dict) -> dict:
-    """`settings` with defaults filled in and checked; ClgptError naming the key on a bad value."""
+    """`settings` with the schema's defaults filled in and checked; ClgptError naming the key on a bad value."""
     if stage not in STAGES:
         raise ClgptError(f"unknown stage {stage!r}; use one of {', '.join(STAGES)}")
-    unknown = sorted(set(settings) - set(DEFAULTS))
-    if unknown:
-        raise ClgptError(f"{stage}.{unknown[0]}: unknown setting; known: {', '.join(DEFAULTS)}")
-    s = {**DEFAULTS, **settings}
-    for key in ("seed", "steps", "epochs", "batch_size", "seq_len", "warmup_steps", "accum_steps", "checkpoint_every"):
-        if isinstance(s[key], bool) or not isinstance(s[key], (int, np.integer)) or s[key] < 0:
-            raise ClgptError(f"{stage}.{key}: expected a non-negative integer, got {s[key]!r}")
-        s[key] = int(s[key])
-    for key in ("lr", "min_lr", "weight_decay", "beta1", "beta2", "grad_clip", "target_loss", "mix_pretrain"):
-        if isinstance(s[key], bool) or not isinstance(s[key], (int, float)) or not math.isfinite(s[key]) or s[key] < 0:
-            raise ClgptError(f"{stage}.{key}: expected a non-negative number, got {s[key]!r}")
-        s[key] = float(s[key])
-    for key in ("batch_size", "accum_steps", "checkpoint_every"):
-        if s[key] < 1:
-            raise ClgptError(f"{stage}.{key}: must be at least 1, got {s[key]}")
-    if s["seq_len"] < 2:
-        raise ClgptError(f"{stage}.seq_len: must be at least 2, got {s['seq_len']}")
-    if s["steps"] < 1 and s["epochs"] < 1:
-        raise ClgptError(f"{stage}.steps: must be at least 1 (or set epochs), got {s['steps']}")
-    if s["lr"] <= 0:
-        raise ClgptError(f"{stage}.lr: must be above 0, got {s['lr']}")
-    for key in ("beta1", "beta2"):
-        if s[key] >= 1:
-            raise ClgptError(f"{stage}.{key}: must be below 1, got {s[key]}")
-    if s["mix_pretrain"] >= 1:
-        raise ClgptError(f"{stage}.mix_pretrain: must be below 1 (some rows must be dialogs), got {s['mix_pretrain']}")
-    if stage == "pretrain" and s["mix_pretrain"] > 0:
-        raise ClgptError("pretrain.mix_pretrain: only the tune stage mixes in pretrain text; remove it")
+    s = section_settings(stage, settings)
+    s.setdefault("mix_pretrain", 0.0)  # pretrain has no such setting: it never mixes
     return s
 
 
@@ -441,6 +399,11 @@ def run_stage(
     if batches.dropped:
         tqdm.write(f"{stage}: {batches.dropped} dialogs have no reply within seq_len={s['seq_len']} tokens; skipped",
                    file=sys.stderr)
+    cut = [len(doc) for doc, _ in getattr(batches, "dialogs", ()) if len(doc) - 1 > s["seq_len"]]
+    if cut:
+        tqdm.write(f"warning: {stage}: {len(cut)} dialogs are longer than {stage}.seq_len={s['seq_len']} tokens "
+                   f"(the longest {max(cut)}) and are cut to it; raise {stage}.seq_len (at most model.n_ctx="
+                   f"{cfg.n_ctx}) to train on all of them", file=sys.stderr)
     B, T, accum = s["batch_size"], s["seq_len"], s["accum_steps"]
     if s["epochs"] > 0:
         total = max(1, math.ceil(s["epochs"] * batches.rows_per_epoch / ((B - batches.n_mix) * accum)))
@@ -467,8 +430,13 @@ def run_stage(
                  "total_steps": total, "dropped_rows": batches.dropped,
                  "progress": {k: v for k, v in vars(prog).items() if k != "step"}}
         save_checkpoint(path, cfg, params, eng.get_optimizer_state(), prog.step, sampler_state, extra)
+        if path == partial:  # the log so far goes beside it: Snakemake deletes log.csv before a re-run
+            with atomic_path(log_partial) as tmp:
+                shutil.copyfile(log_csv, tmp)
 
-    kept_rows = _read_log(log_csv, prog.step)
+    log_partial = log_csv + ".partial"
+    kept_rows = _read_log(log_partial if os.path.exists(log_partial) else log_csv, prog.step)
+
     elapsed_before = float(kept_rows[-1]["elapsed_s"]) if kept_rows else 0.0
     log = _start_log(log_csv, kept_rows)
     writer = csv.writer(log)
@@ -538,8 +506,9 @@ def run_stage(
         log.close()
 
     save(ckpt_out, resume_state)
-    if os.path.exists(partial):
-        os.remove(partial)
+    for leftover in (partial, log_partial):
+        if os.path.exists(leftover):
+            os.remove(leftover)
     return {
         "stage": stage, "steps": prog.step, "total_steps": total, "final_loss": prog.last_loss,
         "smoothed_loss": prog.smoothed_loss, "tokens_seen": prog.tokens_seen, "seconds": time.perf_counter() - t0,

@@ -5,7 +5,7 @@ rule encode:
         tune=TUNE_DIALOGS,
         pretrain_heldout=config["corpus"]["pretrain_heldout"],
         tune_heldout=config["corpus"]["tune_heldout"],
-        code=package("tokenizer", "data", "chat"),
+        code=stage_code("encode"),
     output:
         pretrain="results/encoded/pretrain.bin",
         pretrain_heldout="results/encoded/pretrain_heldout.bin",

@@ -9,8 +9,7 @@ rule evaluate:
         heldout_dialogs=config["corpus"]["tune_heldout"],
         pretrain_log="results/pretrain/log.csv",
         tune_log="results/tune/log.csv",
-        kernels=KERNELS,
-        code=package(*ENGINE, "evaluate", "generate", "checkpoint", "data", "chat"),
+        code=stage_code("evaluate"),
     output:
         metrics="results/eval/metrics.json",
         report="results/eval/report.md",

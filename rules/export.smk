@@ -3,7 +3,7 @@ rule export:
         tuned="results/tune/model.ckpt",
         tokenizer="results/tokenizer/tokenizer.json",
         metrics="results/eval/metrics.json",
-        code=package("model", "gguf_io", "checkpoint", "tokenizer", "chat"),
+        code=stage_code("export"),
     output:
         gguf="model.gguf",
         modelfile="Modelfile",

@@ -2,8 +2,7 @@ rule pretrain:
     input:
         encoded="results/encoded/pretrain.bin",
         tokenizer="results/tokenizer/tokenizer.json",
-        kernels=KERNELS,
-        code=package(*ENGINE, "train", "checkpoint", "data"),
+        code=stage_code("pretrain"),
     output:
         checkpoint="results/pretrain/model.ckpt",
         log_csv="results/pretrain/log.csv",

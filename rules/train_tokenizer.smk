@@ -2,7 +2,7 @@ rule train_tokenizer:
     input:
         pretrain=PRETRAIN_TEXT,
         tune=TUNE_DIALOGS,
-        code=package("tokenizer", "data"),
+        code=stage_code("train_tokenizer"),
     output:
         tokenizer="results/tokenizer/tokenizer.json",
         vocab="results/tokenizer/vocab.txt",

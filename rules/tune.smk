@@ -3,8 +3,7 @@ rule tune:
         pretrained="results/pretrain/model.ckpt",
         encoded="results/encoded/tune.bin",
         mix="results/encoded/pretrain.bin",
-        kernels=KERNELS,
-        code=package(*ENGINE, "train", "checkpoint", "data", "chat"),
+        code=stage_code("tune"),
     output:
         checkpoint="results/tune/model.ckpt",
         log_csv="results/tune/log.csv",

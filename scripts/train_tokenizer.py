@@ -1,6 +1,7 @@
 """Stage train_tokenizer: byte-level BPE on the pretrain text and the tune dialogs."""
 
 from clgpt.data import read_dialogs, read_text
+from clgpt.errors import ClgptError
 from clgpt.stage import run_script
 from clgpt.tokenizer import Tokenizer
 
@@ -10,6 +11,11 @@ def main(pretrain: list, tune: list, vocab_size: int, tokenizer_out: str, vocab_
     texts = [*read_text(pretrain)]
     texts += [t for d in dialogs for t in (d["user"], d["assistant"])]
     tok = Tokenizer.train(texts, vocab_size)
+    if tok.vocab_size < vocab_size:  # the corpus ran out of pairs to merge
+        raise ClgptError(
+            f"tokenizer.vocab_size={vocab_size} cannot be reached: the corpus has pairs for only {tok.vocab_size} "
+            f"tokens; set tokenizer.vocab_size to {tok.vocab_size} or less in config.yaml, or add text"
+        )
     tok.save(tokenizer_out)
     tok.dump_vocab(vocab_out)
 

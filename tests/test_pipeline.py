@@ -121,6 +121,22 @@ def test_kernel_edit_reruns_the_stages_that_use_it(workdir):
         kernel.write_bytes(original)
 
 
+@pytest.mark.parametrize(
+    "module, rules",
+    [("clgpt/tuning.py", {"pretrain", "tune", "evaluate", "export"}),  # imported by the engine only
+     ("clgpt/gguf_io.py", {"export"})],
+)
+def test_module_edit_reruns_the_stages_that_import_it(workdir, module, rules):
+    """Code inputs come from each script's import graph: an edit to any module it imports re-plans it."""
+    path = workdir / module
+    original = path.read_bytes()
+    path.write_bytes(original + b"\n# edited\n")
+    try:
+        assert planned_rules(workdir) == rules
+    finally:
+        path.write_bytes(original)
+
+
 def test_same_config_gives_same_bytes(workdir, tmp_path):
     again = make_workdir(tmp_path / "again")
     r = snakemake(again, "model.gguf")

@@ -78,8 +78,8 @@ def data(tmp_path_factory):
 
 
 def settings(**kw) -> dict:
-    s = {"seed": 7, "steps": 12, "batch_size": 4, "seq_len": 12, "lr": 1e-2, "min_lr": 1e-3, "warmup_steps": 3,
-         "checkpoint_every": 4}
+    s = {"seed": 7, "steps": 12, "epochs": 0, "batch_size": 4, "seq_len": 12, "lr": 1e-2, "min_lr": 1e-3,
+         "warmup_steps": 3, "checkpoint_every": 4}
     s.update(kw)
     return s
 
@@ -142,7 +142,7 @@ def test_lr_schedule_matches_formula(warmup):
 def test_settings_defaults_and_errors():
     s = stage_settings("tune", {})
     assert s["accum_steps"] == 1 and s["target_loss"] == 0 and s["mix_pretrain"] == 0
-    with pytest.raises(ClgptError, match="pretrain.stpes: unknown setting"):
+    with pytest.raises(ClgptError, match="unknown key 'pretrain.stpes'; did you mean 'steps'"):
         stage_settings("pretrain", {"stpes": 3})
     with pytest.raises(ClgptError, match="tune.mix_pretrain"):
         stage_settings("tune", {"mix_pretrain": 1.0})
