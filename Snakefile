@@ -8,6 +8,9 @@ min_version("8.0")
 configfile: "config.yaml"
 
 
+report: "report/workflow.rst"
+
+
 include: "rules/common.smk"
 include: "rules/train_tokenizer.smk"
 include: "rules/encode.smk"
