@@ -109,7 +109,7 @@ def test_streaming_in_small_chunks_gives_the_ids_of_whole_documents(tmp_path, to
                     parts = []
             assert streamed == [tok.encode(d) for d in whole], repr(text)
         if plain.strip():
-            assert whole != [] and list(read_text([str(path)], "file")) == [plain]
+            assert list(read_text([str(path)], "file")) == [plain]
 
 
 def test_process_pool_gives_the_same_bytes(tmp_path, tok, monkeypatch):
@@ -209,11 +209,12 @@ VALIDATED = {"seed": 3, "steps": 24, "batch_size": 4, "seq_len": 16, "lr": 3e-2,
 
 @pytest.fixture(scope="module")
 def split_corpus(tmp_path_factory, tok):
+    """A tiny model at a high learning rate memorises BOOK and gets worse on other text within a few steps."""
     d = tmp_path_factory.mktemp("val")
-    (d / "t").mkdir()
-    (d / "t" / "a.txt").write_text((BOOK + STORIES) * 6)
-    encode_text_files(tok, data.text_corpus_files(str(d / "t")), str(d / "train.bin"), document="paragraph",
-                      heldout_bin=str(d / "val.bin"), val_fraction=0.2)
+    (d / "a.txt").write_text(BOOK * 4)
+    (d / "b.txt").write_text("The cat sat on a mat.\nDogs bark at night!\n" * 3)
+    encode_text_files(tok, [str(d / "a.txt")], str(d / "train.bin"), document="file")
+    encode_text_files(tok, [str(d / "b.txt")], str(d / "val.bin"), document="file")
     return d
 
 
@@ -297,7 +298,8 @@ def test_no_tune_dag_ships_the_pretrained_model(no_tune_workdir):
         h["loss_pretrained"] * h["tokens"] / h["bytes"])
     assert m["training"]["pretrain"]["best_step"] in (3, 6)
     report = (path / "results" / "eval" / "report.md").read_text()
-    assert "nats per byte" in report and "Sampled continuations" in report and "tune" not in report.split("##")[1]
+    assert "nats per byte" in report and "Sampled continuations" in report
+    assert "Forgetting" not in report and "Answers to" not in report
     assert not (path / "results" / "eval" / "loss_tune.png").exists()
 
 
@@ -307,9 +309,9 @@ def test_no_tune_gguf_is_byte_level_and_loads_in_llama_cpp(no_tune_workdir):
     from clgpt.gguf_io import read_gguf
 
     path = str(no_tune_workdir / "model.gguf")
-    g = read_gguf(path)
-    assert g["metadata"]["tokenizer.ggml.merges"] == [] and len(g["metadata"]["tokenizer.ggml.tokens"]) == 260
-    assert g["metadata"]["clgpt.pretrain_steps"] == g["metadata"].get("clgpt.pretrain_steps")
+    _, _, gguf_tok, kv = read_gguf(path)
+    assert kv["tokenizer.ggml.merges"] == [] and len(kv["tokenizer.ggml.tokens"]) == 260
+    assert gguf_tok.merges == [] and "clgpt.pretrain_steps" in kv and "clgpt.tune_steps" not in kv
     llm = llama_cpp.Llama(model_path=path, n_ctx=256, verbose=False, seed=0)
     text = "It was a dark night.\n\nПривет 🙂"
     tok = Tokenizer([])
