@@ -241,17 +241,17 @@ def report_markdown(m: dict) -> str:
     return "\n".join(lines)
 
 
-def _samples(gen, tok, ids: np.ndarray, max_tokens: int) -> list[dict]:
-    """N_SAMPLES continuations of held-out text: prompts of SAMPLE_PROMPT_TOKENS tokens at evenly spaced
-    places (each started at a token after a newline or document start when one is near), sampled."""
-    n_prompt = min(SAMPLE_PROMPT_TOKENS, gen.cfg.n_ctx // 2)
+def _samples(gen, tok, ids: np.ndarray, max_tokens: int, n_ctx: int) -> list[dict]:
+    """N_SAMPLES continuations of held-out text, sampled: prompts of SAMPLE_PROMPT_TOKENS tokens at
+    evenly spaced places of the held-out stream."""
+    n_prompt = min(SAMPLE_PROMPT_TOKENS, n_ctx // 2)
     if len(ids) < n_prompt + 1:
         return []
     out = []
     for k in range(N_SAMPLES):
         at = int((len(ids) - n_prompt - 1) * (k + 0.5) / N_SAMPLES)
         prompt = [int(t) for t in ids[at : at + n_prompt]]
-        reply = gen.generate(prompt, min(max_tokens, gen.cfg.n_ctx - n_prompt), temperature=0.8, top_k=200,
+        reply = gen.generate(prompt, min(max_tokens, n_ctx - n_prompt), temperature=0.8, top_k=200,
                              seed=SAMPLE_SEED + k, stop_ids=(tok.eos_id,))
         out.append({"prompt": tok.decode(prompt), "continuation": tok.decode([t for t, _ in reply])})
     return out
@@ -351,7 +351,7 @@ def run_evaluate(
         answers[name] = out
         exact[name] = score([a["answer"] for a in out], [a["expected"] for a in out])
     print("evaluate: sampling continuations of held-out text", file=sys.stderr)
-    samples = _samples(gen, tok, text_ids, s["max_tokens"])
+    samples = _samples(gen, tok, text_ids, s["max_tokens"], cfg.n_ctx)
 
     logs = {"pretrain": read_log(pretrain_log_csv)}
     if tuned_run:
