@@ -242,9 +242,10 @@ def report_markdown(m: dict) -> str:
 
 
 def _samples(gen, tok, ids: np.ndarray, max_tokens: int, n_ctx: int) -> list[dict]:
-    """N_SAMPLES continuations of held-out text, sampled: prompts of SAMPLE_PROMPT_TOKENS tokens at
-    evenly spaced places of the held-out stream."""
-    n_prompt = min(SAMPLE_PROMPT_TOKENS, n_ctx // 2)
+    """N_SAMPLES continuations of held-out text, sampled: prompts of up to SAMPLE_PROMPT_TOKENS tokens
+    (a quarter of the context) at evenly spaced places of the held-out stream; prompt + continuation stay
+    within n_ctx, here the seq_len the model was trained on (positions past it are untrained)."""
+    n_prompt = min(SAMPLE_PROMPT_TOKENS, n_ctx // 4)
     if len(ids) < n_prompt + 1:
         return []
     out = []
@@ -351,7 +352,7 @@ def run_evaluate(
         answers[name] = out
         exact[name] = score([a["answer"] for a in out], [a["expected"] for a in out])
     print("evaluate: sampling continuations of held-out text", file=sys.stderr)
-    samples = _samples(gen, tok, text_ids, s["max_tokens"], cfg.n_ctx)
+    samples = _samples(gen, tok, text_ids, s["max_tokens"], T_text)
 
     logs = {"pretrain": read_log(pretrain_log_csv)}
     if tuned_run:
