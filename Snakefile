@@ -6,6 +6,9 @@ from snakemake.utils import min_version
 min_version("8.0")
 
 
+report: "report/workflow.rst"
+
+
 include: "rules/common.smk"
 include: "rules/train_tokenizer.smk"
 include: "rules/encode.smk"

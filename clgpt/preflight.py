@@ -6,16 +6,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from clgpt.data import _utf8_lines, corpus_files
+from clgpt.data import TEXT_SUFFIXES, _utf8_lines, corpus_files
 from clgpt.errors import ClgptError
 
 # corpus key -> the suffix of its files (the folders) or of the file (the held-out sets)
-FOLDERS = {"pretrain": ".txt", "tune": ".jsonl"}
-FILES = {"pretrain_heldout": ".txt", "tune_heldout": ".jsonl"}
+FOLDERS = {"pretrain": TEXT_SUFFIXES, "tune": ".jsonl"}
+FILES = {"pretrain_heldout": TEXT_SUFFIXES, "tune_heldout": ".jsonl"}
 
 
 def _has_text(path: str) -> bool:
-    """Whether a file has a line that is not blank (reads only up to the first one)."""
+    """Whether a file has a line that is not blank (reads only up to the first one); parquet files are
+    checked by clgpt.data.check_corpus, which reads their text column."""
+    if path.endswith(".parquet"):
+        return True
     return any(line.strip() for _, line in _utf8_lines(path))
 
 
@@ -47,8 +50,8 @@ def check_corpus(corpus: dict) -> dict[str, list[str]]:
     """{"pretrain": [files], "tune": [files]} of a validated `corpus` section, after checking that every
     folder is a folder, every held-out file a file, and that no file is empty or only whitespace (hidden
     files such as macOS's `._en.txt` are skipped by corpus_files)."""
-    files = {key: _folder(key, corpus[key], suffix) for key, suffix in FOLDERS.items()}
-    heldout = {key: _file(key, corpus[key]) for key in FILES}
+    files = {key: _folder(key, corpus[key], suffix) if corpus.get(key) else [] for key, suffix in FOLDERS.items()}
+    heldout = {key: _file(key, corpus[key]) for key in FILES if corpus.get(key)}
     for key, paths in [*files.items(), *((k, [f]) for k, f in heldout.items())]:
         for path in paths:
             if not _has_text(path):

@@ -32,7 +32,10 @@ from tqdm import tqdm
 from clgpt.atomic import atomic_path
 from clgpt.checkpoint import load_checkpoint, save_checkpoint
 from clgpt.config import section_settings
-from clgpt.data import load_encoded
+from clgpt.data import (  # noqa: F401  (batching lives in data.py; the names stay importable here)
+    DialogBatches, PretrainBatches, WindowSampler, dialog_batches, dialog_rows, load_encoded, pad_dialogs,
+    text_batches,
+)
 from clgpt.errors import ClgptError
 from clgpt.model import ModelConfig, init_params
 
@@ -42,7 +45,8 @@ from clgpt.model import ModelConfig, init_params
 STAGES = ("pretrain", "tune")
 ADAM_EPS = 1e-8
 SMOOTHING = 0.9  # smoothed loss = SMOOTHING * previous + (1 - SMOOTHING) * this step's loss
-LOG_COLUMNS = ("step", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s")
+LOG_COLUMNS = ("step", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s", "val_loss")
+_OPTIONAL_COLUMNS = ("val_loss",)  # empty on steps without an evaluation
 # Settings that change how a run is recorded but not the weights it computes: not in the resume hash.
 _NOT_HASHED = ("checkpoint_every",)
 
@@ -68,134 +72,6 @@ def lr_at(step: int, total_steps: int, lr: float, min_lr: float, warmup_steps: i
     return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * progress))
 
 
-# ---- batches -----------------------------------------------------------------------------------
-
-class WindowSampler:
-    """Random windows of a flat token stream: a row is w[:-1] -> w[1:] for a window w of T+1 tokens."""
-
-    def __init__(self, ids: np.ndarray, rng: np.random.Generator, where: str):
-        self.ids, self.rng, self.where = ids, rng, where
-
-    def rows(self, n: int, T: int) -> tuple[np.ndarray, np.ndarray]:
-        """-> tokens, targets, int32 (n, T)."""
-        if len(self.ids) < T + 1:
-            raise ClgptError(
-                f"{self.where}: only {len(self.ids)} tokens, fewer than seq_len+1={T + 1}; "
-                "add text or lower seq_len"
-            )
-        starts = self.rng.integers(0, len(self.ids) - T, size=n)  # window = ids[s : s+T+1]
-        windows = np.stack([np.asarray(self.ids[s : s + T + 1], dtype=np.int32) for s in starts])
-        return windows[:, :-1], windows[:, 1:]
-
-
-class PretrainBatches:
-    """Pretrain micro-batches: B random windows of seq_len+1 tokens, every target counts."""
-
-    def __init__(self, ids, settings: dict, where: str):
-        self.rng = np.random.default_rng(settings["seed"])
-        self.windows = WindowSampler(ids, self.rng, where)
-        self.B, self.T = settings["batch_size"], settings["seq_len"]
-        self.rows_per_epoch = max(1, len(ids) // self.T)  # epochs: windows that would tile the stream once
-        self.n_mix = self.dropped = 0
-
-    def next(self):
-        """-> tokens, targets int32 (B, T), mask float32 (B, T), number of real (unpadded) tokens."""
-        tokens, targets = self.windows.rows(self.B, self.T)
-        return tokens, targets, np.ones(tokens.shape, dtype=np.float32), tokens.size
-
-    def state(self) -> dict:
-        return {"rng": self.rng.bit_generator.state}
-
-    def set_state(self, state: dict) -> None:
-        self.rng.bit_generator.state = state["rng"]
-
-
-def dialog_rows(ids, meta: dict, where: str, T: int) -> tuple[list[tuple[np.ndarray, int]], int]:
-    """[(dialog ids int32, index of its <assistant> token)] of an encoded dialog file, leaving out the
-    dialogs whose reply starts past T tokens (nothing of them would count); -> (rows, number left out)."""
-    positions = meta.get("assistant_pos") or []
-    if meta.get("kind") != "dialog" or len(positions) != len(meta["documents"]):
-        raise ClgptError(f"{where}: not an encoded dialog file (kind {meta.get('kind')!r}); re-run the encode stage")
-    rows, dropped = [], 0
-    for (start, end), pos in zip(meta["documents"], positions):
-        doc = np.asarray(ids[start:end], dtype=np.int32)
-        a = pos - start
-        if not 0 <= a < len(doc) - 1:
-            raise ClgptError(
-                f"{where}: assistant_pos {pos} is outside its dialog [{start}, {end}); re-run the encode stage"
-            )
-        if a >= min(len(doc) - 1, T):
-            dropped += 1
-        else:
-            rows.append((doc, a))
-    return rows, dropped
-
-
-def pad_dialogs(rows: list[tuple[np.ndarray, int]], T: int):
-    """One dialog a row, cut to T tokens and padded to the longest row W <= T.
-    -> tokens, targets int32 (n, W); mask float32 (n, W), 1 from the <assistant> token's target on
-    (the reply and its </s>); number of real tokens. Padding is id 0 with mask 0: causal attention
-    keeps it from reaching the real positions before it."""
-    width = max(min(len(doc) - 1, T) for doc, _ in rows)
-    tokens = np.zeros((len(rows), width), dtype=np.int32)
-    targets = np.zeros((len(rows), width), dtype=np.int32)
-    mask = np.zeros((len(rows), width), dtype=np.float32)
-    n_real = 0
-    for r, (doc, a) in enumerate(rows):
-        L = min(len(doc) - 1, T)
-        tokens[r, :L], targets[r, :L] = doc[:L], doc[1 : L + 1]
-        mask[r, a:L] = 1.0
-        n_real += L
-    return tokens, targets, mask, n_real
-
-
-class DialogBatches:
-    """Tune micro-batches: B - n_mix dialogs (see pad_dialogs), shuffled once per epoch; rows run on into
-    the next epoch's order so every batch is full. With mix_pretrain, n_mix = round(mix * B) more rows
-    are pretrain windows as wide as the dialog rows, every target counting."""
-
-    def __init__(self, ids, meta: dict, settings: dict, where: str, mix_ids=None, mix_where: str = ""):
-        self.rng = np.random.default_rng(settings["seed"])
-        self.B, self.T = settings["batch_size"], settings["seq_len"]
-        self.n_mix = min(self.B - 1, int(round(settings["mix_pretrain"] * self.B)))
-        if self.n_mix and mix_ids is None:
-            raise ClgptError("tune.mix_pretrain is above 0 but no pretrain data (mix_encoded) was given")
-        self.mix = WindowSampler(mix_ids, self.rng, mix_where) if self.n_mix else None
-        self.dialogs, self.dropped = dialog_rows(ids, meta, where, self.T)
-        if not self.dialogs:
-            raise ClgptError(f"{where}: no dialog has its reply within seq_len={self.T} tokens; raise tune.seq_len")
-        self.rows_per_epoch = len(self.dialogs)
-        self.epoch, self.pos = 0, 0
-        self.order = self.rng.permutation(len(self.dialogs))
-
-    def _next_dialog(self) -> tuple[np.ndarray, int]:
-        if self.pos == len(self.order):
-            self.epoch, self.pos = self.epoch + 1, 0
-            self.order = self.rng.permutation(len(self.dialogs))
-        doc, a = self.dialogs[self.order[self.pos]]
-        self.pos += 1
-        return doc, a
-
-    def next(self):
-        """-> tokens, targets int32 (B, W), mask float32 (B, W), number of real tokens; W <= seq_len."""
-        tokens, targets, mask, n_real = pad_dialogs([self._next_dialog() for _ in range(self.B - self.n_mix)], self.T)
-        if self.n_mix:
-            width = tokens.shape[1]
-            mix_tokens, mix_targets = self.mix.rows(self.n_mix, width)
-            tokens, targets = np.concatenate([tokens, mix_tokens]), np.concatenate([targets, mix_targets])
-            mask = np.concatenate([mask, np.ones(mix_tokens.shape, dtype=np.float32)])
-            n_real += mix_tokens.size
-        return tokens, targets, mask, n_real
-
-    def state(self) -> dict:
-        return {"rng": self.rng.bit_generator.state, "epoch": self.epoch, "pos": self.pos, "order": self.order}
-
-    def set_state(self, state: dict) -> None:
-        self.rng.bit_generator.state = state["rng"]
-        self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
-        self.order = np.asarray(state["order"], dtype=np.int64)
-
-
 # ---- files ---------------------------------------------------------------------------------------
 
 def _sha256_file(path: str) -> str:
@@ -218,7 +94,9 @@ def _read_log(path: str, up_to_step: int) -> list[dict]:
         return []
     kept = []
     for row in rows[:up_to_step]:
-        if row.get("step") != str(len(kept) + 1) or any(not row.get(c) for c in LOG_COLUMNS):
+        if row.get("step") != str(len(kept) + 1) or any(
+            not row.get(c) for c in LOG_COLUMNS if c not in _OPTIONAL_COLUMNS
+        ):
             break
         kept.append(row)
     return kept
@@ -284,6 +162,8 @@ class _Progress:
     smoothed_loss: float | None = None
     last_loss: float | None = None
     tokens_seen: int = 0
+    best_loss: float | None = None  # lowest held-out loss so far (validation on)
+    best_step: int = 0  # the step it was measured at
 
 
 def _pretrain_inputs(encoded: str, s: dict, model: dict | None, tokenizer_hash: str | None) -> _Inputs:
@@ -358,6 +238,49 @@ def _resume(partial: str, key: str, eng, batches, stage: str, total: int) -> _Pr
     return _Progress(ck["step"], **ck["extra"]["progress"])
 
 
+def _dropout_seed(seed: int, step: int, micro: int) -> int:
+    """The uint32 that picks one micro-batch's dropout masks (the engine's counter-based generator)."""
+    from clgpt.dropout import dropout_seed
+
+    return dropout_seed(seed, step, micro)
+
+
+class _Validation:
+    """The held-out loss during training: fixed batches (evenly spaced windows of held-out text, or the
+    held-out dialogs), the same at every evaluation, run with dropout off."""
+
+    def __init__(self, stage: str, heldout: str, s: dict, cfg: ModelConfig, tokenizer_hash: str | None):
+        ids, meta = load_encoded(heldout)
+        if tokenizer_hash and meta.get("tokenizer_hash") and meta["tokenizer_hash"] != tokenizer_hash:
+            raise ClgptError(f"{heldout}: encoded with another tokenizer; re-run the encode stage")
+        B, T = s["batch_size"], s["seq_len"]
+        if stage == "pretrain":
+            if len(ids) < 2:
+                raise ClgptError(f"{heldout}: held-out set has {len(ids)} tokens; add held-out text")
+            self.batches = list(text_batches(ids, T, B, s["eval_tokens"]))
+        else:
+            rows, _ = dialog_rows(ids, meta, heldout, T)
+            if s["eval_tokens"] > 0:  # whole dialogs until eval_tokens of them are read
+                n, total = 0, 0
+                while n < len(rows) and total < s["eval_tokens"]:
+                    total += min(len(rows[n][0]) - 1, T)
+                    n += 1
+                rows = rows[:n]
+            if not rows:
+                raise ClgptError(f"{heldout}: no held-out dialog has its reply within seq_len={T} tokens")
+            self.batches = list(dialog_batches(rows, T, B))
+        self.hash = _sha256_file(heldout)
+
+    def loss(self, eng) -> float:
+        total, count = 0.0, 0.0
+        for tokens, targets, mask in self.batches:
+            n = float(mask.sum())
+            if n:
+                total += float(eng.forward(tokens, targets, mask)) * n
+                count += n
+        return total / count
+
+
 def run_stage(
     stage: str,
     encoded: str,
@@ -368,6 +291,7 @@ def run_stage(
     model: dict | None = None,
     init_ckpt: str | None = None,
     mix_encoded: str | None = None,
+    heldout: str | None = None,
     device=None,
     tokenizer_hash: str | None = None,
     callback: Callable[[int, float], None] | None = None,
@@ -378,11 +302,14 @@ def run_stage(
     initialised from settings.seed, trained on random windows of `encoded`.
     tune: continues from `init_ckpt` (its shape, never the config's) on the dialogs of `encoded`, loss on
     the replies only; `mix_encoded` supplies pretrain rows when settings.mix_pretrain > 0.
+    heldout: the encoded held-out set; with settings.eval_every > 0 its loss is measured every eval_every
+    steps and at the end (log.csv val_loss, the progress bar); keep: best then ships the weights of the
+    lowest one, kept meanwhile in `ckpt_out + ".best"` (a resumed run keeps it); patience stops early.
     device: a clgpt.device.Device, or a spec string for clgpt.device.get_device (None = default choice).
     callback(step, loss) runs after every optimizer step (tests use it to interrupt a run).
 
     Returns {"stage", "steps", "total_steps", "final_loss", "smoothed_loss", "tokens_seen", "seconds",
-    "resumed_from", "stopped_early", "dropped_rows"}.
+    "resumed_from", "stopped_early", "dropped_rows", "best_step", "best_val_loss"}.
     """
     s = stage_settings(stage, settings)
     if stage == "pretrain":
@@ -404,6 +331,13 @@ def run_stage(
         tqdm.write(f"warning: {stage}: {len(cut)} dialogs are longer than {stage}.seq_len={s['seq_len']} tokens "
                    f"(the longest {max(cut)}) and are cut to it; raise {stage}.seq_len (at most model.n_ctx="
                    f"{cfg.n_ctx}) to train on all of them", file=sys.stderr)
+    validation = None
+    if s["eval_every"] > 0:
+        if heldout is None:
+            raise ClgptError(f"{stage}.eval_every is set but there is no held-out set; set it to 0 or give one")
+        validation = _Validation(stage, heldout, s, cfg, inp.tokenizer_hash)
+        inp.hashes["heldout"] = validation.hash
+    keep_best = validation is not None and s["keep"] == "best"
     B, T, accum = s["batch_size"], s["seq_len"], s["accum_steps"]
     if s["epochs"] > 0:
         total = max(1, math.ceil(s["epochs"] * batches.rows_per_epoch / ((B - batches.n_mix) * accum)))
@@ -413,10 +347,13 @@ def run_stage(
 
     from clgpt.engine import make_engine  # GPT2Engine or LlamaEngine; needs OpenCL
 
-    eng = make_engine(cfg, inp.params, batch_size=B, seq_len=T, device=_resolve_device(device))
-    partial = ckpt_out + ".partial"
+    dev = _resolve_device(device)
+    eng = make_engine(cfg, inp.params, batch_size=B, seq_len=T, device=dev, dropout=s["dropout"])
+    partial, best_path = ckpt_out + ".partial", ckpt_out + ".best"
     prog = _resume(partial, key, eng, batches, stage, total)
     resumed_from = prog.step
+    if keep_best:
+        _resume_best(best_path, key, prog, stage)
 
     def save(path: str, sampler_state: dict) -> None:
         params = eng.get_params()
@@ -451,9 +388,13 @@ def run_stage(
                 lr = lr_at(prog.step, total, s["lr"], s["min_lr"], s["warmup_steps"])
                 eng.zero_grad()
                 loss, n_tokens = 0.0, 0
-                for _ in range(accum):
+                for micro in range(accum):
                     tokens, targets, mask, n_real = batches.next()
-                    loss += float(eng.forward(tokens, targets, mask)) / accum
+                    if s["dropout"] > 0:
+                        seed = _dropout_seed(s["seed"], prog.step, micro)
+                        loss += float(eng.forward(tokens, targets, mask, dropout_seed=seed)) / accum
+                    else:
+                        loss += float(eng.forward(tokens, targets, mask)) / accum
                     eng.backward(1.0 / accum)
                     n_tokens += n_real
                 if not math.isfinite(loss):
@@ -472,14 +413,30 @@ def run_stage(
                 prev = loss if prog.smoothed_loss is None else prog.smoothed_loss
                 prog.smoothed_loss = SMOOTHING * prev + (1 - SMOOTHING) * loss
                 in_update = False
-
                 now = time.perf_counter()
                 tok_s = n_tokens / max(now - t_step, 1e-9)
+
+                val_loss, patience_out = None, False
+                if validation is not None and (prog.step % s["eval_every"] == 0 or prog.step == total):
+                    val_loss = validation.loss(eng)
+                    if prog.best_loss is None or val_loss < prog.best_loss:
+                        prog.best_loss, prog.best_step = val_loss, prog.step
+                        if keep_best:
+                            save(best_path, resume_state)
+                    evals_since = (prog.step - prog.best_step) // s["eval_every"]
+                    patience_out = 0 < s["patience"] <= evals_since
                 writer.writerow([prog.step, f"{loss:.6f}", f"{lr:.6g}", f"{norm:.6g}", f"{tok_s:.1f}",
-                                 f"{elapsed_before + now - t0:.3f}"])
+                                 f"{elapsed_before + now - t0:.3f}", "" if val_loss is None else f"{val_loss:.6f}"])
                 log.flush()
-                bar.set_postfix(loss=f"{prog.smoothed_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", refresh=False)
+                post = {"loss": f"{prog.smoothed_loss:.4f}"}
+                if prog.best_loss is not None:
+                    post["val"] = f"{prog.best_loss:.4f}@{prog.best_step}"
+                post.update(lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}")
+                bar.set_postfix(post, refresh=False)
                 bar.update(1)
+                if val_loss is not None:
+                    tqdm.write(f"{stage}: step {prog.step}: held-out loss {val_loss:.4f} (best {prog.best_loss:.4f} "
+                               f"at step {prog.best_step})", file=sys.stderr)
 
                 if prog.step % s["checkpoint_every"] == 0 and prog.step < total:
                     save(partial, resume_state)
@@ -487,6 +444,11 @@ def run_stage(
                     callback(prog.step, loss)
                 if sigint.requested:
                     raise KeyboardInterrupt
+                if patience_out and prog.step < total:
+                    stopped_early = True
+                    tqdm.write(f"{stage}: no better held-out loss in {s['patience']} evaluations; stopping at step "
+                               f"{prog.step} (best {prog.best_loss:.4f} at step {prog.best_step})", file=sys.stderr)
+                    break
                 if 0 < s["target_loss"] and prog.smoothed_loss <= s["target_loss"]:
                     stopped_early = prog.step < total
                     tqdm.write(f"{stage}: smoothed loss {prog.smoothed_loss:.4f} <= target {s['target_loss']} "
@@ -505,12 +467,41 @@ def run_stage(
         bar.close()
         log.close()
 
-    save(ckpt_out, resume_state)
-    for leftover in (partial, log_partial):
-        if os.path.exists(leftover):
-            os.remove(leftover)
+    if keep_best and os.path.exists(best_path):
+        tqdm.write(f"{stage}: keeping the best held-out loss {prog.best_loss:.4f}, step {prog.best_step} "
+                   f"of {prog.step} (keep: best)", file=sys.stderr)
+        os.replace(best_path, ckpt_out)
+    else:
+        save(ckpt_out, resume_state)
+    for path in (partial, best_path, log_partial):
+        if os.path.exists(path):
+            os.remove(path)
     return {
         "stage": stage, "steps": prog.step, "total_steps": total, "final_loss": prog.last_loss,
         "smoothed_loss": prog.smoothed_loss, "tokens_seen": prog.tokens_seen, "seconds": time.perf_counter() - t0,
         "resumed_from": resumed_from, "stopped_early": stopped_early, "dropped_rows": batches.dropped,
+        "best_step": prog.best_step, "best_val_loss": prog.best_loss,
     }
+
+
+def _resume_best(best_path: str, key: str, prog: _Progress, stage: str) -> None:
+    """After a resume, the best-so-far is the `.best` file's (it may be newer than the .partial: the run
+    is deterministic, so replaying the steps after the .partial measures the same losses again)."""
+    if not os.path.exists(best_path):
+        prog.best_loss, prog.best_step = None, 0
+        return
+    try:
+        ck = load_checkpoint(best_path)
+    except ClgptError:
+        os.remove(best_path)
+        prog.best_loss, prog.best_step = None, 0
+        return
+    if ck["extra"].get("resume_key") != key:
+        os.remove(best_path)  # from other settings or data
+        prog.best_loss, prog.best_step = None, 0
+        return
+    p = ck["extra"]["progress"]
+    prog.best_loss, prog.best_step = p.get("best_loss"), int(p.get("best_step", ck["step"]))
+    if prog.step:
+        tqdm.write(f"{stage}: best held-out loss so far {prog.best_loss:.4f} at step {prog.best_step} "
+                   f"({best_path})", file=sys.stderr)

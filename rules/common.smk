@@ -5,6 +5,7 @@
 import sys
 
 from clgpt.config import load_workflow_config
+from clgpt.data import check_corpus as check_text_corpus
 from clgpt.device import get_device
 from clgpt.errors import ClgptError
 from clgpt.preflight import check_corpus
@@ -24,6 +25,12 @@ try:
         _validated["device"]
     )  # a device that does not exist stops the run before any stage
     _corpus = check_corpus(_validated["corpus"])
+    check_text_corpus(_validated["corpus"])  # an empty corpus, a separator never found: before any stage runs
+    TUNE = bool(_validated["corpus"]["tune"])  # no tune folder: no tune stage
+    if TUNE and _validated["corpus"]["tune_heldout"]:
+        TUNE_DIALOGS_HELDOUT = [_validated["corpus"]["tune_heldout"]]
+    else:
+        TUNE_DIALOGS_HELDOUT = []
 except ClgptError as e:
     sys.exit(f"error: {e}")
 PRETRAIN_TEXT = _corpus["pretrain"]
@@ -36,3 +43,8 @@ def stage_code(stage):
     """The package modules scripts/<stage>.py imports (its import graph) and, when it builds kernels,
     kernels/*.cl: editing any of them re-runs that stage."""
     return code_inputs(f"scripts/{stage}.py", root=workflow.basedir)
+
+
+# The model the pipeline ships: the tuned one, or the pretrained one when there is no tune stage.
+FINAL_CKPT = "results/tune/model.ckpt" if TUNE else "results/pretrain/model.ckpt"
+ENCODED_PARTS = ["pretrain", "pretrain_heldout"] + (["tune", "tune_heldout"] if TUNE else [])

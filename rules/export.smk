@@ -1,6 +1,6 @@
 rule export:
     input:
-        tuned="results/tune/model.ckpt",
+        model=FINAL_CKPT,
         tokenizer="results/tokenizer/tokenizer.json",
         metrics="results/eval/metrics.json",
         code=stage_code("export"),

@@ -1,6 +1,7 @@
 rule pretrain:
     input:
         encoded="results/encoded/pretrain.bin",
+        heldout="results/encoded/pretrain_heldout.bin",
         tokenizer="results/tokenizer/tokenizer.json",
         code=stage_code("pretrain"),
     output:

@@ -14,5 +14,6 @@ rule train_tokenizer:
         "../envs/clgpt.yaml"
     params:
         settings=config["tokenizer"],
+        corpus=config["corpus"],
     script:
         "../scripts/train_tokenizer.py"

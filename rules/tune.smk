@@ -2,6 +2,7 @@ rule tune:
     input:
         pretrained="results/pretrain/model.ckpt",
         encoded="results/encoded/tune.bin",
+        heldout="results/encoded/tune_heldout.bin",
         mix="results/encoded/pretrain.bin",
         code=stage_code("tune"),
     output:

@@ -139,8 +139,10 @@ def test_exact_match_counts_generated_answers(stages, tmp_path, monkeypatch):
         def __init__(self, cfg, params, device=None):
             pass
 
-        def generate(self, prompt_ids, max_tokens, greedy, stop_ids):
-            assert greedy and stop_ids == (tok.eos_id,)
+        def generate(self, prompt_ids, max_tokens, greedy=False, stop_ids=(), **sampling):
+            if not greedy:  # the sampled continuations of held-out text
+                return [(i, 0.5) for i in tok.encode(" sampled")]
+            assert stop_ids == (tok.eos_id,)
             user = tuple(prompt_ids[2:-1])
             text = " " + DIALOGS[0]["assistant"] + " " if user in right else "wrong"
             return [(i, 0.5) for i in tok.encode(text)]

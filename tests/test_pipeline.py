@@ -16,6 +16,8 @@ ALL_RULES = {"train_tokenizer", "encode", "pretrain", "tune", "evaluate", "expor
 
 TINY = {
     "device": "",
+    "corpus": {"pretrain": "data/pretrain", "document": "line", "tune": "data/tune",
+               "pretrain_heldout": "data/heldout/pretrain.txt", "tune_heldout": "data/heldout/tune.jsonl"},
     "tokenizer": {"vocab_size": 300},
     "model": {"n_ctx": 256, "n_embd": 32, "n_head": 2, "n_layer": 1, "n_ff": 64},
     "pretrain": {"steps": 6, "batch_size": 4, "seq_len": 32, "warmup_steps": 2, "checkpoint_every": 3},
@@ -28,7 +30,7 @@ TINY = {
 def make_workdir(path: Path, config: dict = TINY) -> Path:
     """A copy of the workflow with a small corpus cut from data/ and the tiny config."""
     path.mkdir(parents=True)
-    for name in ("Snakefile", "rules", "scripts", "kernels", "clgpt", "schemas", "envs"):
+    for name in ("Snakefile", "rules", "scripts", "kernels", "clgpt", "schemas", "envs", "report"):
         src = ROOT / name
         (shutil.copytree if src.is_dir() else shutil.copy)(src, path / name)
     for sub in ("pretrain", "tune", "heldout"):

@@ -155,7 +155,7 @@ def test_settings_defaults_and_errors():
 def test_pretrain_loss_goes_down_and_logs(data, tmp_path):
     summary = pretrain(data, tmp_path, steps=40, checkpoint_every=100)
     rows = read_log(tmp_path / "log.csv")
-    assert list(rows[0]) == ["step", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s"]
+    assert list(rows[0]) == ["step", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s", "val_loss"]
     assert [int(r["step"]) for r in rows] == list(range(1, 41))
     losses = [float(r["loss"]) for r in rows]
     assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.5, losses
