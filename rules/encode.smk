@@ -21,6 +21,10 @@ rule encode:
         "benchmarks/encode.tsv"
     conda:
         "../envs/clgpt.yaml"
+    threads: config["resources"]["encode"]["threads"]
+    resources:
+        mem_mb=config["resources"]["encode"]["mem_mb"],
+        runtime=config["resources"]["encode"]["runtime"],
     params:
         n_ctx=config["model"]["n_ctx"],
     script:
