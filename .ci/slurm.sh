@@ -60,9 +60,11 @@ TaskPlugin=task/none
 # cores and memory are both scheduled, so a rule's threads and mem_mb are what the job gets
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
-# job records for sacct come from slurmdbd; per-step usage from /proc
+# job records for sacct come from slurmdbd (with the comment, where Snakemake's executor names the rule);
+# per-step usage from /proc
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=127.0.0.1
+AccountingStoreFlags=job_comment
 JobAcctGatherType=jobacct_gather/linux
 JobAcctGatherFrequency=30
 ReturnToService=2

@@ -57,7 +57,7 @@ def check_sweep(sweep: dict, source: str = "config.yaml") -> None:
 
 def _value_name(value) -> str:
     text = json.dumps(value) if isinstance(value, bool) else str(value)
-    return re.sub(r"[^A-Za-z0-9.+-]+", "-", text).strip("-") or "empty"
+    return re.sub(r"[^A-Za-z0-9._+-]+", "-", text) or "empty"
 
 
 def run_name(overrides: dict) -> str:
