@@ -2,49 +2,13 @@
 # values (e.g. `lr-0.001_n_layer-1`). A stage that a swept key touches runs once per run and writes under
 # results/sweep/{run}/; a stage that none touches is the usual one at results/ and runs once for all runs (a sweep over
 # training settings shares one tokenizer and one encode). Each run ships models/{run}.gguf; results/sweep/summary.*
-# ranks the runs by held-out loss. The rules reuse the stage scripts, code inputs and resources of the stages.
-import re
-
-from clgpt.sweep import stage_dir, sweep_runs, varied_stages
-
-try:
-    SWEEP_RUNS = sweep_runs(config)
-except ClgptError as e:
-    sys.exit(f"error: {e}")
-SWEEP_VARIED = varied_stages(config["sweep"])
-ENCODED_PARTS = ["pretrain", "pretrain_heldout", "tune", "tune_heldout"]
+# ranks the runs by held-out loss. Each sweep_X rule is the stage's rule X (its script, code inputs, threads and
+# resources) with the run's paths and settings.
+include: "sweep_common.smk"
 
 
 wildcard_constraints:
     run="|".join(re.escape(name) for name in SWEEP_RUNS) or "(?!)",
-
-
-def sweep_input(stage, path):
-    """Input function: `path` of the run's own `stage` when the sweep varies it, else the shared one."""
-
-    def input_path(wildcards):
-        return f"{stage_dir(stage, wildcards.run, SWEEP_VARIED)}/{path}"
-
-    return input_path
-
-
-def sweep_setting(*keys):
-    """Params function: the run's value of config[keys[0]][keys[1]]..."""
-
-    def value(wildcards):
-        v = SWEEP_RUNS[wildcards.run]["config"]
-        for k in keys:
-            v = v[k]
-        return v
-
-    return value
-
-
-def sweep_outputs(stage, path):
-    """Every run's file `path` of `stage` (its own or the shared one), in run order."""
-    return [
-        f"{stage_dir(stage, run, SWEEP_VARIED)}/{path}" for run in SWEEP_RUNS
-    ]
 
 
 rule sweep:
@@ -80,11 +44,11 @@ rule sweep_summary:
         "../scripts/sweep_summary.py"
 
 
-rule sweep_train_tokenizer:
+use rule train_tokenizer as sweep_train_tokenizer with:
     input:
         pretrain=rules.train_tokenizer.input.pretrain,
         tune=rules.train_tokenizer.input.tune,
-        code=rules.train_tokenizer.input.code,
+        **rule_code("train_tokenizer"),
     output:
         tokenizer="results/sweep/{run}/tokenizer/tokenizer.json",
         vocab="results/sweep/{run}/tokenizer/vocab.txt",
@@ -92,26 +56,18 @@ rule sweep_train_tokenizer:
         "logs/sweep/{run}/train_tokenizer.log",
     benchmark:
         "benchmarks/sweep/{run}/train_tokenizer.tsv"
-    conda:
-        "../envs/clgpt.yaml"
-    threads: config["resources"]["train_tokenizer"]["threads"]
-    resources:
-        mem_mb=config["resources"]["train_tokenizer"]["mem_mb"],
-        runtime=config["resources"]["train_tokenizer"]["runtime"],
     params:
         settings=sweep_setting("tokenizer"),
-    script:
-        "../scripts/train_tokenizer.py"
 
 
-rule sweep_encode:
+use rule encode as sweep_encode with:
     input:
         tokenizer=sweep_input("tokenizer", "tokenizer.json"),
         pretrain=rules.encode.input.pretrain,
         tune=rules.encode.input.tune,
         pretrain_heldout=rules.encode.input.pretrain_heldout,
         tune_heldout=rules.encode.input.tune_heldout,
-        code=rules.encode.input.code,
+        **rule_code("encode"),
     output:
         pretrain="results/sweep/{run}/encoded/pretrain.bin",
         pretrain_heldout="results/sweep/{run}/encoded/pretrain_heldout.bin",
@@ -124,24 +80,15 @@ rule sweep_encode:
         "logs/sweep/{run}/encode.log",
     benchmark:
         "benchmarks/sweep/{run}/encode.tsv"
-    conda:
-        "../envs/clgpt.yaml"
-    threads: config["resources"]["encode"]["threads"]
-    resources:
-        mem_mb=config["resources"]["encode"]["mem_mb"],
-        runtime=config["resources"]["encode"]["runtime"],
     params:
         n_ctx=sweep_setting("model", "n_ctx"),
-    script:
-        "../scripts/encode.py"
 
 
-rule sweep_pretrain:
+use rule pretrain as sweep_pretrain with:
     input:
         encoded=sweep_input("encoded", "pretrain.bin"),
         tokenizer=sweep_input("tokenizer", "tokenizer.json"),
-        kernels=rules.pretrain.input.kernels,
-        code=rules.pretrain.input.code,
+        **rule_code("pretrain"),
     output:
         checkpoint="results/sweep/{run}/pretrain/model.ckpt",
         log_csv="results/sweep/{run}/pretrain/log.csv",
@@ -149,28 +96,18 @@ rule sweep_pretrain:
         "logs/sweep/{run}/pretrain.log",
     benchmark:
         "benchmarks/sweep/{run}/pretrain.tsv"
-    conda:
-        "../envs/clgpt.yaml"
-    threads: config["resources"]["pretrain"]["threads"]
-    resources:
-        mem_mb=config["resources"]["pretrain"]["mem_mb"],
-        runtime=config["resources"]["pretrain"]["runtime"],
-        gpu=config["resources"]["pretrain"]["gpu"],
     params:
         model=sweep_setting("model"),
         settings=sweep_setting("pretrain"),
         device=sweep_setting("device"),
-    script:
-        "../scripts/pretrain.py"
 
 
-rule sweep_tune:
+use rule tune as sweep_tune with:
     input:
         pretrained=sweep_input("pretrain", "model.ckpt"),
         encoded=sweep_input("encoded", "tune.bin"),
         mix=sweep_input("encoded", "pretrain.bin"),
-        kernels=rules.tune.input.kernels,
-        code=rules.tune.input.code,
+        **rule_code("tune"),
     output:
         checkpoint="results/sweep/{run}/tune/model.ckpt",
         log_csv="results/sweep/{run}/tune/log.csv",
@@ -178,21 +115,12 @@ rule sweep_tune:
         "logs/sweep/{run}/tune.log",
     benchmark:
         "benchmarks/sweep/{run}/tune.tsv"
-    conda:
-        "../envs/clgpt.yaml"
-    threads: config["resources"]["tune"]["threads"]
-    resources:
-        mem_mb=config["resources"]["tune"]["mem_mb"],
-        runtime=config["resources"]["tune"]["runtime"],
-        gpu=config["resources"]["tune"]["gpu"],
     params:
         settings=sweep_setting("tune"),
         device=sweep_setting("device"),
-    script:
-        "../scripts/tune.py"
 
 
-rule sweep_evaluate:
+use rule evaluate as sweep_evaluate with:
     input:
         pretrained=sweep_input("pretrain", "model.ckpt"),
         tuned=sweep_input("tune", "model.ckpt"),
@@ -203,8 +131,7 @@ rule sweep_evaluate:
         heldout_dialogs=rules.evaluate.input.heldout_dialogs,
         pretrain_log=sweep_input("pretrain", "log.csv"),
         tune_log=sweep_input("tune", "log.csv"),
-        kernels=rules.evaluate.input.kernels,
-        code=rules.evaluate.input.code,
+        **rule_code("evaluate"),
     output:
         metrics="results/sweep/{run}/eval/metrics.json",
         report="results/sweep/{run}/eval/report.md",
@@ -215,26 +142,17 @@ rule sweep_evaluate:
         "logs/sweep/{run}/evaluate.log",
     benchmark:
         "benchmarks/sweep/{run}/evaluate.tsv"
-    conda:
-        "../envs/clgpt.yaml"
-    threads: config["resources"]["evaluate"]["threads"]
-    resources:
-        mem_mb=config["resources"]["evaluate"]["mem_mb"],
-        runtime=config["resources"]["evaluate"]["runtime"],
-        gpu=config["resources"]["evaluate"]["gpu"],
     params:
         settings=sweep_setting("evaluate"),
         device=sweep_setting("device"),
-    script:
-        "../scripts/evaluate.py"
 
 
-rule sweep_export:
+use rule export as sweep_export with:
     input:
         tuned=sweep_input("tune", "model.ckpt"),
         tokenizer=sweep_input("tokenizer", "tokenizer.json"),
         metrics=sweep_input("eval", "metrics.json"),
-        code=rules.export.input.code,
+        **rule_code("export"),
     output:
         gguf="models/{run}.gguf",
         modelfile="models/{run}.Modelfile",
@@ -242,13 +160,5 @@ rule sweep_export:
         "logs/sweep/{run}/export.log",
     benchmark:
         "benchmarks/sweep/{run}/export.tsv"
-    conda:
-        "../envs/clgpt.yaml"
-    threads: config["resources"]["export"]["threads"]
-    resources:
-        mem_mb=config["resources"]["export"]["mem_mb"],
-        runtime=config["resources"]["export"]["runtime"],
     params:
         settings=sweep_setting("export"),
-    script:
-        "../scripts/export.py"

@@ -1,0 +1,46 @@
+# What rules/sweep.smk needs: the sweep's runs (validated at parse time) and the input, params and code
+# functions of its rules.
+import re
+
+from clgpt.sweep import stage_dir, sweep_runs, varied_stages
+
+try:
+    SWEEP_RUNS = sweep_runs(config)
+except ClgptError as e:
+    sys.exit(f"error: {e}")
+SWEEP_VARIED = varied_stages(config["sweep"])
+ENCODED_PARTS = ["pretrain", "pretrain_heldout", "tune", "tune_heldout"]
+
+
+def sweep_input(stage, path):
+    """Input function: `path` of the run's own `stage` when the sweep varies it, else the shared one."""
+
+    def input_path(wildcards):
+        return f"{stage_dir(stage, wildcards.run, SWEEP_VARIED)}/{path}"
+
+    return input_path
+
+
+def sweep_setting(*keys):
+    """Params function: the run's value of config[keys[0]][keys[1]]..."""
+
+    def value(wildcards):
+        v = SWEEP_RUNS[wildcards.run]["config"]
+        for k in keys:
+            v = v[k]
+        return v
+
+    return value
+
+
+def rule_code(rule):
+    """The code inputs (kernels, package modules) of a stage's own rule: editing them re-runs the sweep's runs too."""
+    inputs = getattr(rules, rule).input
+    return {k: inputs[k] for k in ("kernels", "code") if k in inputs.keys()}
+
+
+def sweep_outputs(stage, path):
+    """Every run's file `path` of `stage` (its own or the shared one), in run order."""
+    return [
+        f"{stage_dir(stage, run, SWEEP_VARIED)}/{path}" for run in SWEEP_RUNS
+    ]
