@@ -28,6 +28,8 @@ STAGES = {
 }
 LABELS = {"tune_heldout_loss": "held-out loss on tune dialogs", "pretrain_heldout_loss": "held-out loss on pretrain text"}
 NOT_SWEPT = {"sweep", "resources", "device", "corpus"}  # where and how runs go, and the data all runs share
+# how a stage is launched is fixed per rule (its MPI ranks are its `resources:`), the same for every run
+NOT_SWEPT_KEYS = {"pretrain.ranks", "tune.ranks"}
 
 
 def sweep_keys(schema: dict | None = None) -> list[str]:
@@ -36,7 +38,7 @@ def sweep_keys(schema: dict | None = None) -> list[str]:
     keys = []
     for section, sub in schema["properties"].items():
         if section not in NOT_SWEPT and sub.get("type") == "object":
-            keys += [f"{section}.{k}" for k in sub.get("properties", {})]
+            keys += [f"{section}.{k}" for k in sub.get("properties", {}) if f"{section}.{k}" not in NOT_SWEPT_KEYS]
     return keys
 
 
