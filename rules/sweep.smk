@@ -23,7 +23,7 @@ rule sweep_summary:
     input:
         metrics=sweep_outputs("eval", "metrics.json"),
         logs=sweep_outputs("pretrain", "log.csv"),
-        code=package("sweep", "config", "atomic"),
+        code=summary_code(),
     output:
         csv="results/sweep/summary.csv",
         md="results/sweep/summary.md",
@@ -97,9 +97,20 @@ use rule pretrain as sweep_pretrain with:
     benchmark:
         "benchmarks/sweep/{run}/pretrain.tsv"
     params:
+        # the stage's script reads either its params (script:) or one JSON argument (shell:, MPI ranks)
         model=sweep_setting("model"),
         settings=sweep_setting("pretrain"),
         device=sweep_setting("device"),
+        args=sweep_script_args(
+            inputs=("encoded", "tokenizer"),
+            outputs=("checkpoint", "log_csv"),
+            settings={
+                "model": "model",
+                "settings": "pretrain",
+                "device": "device",
+                "devices": "devices",
+            },
+        ),
 
 
 use rule tune as sweep_tune with:
@@ -118,6 +129,11 @@ use rule tune as sweep_tune with:
     params:
         settings=sweep_setting("tune"),
         device=sweep_setting("device"),
+        args=sweep_script_args(
+            inputs=("pretrained", "encoded", "mix"),
+            outputs=("checkpoint", "log_csv"),
+            settings={"settings": "tune", "device": "device", "devices": "devices"},
+        ),
 
 
 use rule evaluate as sweep_evaluate with:

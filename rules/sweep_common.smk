@@ -1,5 +1,6 @@
 # What rules/sweep.smk needs: the sweep's runs (validated at parse time) and the input, params and code
 # functions of its rules.
+import json
 import re
 
 from clgpt.sweep import stage_dir, sweep_runs, varied_stages
@@ -31,6 +32,29 @@ def sweep_setting(*keys):
         return v
 
     return value
+
+
+def sweep_script_args(inputs=(), outputs=(), settings=None):
+    """params.args for a stage that runs its script through `shell` with main(...)'s keyword arguments as one
+    JSON string: the named inputs and outputs by path, and `settings` {argument: config section or top-level key}
+    from the run's config (keys the config lacks are left out)."""
+
+    def args(wildcards, input, output):
+        run = SWEEP_RUNS[wildcards.run]["config"]
+        values = {k: input[k] for k in inputs}
+        values.update({k: output[k] for k in outputs})
+        values.update({k: run[key] for k, key in (settings or {}).items() if key in run})
+        return json.dumps(values)
+
+    return args
+
+
+def summary_code():
+    """Code inputs of sweep_summary: its script's import graph where rules/common.smk has stage_code, else the
+    modules it imports."""
+    if "stage_code" in globals():
+        return stage_code("sweep_summary")
+    return [*package("sweep", "config", "atomic", "stage"), "scripts/sweep_summary.py"]
 
 
 def rule_code(rule):
