@@ -16,6 +16,10 @@ rule encode:
         "benchmarks/encode.tsv"
     conda:
         "../envs/clgpt.yaml"
+    threads: config["resources"]["encode"]["threads"]
+    resources:
+        mem_mb=config["resources"]["encode"]["mem_mb"],
+        runtime=config["resources"]["encode"]["runtime"],
     params:
         corpus=config["corpus"],
         n_ctx=config["model"]["n_ctx"],

@@ -37,6 +37,11 @@ rule evaluate:
         "benchmarks/evaluate.tsv"
     conda:
         "../envs/clgpt.yaml"
+    threads: config["resources"]["evaluate"]["threads"]
+    resources:
+        mem_mb=config["resources"]["evaluate"]["mem_mb"],
+        runtime=config["resources"]["evaluate"]["runtime"],
+        gpu=config["resources"]["evaluate"]["gpu"],
     params:
         corpus=config["corpus"],
         settings=config["evaluate"],

@@ -13,6 +13,10 @@ rule export:
         "benchmarks/export.tsv"
     conda:
         "../envs/clgpt.yaml"
+    threads: config["resources"]["export"]["threads"]
+    resources:
+        mem_mb=config["resources"]["export"]["mem_mb"],
+        runtime=config["resources"]["export"]["runtime"],
     params:
         settings=config["export"],
     script:

@@ -13,6 +13,11 @@ rule pretrain:
         "benchmarks/pretrain.tsv"
     conda:
         "../envs/clgpt.yaml"
+    threads: config["resources"]["pretrain"]["threads"]
+    resources:
+        mem_mb=config["resources"]["pretrain"]["mem_mb"],
+        runtime=config["resources"]["pretrain"]["runtime"],
+        gpu=config["resources"]["pretrain"]["gpu"],
     params:
         model=config["model"],
         settings=config["pretrain"],

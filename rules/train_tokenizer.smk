@@ -12,6 +12,10 @@ rule train_tokenizer:
         "benchmarks/train_tokenizer.tsv"
     conda:
         "../envs/clgpt.yaml"
+    threads: config["resources"]["train_tokenizer"]["threads"]
+    resources:
+        mem_mb=config["resources"]["train_tokenizer"]["mem_mb"],
+        runtime=config["resources"]["train_tokenizer"]["runtime"],
     params:
         settings=config["tokenizer"],
         corpus=config["corpus"],

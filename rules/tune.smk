@@ -14,6 +14,11 @@ rule tune:
         "benchmarks/tune.tsv"
     conda:
         "../envs/clgpt.yaml"
+    threads: config["resources"]["tune"]["threads"]
+    resources:
+        mem_mb=config["resources"]["tune"]["mem_mb"],
+        runtime=config["resources"]["tune"]["runtime"],
+        gpu=config["resources"]["tune"]["gpu"],
     params:
         settings=config["tune"],
         device=config["device"],
