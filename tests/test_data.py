@@ -11,6 +11,7 @@ from clgpt.data import (
     corpus_files,
     encode_dialog_files,
     encode_text_files,
+    load_documents,
     load_encoded,
     read_dialogs,
     read_text,
@@ -88,7 +89,8 @@ def test_text_encoding_round_trip(tmp_path, tok):
     ids, side = load_encoded(out)
     assert side == meta and side["kind"] == "text" and side["n_documents"] == 2
     assert ids.dtype == np.uint16 and len(ids) == side["n_tokens"]
-    s, e = side["documents"][1]
+    bounds, _ = load_documents(out, side)  # the binary index beside the ids
+    s, e = bounds[1], bounds[2]
     assert ids[s] == tok.bos_id and ids[e - 1] == tok.eos_id
     assert tok.decode(ids[s + 1 : e - 1].tolist()) == "Кошка сидит."
     assert side["tokenizer_hash"] == tok.hash()
@@ -100,10 +102,12 @@ def test_dialog_encoding_marks_assistant(tmp_path, tok):
     src.write_text(json.dumps({"user": "Hi!", "assistant": "Hello, world!"}) + "\n", encoding="utf-8")
     out = str(tmp_path / "d.bin")
     meta = encode_dialog_files(tok, [str(src)], out, max_len=256)
-    ids, _ = load_encoded(out)
+    ids, side = load_encoded(out)
     expected, spans = encode_dialog(tok, "Hi!", "Hello, world!")
     assert ids.tolist() == expected and meta["loss_spans"] == [[list(s) for s in spans]]
     (a, b), = spans
+    bounds, first_loss = load_documents(out, side)  # the binary index: starts, end, first counted position
+    assert bounds.tolist() == [0, len(expected)] and first_loss.tolist() == [a]
     # the counted targets are the reply and <|im_end|>: targets a..b-1 predict ids a+1..b
     assert tok.decode(ids[a + 1 : b + 1].tolist()) == "Hello, world!<|im_end|>"
     assert tok.decode(ids[: a + 1].tolist()) == "<s><|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n"
@@ -118,9 +122,9 @@ def test_multi_turn_dialog_counts_every_assistant_turn_and_only_those(tmp_path, 
                    encoding="utf-8")
     out = str(tmp_path / "d.bin")
     meta = encode_dialog_files(tok, [str(src)], out, max_len=256)
-    ids, _ = load_encoded(out)
-    s, e = meta["documents"][0]
-    doc = ids[s:e].tolist()
+    ids, side = load_encoded(out)
+    bounds, _ = load_documents(out, side)
+    doc = ids[bounds[0] : bounds[1]].tolist()
     counted = [doc[j + 1] for a, b in meta["loss_spans"][0] for j in range(a, b)]
     assert tok.decode(counted) == "Hello!<|im_end|>It sat on the mat.<|im_end|>"
     assert len(meta["loss_spans"]) == 2 and len(meta["loss_spans"][0]) == 2

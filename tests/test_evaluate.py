@@ -57,7 +57,7 @@ def stages(tmp_path_factory):
     assert enc["tune"]["n_tokens"] > 0
     run_stage("pretrain", str(d / "pretrain.bin"), {**TRAIN, "steps": 30}, str(d / "pre.ckpt"), str(d / "pre.csv"),
               model={**TINY, "vocab_size": tok.vocab_size}, tokenizer_hash=tok.hash())
-    tune = {**TRAIN, "steps": 150, "batch_size": 3, "min_lr": 3e-3, "seq_len": TUNE_SEQ}
+    tune = {**TRAIN, "steps": 150, "epochs": 0, "batch_size": 3, "min_lr": 3e-3, "seq_len": TUNE_SEQ}
     run_stage("tune", str(d / "tune.bin"), tune, str(d / "tune.ckpt"), str(d / "tune.csv"), init_ckpt=str(d / "pre.ckpt"))
     return d, tok
 
