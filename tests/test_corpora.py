@@ -196,7 +196,8 @@ def test_bad_corpus_stops_the_workflow_at_parse_time(tmp_path):
     write_config(path, {**TINY, "corpus": {**TINY["corpus"], "pretrain": "empty"}})
     r = snakemake(path, "-n", "model.gguf")
     assert r.returncode != 0
-    assert "error: empty: the corpus (corpus.pretrain) is empty" in r.stdout + r.stderr
+    # the file check (clgpt/preflight.py) speaks first: one line naming the key and the empty file
+    assert "error: corpus.pretrain: empty/a.txt is empty" in r.stdout + r.stderr
     assert not (path / "results").exists()
 
 
