@@ -143,8 +143,8 @@ use rule evaluate as sweep_evaluate with:
         tokenizer=sweep_input("tokenizer", "tokenizer.json"),
         pretrain_heldout=sweep_input("encoded", "pretrain_heldout.bin"),
         tune_heldout=sweep_input("encoded", "tune_heldout.bin"),
-        tune_dialogs=rules.evaluate.input.tune_dialogs,
-        heldout_dialogs=rules.evaluate.input.heldout_dialogs,
+        tune_dialogs=TUNE_DIALOGS,  # as rules.evaluate (whose input lacks them without a tune stage)
+        heldout_dialogs=TUNE_DIALOGS_HELDOUT,
         pretrain_log=sweep_input("pretrain", "log.csv"),
         tune_log=sweep_input("tune", "log.csv"),
         **rule_code("evaluate"),
