@@ -90,18 +90,24 @@ def _utf8_lines(path: str) -> Iterator[tuple[int, str]]:
             yield n, line.rstrip("\r\n")
 
 
+def _jsonl_records(path: str, shape: str) -> Iterator[tuple[int, object]]:
+    """(line number, parsed value) of each non-blank line of a JSON Lines file; a line that is not JSON is
+    an error naming file and line and the `shape` each line should have."""
+    for n, line in _utf8_lines(path):
+        if not line.strip():
+            continue
+        try:
+            yield n, json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ClgptError(f"{path}:{n}: not valid JSON ({e.msg}); write one {shape} per line") from None
+
+
 def read_dialogs(files: Iterable[str]) -> list[dict]:
     """Conversations of JSON Lines files, each {"messages": [{"role", "content"}, ...], "source": "file:line"};
     errors name file and line."""
     dialogs = []
     for path in files:
-        for n, line in _utf8_lines(path):
-            if not line.strip():
-                continue
-            try:
-                d = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ClgptError(f"{path}:{n}: not valid JSON ({e.msg}); write one JSON object per line") from None
+        for n, d in _jsonl_records(path, "JSON object"):
             dialogs.append(parse_dialog_line(d, f"{path}:{n}"))
     if not dialogs:
         raise ClgptError(f"{', '.join(files)}: no dialogs found; add lines like "
@@ -170,13 +176,7 @@ def _txt_chunks(path: str) -> Iterator[str]:
 def _jsonl_texts(path: str) -> Iterator[tuple[str, str]]:
     """(where, text) of each record of a pretraining JSON Lines file; a record without a string "text"
     field is an error naming file and line."""
-    for n, line in _utf8_lines(path):
-        if not line.strip():
-            continue
-        try:
-            d = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ClgptError(f'{path}:{n}: not valid JSON ({e.msg}); write one {{"text": "..."}} object per line') from None
+    for n, d in _jsonl_records(path, '{"text": "..."} object'):
         if not isinstance(d, dict) or not isinstance(d.get("text"), str):
             raise ClgptError(
                 f'{path}:{n}: no "text" string field; each line of a pretraining .jsonl file needs {{"text": "..."}}'
