@@ -61,7 +61,7 @@ class EngineBase:
         self.ctx, self.queue = self.dev.ctx, self.dev.queue
         self.ops = Ops(self.dev, cfg, self.T)
         self.shapes = param_shapes(cfg)
-        self.store = ParamStore(self.ops, self.shapes, decays)
+        self.store = ParamStore(self.ops, self.shapes, decays, self._packed())
         self.p, self.g = self.store.p, self.store.g
         self._alloc_common()
         self._alloc()
@@ -83,6 +83,10 @@ class EngineBase:
         self.losses_host = np.empty(N, np.float32)
 
     # ---- what an architecture writes ----
+    def _packed(self) -> dict:
+        """{view: tensor names} the parameter store lays back to back (clgpt.params.ParamStore)."""
+        return {}
+
     def _alloc(self):
         raise NotImplementedError
 

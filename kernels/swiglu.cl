@@ -22,3 +22,53 @@ __kernel void swiglu_backward(const int n, __global const float* dy, __global co
     dup[i] = d * g * sg;
     dgate[i] = d * up[i] * sg * (1.0f + g * (1.0f - sg));
 }
+
+// The dense feed-forward's form: gate and up come from one product, h (N, 2F) = gate | up per row.
+// One work-item per row (launch (N), local size 1: CPUs), F values in float8 blocks then a scalar tail;
+// the same formulas as above, element by element.  -D F
+//   forward:  y (N,F) = silu(h[:, :F]) * h[:, F:]
+//   backward: dh (N,2F) = dgate | dup from dy (N,F)
+#ifdef F
+typedef float float8u __attribute__((ext_vector_type(8), aligned(4)));
+#define VLD(p) (*(__global const float8u*)(p))
+#define VST(p, v) (*(__global float8u*)(p) = (v))
+
+__kernel void swiglu_rows_forward(const int N, __global const float* h, __global float* y)
+{
+    const int n = get_global_id(0);
+    if (n >= N) return;
+    __global const float* g = h + (size_t)n * 2 * F;
+    __global const float* u = g + F;
+    __global float* o = y + (size_t)n * F;
+    int f = 0;
+    for (; f + 8 <= F; f += 8) {
+        const float8 gv = VLD(g + f);
+        VST(o + f, gv / (1.0f + exp(-gv)) * VLD(u + f));
+    }
+    for (; f < F; f++) o[f] = g[f] / (1.0f + exp(-g[f])) * u[f];
+}
+
+__kernel void swiglu_rows_backward(const int N, __global const float* dy, __global const float* h,
+                                   __global float* dh)
+{
+    const int n = get_global_id(0);
+    if (n >= N) return;
+    __global const float* g = h + (size_t)n * 2 * F;
+    __global const float* u = g + F;
+    __global const float* d = dy + (size_t)n * F;
+    __global float* dg = dh + (size_t)n * 2 * F;
+    __global float* du = dg + F;
+    int f = 0;
+    for (; f + 8 <= F; f += 8) {
+        const float8 gv = VLD(g + f), dv = VLD(d + f);
+        const float8 sg = 1.0f / (1.0f + exp(-gv));
+        VST(du + f, dv * gv * sg);
+        VST(dg + f, dv * VLD(u + f) * sg * (1.0f + gv * (1.0f - sg)));
+    }
+    for (; f < F; f++) {
+        const float sg = 1.0f / (1.0f + exp(-g[f]));
+        du[f] = d[f] * g[f] * sg;
+        dg[f] = d[f] * u[f] * sg * (1.0f + g[f] * (1.0f - sg));
+    }
+}
+#endif
