@@ -3,12 +3,14 @@
     python bench/arch_ab.py [--shape default|S|M] [--rounds 5] [--steps 4] [--threads 0|1]
                             [--what arch,torch] [--profile]
 
-On a machine shared with other work only ratios measured in the same run mean anything: every engine is built
-once in this one process, then the runs alternate (gpt2, llama, torch, gpt2, llama, torch, ...) for --rounds
-rounds of --steps training steps each (forward, zero_grad, backward, clip + AdamW on random tokens, after 3
-warmup steps). Per round it prints wall and process CPU ms per step of each and the ratios; at the end the
-median ratio over the rounds (and the ratio of the least times). --what arch: gpt2 vs llama only; torch: llama
-vs the PyTorch llama peer only (bench/bench_torch.py's model: SDPA, foreach AdamW, eager fp32).
+On a machine shared with other work only ratios measured in the same run mean anything.
+--what arch: gpt2 against llama, both engines built once in this one process, then the runs alternate (gpt2,
+llama, gpt2, llama, ...) for --rounds rounds of --steps training steps each (forward, zero_grad, backward,
+clip + AdamW on random tokens, after 3 warmup steps). Per round it prints wall and process CPU ms per step of
+each and the time ratio; at the end the median ratio over the rounds (and the ratio of the least times).
+--what torch: clgpt llama against the PyTorch llama peer (bench/bench_torch.py's model: SDPA, foreach AdamW,
+eager fp32), alternating `clgpt bench` and bench_torch.py processes (--steps steps each after their own 3
+warmup steps), printing the speed ratio (torch time / clgpt time) per round and its median.
 --threads 1: PoCL (POCL_CPU_MAX_CU_COUNT) and torch on one thread each; 0: each one's default (all cores).
 --profile: per-kernel device time of gpt2 and llama (clgpt.bench.profile) before the timing.
 
@@ -29,6 +31,45 @@ SHAPES = {  # V, T, C, F, H, L, B
     "S": (512, 80, 64, 128, 2, 1, 8),
     "M": (4096, 256, 256, 1024, 4, 4, 8),
 }
+
+
+def _run(cmd, env) -> tuple[float, float]:
+    """-> (ms/step, CPU ms/step) from a `clgpt bench` or bench_torch.py run's train: line."""
+    import re
+    import subprocess
+
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
+    m = re.search(r", ([0-9.]+) ms/step, ([0-9.]+) ms CPU time/step", out)
+    return float(m.group(1)), float(m.group(2))
+
+
+def torch_rounds(args):
+    """clgpt llama against the PyTorch llama peer: separate processes (PoCL's worker threads and torch's OpenMP
+    ones in one process slow torch down up to 10x), alternating clgpt, torch, clgpt, torch, ... in this call."""
+    V, T, C, F, H, L, B = SHAPES[args.shape]
+    here = os.path.dirname(os.path.abspath(__file__))
+    flags = (f"--vocab {V} --ctx {T} --embd {C} --ffn {F} --heads {H} --layers {L} --batch {B} "
+             f"--steps {args.steps} --arch llama --gemm 0").split()
+    env = dict(os.environ, PYTHONPATH=os.path.join(here, "..") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cmds = {"clgpt-llama": [sys.executable, "-m", "clgpt", "bench", *flags],
+            "torch-llama": [sys.executable, os.path.join(here, "bench_torch.py"), *flags,
+                            "--threads", str(args.threads)]}
+    print(f"llama vs PyTorch llama peer, shape {args.shape}: V={V} T={T} C={C} F={F} H={H} L={L} B={B}; "
+          f"threads {args.threads or 'default'}; separate processes; load average "
+          f"{open('/proc/loadavg').read().split()[:3]}")
+    speed, speed_cpu, res = [], [], {}
+    for r in range(args.rounds):
+        for name, cmd in cmds.items():
+            res[name] = _run(cmd, env)
+        (cw, cc), (tw, tc) = res["clgpt-llama"], res["torch-llama"]
+        speed.append(tw / cw)
+        speed_cpu.append(tc / cc)
+        print(f"round {r + 1}: clgpt-llama {cw:.1f} ms ({cc:.1f} CPU), torch-llama {tw:.1f} ms ({tc:.1f} CPU) | "
+              f"clgpt/torch speed {tw / cw:.3f} ({tc / cc:.3f} CPU)")
+        sys.stdout.flush()
+    print(f"clgpt-llama/torch-llama speed (torch time / clgpt time, > 1: clgpt faster): median wall "
+          f"{statistics.median(speed):.3f} (rounds {min(speed):.3f}-{max(speed):.3f}), median CPU "
+          f"{statistics.median(speed_cpu):.3f}; load average after {open('/proc/loadavg').read().split()[:3]}")
 
 
 def main(argv=None) -> int:
@@ -57,9 +98,11 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
     batches = [(rng.integers(0, V, (B, T), dtype=np.int32), rng.integers(0, V, (B, T), dtype=np.int32))
                for _ in range(8)]
+    if "torch" in what and "arch" not in what:
+        torch_rounds(args)
+        return 0
     runners = {}
-    archs = ["gpt2", "llama"] if "arch" in what else ["llama"]
-    for arch in archs:
+    for arch in ["gpt2", "llama"] if "arch" in what else []:
         cfg = ModelConfig(arch=arch, vocab_size=V, n_ctx=T, n_embd=C, n_head=H, n_layer=L, n_ff=F)
         params = init_params(cfg, 0)
         eng = make_engine(cfg, params, batch_size=B, seq_len=T, device=dev)
@@ -75,42 +118,13 @@ def main(argv=None) -> int:
             eng.step(3e-4, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, clip=1.0)
 
         runners[f"clgpt-{arch}"] = (step, eng.queue.finish)
-    if "torch" in what:
-        import torch
-
-        from bench_torch import build_llama
-
-        if args.threads > 0:
-            torch.set_num_threads(args.threads)
-        torch.manual_seed(0)
-        model = build_llama(torch, V, T, C, F, H, H, L, 0, 0, False)
-        decay = [p for p in model.parameters() if p.dim() == 2]
-        no_decay = [p for p in model.parameters() if p.dim() < 2]
-        opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                                lr=3e-4, betas=(0.9, 0.95), eps=1e-8, foreach=True)
-        tb = [(torch.from_numpy(t.astype(np.int64)), torch.from_numpy(y.astype(np.int64))) for t, y in batches]
-
-        def tstep(i):
-            xb, yb = tb[i % len(tb)]
-            loss = model(xb, yb)
-            opt.zero_grad(set_to_none=False)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-
-        runners["torch-llama"] = (tstep, lambda: None)
-        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     print(f"device: {dev.name}; shape {args.shape}: V={V} T={T} C={C} F={F} H={H} L={L} B={B}; "
           f"threads {args.threads or 'default'}; load average {open('/proc/loadavg').read().split()[:3]}")
     for name, (fn, sync) in runners.items():  # warmup
         for i in range(3):
             fn(i)
         sync()
-    pairs = []
-    if "arch" in what:
-        pairs.append(("clgpt-llama", "clgpt-gpt2"))
-    if "torch" in what:
-        pairs.append(("clgpt-llama", "torch-llama"))
+    pairs = [("clgpt-llama", "clgpt-gpt2")]
     times = {name: [] for name in runners}
     for r in range(args.rounds):
         row = []
@@ -135,6 +149,8 @@ def main(argv=None) -> int:
         print(f"{a}/{b} time per token: median wall {statistics.median(rw):.3f} (rounds {min(rw):.3f}-{max(rw):.3f}), "
               f"median CPU {statistics.median(rc):.3f}; least/least wall {least:.3f}, CPU {least_c:.3f}")
     print(f"load average after {open('/proc/loadavg').read().split()[:3]}")
+    if "torch" in what:
+        torch_rounds(args)
     return 0
 
 
