@@ -17,7 +17,7 @@ one product: (N, C + 2 Ckv) = h @ [Wq; Wk; Wv].T, (N, 2F) = h @ [Wg; Wu].T, and 
 input-gradient product each in the backward. Attention reuses kernels/attention.cl: rope.cl rotates q and k
 of the product's output into its (N,3C) qkv layout, repeating each kv head for its H/Hkv query heads
 (grouped-query attention); without grouping the layouts agree and RoPE runs in place. swiglu.cl's row
-kernels read gate | up rows.
+kernel reads gate | up rows; the backward's dgate | dup is the epilogue of the dact = dy @ Wdown product.
 
 Mixture of experts as grouped work, deterministic, all on the device: the router kernel picks each token's
 top-k; one work-item per expert packs its tokens in increasing order at a tile-aligned offset (tokens sorted
@@ -107,7 +107,7 @@ class LlamaEngine(EngineBase):
                 self.zero_res = buf(N * C)
                 cl.enqueue_fill_buffer(self.queue, self.zero_res, np.float32(0), 0, N * C * F32)
         if not E:
-            self.dact, self.dhgu = buf(N * F), buf(N * 2 * F)
+            self.dhgu = buf(N * 2 * F)
         else:
             R = self.R
             self.rlogits, self.drlogits, self.dwsel = buf(N * E), buf(N * E), buf(N * K)
@@ -213,8 +213,8 @@ class LlamaEngine(EngineBase):
                 self._moe_backward(i, a, N, scale, dy)
             else:  # x_out = x_mid + act @ Wdown.T, act = silu(hgu[:, :F]) * hgu[:, F:], hgu = ln2 @ [Wg; Wu].T
                 ops.matmul(C, F, N, dy, a["act"], g[pre + "ffn_down.weight"], ta=1, accum=True)
-                ops.matmul(N, F, C, dy, p[pre + "ffn_down.weight"], self.dact)
-                ops.swiglu_rows_backward(N, self.dact, a["hgu"], self.dhgu)
+                # dact = dy @ Wdown, and in its epilogue dhgu = dgate | dup (kernels/matmul.cl EPI 3)
+                ops.matmul_epi(N, F, C, dy, p[pre + "ffn_down.weight"], self.dhgu, epi=3, E=a["hgu"], ldc=2 * F)
                 ops.matmul(2 * F, C, N, self.dhgu, a["ln2"], g[pre + "ffn_gate+up"], ta=1, accum=True)
                 ops.matmul(N, C, 2 * F, self.dhgu, p[pre + "ffn_gate+up"], dln)
             ops.rmsnorm_backward(N, dln, a["x_mid"], a["r2"], p[pre + "ffn_norm.weight"], g[pre + "ffn_norm.weight"],

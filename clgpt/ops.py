@@ -152,8 +152,8 @@ class Ops:
             k[kname] = dev.kernel("rope", kname, C=C, D=D, G=cfg.n_head // cfg.kv_heads, CKV=cfg.kv_heads * D)
         for kname in ("swiglu_forward", "swiglu_backward"):  # mixture of experts: gate, up apart
             k[kname] = dev.kernel("swiglu", kname)
-        for kname in ("swiglu_rows_forward", "swiglu_rows_backward"):  # dense: h = gate | up per row
-            k[kname] = dev.kernel("swiglu", kname, F=cfg.n_ff)
+        # dense: h = gate | up per row (the backward is the dact product's epilogue 3)
+        k["swiglu_rows_forward"] = dev.kernel("swiglu", "swiglu_rows_forward", F=cfg.n_ff)
         if self.rows:
             for kname in ("rmsnorm_param_partial", "rmsnorm_param_final"):
                 k[kname] = dev.kernel("rmsnorm", kname, C=C, EPS=float(cfg.norm_eps))
@@ -250,8 +250,11 @@ class Ops:
         kc = ceil_to(-(-K // s), mm["TSK"])
         return mm, -(-K // kc), kc
 
-    def matmul_epi(self, M, N, K, A, B, Cm, ta=0, tb=0, bias=None, resid=None, accum=False, alpha=1.0, epi=0, E=None):
-        """matmul with an epilogue: epi 1 also writes E = gelu(Cm); epi 2 multiplies Cm by gelu'(E)."""
+    def matmul_epi(self, M, N, K, A, B, Cm, ta=0, tb=0, bias=None, resid=None, accum=False, alpha=1.0, epi=0, E=None,
+                   ldc=None):
+        """matmul with an epilogue: epi 1 also writes E = gelu(Cm); epi 2 multiplies Cm by gelu'(E); epi 3 is
+        the SwiGLU backward: E (M, 2N) = gate | up, the product is dact, Cm (M, 2N) receives dgate | dup
+        (ldc = 2N: Cm's and E's rows ldc floats apart)."""
         if M <= 0 or N <= 0:
             return
         mm, _ = self._tiles(M, N)
@@ -292,7 +295,7 @@ class Ops:
                 return
         kern = self._kernel_mm(mm, ta, tb, bias is not None, resid is not None, bool(accum), epi)
         gsize, lsize = matmul_launch(mm, M, N)
-        self._launch(kern, gsize, lsize, (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm, i32(N),
+        self._launch(kern, gsize, lsize, (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm, i32(ldc or N),
                                           bias, resid, f32(alpha), E))
 
     def _grow_parts(self, n):
@@ -582,10 +585,6 @@ class Ops:
     def swiglu_rows_forward(self, N, h, out):
         """out (N,F) = silu(h[:, :F]) * h[:, F:], h (N,2F) = gate | up."""
         self._rows("swiglu_rows_forward", N, (i32(N), h, out))
-
-    def swiglu_rows_backward(self, N, dy, h, dh):
-        """dh (N,2F) = dgate | dup from dy (N,F)."""
-        self._rows("swiglu_rows_backward", N, (i32(N), dy, h, dh))
 
     def _rows(self, name, N, args):
         """A one-work-item-per-row kernel: CPUs one row a work-group (explicit float8 loops, as kernels/cpu.cl's

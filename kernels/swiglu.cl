@@ -25,9 +25,9 @@ __kernel void swiglu_backward(const int n, __global const float* dy, __global co
 
 // The dense feed-forward's form: gate and up come from one product, h (N, 2F) = gate | up per row.
 // One work-item per row (launch (N), local size 1: CPUs), F values in float8 blocks then a scalar tail;
-// the same formulas as above, element by element.  -D F
+// the same formula as above, element by element.  -D F
 //   forward:  y (N,F) = silu(h[:, :F]) * h[:, F:]
-//   backward: dh (N,2F) = dgate | dup from dy (N,F)
+// (its backward, dh (N,2F) = dgate | dup, is the epilogue EPI 3 of the dact product, kernels/matmul.cl)
 #ifdef F
 typedef float float8u __attribute__((ext_vector_type(8), aligned(4)));
 #define VLD(p) (*(__global const float8u*)(p))
@@ -48,27 +48,4 @@ __kernel void swiglu_rows_forward(const int N, __global const float* h, __global
     for (; f < F; f++) o[f] = g[f] / (1.0f + exp(-g[f])) * u[f];
 }
 
-__kernel void swiglu_rows_backward(const int N, __global const float* dy, __global const float* h,
-                                   __global float* dh)
-{
-    const int n = get_global_id(0);
-    if (n >= N) return;
-    __global const float* g = h + (size_t)n * 2 * F;
-    __global const float* u = g + F;
-    __global const float* d = dy + (size_t)n * F;
-    __global float* dg = dh + (size_t)n * 2 * F;
-    __global float* du = dg + F;
-    int f = 0;
-    for (; f + 8 <= F; f += 8) {
-        const float8 gv = VLD(g + f), dv = VLD(d + f);
-        const float8 sg = 1.0f / (1.0f + exp(-gv));
-        VST(du + f, dv * gv * sg);
-        VST(dg + f, dv * VLD(u + f) * sg * (1.0f + gv * (1.0f - sg)));
-    }
-    for (; f < F; f++) {
-        const float sg = 1.0f / (1.0f + exp(-g[f]));
-        du[f] = d[f] * g[f] * sg;
-        dg[f] = d[f] * u[f] * sg * (1.0f + g[f] * (1.0f - sg));
-    }
-}
 #endif

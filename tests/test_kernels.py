@@ -111,6 +111,29 @@ def test_matmul(dev, form, ta, tb, M, N, K):
         assert_close(from_dev(dev, cbuf, (M, N)), want, 1e-4, 1e-4, what)
 
 
+@pytest.mark.parametrize("form", sorted(MATMUL_FORMS))
+@pytest.mark.parametrize("M,N,K", [(37, 53, 29), (13, 64, 16)])
+def test_matmul_swiglu_backward_epilogue(dev, form, M, N, K):
+    """EPI 3 (llama's dense feed-forward backward): dact = dy @ W, and from h = gate | up (M, 2N) the
+    product's epilogue writes dh = dgate | dup (rows 2N floats apart): the float64 reference and finite
+    differences of silu(gate) * up."""
+    from clgpt import reference_llama as ref_llama
+
+    mm = MATMUL_FORMS[form]
+    dy, W = rng.normal(size=(M, K)).astype(f32), rng.normal(size=(K, N)).astype(f32)
+    h = (rng.normal(size=(M, 2 * N)) * 3).astype(f32)
+    h[0, :2] = [-100.0, 100.0]  # saturated sigmoid: no NaN
+    dact = dy.astype(np.float64) @ W
+    dg, du = ref_llama.swiglu_backward(dact, h[:, :N], h[:, N:])
+    gsize, lsize = matmul_launch(mm, M, N)
+    fwd = lambda h: ref_llama.swiglu_forward(h[:, :N], h[:, N:])  # noqa: E731
+    check_op(dev, "matmul", mm["kernel"], gsize, [("M", i32(M)), ("N", i32(N)), ("K", i32(K)), ("A", dy),
+             ("lda", i32(K)), ("B", W), ("ldb", i32(N)), ("dh", np.zeros_like(h)), ("ldc", i32(2 * N)),
+             ("bias", None), ("R", None), ("alpha", f32(1.0)), ("E", h)], {"dh": np.concatenate([dg, du], 1)},
+             dict(TA=0, TB=0, BIAS=0, RESID=0, ACCUM=0, EPI=3, **matmul_defines(mm)), lsize=lsize, atol=1e-4,
+             rtol=1e-4, fd=FD(fwd, {"h": h}, dact, grads={"dh": "h"}))
+
+
 def _gpu_engine(monkeypatch, launch="nvidia", **shape):
     """An Engine whose launch table row is a GPU's (split-K, batched attention, row kernels), on any device."""
     from clgpt.gpt2 import GPT2Engine as Engine
