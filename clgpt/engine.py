@@ -652,6 +652,36 @@ class Engine:
     def get_grads(self) -> dict[str, np.ndarray]:
         return self._read_flat(self.flat_g)
 
+    @property
+    def n_params(self) -> int:
+        return sum(int(np.prod(self.shapes[n])) for n in self.order)
+
+    def get_grads_flat(self) -> np.ndarray:
+        """All gradients as one float32 (n_params,) array, tensors in `self.order` (decaying first) without
+        the device buffer's alignment padding: what data-parallel ranks all-reduce."""
+        out = np.empty(self.n_params, np.float32)
+        pos = 0
+        for n in self.order:
+            size = int(np.prod(self.shapes[n]))
+            cl.enqueue_copy(self.queue, out[pos: pos + size], self.flat_g, src_offset=self.offsets[n] * F32,
+                            is_blocking=False)
+            pos += size
+        self.queue.finish()
+        return out
+
+    def set_grads_flat(self, a) -> None:
+        """Replace the gradients by `a`, laid out as get_grads_flat returns them."""
+        a = np.ascontiguousarray(a, dtype=np.float32)
+        if a.shape != (self.n_params,):
+            raise ClgptError(f"set_grads_flat: expected shape ({self.n_params},), got {a.shape}")
+        pos = 0
+        for n in self.order:
+            size = int(np.prod(self.shapes[n]))
+            cl.enqueue_copy(self.queue, self.flat_g, a[pos: pos + size], dst_offset=self.offsets[n] * F32,
+                            is_blocking=False)
+            pos += size
+        self.queue.finish()  # `a` may be freed or reused by the caller once this returns
+
     def get_optimizer_state(self) -> dict:
         return {"m": self._read_flat(self.flat_m), "v": self._read_flat(self.flat_v), "t": self.t}
 
