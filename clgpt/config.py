@@ -75,6 +75,11 @@ def check_shapes(config: dict, source: str = "config.yaml") -> None:
             f"{source}: tokenizer.vocab_size={tok['vocab_size']} is below 260 (256 bytes + 4 special tokens)"
         )
     for stage in ("pretrain", "tune"):
+        if config[stage]["ranks"] > config[stage]["batch_size"]:
+            raise ClgptError(
+                f"{source}: {stage}.ranks={config[stage]['ranks']} is more than {stage}.batch_size="
+                f"{config[stage]['batch_size']}; every rank needs at least one row of each micro-batch"
+            )
         if config[stage]["seq_len"] > m["n_ctx"]:
             raise ClgptError(
                 f"{source}: {stage}.seq_len={config[stage]['seq_len']} is longer than model.n_ctx={m['n_ctx']}"

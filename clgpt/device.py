@@ -66,6 +66,32 @@ def _pick(spec: str | None) -> cl.Device:
     raise ClgptError(f"OpenCL device {spec!r} not found; available devices: {_listing(devs)}")
 
 
+def matching_devices(spec: str | None) -> list[cl.Device]:
+    """Every device `spec` could mean, in listing order: "" (and no PYOPENCL_CTX) -> all GPUs, else all
+    CPUs; "p:d" -> that one; a name part -> every device whose name holds it. Ranks of a data-parallel
+    stage take these by their local index (clgpt.dist)."""
+    spec = (spec or "").strip() or os.environ.get("PYOPENCL_CTX", "").strip()
+    devs = _all_devices()
+    if not spec:
+        gpus = [d for _, d in devs if d.type & cl.device_type.GPU]
+        return gpus or [d for _, d in devs if d.type & cl.device_type.CPU] or [devs[0][1]]
+    parts = spec.split(":")
+    if all(p.strip().isdigit() for p in parts) and len(parts) <= 2:
+        return [_pick(spec)]
+    found = [d for _, d in devs if spec.lower() in d.name.lower()]
+    if not found:
+        raise ClgptError(f"OpenCL device {spec!r} not found; available devices: {_listing(devs)}")
+    return found
+
+
+def get_device_for(dev: cl.Device) -> "Device":
+    """The cached Device of one OpenCL device (as get_device returns it)."""
+    key = f"{dev.platform.name}|{dev.name}|{dev.int_ptr}"
+    if key not in _cache:
+        _cache[key] = Device(dev)
+    return _cache[key]
+
+
 def list_devices() -> list[tuple[str, str, str, bool]]:
     """-> [(index "p:d", name, type, chosen)] where chosen marks what get_device() would pick."""
     devs = _all_devices()
@@ -128,8 +154,4 @@ _cache: dict[str, Device] = {}
 
 def get_device(spec: str | None = None) -> Device:
     """The chosen device (see module doc); one Device (context, queue, caches) per OpenCL device."""
-    dev = _pick(spec)
-    key = f"{dev.platform.name}|{dev.name}|{dev.int_ptr}"
-    if key not in _cache:
-        _cache[key] = Device(dev)
-    return _cache[key]
+    return get_device_for(_pick(spec))

@@ -29,8 +29,10 @@ class _Tee:
 
 
 def run_script(main: Callable, log_path: str | None, **kwargs) -> None:
+    from clgpt.dist import env_rank
+
     log = None
-    if log_path:
+    if log_path and env_rank() == 0:  # one log per stage: rank 0's (the others print to the terminal only)
         os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
         log = open(log_path, "w", encoding="utf-8")
         sys.stderr = _Tee(sys.__stderr__, log)

