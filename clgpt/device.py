@@ -68,14 +68,18 @@ def _pick(spec: str | None) -> cl.Device:
 
 def matching_devices(spec: str | None) -> list[cl.Device]:
     """Every device `spec` could mean, in listing order: "" (and no PYOPENCL_CTX) -> all GPUs, else all
-    CPUs; "p:d" -> that one; a name part -> every device whose name holds it. Ranks of a data-parallel
-    stage take these by their local index (clgpt.dist)."""
+    CPUs; "p:d" -> that one; "p" -> every device of platform p; a name part -> every device whose name
+    holds it. Ranks of a data-parallel stage take these by their local index (clgpt.dist)."""
     spec = (spec or "").strip() or os.environ.get("PYOPENCL_CTX", "").strip()
     devs = _all_devices()
     if not spec:
         gpus = [d for _, d in devs if d.type & cl.device_type.GPU]
         return gpus or [d for _, d in devs if d.type & cl.device_type.CPU] or [devs[0][1]]
     parts = spec.split(":")
+    if len(parts) == 1 and parts[0].isdigit():  # "P" (PYOPENCL_CTX=0, say): every device of platform P
+        found = [d for idx, d in devs if idx.split(":")[0] == parts[0]]
+        if found:
+            return found
     if all(p.strip().isdigit() for p in parts) and len(parts) <= 2:
         return [_pick(spec)]
     found = [d for _, d in devs if spec.lower() in d.name.lower()]
