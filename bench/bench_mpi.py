@@ -6,6 +6,7 @@ Per shape (S6: 6 layers, 384 channels, batch 64, context 256, vocab 8192; L: 12 
 batch 16, context 512, vocab 8192; or --custom "V,T,C,F,H,L,B"):
 - weak scaling: rank 0 alone trains with its batch B (one device), then all N ranks train with B each
   (global batch N*B), both through clgpt.train.accumulate_grads + Engine.step, the code the stages run;
+  N ranks twice: the all-reduce after the backward pass, and (the default) during it, layer by layer;
   tokens/s of each and the speedup N-rank / 1-rank, for every --accum (micro-batches per optimizer step:
   the all-reduce runs once per step, so accumulation shrinks its share);
 - where an N-rank step goes: forward+backward, gradients to the host and back, and the all-reduce in its
@@ -54,14 +55,14 @@ class RandomBatches:
         return tok, tgt, self.mask, tok.size
 
 
-def timed_steps(eng, batches, accum, dist, steps, warmup):
+def timed_steps(eng, batches, accum, dist, steps, warmup, overlap=True):
     """Seconds per optimizer step (accumulate_grads + AdamW), after `warmup` steps."""
     for i in range(warmup + steps):
         if i == warmup:
             eng.queue.finish()
             dist.barrier()
             t0 = time.perf_counter()
-        accumulate_grads(eng, batches, accum, dist)
+        accumulate_grads(eng, batches, accum, dist, overlap=overlap)
         eng.step(3e-4, 0.9, 0.95, ADAM_EPS, 0.1, 1.0)
     eng.queue.finish()
     dist.barrier()
@@ -183,14 +184,18 @@ def main() -> None:
             if root:
                 one = timed_steps(eng, batches, accum, Dist(None), a.steps, a.warmup)
             world.Barrier()
-            many = timed_steps(eng, batches, accum, dist, a.steps, a.warmup)
+            plain = timed_steps(eng, batches, accum, dist, a.steps, a.warmup, overlap=False)
+            many = timed_steps(eng, batches, accum, dist, a.steps, a.warmup, overlap=True)
             if root:
                 tok = B * T * accum
-                t1, tn = tok / one, dist.size * tok / many
-                say(f"accum {accum}: 1 rank {one * 1e3:.1f} ms/step {t1:,.0f} tokens/s | {dist.size} ranks "
-                    f"{many * 1e3:.1f} ms/step {tn:,.0f} tokens/s | speedup {tn / t1:.2f}x", flush=True)
-                r["runs"].append({"accum": accum, "ms_1": one * 1e3, "ms_n": many * 1e3, "tok_s_1": t1, "tok_s_n": tn,
-                                  "speedup": tn / t1})
+                t1, tp, tn = tok / one, dist.size * tok / plain, dist.size * tok / many
+                say(f"accum {accum}: 1 rank {one * 1e3:.1f} ms/step {t1:,.0f} tokens/s | {dist.size} ranks, reduce "
+                    f"after backward {plain * 1e3:.1f} ms/step {tp:,.0f} tokens/s ({tp / t1:.2f}x) | {dist.size} ranks, "
+                    f"reduce during backward (default) {many * 1e3:.1f} ms/step {tn:,.0f} tokens/s | speedup "
+                    f"{tn / t1:.2f}x", flush=True)
+                r["runs"].append({"accum": accum, "ms_1": one * 1e3, "ms_n_after": plain * 1e3, "ms_n": many * 1e3,
+                                  "tok_s_1": t1, "tok_s_n_after": tp, "tok_s_n": tn, "speedup": tn / t1,
+                                  "speedup_after": tp / t1})
         parts = breakdown(eng, batches, dist, world)
         for k, v in parts.items():
             say(f"  {v:9.2f} ms  {k}")

@@ -115,17 +115,21 @@ class Dist:
         if self.comm is not None:
             self.comm.Barrier()
 
-    def allreduce_sum(self, a: np.ndarray, bucket: int = BUCKET, wire: str = "fp32") -> np.ndarray:
+    def allreduce_sum(self, a: np.ndarray, bucket: int = BUCKET, wire: str = "fp32", out: np.ndarray | None = None
+                      ) -> np.ndarray:
         """Sum of every rank's float32 vector `a` (same length everywhere), added in rank order; every rank
-        gets the same bits. wire="bf16" sends bfloat16 (half the bytes), adds in float32, and hands back
-        the bf16-rounded sums."""
+        gets the same bits, whatever the bucket size. wire="bf16" sends bfloat16 (half the bytes), adds in
+        float32 and hands back the bf16-rounded sums. Writes into `out` when given."""
         if self.comm is None:
+            if out is not None:
+                np.copyto(out, a)
+                return out
             return a
         from mpi4py import MPI
 
         R, n = self.size, a.size
         a = np.ascontiguousarray(a, dtype=np.float32)
-        out = np.empty_like(a)
+        out = np.empty_like(a) if out is None else out
         mpi_t = MPI.FLOAT if wire == "fp32" else MPI.UINT16_T
         for s in range(0, n, bucket):
             chunk = a[s: s + bucket]
@@ -134,7 +138,7 @@ class Dist:
             displs = [j * m // R for j in range(R)]
             mine = counts[self.rank]
             send = chunk if wire == "fp32" else _bf16(chunk)
-            recv = np.empty(R * mine, dtype=send.dtype)
+            recv = self._scratch(R * mine, send.dtype)
             self.comm.Alltoallv([send, (counts, displs), mpi_t],
                                 [recv, ([mine] * R, [i * mine for i in range(R)]), mpi_t])
             parts = recv.reshape(R, mine) if wire == "fp32" else _f32(recv).reshape(R, mine)
@@ -149,6 +153,30 @@ class Dist:
                 self.comm.Allgatherv(_bf16(piece), [gathered, (counts, displs), MPI.UINT16_T])
                 out[s: s + m] = _f32(gathered)
         return out
+
+    def _scratch(self, n: int, dtype) -> np.ndarray:
+        """A receive buffer reused from call to call (fresh pages cost page faults at every step)."""
+        key = np.dtype(dtype).str
+        buf = getattr(self, "_bufs", {}).get(key)
+        if buf is None or buf.size < n:
+            buf = np.empty(max(n, 1), dtype)
+            self.__dict__.setdefault("_bufs", {})[key] = buf
+        return buf[:n]
+
+    def overlapped(self, eng) -> "OverlappedReduce | None":
+        """The gradient reducer of `eng` that overlaps the backward pass (kept from step to step), or None
+        when that cannot work: one rank, an engine without grad_hook, or an MPI without threads."""
+        if self.comm is None or not hasattr(eng, "read_grads_async"):
+            return None
+        from mpi4py import MPI
+
+        if MPI.Query_thread() < MPI.THREAD_SERIALIZED:
+            return None
+        cache = self.__dict__.setdefault("_overlap", {})
+        if id(eng) not in cache:
+            cache.clear()
+            cache[id(eng)] = OverlappedReduce(self, eng)
+        return cache[id(eng)]
 
     # ---- reporting ----
     def describe(self, device_name: str) -> str:
@@ -192,3 +220,83 @@ class Dist:
                 traceback.print_exc(file=sys.stderr)
             sys.stderr.flush()
             self.comm.Abort(1)
+
+
+class OverlappedReduce:
+    """Sums the gradients while the backward pass still runs, a layer at a time, as DDP's buckets do.
+
+    begin() sets the engine's grad_hook: when backward has enqueued layer i's gradient kernels, the hook
+    enqueues copies of blk.i.*'s gradients to host memory behind them and hands them to a worker thread,
+    which waits for the copies and all-reduces them (Dist.allreduce_sum; MPI releases the GIL) while the
+    device goes on with layer i-1. end() adds what is left (embeddings, final norm), waits for the worker
+    and writes the sums back. Each element is still summed in rank order, so the result is the same bits
+    as Dist.allreduce_sum over the whole vector."""
+
+    def __init__(self, dist: Dist, eng):
+        self.dist, self.eng = dist, eng
+        self.slots = eng.flat_slots()
+        n = sum(size for _, size in self.slots.values())
+        self.host = np.empty(n, np.float32)  # the local gradients as they arrive
+        self.summed = np.empty(n, np.float32)  # their sums over the ranks
+        self.layers: dict[int, list[str]] = {}
+        for name in eng.order:
+            if name.startswith("blk."):
+                self.layers.setdefault(int(name.split(".")[1]), []).append(name)
+        self.thread = None
+
+    def _ranges(self, names) -> list[tuple[int, int]]:
+        """[start, end) spans of the names' slots, neighbours merged."""
+        spans = sorted((self.slots[n][0], self.slots[n][0] + self.slots[n][1]) for n in names)
+        merged = []
+        for a, b in spans:
+            if merged and merged[-1][1] == a:
+                merged[-1] = (merged[-1][0], b)
+            else:
+                merged.append((a, b))
+        return merged
+
+    def begin(self) -> None:
+        import queue
+        import threading
+
+        self.sent: set[str] = set()
+        self.jobs: queue.Queue = queue.Queue()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._work, name="grad-allreduce", daemon=True)
+        self.thread.start()
+        self.eng.grad_hook = self._layer_done
+
+    def _send(self, names) -> None:
+        names = [n for n in names if n not in self.sent]
+        if names:
+            self.sent.update(names)
+            self.jobs.put((self.eng.read_grads_async(names, self.host), self._ranges(names)))
+
+    def _layer_done(self, i: int) -> None:
+        self._send(self.layers.get(i, []))
+
+    def _work(self) -> None:
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                return
+            if self.error is not None:
+                continue
+            try:
+                event, ranges = job
+                event.wait()
+                for a, b in ranges:
+                    self.dist.allreduce_sum(self.host[a:b], out=self.summed[a:b])
+            except BaseException as e:  # noqa: BLE001 - re-raised by end() in the main thread
+                self.error = e
+
+    def end(self) -> None:
+        """After backward: reduce the rest, wait for the worker, put the sums into the engine."""
+        self.eng.grad_hook = None
+        self._send(self.eng.order)
+        self.jobs.put(None)
+        self.thread.join()
+        self.thread = None
+        if self.error is not None:
+            raise self.error
+        self.eng.set_grads_flat(self.summed)

@@ -46,6 +46,11 @@ def matmul_defines(mm: dict) -> dict:
 
 
 class Engine:
+    # grad_hook(i), when set, is called inside backward() right after layer i's gradient kernels are enqueued
+    # (layers n_layer-1 .. 0): from then on blk.i.*'s gradients of this backward are final, so data-parallel
+    # ranks can start summing them while the layers below still run (clgpt.dist.OverlappedReduce).
+    grad_hook = None
+
     def __init__(self, cfg: ModelConfig, params: dict, batch_size: int, seq_len: int, device: Device | None = None):
         cfg.validate()
         if seq_len > cfg.n_ctx:
@@ -582,6 +587,8 @@ class Engine:
             self.matmul(N, C, 3 * C, self.dqkv, p[pre + "attn_qkv.weight"], self.dln)
             self._layernorm_backward(N, self.dln, a["x"], a["ln1_mean"], a["ln1_rstd"], p[pre + "attn_norm.weight"],
                                      g[pre + "attn_norm.weight"], g[pre + "attn_norm.bias"], self.dx, accum=1)
+            if self.grad_hook is not None:
+                self.grad_hook(i)
         self._token_embd_backward(N, self.dx)
         self._runp("embedding_backward_wpe", (C, Tp), i32(Bp), i32(Tp), self.dx, self.g["position_embd.weight"])
 
@@ -668,6 +675,24 @@ class Engine:
             pos += size
         self.queue.finish()
         return out
+
+    def flat_slots(self) -> dict[str, tuple[int, int]]:
+        """name -> (start, size) of each tensor in the get_grads_flat layout."""
+        slots, pos = {}, 0
+        for n in self.order:
+            size = int(np.prod(self.shapes[n]))
+            slots[n], pos = (pos, size), pos + size
+        return slots
+
+    def read_grads_async(self, names, out: np.ndarray) -> cl.Event:
+        """Enqueue copies of the named tensors' gradients into their slots of `out` (the get_grads_flat
+        layout) behind the kernels already enqueued; -> an event that completes when they are in `out`."""
+        slots = self.flat_slots()
+        for n in names:
+            start, size = slots[n]
+            cl.enqueue_copy(self.queue, out[start: start + size], self.flat_g, src_offset=self.offsets[n] * F32,
+                            is_blocking=False)
+        return cl.enqueue_marker(self.queue)
 
     def set_grads_flat(self, a) -> None:
         """Replace the gradients by `a`, laid out as get_grads_flat returns them."""

@@ -304,6 +304,8 @@ class LlamaEngine(Engine):
                 self.matmul(N, C, width, d, p[name], dln, accum=j > 0)
             self._rmsnorm_backward(N, dln, a["x"], a["r1"], p[pre + "attn_norm.weight"], g[pre + "attn_norm.weight"],
                                    dx, 1)
+            if self.grad_hook is not None:
+                self.grad_hook(i)
         self._token_embd_backward(N, dx)
 
     def _moe_backward(self, i, a, N, scale):

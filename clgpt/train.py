@@ -419,13 +419,15 @@ def _resume(partial: str, key: str, eng, batches, stage: str, total: int, ranks:
     return _Progress(ck["step"], **ck["extra"]["progress"])
 
 
-def accumulate_grads(eng, batches, accum: int, dist, stop_requested: bool = False) -> tuple[float, int, bool]:
+def accumulate_grads(eng, batches, accum: int, dist, stop_requested: bool = False,
+                     overlap: bool = True) -> tuple[float, int, bool]:
     """One optimizer step's gradients: `accum` micro-batches from `batches`, each rank on its rows, summed
-    over the ranks once at the end (clgpt.dist). -> (the whole batch's loss, real tokens, whether any rank
-    asked to stop)."""
+    over the ranks once per step (clgpt.dist), during the last micro-batch's backward pass when `overlap`.
+    -> (the whole batch's loss, real tokens, whether any rank asked to stop)."""
     eng.zero_grad()
     loss, n_tokens = 0.0, 0
-    for _ in range(accum):
+    reducer = dist.overlapped(eng) if overlap else None
+    for micro in range(accum):
         tokens, targets, mask, n_real = batches.next()  # the whole micro-batch, on every rank
         n_tokens += n_real
         if dist.size == 1:
@@ -435,12 +437,18 @@ def accumulate_grads(eng, batches, accum: int, dist, stop_requested: bool = Fals
         # rank r: mean over its rows, weighted by its share m_r / M of the batch's mask sum
         rows = dist.rows(len(tokens))
         share = float(mask[rows].sum(dtype=np.float64)) / float(mask.sum(dtype=np.float64))
+        last = reducer is not None and micro == accum - 1
+        if last:
+            reducer.begin()  # the gradients of each layer are final once the last backward is past it
         if share > 0:
             loss += float(eng.forward(tokens[rows], targets[rows], mask[rows])) * share / accum
             eng.backward(share / accum)
+        if last:
+            reducer.end()
     if dist.size == 1:
         return loss, n_tokens, stop_requested
-    eng.set_grads_flat(dist.allreduce_sum(eng.get_grads_flat()))  # before clipping and AdamW
+    if reducer is None:  # before clipping and AdamW
+        eng.set_grads_flat(dist.allreduce_sum(eng.get_grads_flat()))
     parts = dist.allgather((loss, stop_requested))
     return math.fsum(p[0] for p in parts), n_tokens, any(p[1] for p in parts)  # every rank stops alike
 

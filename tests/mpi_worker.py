@@ -1,7 +1,8 @@
 """One rank of the MPI tests (tests/test_mpi.py runs it as `mpiexec -n N python tests/mpi_worker.py SPEC`).
 
-SPEC is JSON: {"mode": "grads", ...}: one step's gradients with N ranks (clgpt.train.accumulate_grads)
-and, on rank 0, with one rank on the same batch; both saved to spec["out"] (.npz).
+SPEC is JSON: {"mode": "grads", ...}: one step's gradients with N ranks (clgpt.train.accumulate_grads,
+reduced during backward and after it) and, on rank 0, with one rank on the same batch; saved to
+spec["out"] (.npz).
 {"mode": "stage", "args": {...run_stage keywords...}, "kill": [rank, step]}: run_stage; the given rank
 kills itself with SIGKILL after that optimizer step (a rank that dies). Rank 0 writes the returned dict
 to spec["out"] (.json)."""
@@ -39,13 +40,18 @@ def grads(spec: dict) -> None:
 
     inp = inputs()
     eng = make_engine(inp.cfg, inp.params, batch_size=-(-s["batch_size"] // dist.size), seq_len=s["seq_len"])
-    loss, _, _ = accumulate_grads(eng, inp.batches, s["accum_steps"], dist)
+    loss, _, _ = accumulate_grads(eng, inp.batches, s["accum_steps"], dist)  # overlapped with backward
     g_ranks = eng.get_grads_flat()
+    again = inputs()
+    accumulate_grads(eng, again.batches, s["accum_steps"], dist, overlap=False)  # one reduce after backward
+    g_plain = eng.get_grads_flat()
+    everywhere = dist.allgather(g_ranks.tobytes())
     if dist.root:
         one = inputs()
         eng1 = make_engine(one.cfg, one.params, batch_size=s["batch_size"], seq_len=s["seq_len"])
         loss1, _, _ = accumulate_grads(eng1, one.batches, s["accum_steps"], Dist(None))
-        np.savez(spec["out"], ranks=g_ranks, one=eng1.get_grads_flat(), loss=loss, loss1=loss1)
+        np.savez(spec["out"], ranks=g_ranks, plain=g_plain, one=eng1.get_grads_flat(), loss=loss, loss1=loss1,
+                 same_on_all_ranks=all(b == everywhere[0] for b in everywhere))
     dist.barrier()
 
 
