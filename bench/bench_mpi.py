@@ -10,7 +10,7 @@ batch 16, context 512, vocab 8192; or --custom "V,T,C,F,H,L,B"):
   tokens/s of each and the speedup N-rank / 1-rank, for every --accum (micro-batches per optimizer step:
   the all-reduce runs once per step, so accumulation shrinks its share);
 - where an N-rank step goes: forward+backward, gradients to the host and back, and the all-reduce in its
-  variants (fp32 in 4 MB buckets, the default; fp32 as one message; bf16 on the wire, 4 MB buckets);
+  variants (fp32 in 4 MB buckets, the default; fp32 as one message; bf16 on the wire; through shared memory);
 - --curve STEPS: the loss curve of one rank against N ranks at the SAME global batch B (each rank B/N rows)
   on a learnable synthetic token stream, with the stages' lr schedule: training quality unchanged.
 Random tokens for the throughput runs (no data loading in the timing). Rank 0 prints; --json writes all.
@@ -55,8 +55,10 @@ class RandomBatches:
         return tok, tgt, self.mask, tok.size
 
 
-def timed_steps(eng, batches, accum, dist, steps, warmup, overlap=True):
-    """Seconds per optimizer step (accumulate_grads + AdamW), after `warmup` steps."""
+def timed_steps(eng, batches, accum, dist, steps, warmup, overlap=True, via="mpi"):
+    """Seconds per optimizer step (accumulate_grads + AdamW), after `warmup` steps; via: how the gradients
+    are summed (MPI messages, or shared memory: clgpt.dist)."""
+    dist.via = via
     for i in range(warmup + steps):
         if i == warmup:
             eng.queue.finish()
@@ -66,6 +68,7 @@ def timed_steps(eng, batches, accum, dist, steps, warmup, overlap=True):
         eng.step(3e-4, 0.9, 0.95, ADAM_EPS, 0.1, 1.0)
     eng.queue.finish()
     dist.barrier()
+    dist.via = "mpi"
     return (time.perf_counter() - t0) / steps
 
 
@@ -96,10 +99,14 @@ def breakdown(eng, batches, dist, world) -> dict:
     for name, kw in (("all-reduce fp32, 4 MB buckets (default)", {}),
                      ("all-reduce fp32, one message", {"bucket": g.size}),
                      ("all-reduce bf16 wire, 4 MB buckets", {"wire": "bf16"}),
-                     ("all-reduce fp32, 16 MB buckets", {"bucket": 4 * BUCKET})):
+                     ("all-reduce fp32, 16 MB buckets", {"bucket": 4 * BUCKET}),
+                     ("all-reduce fp32 through shared memory, 4 MB buckets", {"via": "shm"}),
+                     ("all-reduce fp32 through shared memory, 16 MB buckets", {"via": "shm", "bucket": 4 * BUCKET})):
         def reduce():
             world.barrier()
-            dist.allreduce_sum(g, **kw)
+            dist.via = kw.get("via", "mpi")
+            dist.allreduce_sum(g, **{k: v for k, v in kw.items() if k != "via"})
+            dist.via = "mpi"
         out[name] = best(reduce)[1]
 
     def mpi_allreduce():
@@ -167,6 +174,7 @@ def main() -> None:
     dev = dist.device(None, [d for d in a.devices.split(",") if d] or None)
     say = print if root else (lambda *x, **k: None)
     table = dist.describe(dev.name)
+    one_host = all(world.allgather(dist.node.Get_size() == dist.size))
     say(f"bench_mpi: {dist.size} ranks: {table}", flush=True)
     shapes = [(n, SHAPES[n]) for n in a.shape] + [(c, tuple(int(x) for x in c.split(","))) for c in a.custom]
     results = {"ranks": dist.size, "ranks_table": table, "shapes": []}
@@ -186,16 +194,20 @@ def main() -> None:
             world.Barrier()
             plain = timed_steps(eng, batches, accum, dist, a.steps, a.warmup, overlap=False)
             many = timed_steps(eng, batches, accum, dist, a.steps, a.warmup, overlap=True)
+            shm = timed_steps(eng, batches, accum, dist, a.steps, a.warmup, overlap=True, via="shm") if one_host else 0
             if root:
                 tok = B * T * accum
                 t1, tp, tn = tok / one, dist.size * tok / plain, dist.size * tok / many
+                ts = dist.size * tok / shm if shm else 0.0
                 say(f"accum {accum}: 1 rank {one * 1e3:.1f} ms/step {t1:,.0f} tokens/s | {dist.size} ranks, reduce "
                     f"after backward {plain * 1e3:.1f} ms/step {tp:,.0f} tokens/s ({tp / t1:.2f}x) | {dist.size} ranks, "
                     f"reduce during backward (default) {many * 1e3:.1f} ms/step {tn:,.0f} tokens/s | speedup "
-                    f"{tn / t1:.2f}x", flush=True)
+                    f"{tn / t1:.2f}x | {dist.size} ranks, during backward, shared memory "
+                    f"{shm * 1e3:.1f} ms/step {ts:,.0f} tokens/s ({ts / t1:.2f}x)", flush=True)
                 r["runs"].append({"accum": accum, "ms_1": one * 1e3, "ms_n_after": plain * 1e3, "ms_n": many * 1e3,
                                   "tok_s_1": t1, "tok_s_n_after": tp, "tok_s_n": tn, "speedup": tn / t1,
-                                  "speedup_after": tp / t1})
+                                  "speedup_after": tp / t1, "ms_n_shm": shm * 1e3, "tok_s_n_shm": ts,
+                                  "speedup_shm": ts / t1})
         parts = breakdown(eng, batches, dist, world)
         for k, v in parts.items():
             say(f"  {v:9.2f} ms  {k}")

@@ -62,11 +62,15 @@ class Dist:
         self.comm, self.stage = comm, stage
         self.rank = comm.Get_rank() if comm is not None else 0
         self.size = comm.Get_size() if comm is not None else 1
-        self.local_rank = 0
+        self.local_rank, self.node, self.via = 0, None, "mpi"
         if comm is not None:
             from mpi4py import MPI
 
-            self.local_rank = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
+            self.node = comm.Split_type(MPI.COMM_TYPE_SHARED)  # the ranks on this host
+            self.local_rank = self.node.Get_rank()
+            # CLGPT_REDUCE=shm: sum through shared memory when every rank is on this host (bench_mpi.py)
+            one_host = all(comm.allgather(self.node.Get_size() == self.size))
+            self.via = "shm" if os.environ.get("CLGPT_REDUCE") == "shm" and one_host else "mpi"
         self.root = self.rank == 0
         self.where = f"rank {self.rank} of {self.size} (pid {os.getpid()} on {socket.gethostname()})"
 
@@ -125,6 +129,8 @@ class Dist:
                 np.copyto(out, a)
                 return out
             return a
+        if self.via == "shm" and wire == "fp32":
+            return self._allreduce_shm(a, bucket, out)
         from mpi4py import MPI
 
         R, n = self.size, a.size
@@ -152,6 +158,46 @@ class Dist:
                 gathered = np.empty(m, np.uint16)
                 self.comm.Allgatherv(_bf16(piece), [gathered, (counts, displs), MPI.UINT16_T])
                 out[s: s + m] = _f32(gathered)
+        return out
+
+    def _allreduce_shm(self, a: np.ndarray, bucket: int, out: np.ndarray | None) -> np.ndarray:
+        """allreduce_sum through one shared-memory window per rank (all ranks on one host): rank r copies
+        its bucket into its window, adds piece r of every window in rank order into its own window, and
+        every rank copies the pieces out: one copy in, one out, no MPI messages but barriers. The same
+        additions in the same order as the MPI path, so the same bits."""
+        from mpi4py import MPI
+
+        R, n = self.size, a.size
+        a = np.ascontiguousarray(a, dtype=np.float32)
+        out = np.empty_like(a) if out is None else out
+        need = min(n, bucket)
+        if getattr(self, "_win_size", 0) < need:  # collective: every rank makes the same calls in the same order
+            if getattr(self, "_win", None) is not None:
+                self._win.Free()
+            self._win = MPI.Win.Allocate_shared(need * 4, 4, comm=self.node)
+            self._win_size = need
+            self._slots = []
+            for r in range(R):
+                buf, _ = self._win.Shared_query(r)
+                self._slots.append(np.frombuffer(buf, np.float32, count=need))
+        mine = self._slots[self.rank]
+        for s in range(0, n, bucket):
+            m = min(bucket, n - s)
+            lo, hi = self.rank * m // R, (self.rank + 1) * m // R
+            self.node.Barrier()  # the others are done reading my window (last bucket, last call)
+            np.copyto(mine[:m], a[s: s + m])
+            self.node.Barrier()  # every window holds its rank's bucket
+            if hi > lo:
+                acc = out[s + lo: s + hi]
+                np.add(self._slots[0][lo:hi], self._slots[1][lo:hi], out=acc)
+                for i in range(2, R):  # rank order, as the MPI path adds
+                    acc += self._slots[i][lo:hi]
+                mine[lo:hi] = acc  # piece r's sum, where the others read it
+            self.node.Barrier()  # every piece is summed
+            for r in range(R):
+                if r != self.rank:
+                    rl, rh = r * m // R, (r + 1) * m // R
+                    out[s + rl: s + rh] = self._slots[r][rl:rh]
         return out
 
     def _scratch(self, n: int, dtype) -> np.ndarray:

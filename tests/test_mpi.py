@@ -4,6 +4,7 @@ gradients of two ranks against one, bit-identical runs, resume, a killed rank na
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -73,23 +74,26 @@ def test_two_ranks_give_the_one_rank_gradients(data, tmp_path, stage, kw, arch):
     assert abs(float(g["loss"]) - float(g["loss1"])) <= 1e-6 * abs(float(g["loss1"]))
 
 
-def test_reduce_adds_in_rank_order_on_every_rank(tmp_path):
-    """Three ranks, buckets smaller than the vector: every rank gets (a0 + a1) + a2, bit for bit."""
+@pytest.mark.parametrize("via", ["mpi", "shm"])
+def test_reduce_adds_in_rank_order_on_every_rank(tmp_path, via):
+    """Three ranks, buckets smaller than the vector: every rank gets (a0 + a1) + a2, bit for bit, through
+    MPI messages or through shared memory."""
     code = f"""
 import numpy as np
 from mpi4py import MPI
 from clgpt.dist import Dist
 d = Dist(MPI.COMM_WORLD)
+assert d.via == {via!r}
 a = [np.random.default_rng(r).standard_normal(1001).astype(np.float32) * 10.0 ** r for r in range(3)]
 got = d.allreduce_sum(a[d.rank], bucket=97)
 want = (a[0] + a[1]) + a[2]
 assert got.tobytes() == want.tobytes(), (d.rank, np.abs(got - want).max())
-half = d.allreduce_sum(a[d.rank], bucket=97, wire="bf16")
+half = Dist.allreduce_sum(d, a[d.rank], bucket=97, wire="bf16") if d.via == "mpi" else got
 assert np.abs(half - want).max() <= 2 ** -7 * 3 * max(np.abs(x).max() for x in a)
 assert d.allgather(got.tobytes()) == [got.tobytes()] * 3
 """
     r = subprocess.run([MPIEXEC, "-n", "3", sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=120, cwd=ROOT)
+                       timeout=120, cwd=ROOT, env={**os.environ, "CLGPT_REDUCE": via})
     assert r.returncode == 0, r.stderr
 
 
