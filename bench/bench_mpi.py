@@ -72,7 +72,7 @@ def timed_steps(eng, batches, accum, dist, steps, warmup, overlap=True, via="mpi
     return (time.perf_counter() - t0) / steps
 
 
-def best(fn, reps=5):
+def best(fn, reps=3):
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
@@ -82,7 +82,7 @@ def best(fn, reps=5):
 
 
 def breakdown(eng, batches, dist, world) -> dict:
-    """Milliseconds (median of 5) of each part of an N-rank step with one micro-batch."""
+    """Milliseconds (median of 3) of each part of an N-rank step with one micro-batch."""
     out = {}
 
     def compute():
