@@ -36,15 +36,6 @@ BUCKET = 1 << 20
 RANK_DIR_ENV = "CLGPT_RANK_DIR"
 
 
-def env_rank() -> int:
-    """This process's MPI rank from the launcher's environment (MPICH, Open MPI, Slurm), before MPI starts;
-    0 when not launched as one of several ranks."""
-    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
-        if os.environ.get(var, "").isdigit():
-            return int(os.environ[var])
-    return 0
-
-
 def _bf16(a: np.ndarray) -> np.ndarray:
     """float32 -> bfloat16 bits (uint16), rounded to nearest even."""
     u = a.view(np.uint32)

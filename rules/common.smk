@@ -47,20 +47,25 @@ def mpi_resources(stage):
 
 
 def stage_command(stage, script):
-    """Shell line of a training stage: `python SCRIPT ARGS LOG`; with ranks > 1 under
+    """Shell line of a training stage: `python SCRIPT SETTINGS PATHS LOG`; with ranks > 1 under
     `{resources.mpi} -n {resources.tasks}`, wrapped by clgpt.launch, which names a rank that fails."""
-    run = f"{PYTHON} {script} {{params.args:q}} {{log:q}}"
+    run = f"{PYTHON} {script} {{params.settings:q}} {{params.paths:q}} {{log:q}}"
     if config[stage]["ranks"] > 1:
         return (f"{PYTHON} -m clgpt.launch --stage {stage} --partial {{output.checkpoint:q}}.partial --log {{log:q}} "
                 f"-- {{resources.mpi}} -n {{resources.tasks}} {run}")
     return run
 
 
-def script_args(**values):
-    """params.args of a stage script: its main(...) keyword arguments as one JSON string; values may be
-    functions of (input, output)."""
+def script_settings(**values):
+    """params.settings of a stage script: the config values of its main(...) as one JSON string (a plain
+    string, so Snakemake re-runs the stage when one changes)."""
+    return json.dumps(values, sort_keys=True)
 
-    def args(wildcards, input, output):
-        return json.dumps({k: (v(input, output) if callable(v) else v) for k, v in values.items()})
 
-    return args
+def script_paths(*names):
+    """params.paths of a stage script: the named inputs and outputs of its main(...) as one JSON string."""
+
+    def paths(wildcards, input, output):
+        return json.dumps({n: str(input[n] if n in input.keys() else output[n]) for n in names})
+
+    return paths

@@ -16,15 +16,7 @@ rule pretrain:
     resources:
         **mpi_resources("pretrain"),
     params:
-        args=script_args(
-            encoded=lambda i, o: i.encoded,
-            tokenizer=lambda i, o: i.tokenizer,
-            model=config["model"],
-            settings=config["pretrain"],
-            device=config["device"],
-            devices=config["devices"],
-            checkpoint=lambda i, o: o.checkpoint,
-            log_csv=lambda i, o: o.log_csv,
-        ),
+        settings=script_settings(model=config["model"], settings=config["pretrain"], device=config["device"], devices=config["devices"]),
+        paths=script_paths("encoded", "tokenizer", "checkpoint", "log_csv"),
     shell:
         stage_command("pretrain", "scripts/pretrain.py")

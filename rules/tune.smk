@@ -17,15 +17,7 @@ rule tune:
     resources:
         **mpi_resources("tune"),
     params:
-        args=script_args(
-            pretrained=lambda i, o: i.pretrained,
-            encoded=lambda i, o: i.encoded,
-            mix=lambda i, o: i.mix,
-            settings=config["tune"],
-            device=config["device"],
-            devices=config["devices"],
-            checkpoint=lambda i, o: o.checkpoint,
-            log_csv=lambda i, o: o.log_csv,
-        ),
+        settings=script_settings(settings=config["tune"], device=config["device"], devices=config["devices"]),
+        paths=script_paths("pretrained", "encoded", "mix", "checkpoint", "log_csv"),
     shell:
         stage_command("tune", "scripts/tune.py")

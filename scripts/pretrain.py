@@ -1,7 +1,7 @@
 """Stage pretrain: train the model from scratch on windows of the encoded text.
 
-Run by Snakemake as `python scripts/pretrain.py ARGS_JSON LOG`, under `mpiexec -n N` when pretrain.ranks
-is N > 1 (each process one rank, clgpt.dist)."""
+Run by Snakemake as `python scripts/pretrain.py SETTINGS_JSON PATHS_JSON LOG` (main's keyword arguments),
+under `mpiexec -n N` when pretrain.ranks is N > 1 (each process one rank, clgpt.dist)."""
 
 import json
 import sys
@@ -22,4 +22,4 @@ def main(encoded: str, tokenizer: str, model: dict, settings: dict, device: str,
 
 
 if __name__ == "__main__":
-    run_script(main, sys.argv[2], **json.loads(sys.argv[1]))
+    run_script(main, sys.argv[3], **json.loads(sys.argv[1]), **json.loads(sys.argv[2]))

@@ -1,7 +1,7 @@
 """Stage tune: continue from the pretrained checkpoint on User/Assistant dialogs (loss on replies only).
 
-Run by Snakemake as `python scripts/tune.py ARGS_JSON LOG`, under `mpiexec -n N` when tune.ranks is
-N > 1 (each process one rank, clgpt.dist)."""
+Run by Snakemake as `python scripts/tune.py SETTINGS_JSON PATHS_JSON LOG` (main's keyword arguments),
+under `mpiexec -n N` when tune.ranks is N > 1 (each process one rank, clgpt.dist)."""
 
 import json
 import sys
@@ -19,4 +19,4 @@ def main(pretrained: str, encoded: str, mix: str, settings: dict, device: str, c
 
 
 if __name__ == "__main__":
-    run_script(main, sys.argv[2], **json.loads(sys.argv[1]))
+    run_script(main, sys.argv[3], **json.loads(sys.argv[1]), **json.loads(sys.argv[2]))
