@@ -1,9 +1,9 @@
 rule pretrain:
     input:
         encoded="results/encoded/pretrain.bin",
+        heldout="results/encoded/pretrain_heldout.bin",
         tokenizer="results/tokenizer/tokenizer.json",
-        kernels=KERNELS,
-        code=[*package(*ENGINE, "train", "checkpoint", "data", "dist", "stage"), "scripts/pretrain.py"],
+        code=stage_code("pretrain"),
     output:
         checkpoint="results/pretrain/model.ckpt",
         log_csv="results/pretrain/log.csv",
@@ -13,10 +13,14 @@ rule pretrain:
         "benchmarks/pretrain.tsv"
     conda:
         "../envs/clgpt.yaml"
+    threads: config["resources"]["pretrain"]["threads"]
     resources:
+        mem_mb=config["resources"]["pretrain"]["mem_mb"],
+        runtime=config["resources"]["pretrain"]["runtime"],
+        gpu=config["resources"]["pretrain"]["gpu"],
         **mpi_resources("pretrain"),
     params:
         settings=script_settings(model=config["model"], settings=config["pretrain"], device=config["device"], devices=config["devices"]),
-        paths=script_paths("encoded", "tokenizer", "checkpoint", "log_csv"),
+        paths=script_paths("encoded", "heldout", "tokenizer", "checkpoint", "log_csv"),
     shell:
         stage_command("pretrain", "scripts/pretrain.py")

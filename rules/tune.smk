@@ -2,9 +2,9 @@ rule tune:
     input:
         pretrained="results/pretrain/model.ckpt",
         encoded="results/encoded/tune.bin",
+        heldout="results/encoded/tune_heldout.bin",
         mix="results/encoded/pretrain.bin",
-        kernels=KERNELS,
-        code=[*package(*ENGINE, "train", "checkpoint", "data", "chat", "dist", "stage"), "scripts/tune.py"],
+        code=stage_code("tune"),
     output:
         checkpoint="results/tune/model.ckpt",
         log_csv="results/tune/log.csv",
@@ -14,10 +14,14 @@ rule tune:
         "benchmarks/tune.tsv"
     conda:
         "../envs/clgpt.yaml"
+    threads: config["resources"]["tune"]["threads"]
     resources:
+        mem_mb=config["resources"]["tune"]["mem_mb"],
+        runtime=config["resources"]["tune"]["runtime"],
+        gpu=config["resources"]["tune"]["gpu"],
         **mpi_resources("tune"),
     params:
         settings=script_settings(settings=config["tune"], device=config["device"], devices=config["devices"]),
-        paths=script_paths("pretrained", "encoded", "mix", "checkpoint", "log_csv"),
+        paths=script_paths("pretrained", "encoded", "heldout", "mix", "checkpoint", "log_csv"),
     shell:
         stage_command("tune", "scripts/tune.py")

@@ -11,13 +11,13 @@ from clgpt.tokenizer import Tokenizer
 from clgpt.train import run_stage
 
 
-def main(encoded: str, tokenizer: str, model: dict, settings: dict, device: str, checkpoint: str, log_csv: str,
-         devices: list | None = None) -> None:
+def main(encoded: str, heldout: str, tokenizer: str, model: dict, settings: dict, device: str, checkpoint: str,
+         log_csv: str, devices: list | None = None) -> None:
     tok = Tokenizer.load(tokenizer)
     run_stage(
         "pretrain", encoded, settings, checkpoint, log_csv,
         model={**model, "vocab_size": tok.vocab_size}, device=device or None, devices=devices,
-        tokenizer_hash=tok.hash(),
+        tokenizer_hash=tok.hash(), heldout=heldout,
     )
 
 

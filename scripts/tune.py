@@ -10,11 +10,11 @@ from clgpt.stage import run_script
 from clgpt.train import run_stage
 
 
-def main(pretrained: str, encoded: str, mix: str, settings: dict, device: str, checkpoint: str, log_csv: str,
-         devices: list | None = None) -> None:
+def main(pretrained: str, encoded: str, heldout: str, mix: str, settings: dict, device: str, checkpoint: str,
+         log_csv: str, devices: list | None = None) -> None:
     run_stage(
         "tune", encoded, settings, checkpoint, log_csv,
-        init_ckpt=pretrained, mix_encoded=mix, device=device or None, devices=devices,
+        init_ckpt=pretrained, mix_encoded=mix, heldout=heldout, device=device or None, devices=devices,
     )
 
 
