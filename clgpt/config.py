@@ -240,7 +240,9 @@ def _message(e: jsonschema.ValidationError, where: _Where) -> str:
     key = where(path)
     if e.validator == "type":
         want = e.validator_value
-        words = _TYPE_WORDS.get(want, want)
+        # a list of types (e.g. [string, "null"]: a key that may be left empty) reads "text or null"
+        words = (" or ".join(_TYPE_WORDS.get(w, w) for w in want) if isinstance(want, list)
+                 else _TYPE_WORDS.get(want, want))
         if v is None:
             default = f" ({e.schema['default']!r})" if "default" in e.schema else ""
             return f"{key}: empty; give {words}, or remove the line to use the default{default}"

@@ -577,5 +577,5 @@ def test_unreachable_vocabulary_is_refused(tmp_path):
     (tmp_path / "a.jsonl").write_text('{"user": "ab", "assistant": "ab"}\n')
     with pytest.raises(ClgptError, match=r"tokenizer.vocab_size=65536 cannot be reached: the corpus has pairs for "
                                          r"only \d+ tokens; set tokenizer.vocab_size to \d+ or less"):
-        main([str(tmp_path / "a.txt")], [str(tmp_path / "a.jsonl")], 65536, str(tmp_path / "t.json"), str(tmp_path / "v.txt"))
+        main([str(tmp_path / "a.txt")], [str(tmp_path / "a.jsonl")], 65536, "line", None, str(tmp_path / "t.json"), str(tmp_path / "v.txt"))
     assert not (tmp_path / "t.json").exists()
