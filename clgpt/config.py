@@ -27,7 +27,7 @@ from clgpt.errors import ClgptError
 from clgpt.paths import data_path
 
 SCHEMA_PATH = data_path("schemas") / "config.schema.yaml"
-N_SPECIAL = 4  # <s> </s> <user> <assistant>
+N_SPECIAL = 4  # <s> </s> <|im_start|> <|im_end|>
 KeyPath = tuple  # a key path such as ("tune", "lr")
 
 
@@ -240,9 +240,9 @@ def _message(e: jsonschema.ValidationError, where: _Where) -> str:
     key = where(path)
     if e.validator == "type":
         want = e.validator_value
-        # a list of types (e.g. [string, "null"]: a key that may be left empty) reads "text or null"
-        words = (" or ".join(_TYPE_WORDS.get(w, w) for w in want) if isinstance(want, list)
-                 else _TYPE_WORDS.get(want, want))
+        if isinstance(want, list):  # e.g. [string, null]: the check is against the non-null type
+            want = next((t for t in want if t != "null"), want[0])
+        words = _TYPE_WORDS.get(want, want)
         if v is None:
             default = f" ({e.schema['default']!r})" if "default" in e.schema else ""
             return f"{key}: empty; give {words}, or remove the line to use the default{default}"
@@ -339,11 +339,6 @@ def check_config(config: dict, where: _Where | None = None) -> None:
             "(256 bytes + 4 special tokens)"
         )
     for stage in ("pretrain", "tune"):
-        if config[stage]["ranks"] > config[stage]["batch_size"]:
-            raise ClgptError(
-                f"{source}: {stage}.ranks={config[stage]['ranks']} is more than {stage}.batch_size="
-                f"{config[stage]['batch_size']}; every rank needs at least one row of each micro-batch"
-            )
         if config[stage]["seq_len"] > m["n_ctx"]:
             raise ClgptError(
                 f"{where([stage, 'seq_len'])}: {stage}.seq_len={config[stage]['seq_len']} is longer than "

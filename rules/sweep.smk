@@ -87,6 +87,7 @@ use rule encode as sweep_encode with:
 use rule pretrain as sweep_pretrain with:
     input:
         encoded=sweep_input("encoded", "pretrain.bin"),
+        heldout=sweep_input("encoded", "pretrain_heldout.bin"),
         tokenizer=sweep_input("tokenizer", "tokenizer.json"),
         **rule_code("pretrain"),
     output:
@@ -97,26 +98,16 @@ use rule pretrain as sweep_pretrain with:
     benchmark:
         "benchmarks/sweep/{run}/pretrain.tsv"
     params:
-        # the stage's script reads either its params (script:) or one JSON argument (shell:, MPI ranks)
-        model=sweep_setting("model"),
-        settings=sweep_setting("pretrain"),
-        device=sweep_setting("device"),
-        args=sweep_script_args(
-            inputs=("encoded", "tokenizer"),
-            outputs=("checkpoint", "log_csv"),
-            settings={
-                "model": "model",
-                "settings": "pretrain",
-                "device": "device",
-                "devices": "devices",
-            },
-        ),
+        # what rules.pretrain's shell line reads (rules/common.smk stage_command), from the run's config
+        settings=sweep_script_settings(model="model", settings="pretrain", device="device", devices="devices"),
+        paths=script_paths("encoded", "heldout", "tokenizer", "checkpoint", "log_csv"),
 
 
 use rule tune as sweep_tune with:
     input:
         pretrained=sweep_input("pretrain", "model.ckpt"),
         encoded=sweep_input("encoded", "tune.bin"),
+        heldout=sweep_input("encoded", "tune_heldout.bin"),
         mix=sweep_input("encoded", "pretrain.bin"),
         **rule_code("tune"),
     output:
@@ -127,13 +118,8 @@ use rule tune as sweep_tune with:
     benchmark:
         "benchmarks/sweep/{run}/tune.tsv"
     params:
-        settings=sweep_setting("tune"),
-        device=sweep_setting("device"),
-        args=sweep_script_args(
-            inputs=("pretrained", "encoded", "mix"),
-            outputs=("checkpoint", "log_csv"),
-            settings={"settings": "tune", "device": "device", "devices": "devices"},
-        ),
+        settings=sweep_script_settings(settings="tune", device="device", devices="devices"),
+        paths=script_paths("pretrained", "encoded", "heldout", "mix", "checkpoint", "log_csv"),
 
 
 use rule evaluate as sweep_evaluate with:
@@ -143,8 +129,8 @@ use rule evaluate as sweep_evaluate with:
         tokenizer=sweep_input("tokenizer", "tokenizer.json"),
         pretrain_heldout=sweep_input("encoded", "pretrain_heldout.bin"),
         tune_heldout=sweep_input("encoded", "tune_heldout.bin"),
-        tune_dialogs=rules.evaluate.input.tune_dialogs,
-        heldout_dialogs=rules.evaluate.input.heldout_dialogs,
+        tune_dialogs=TUNE_DIALOGS,  # as rules.evaluate (whose input lacks them without a tune stage)
+        heldout_dialogs=TUNE_DIALOGS_HELDOUT,
         pretrain_log=sweep_input("pretrain", "log.csv"),
         tune_log=sweep_input("tune", "log.csv"),
         **rule_code("evaluate"),
@@ -165,7 +151,7 @@ use rule evaluate as sweep_evaluate with:
 
 use rule export as sweep_export with:
     input:
-        tuned=sweep_input("tune", "model.ckpt"),
+        model=sweep_input("tune" if TUNE else "pretrain", "model.ckpt"),  # as rules.export's FINAL_CKPT
         tokenizer=sweep_input("tokenizer", "tokenizer.json"),
         metrics=sweep_input("eval", "metrics.json"),
         **rule_code("export"),
