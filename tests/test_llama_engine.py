@@ -10,7 +10,6 @@ gradients 1e-4 relative to each tensor's largest gradient; float32 finite differ
 from __future__ import annotations
 
 import numpy as np
-import pyopencl as cl
 import pytest
 
 from clgpt import reference_llama as ref
@@ -21,7 +20,7 @@ from clgpt.llama import LlamaEngine
 from clgpt.errors import ClgptError
 from clgpt.model import ModelConfig, init_params, param_shapes
 from clgpt.reference import fd_entries
-from opcheck import FD, check_op
+from opcheck import FD, check_op, run_op
 
 KERNEL_TOL = 1e-5
 
@@ -69,29 +68,14 @@ def max_rel(got: dict, want: dict) -> tuple[float, str]:
 
 
 class Launcher:
-    """Runs one kernel on numpy inputs: arrays become buffers, `out` names the buffers read back."""
+    """Runs one kernel on numpy inputs (tests/opcheck.py run_op); `out` names the buffers returned."""
 
     def __init__(self):
         self.dev = get_device()
 
     def __call__(self, file, name, defines, gsize, args, out):
-        k = self.dev.kernel(file, name, **defines)
-        bufs, call = {}, []
-        mf = cl.mem_flags
-        for key, a in args:
-            if isinstance(a, np.ndarray):
-                a = np.ascontiguousarray(a)
-                bufs[key] = (cl.Buffer(self.dev.ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=a), a)
-                call.append(bufs[key][0])
-            else:
-                call.append(a)
-        k(self.dev.queue, gsize, None, *call)
-        res = {}
-        for key in out:
-            buf, a = bufs[key]
-            res[key] = np.empty_like(a)
-            cl.enqueue_copy(self.dev.queue, res[key], buf, is_blocking=True)
-        return res
+        res = run_op(self.dev, file, name, gsize, args, defines)
+        return {key: res[key] for key in out}
 
 
 @pytest.fixture(scope="module")
