@@ -17,7 +17,9 @@ import pyopencl as cl
 from clgpt.device import Device, get_device
 from clgpt.errors import ClgptError
 from clgpt.model import ModelConfig, decays, param_shapes
-from clgpt.tuning import SMALL_GROUPS, SPLIT_MIN_K, SPLIT_MIN_TOTAL_K, SPLIT_SMALL_GROUPS, launch_config
+from clgpt.precision import ROUND, matrix_path, mma_bk, mma_groups, mma_launch, mma_threads, resolve
+from clgpt.tuning import (MMA_SMALL_GROUPS, MMA_SPLIT_GROUPS, MMA_SPLIT_MIN_K, SMALL_GROUPS, SPLIT_MIN_K,
+                          SPLIT_MIN_TOTAL_K, SPLIT_SMALL_GROUPS, launch_config)
 
 F32 = 4
 # Default tiles of the local-memory matmul: TSM x TSN outputs per work-group, TSK deep, WPTM x WPTN outputs
@@ -46,7 +48,8 @@ def matmul_defines(mm: dict) -> dict:
 
 
 class Engine:
-    def __init__(self, cfg: ModelConfig, params: dict, batch_size: int, seq_len: int, device: Device | None = None):
+    def __init__(self, cfg: ModelConfig, params: dict, batch_size: int, seq_len: int, device: Device | None = None,
+                 precision: str = "fp32"):
         cfg.validate()
         if seq_len > cfg.n_ctx:
             raise ClgptError(f"seq_len {seq_len} exceeds the model's n_ctx {cfg.n_ctx}")
@@ -55,6 +58,13 @@ class Engine:
         self.ctx, self.queue = self.dev.ctx, self.dev.queue
         self.launch = launch_config(self.dev.device)
         self.mm = self.launch["matmul"]
+        # matmul precision (clgpt/precision.py): ROUND for the portable kernels; the tensor-core kernel where
+        # the device has one (the mma tiles), else None
+        self.precision = resolve(precision, self.dev.device)
+        self.round = ROUND[self.precision]
+        self.mma = None
+        if self.round and matrix_path(self.dev.device) == "nv_mma":
+            self.mma = (self.launch["matmul_mma"], self.launch["matmul_mma_small"])
         self._scratch, self._scratch_size = [None, None], [0, 0]  # transposed B, A for matmul_rb
         self._parts, self._parts_size = None, 0  # split-K partial products, column-sum partials (GPUs)
         self._cparts, self._cparts_size = None, 0
@@ -237,6 +247,8 @@ class Engine:
                 extra["SPLITK"] = 1
             if batch:
                 extra.update(BATCH=1, CAUSAL=causal)
+            if self.round:  # tf32/bf16 operands (fp32 builds keep their options, so their binaries, unchanged)
+                extra["ROUND"] = self.round
             kern = self._mm[key] = self.dev.kernel(
                 "matmul", mm["kernel"], TA=ta, TB=tb, BIAS=int(bias), RESID=int(resid), ACCUM=int(accum), EPI=epi,
                 **extra, **matmul_defines(mm))
@@ -270,6 +282,9 @@ class Engine:
     def _matmul(self, M, N, K, A, B, Cm, ta=0, tb=0, bias=None, resid=None, accum=False, alpha=1.0, epi=0, E=None):
         """matmul with an epilogue: epi 1 also writes E = gelu(Cm); epi 2 multiplies Cm by gelu'(E)."""
         if M <= 0 or N <= 0:
+            return
+        if self.mma is not None:
+            self._matmul_mma(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E)
             return
         mm, _ = self._tiles(M, N)
         if mm["kernel"] == "matmul_rb":
@@ -312,6 +327,54 @@ class Engine:
         self._launch(kern, gsize, lsize, (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm, i32(N),
                                           bias, resid, f32(alpha), E))
 
+    # ---- tensor cores (kernels/matmul_mma.cl) ----
+    def _mma_tiles(self, M, N, nz=1):
+        """The big mma tiles, or the small ones where the big give fewer than MMA_SMALL_GROUPS work-groups."""
+        big, small = self.mma
+        return big if mma_groups(big, M, N) * nz >= MMA_SMALL_GROUPS else small
+
+    def _kernel_mma(self, mm, ta, tb, bias, resid, accum, epi, align4, split=0, batch=0, causal=0):
+        key = ("mma", ta, tb, bias, resid, accum, epi, align4, split, batch, causal, id(mm))
+        kern = self._mm.get(key)
+        if kern is None:
+            nth = mma_threads(mm)
+            if (mm["BM"] * 4) % nth or (mm["BN"] * 4) % nth or mm["BM"] % (16 * mm["WM"]) or mm["BN"] % (8 * mm["WN"]):
+                raise ClgptError(f"mma tiles {mm}: BM, BN times 4 must divide by the work-group's threads, "
+                                 "BM by 16 WM, BN by 8 WN")
+            extra = dict(SPLITK=1) if split else {}
+            if batch:
+                extra.update(BATCH=1, CAUSAL=causal)
+            if matrix_path(self.dev.device) == "nv_mma" and "nvidia" not in self.dev.device.vendor.lower():
+                extra["MMA_EMULATE"] = 1  # CLGPT_MMA_EMULATE on a device without tensor cores (tests)
+            kern = self._mm[key] = self.dev.kernel(
+                "matmul_mma", "matmul_mma", TA=ta, TB=tb, BIAS=int(bias), RESID=int(resid), ACCUM=int(accum),
+                EPI=epi, ROUND=self.round, ALIGN4=int(align4), BM=mm["BM"], BN=mm["BN"], WM=mm["WM"], WN=mm["WN"],
+                **extra)
+        return kern
+
+    def _matmul_mma(self, M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E):
+        lda, ldb = (M if ta else K), (K if tb else N)
+        align4 = lda % 4 == 0 and ldb % 4 == 0
+        mm = self._mma_tiles(M, N)
+        groups = mma_groups(mm, M, N)
+        if bias is None and resid is None and epi == 0 and K >= SPLIT_MIN_TOTAL_K and groups < MMA_SPLIT_GROUPS:
+            # split-K as the fp32 kernel does: S raw partial products, then splitk_reduce adds them in order
+            S = min(-(-MMA_SPLIT_GROUPS * 2 // groups), K // MMA_SPLIT_MIN_K)
+            if S >= 2:
+                kc = _ceil(-(-K // S), mma_bk(self.round))
+                S = -(-K // kc)
+                P = self._grow_parts(S * M * N)
+                kern = self._kernel_mma(mm, ta, tb, False, False, False, 0, align4, split=1)
+                (gx, gy), lsize = mma_launch(mm, M, N)
+                self._launch(kern, (gx, gy, S), lsize + (1,), (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), P,
+                             i32(N), None, None, f32(1.0), None, i32(kc), i32(1), *(i32(0),) * 9))
+                self._runp("splitk_reduce", (M * N,), i32(M * N), i32(S), i32(bool(accum)), f32(alpha), P, Cm)
+                return
+        kern = self._kernel_mma(mm, ta, tb, bias is not None, resid is not None, bool(accum), epi, align4)
+        gsize, lsize = mma_launch(mm, M, N)
+        self._launch(kern, gsize, lsize, (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm, i32(N),
+                                          bias, resid, f32(alpha), E))
+
     def _grow_parts(self, n):
         if self._parts_size < n:
             self._parts, self._parts_size = self._buf(n), n
@@ -325,6 +388,15 @@ class Engine:
     def _bmm(self, M, N, K, nz, hb, A, lda, a_off, B, ldb, b_off, Cm, ldc, c_off, ta=0, tb=0, alpha=1.0, causal=0):
         """Batched matmul (GPUs): for z < nz, (zb, zh) = divmod(z, hb), Cm_z (M,N) = alpha op(A_z) @ op(B_z)
         where X_z = X + o + zb * s_b + zh * s_h and x_off = (o, s_b, s_h); causal: see kernels/matmul.cl."""
+        if self.mma is not None:
+            mm = self._mma_tiles(M, N, nz)
+            align4 = all(v % 4 == 0 for v in (lda, ldb, *a_off, *b_off))
+            kern = self._kernel_mma(mm, ta, tb, False, False, False, 0, align4, batch=1, causal=causal)
+            (gx, gy), lsize = mma_launch(mm, M, N)
+            self._launch(kern, (gx, gy, nz), lsize + (1,), (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm,
+                         i32(ldc), None, None, f32(alpha), None, i32(0), i32(hb),
+                         *(i32(v) for v in (*a_off, *b_off, *c_off))))
+            return
         mm, _ = self._tiles(M, N, nz)
         kern = self._kernel_mm(mm, ta, tb, False, False, False, 0, batch=1, causal=causal)
         (gx, gy), lsize = matmul_launch(mm, M, N)

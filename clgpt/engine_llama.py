@@ -45,19 +45,22 @@ i32, f32 = np.int32, np.float32
 _EXPERT_MATS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 
 
-def make_engine(cfg: ModelConfig, params: dict, batch_size: int, seq_len: int, device: Device | None = None) -> Engine:
-    """The engine for cfg.arch: Engine (gpt2) or LlamaEngine (llama), same public API."""
+def make_engine(cfg: ModelConfig, params: dict, batch_size: int, seq_len: int, device: Device | None = None,
+                precision: str = "fp32") -> Engine:
+    """The engine for cfg.arch: Engine (gpt2) or LlamaEngine (llama), same public API; precision: the
+    matmuls' (clgpt/precision.py)."""
     cls = LlamaEngine if cfg.arch == "llama" else Engine
-    return cls(cfg, params, batch_size=batch_size, seq_len=seq_len, device=device)
+    return cls(cfg, params, batch_size=batch_size, seq_len=seq_len, device=device, precision=precision)
 
 
 class LlamaEngine(Engine):
-    def __init__(self, cfg: ModelConfig, params: dict, batch_size: int, seq_len: int, device: Device | None = None):
+    def __init__(self, cfg: ModelConfig, params: dict, batch_size: int, seq_len: int, device: Device | None = None,
+                 precision: str = "fp32"):
         if cfg.arch != "llama":
             raise ClgptError(f"LlamaEngine runs arch 'llama', not {cfg.arch!r}; use clgpt.engine_llama.make_engine")
         self._staged = False
         self._fixed_routing = False
-        super().__init__(cfg, params, batch_size, seq_len, device)
+        super().__init__(cfg, params, batch_size, seq_len, device, precision)
 
     # ---- kernels and buffers ----
     def _build_kernels(self):

@@ -33,6 +33,7 @@ from clgpt.checkpoint import load_checkpoint, save_checkpoint
 from clgpt.data import load_encoded
 from clgpt.errors import ClgptError
 from clgpt.model import ModelConfig, init_params
+from clgpt.precision import PRECISIONS
 
 # Settings of both stages with their defaults (the same as schemas/config.schema.yaml). epochs > 0
 # replaces steps by ceil(epochs * rows / rows_per_step); mix_pretrain is the tune stage's share of rows
@@ -50,6 +51,7 @@ DEFAULTS = {
     "beta1": 0.9,
     "beta2": 0.95,
     "grad_clip": 1.0,  # global gradient-norm clip; 0 = off
+    "precision": "fp32",  # matmul operands: fp32 | tf32 | bf16 | auto (clgpt/precision.py)
     "accum_steps": 1,  # micro-batches per optimizer step
     "checkpoint_every": 50,  # steps between resumable checkpoints
     "target_loss": 0.0,  # stop once the smoothed loss is at or below it; 0 = off
@@ -82,6 +84,8 @@ def stage_settings(stage: str, settings: dict) -> dict:
     for key in ("batch_size", "accum_steps", "checkpoint_every"):
         if s[key] < 1:
             raise ClgptError(f"{stage}.{key}: must be at least 1, got {s[key]}")
+    if s["precision"] not in PRECISIONS:
+        raise ClgptError(f"{stage}.precision: expected one of {', '.join(PRECISIONS)}, got {s['precision']!r}")
     if s["seq_len"] < 2:
         raise ClgptError(f"{stage}.seq_len: must be at least 2, got {s['seq_len']}")
     if s["steps"] < 1 and s["epochs"] < 1:
@@ -452,7 +456,8 @@ def run_stage(
 
     from clgpt.engine_llama import make_engine  # Engine (gpt2) or LlamaEngine (llama); needs OpenCL
 
-    eng = make_engine(cfg, inp.params, batch_size=B, seq_len=T, device=_resolve_device(device))
+    eng = make_engine(cfg, inp.params, batch_size=B, seq_len=T, device=_resolve_device(device),
+                      precision=s["precision"])
     partial = ckpt_out + ".partial"
     prog = _resume(partial, key, eng, batches, stage, total)
     resumed_from = prog.step
