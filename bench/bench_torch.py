@@ -2,6 +2,7 @@
 
     python bench/bench_torch.py [--vocab 512 --ctx 80 --embd 64 --ffn 128 --heads 2 --layers 1 --batch 8]
                                 [--steps 20] [--warmup 3] [--gemm 1024] [--device cpu|cuda] [--threads N]
+                                [--nanogpt]   (torch.compile + bf16 autocast + SDPA + fused AdamW, as nanoGPT on a GPU)
 
 Same architecture as clgpt (ARCHITECTURE.md): learned positions, pre-LayerNorm blocks (eps 1e-5), causal
 multi-head attention scaled by 1/sqrt(D), GELU (tanh form), a final LayerNorm and a head tied to the
@@ -19,7 +20,7 @@ import math
 import time
 
 
-def build_model(torch, V, T, C, F, H, L):
+def build_model(torch, V, T, C, F, H, L, sdpa=False):
     nn = torch.nn
     Fn = torch.nn.functional
 
@@ -41,9 +42,13 @@ def build_model(torch, V, T, C, F, H, L):
             q = q.view(B, Tp, H, D).transpose(1, 2)
             k = k.view(B, Tp, H, D).transpose(1, 2)
             v = v.view(B, Tp, H, D).transpose(1, 2)
-            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(D))
-            att = att.masked_fill(~self.causal[:Tp, :Tp], float("-inf")).softmax(dim=-1)
-            y = (att @ v).transpose(1, 2).contiguous().view(B, Tp, C)
+            if sdpa:  # nanoGPT's attention: fused (flash) kernel
+                y = Fn.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(D))
+                att = att.masked_fill(~self.causal[:Tp, :Tp], float("-inf")).softmax(dim=-1)
+                y = att @ v
+            y = y.transpose(1, 2).contiguous().view(B, Tp, C)
             x = x + self.proj(y)
             return x + self.down(Fn.gelu(self.up(self.ln2(x)), approximate="tanh"))
 
@@ -119,6 +124,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch's default)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--nanogpt", action="store_true",
+                    help="as nanoGPT trains on a GPU: torch.compile, bf16 autocast, SDPA attention, fused AdamW")
     args = ap.parse_args(argv)
 
     import numpy as np
@@ -142,14 +149,18 @@ def main(argv=None) -> int:
     torch.manual_seed(args.seed)
 
     V, T, C, F, H, L, B = args.vocab, args.ctx, args.embd, args.ffn, args.heads, args.layers, args.batch
-    model = build_model(torch, V, T, C, F, H, L).to(dev)
+    model = build_model(torch, V, T, C, F, H, L, sdpa=args.nanogpt).to(dev)
     n_params = sum(p.numel() for p in model.parameters())
     decay = [p for n, p in model.named_parameters() if p.dim() == 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=3e-4, betas=(0.9, 0.95), eps=1e-8, foreach=True,
+        lr=3e-4, betas=(0.9, 0.95), eps=1e-8, **(dict(fused=True) if args.nanogpt else dict(foreach=True)),
     )
+    fwd = torch.compile(model) if args.nanogpt else model
+    import contextlib
+
+    autocast = (lambda: torch.autocast(device_type=dev.type, dtype=torch.bfloat16)) if args.nanogpt else contextlib.nullcontext
     rng = np.random.default_rng(args.seed)
 
     def batch():
@@ -159,14 +170,16 @@ def main(argv=None) -> int:
 
     def train_step():
         xb, yb = batch()
-        loss = model(xb, yb)
+        with autocast():
+            loss = fwd(xb, yb)
         opt.zero_grad(set_to_none=False)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         return loss
 
-    print(f"device: torch {torch.__version__} {args.device}: {dev_name}")
+    print(f"device: torch {torch.__version__} {args.device}: {dev_name}"
+          + (" (torch.compile, bf16 autocast, SDPA, fused AdamW)" if args.nanogpt else ""))
     print(f"model: V={V} T={T} C={C} F={F} H={H} L={L} B={B}, {n_params:,} parameters")
     for _ in range(args.warmup):
         loss = train_step()
