@@ -16,14 +16,16 @@ timeout 80 python3 bench/gpu_tc.py gemm 2>&1 | grep -v Warn | tee $O/gemm.txt
 M="--vocab 4096 --ctx 256 --embd 256 --ffn 1024 --heads 4 --layers 4 --batch 8"
 M6="--vocab 4096 --ctx 256 --embd 384 --ffn 1536 --heads 6 --layers 6 --batch 64"
 L="--vocab 8192 --ctx 512 --embd 768 --ffn 3072 --heads 12 --layers 12 --batch 16"
+bench() {  # shape precision
+  eval args=\$$1; steps=30; [ $1 = L ] && steps=10
+  echo "== $1 clgpt $2" | tee -a $O/train.txt
+  timeout 60 python3 -m clgpt bench $args --steps $steps --gemm 0 --precision $2 2>&1 | grep -v "^  \|Warn" | tail -2 | tee -a $O/train.txt
+}
 for shape in M M6 L; do
-  eval args=\$$shape
-  steps=30; [ $shape = L ] && steps=10
-  for prec in ${PRECS:-bf16 tf32 fp32}; do
-    echo "== $shape clgpt $prec" | tee -a $O/train.txt
-    timeout 60 python3 -m clgpt bench $args --steps $steps --gemm 0 --precision $prec 2>&1 | grep -v "^  \|Warn" | tail -2 | tee -a $O/train.txt
-  done
+  bench $shape bf16
+  eval args=\$$shape; steps=30; [ $shape = L ] && steps=10
   echo "== $shape torch nanogpt (compile, bf16 autocast, SDPA, fused AdamW)" | tee -a $O/train.txt
-  timeout 150 python3 bench/bench_torch.py $args --steps $steps --warmup 5 --device cuda --nanogpt 2>&1 | tail -2 | tee -a $O/train.txt
+  timeout 120 python3 bench/bench_torch.py $args --steps $steps --warmup 5 --device cuda --nanogpt 2>&1 | tail -2 | tee -a $O/train.txt
 done
 timeout 100 python3 bench/gpu_tc.py curve 2>&1 | grep -v Warn | tee $O/curve.txt
+for prec in ${PRECS:-tf32 fp32}; do for shape in M M6 L; do bench $shape $prec; done; done
