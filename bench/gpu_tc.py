@@ -118,7 +118,11 @@ def gemm(n=4096):
     del a16, b16, ta, tb
     torch.cuda.empty_cache()
     dA, dB, dC = buf(A), buf(B), cl.Buffer(dev.ctx, mf.READ_WRITE, n * n * 4)
-    configs = [None, "BM=128,BN=128,WM=2,WN=2", "BM=128,BN=128,WM=4,WN=2", "BM=128,BN=64,WM=2,WN=2"]
+    configs = [None, "BM=128,BN=128,WM=2,WN=4,MAXRREG=128", "BM=128,BN=128,WM=2,WN=2",
+               "BM=128,BN=128,WM=2,WN=2,MAXRREG=168", "BM=64,BN=128,WM=2,WN=2", "BM=64,BN=64,WM=2,WN=2",
+               "BM=64,BN=64,WM=2,WN=2,MAXRREG=128"]
+    os.environ["CLGPT_NV_VERBOSE"] = "1"
+    speed = {}
     for precision in ("bf16", "tf32"):
         for spec in configs:
             for tb in (0, 1):
@@ -126,10 +130,28 @@ def gemm(n=4096):
                     eng = engine(precision, spec)
                     t = best(lambda: eng.matmul(n, n, n, dA, dB, dC, tb=tb), dev.queue.finish)
                     tf = fl / t / 1e12
+                    speed.setdefault((precision, spec), []).append(tf)
                     print(f"clgpt {precision} {spec or 'default (' + str(eng.mma[0]) + ')'} tb={tb}: {tf:.1f} TFLOP/s, "
                           f"{t * 1e3:.2f} ms, clgpt/torch {precision} = {tf / torch_tf[precision]:.3f}", flush=True)
                 except Exception as e:  # noqa: BLE001
                     print(f"clgpt {precision} {spec} tb={tb}: FAILED {type(e).__name__}: {str(e)[:400]}", flush=True)
+    seen = set()
+    for (stem, opts), prg in dev._programs.items():  # registers and spills ptxas reported (-cl-nv-verbose)
+        if stem != "matmul_mma" or "-cl-nv-verbose" not in opts:
+            continue
+        log = prg.get_build_info(dev.device, cl.program_build_info.LOG)
+        lines = " | ".join(x.strip() for x in log.splitlines() if "registers" in x or "spill" in x or "stack" in x)
+        tag = " ".join(o for o in opts if o.split("=")[0] in ("-DBM", "-DBN", "-DWM", "-DWN", "-DROUND", "-DTB", "-DTA")
+                       or o.startswith("-cl-nv-maxrreg"))
+        if tag not in seen:
+            seen.add(tag)
+            print(f"ptxas {tag}: {lines[:300]}")
+    cands = [s for s in speed if s[0] == "bf16" and s[1] and len(speed[s]) == 2]
+    best = max(cands, key=lambda s: sum(speed[s])) if cands else None
+    default = sum(speed.get(("bf16", None), [0]))
+    if best and sum(speed[best]) > 1.05 * default:
+        Path("/tmp/best_mma").write_text(best[1])
+        print(f"best bf16 tiles (mean of tb=0/1): {best[1]} {sum(speed[best]) / 2:.1f} TFLOP/s vs default {default / 2:.1f}")
 
 
 def curve(steps=200):

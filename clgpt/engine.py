@@ -10,6 +10,7 @@ uses the first B'*T' rows. Within a step only the loss (and the norm in step) co
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pyopencl as cl
@@ -346,8 +347,12 @@ class Engine:
                 extra.update(BATCH=1, CAUSAL=causal)
             if matrix_path(self.dev.device) == "nv_mma" and "nvidia" not in self.dev.device.vendor.lower():
                 extra["MMA_EMULATE"] = 1  # CLGPT_MMA_EMULATE on a device without tensor cores (tests)
+            # MAXRREG: a register cap (NVIDIA's -cl-nv-maxrregcount) so more work-groups share an SM
+            build = (f"-cl-nv-maxrregcount={mm['MAXRREG']}",) if mm.get("MAXRREG") and "MMA_EMULATE" not in extra else ()
+            if os.environ.get("CLGPT_NV_VERBOSE") and not extra.get("MMA_EMULATE"):
+                build += ("-cl-nv-verbose",)
             kern = self._mm[key] = self.dev.kernel(
-                "matmul_mma", "matmul_mma", TA=ta, TB=tb, BIAS=int(bias), RESID=int(resid), ACCUM=int(accum),
+                "matmul_mma", "matmul_mma", build_options=build, TA=ta, TB=tb, BIAS=int(bias), RESID=int(resid), ACCUM=int(accum),
                 EPI=epi, ROUND=self.round, ALIGN4=int(align4), BM=mm["BM"], BN=mm["BN"], WM=mm["WM"], WN=mm["WN"],
                 **extra)
         return kern

@@ -5,7 +5,7 @@ each row are in bench/RESULTS_GPU.md (GPUs) and the engine's commit notes (PoCL)
 
 CLGPT_MATMUL overrides the matmul choice for experiments, e.g.
 `CLGPT_MATMUL=kernel=matmul,TSM=128,TSN=128,TSK=16,WPTM=8,WPTN=8,LDSV=1`.
-CLGPT_MMA overrides the tensor-core tiles likewise, e.g. `CLGPT_MMA=BM=128,BN=128,WM=2,WN=2`.
+CLGPT_MMA and CLGPT_MMA_SMALL override the big and small tensor-core tiles, e.g. `CLGPT_MMA=BM=128,BN=128,WM=2,WN=2`.
 CLGPT_LAUNCH=cpu|nvidia|gpu takes that table row whatever the device (tests run the GPU paths on PoCL).
 """
 
@@ -30,7 +30,8 @@ SMALL_GROUPS = 264  # fewer work-groups than this (2 per SM of an H200) with the
 # Tensor cores (kernels/matmul_mma.cl, NVIDIA sm_80+, precision tf32/bf16): BM x BN outputs per work-group
 # of WM x WN warps. Outputs giving fewer than MMA_SMALL_GROUPS work-groups of the big tiles take the small
 # ones; products without an epilogue whose output still gives fewer than MMA_SPLIT_GROUPS are split along K
-# (chunks >= MMA_SPLIT_MIN_K deep) as the fp32 kernel's are.
+# (chunks >= MMA_SPLIT_MIN_K deep) as the fp32 kernel's are. MAXRREG (optional): NVIDIA's register cap
+# (-cl-nv-maxrregcount), so that more work-groups fit an SM.
 _NVIDIA_MMA = dict(kernel="matmul_mma", BM=128, BN=128, WM=2, WN=4)
 _NVIDIA_MMA_SMALL = dict(kernel="matmul_mma", BM=64, BN=64, WM=2, WN=2)
 MMA_SMALL_GROUPS = 132
@@ -118,9 +119,10 @@ def launch_config(device: cl.Device) -> dict:
             cfg.pop("matmul_narrow", None)
     cfg.setdefault("matmul_mma", _NVIDIA_MMA)  # used only where clgpt.precision.matrix_path says so
     cfg.setdefault("matmul_mma_small", _NVIDIA_MMA_SMALL)
-    spec = os.environ.get("CLGPT_MMA", "").strip()  # e.g. CLGPT_MMA=BM=128,BN=128,WM=2,WN=2 (both sizes)
-    if spec:
-        cfg["matmul_mma"] = cfg["matmul_mma_small"] = dict(_parse(spec), kernel="matmul_mma")
+    for key, var in (("matmul_mma", "CLGPT_MMA"), ("matmul_mma_small", "CLGPT_MMA_SMALL")):
+        spec = os.environ.get(var, "").strip()  # e.g. CLGPT_MMA=BM=128,BN=128,WM=2,WN=2,MAXRREG=128
+        if spec:
+            cfg[key] = dict(_parse(spec), kernel="matmul_mma")
     if os.environ.get("CLGPT_PRESET", "") in ("0", "1"):
         cfg["preset"] = int(os.environ["CLGPT_PRESET"])
     return cfg

@@ -77,12 +77,8 @@
 // word w of row r -> its place in the local row (see the header): pair (w/8)*4 + w%4, swizzled, half w/4 % 2
 #define PHYS(r, w) ((r) * KW + ((((w) >> 3) * 4 + ((w) & 3)) ^ ((((r) >> 1) & 1) << 2)) * 2 + (((w) >> 2) & 1))
 
-#if ROUND == 1
-#define TO_WORD(x) bf16_bits(x)
-#define PACK2(lo, hi) (bf16_bits(lo) | (bf16_bits(hi) << 16))
-#else
-#define TO_WORD(x) as_uint(round_tf32(x))
-#endif
+#define PACK2(lo, hi) (bf16_bits(lo) | (bf16_bits(hi) << 16))  // two bf16, the lower k in the low half
+#define TO_WORD(x) as_uint(round_tf32(x))                       // one tf32
 
 // The staging of one operand tile: R rows (BM or BN) x BK k values, rows r0.., k from k0, from X (ld).
 // KC = 1: element (r, k) at X[r*ld + k] (k-contiguous: float4 loads along k); KC = 0: at X[k*ld + r].
@@ -93,88 +89,73 @@
 #define NRB (CH(BN, KC_B) * (KC_B ? 4 : KPW))
 
 // Global -> registers (fp32, zero outside the matrix and past kend). Words of the KC = 0 form: lanes
-// 0..7 take 8 consecutive rows (32 bytes of one k row), lanes 8..31 the next 3 words.
-inline void load_tile(__global const float* X, const int ld, const int kc_form, const int R, const int r0,
-                      const int rows, const int k0, const int kend, const int tid, float* reg)
-{
-    if (kc_form) {
-        for (int i = 0; i < R * BK / 4 / NTH; i++) {
-            const int e = tid + i * NTH, r = e / (BK / 4), c = e % (BK / 4);
-            const int gr = r0 + r, gk = k0 + 4 * c;
-            float4 v = (float4)(0.0f);
-            if (gr < rows) {
-                __global const float* p = X + (size_t)gr * ld + gk;
-#if ALIGN4
-                if (gk + 3 < kend) v = *(__global const float4*)p;
-                else
-#endif
-                {
-                    if (gk < kend) v.x = p[0];
-                    if (gk + 1 < kend) v.y = p[1];
-                    if (gk + 2 < kend) v.z = p[2];
-                    if (gk + 3 < kend) v.w = p[3];
-                }
-            }
-            reg[4 * i] = v.x; reg[4 * i + 1] = v.y; reg[4 * i + 2] = v.z; reg[4 * i + 3] = v.w;
-        }
-    } else {
-        for (int i = 0; i < R * KW / NTH; i++) {
-            const int e = tid + i * NTH;
-            const int r = (e & 7) + 8 * ((e >> 5) % (R / 8)), w = ((e >> 3) & 3) + 4 * (e / (4 * R));
-            const int gr = r0 + r;
-            for (int h = 0; h < KPW; h++) {
-                const int gk = k0 + w * KPW + h;
-                reg[KPW * i + h] = (gr < rows && gk < kend) ? X[(size_t)gk * ld + gr] : 0.0f;
-            }
-        }
+// 0..7 take 8 consecutive rows (32 bytes of one k row), lanes 8..31 the next 3 words. Macros, not
+// functions: reg must stay in registers (a function taking it by pointer, if not inlined, puts it on
+// the stack).
+#define LOAD_TILE(X, ld, KC, R, r0, rows, k0, reg)                                              \
+    if (KC) {                                                                                   \
+        _Pragma("unroll") for (int i = 0; i < (R) * BK / 4 / NTH; i++) {                        \
+            const int e = tid + i * NTH, r = e / (BK / 4), c = e % (BK / 4);                     \
+            const int gr = (r0) + r, gk = (k0) + 4 * c;                                          \
+            float4 v = (float4)(0.0f);                                                          \
+            if (gr < (rows)) {                                                                  \
+                __global const float* p = (X) + (size_t)gr * (ld) + gk;                          \
+                if (ALIGN4 && gk + 3 < kend) v = *(__global const float4*)p;                     \
+                else {                                                                          \
+                    if (gk < kend) v.x = p[0];                                                  \
+                    if (gk + 1 < kend) v.y = p[1];                                              \
+                    if (gk + 2 < kend) v.z = p[2];                                              \
+                    if (gk + 3 < kend) v.w = p[3];                                              \
+                }                                                                               \
+            }                                                                                   \
+            reg[4 * i] = v.x; reg[4 * i + 1] = v.y; reg[4 * i + 2] = v.z; reg[4 * i + 3] = v.w; \
+        }                                                                                       \
+    } else {                                                                                    \
+        _Pragma("unroll") for (int i = 0; i < (R) * KW / NTH; i++) {                            \
+            const int e = tid + i * NTH;                                                        \
+            const int r = (e & 7) + 8 * ((e >> 5) % ((R) / 8)), w = ((e >> 3) & 3) + 4 * (e / (4 * (R))); \
+            const int gr = (r0) + r;                                                            \
+            _Pragma("unroll") for (int h = 0; h < KPW; h++) {                                   \
+                const int gk = (k0) + w * KPW + h;                                              \
+                reg[KPW * i + h] = (gr < (rows) && gk < kend) ? (X)[(size_t)gk * (ld) + gr] : 0.0f; \
+            }                                                                                   \
+        }                                                                                       \
     }
-}
 
 // Registers -> local words (rounded).
-inline void store_tile(__local uint* Xs, const int kc_form, const int R, const int tid, const float* reg)
-{
-    if (kc_form) {
-        for (int i = 0; i < R * BK / 4 / NTH; i++) {
-            const int e = tid + i * NTH, r = e / (BK / 4), c = e % (BK / 4);
-#if ROUND == 1
-            Xs[PHYS(r, 2 * c)] = PACK2(reg[4 * i], reg[4 * i + 1]);
-            Xs[PHYS(r, 2 * c + 1)] = PACK2(reg[4 * i + 2], reg[4 * i + 3]);
-#else
-            for (int h = 0; h < 4; h++) Xs[PHYS(r, 4 * c + h)] = TO_WORD(reg[4 * i + h]);
-#endif
-        }
-    } else {
-        for (int i = 0; i < R * KW / NTH; i++) {
-            const int e = tid + i * NTH;
-            const int r = (e & 7) + 8 * ((e >> 5) % (R / 8)), w = ((e >> 3) & 3) + 4 * (e / (4 * R));
-#if ROUND == 1
-            Xs[PHYS(r, w)] = PACK2(reg[2 * i], reg[2 * i + 1]);
-#else
-            Xs[PHYS(r, w)] = TO_WORD(reg[i]);
-#endif
-        }
+#define STORE_TILE(Xs, KC, R, reg)                                                              \
+    if (KC) {                                                                                   \
+        _Pragma("unroll") for (int i = 0; i < (R) * BK / 4 / NTH; i++) {                        \
+            const int e = tid + i * NTH, r = e / (BK / 4), c = e % (BK / 4);                     \
+            if (ROUND == 1) {                                                                   \
+                (Xs)[PHYS(r, 2 * c)] = PACK2(reg[4 * i], reg[4 * i + 1]);                        \
+                (Xs)[PHYS(r, 2 * c + 1)] = PACK2(reg[4 * i + 2], reg[4 * i + 3]);                \
+            } else {                                                                            \
+                _Pragma("unroll") for (int h = 0; h < 4; h++)                                   \
+                    (Xs)[PHYS(r, 4 * c + h)] = TO_WORD(reg[4 * i + h]);                          \
+            }                                                                                   \
+        }                                                                                       \
+    } else {                                                                                    \
+        _Pragma("unroll") for (int i = 0; i < (R) * KW / NTH; i++) {                            \
+            const int e = tid + i * NTH;                                                        \
+            const int r = (e & 7) + 8 * ((e >> 5) % ((R) / 8)), w = ((e >> 3) & 3) + 4 * (e / (4 * (R))); \
+            (Xs)[PHYS(r, w)] = (ROUND == 1) ? PACK2(reg[2 * i], reg[2 * i + 1]) : TO_WORD(reg[i]); \
+        }                                                                                       \
     }
-}
 
 #if !MMA_EMULATE
-// d (4 floats) += a (16 x k) @ b (k x 8), one warp
-inline void mma(float* d, const uint2 alo, const uint2 ahi, const uint2 b)
-{
-    // alo = (word t, word t+4) of row g, ahi the same of row g+8: a0 = alo.x, a1 = ahi.x, a2 = alo.y, a3 = ahi.y
+// d (4 floats) += a (16 x k) @ b (k x 8), one warp. alo = (word t, word t+4) of row g, ahi the same of
+// row g+8: a0 = alo.x, a1 = ahi.x, a2 = alo.y, a3 = ahi.y; b = (b0, b1).
 #if ROUND == 1
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%10,%11,%12,%13};"
-                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-                 : "r"(alo.x), "r"(ahi.x), "r"(alo.y), "r"(ahi.y), "r"(b.x), "r"(b.y),
-                   "f"(d[0]), "f"(d[1]), "f"(d[2]), "f"(d[3]));
+#define MMA_PTX "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
 #else
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%10,%11,%12,%13};"
-                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-                 : "r"(alo.x), "r"(ahi.x), "r"(alo.y), "r"(ahi.y), "r"(b.x), "r"(b.y),
-                   "f"(d[0]), "f"(d[1]), "f"(d[2]), "f"(d[3]));
+#define MMA_PTX "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"
 #endif
-}
+#define MMA(d, alo, ahi, b)                                                                     \
+    asm volatile(MMA_PTX " {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};"            \
+                 : "=f"((d)[0]), "=f"((d)[1]), "=f"((d)[2]), "=f"((d)[3])                        \
+                 : "r"((alo).x), "r"((ahi).x), "r"((alo).y), "r"((ahi).y), "r"((b).x), "r"((b).y), \
+                   "f"((d)[0]), "f"((d)[1]), "f"((d)[2]), "f"((d)[3]))
 #endif
 
 #if MMA_EMULATE
@@ -218,8 +199,6 @@ inline void mma_emulate(float* d, const uint2 alo, const uint2 ahi, const uint2 
     barrier(CLK_LOCAL_MEM_FENCE);
 }
 #define MMA(d, alo, ahi, b) mma_emulate(d, alo, ahi, b, xa, xb, warp, lane)
-#else
-#define MMA(d, alo, ahi, b) mma(d, alo, ahi, b)
 #endif
 
 #if SPLITK || BATCH
@@ -268,8 +247,11 @@ void matmul_mma(const int M, const int N, const int K,
     __local uint As[2][BM * KW] __attribute__((aligned(16)));
     __local uint Bs[2][BN * KW] __attribute__((aligned(16)));
     float acc[MT][NT][4];
+#pragma unroll
     for (int i = 0; i < MT; i++)
+#pragma unroll
         for (int j = 0; j < NT; j++)
+#pragma unroll
             for (int c = 0; c < 4; c++) acc[i][j][c] = 0.0f;
     float ra[NRA], rb[NRB];
 #if MMA_EMULATE
@@ -277,10 +259,10 @@ void matmul_mma(const int M, const int N, const int K,
 #endif
 
     if (kbeg < kend) {
-        load_tile(A, lda, KC_A, BM, m0, M, kbeg, kend, tid, ra);
-        load_tile(B, ldb, KC_B, BN, n0, N, kbeg, kend, tid, rb);
-        store_tile(As[0], KC_A, BM, tid, ra);
-        store_tile(Bs[0], KC_B, BN, tid, rb);
+        LOAD_TILE(A, lda, KC_A, BM, m0, M, kbeg, ra)
+        LOAD_TILE(B, ldb, KC_B, BN, n0, N, kbeg, rb)
+        STORE_TILE(As[0], KC_A, BM, ra)
+        STORE_TILE(Bs[0], KC_B, BN, rb)
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // this work-item's fragment rows: warp (wm, wn) owns rows wm*(BM/WM).. and columns wn*(BN/WN)..
@@ -291,8 +273,8 @@ void matmul_mma(const int M, const int N, const int K,
     for (int k0 = kbeg; k0 < kend; k0 += BK) {
         const int nk = k0 + BK;
         if (nk < kend) {
-            load_tile(A, lda, KC_A, BM, m0, M, nk, kend, tid, ra);
-            load_tile(B, ldb, KC_B, BN, n0, N, nk, kend, tid, rb);
+            LOAD_TILE(A, lda, KC_A, BM, m0, M, nk, ra)
+            LOAD_TILE(B, ldb, KC_B, BN, n0, N, nk, rb)
         }
         __local const uint* as = As[cur];
         __local const uint* bs = Bs[cur];
@@ -313,8 +295,8 @@ void matmul_mma(const int M, const int N, const int K,
                 for (int j = 0; j < NT; j++) MMA(acc[i][j], alo[i], ahi[i], b[j]);
         }
         if (nk < kend) {
-            store_tile(As[cur ^ 1], KC_A, BM, tid, ra);
-            store_tile(Bs[cur ^ 1], KC_B, BN, tid, rb);
+            STORE_TILE(As[cur ^ 1], KC_A, BM, ra)
+            STORE_TILE(Bs[cur ^ 1], KC_B, BN, rb)
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         cur ^= 1;
