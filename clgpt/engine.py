@@ -347,10 +347,8 @@ class Engine:
                 extra.update(BATCH=1, CAUSAL=causal)
             if matrix_path(self.dev.device) == "nv_mma" and "nvidia" not in self.dev.device.vendor.lower():
                 extra["MMA_EMULATE"] = 1  # CLGPT_MMA_EMULATE on a device without tensor cores (tests)
-            # MAXRREG: a register cap (NVIDIA's -cl-nv-maxrregcount) so more work-groups share an SM
-            build = (f"-cl-nv-maxrregcount={mm['MAXRREG']}",) if mm.get("MAXRREG") and "MMA_EMULATE" not in extra else ()
-            if os.environ.get("CLGPT_NV_VERBOSE") and not extra.get("MMA_EMULATE"):
-                build += ("-cl-nv-verbose",)
+            # CLGPT_NV_VERBOSE=1: NVIDIA's compiler reports registers and spills in the build log (bench/gpu_tc.py)
+            build = ("-cl-nv-verbose",) if os.environ.get("CLGPT_NV_VERBOSE") and not extra.get("MMA_EMULATE") else ()
             kern = self._mm[key] = self.dev.kernel(
                 "matmul_mma", "matmul_mma", build_options=build, TA=ta, TB=tb, BIAS=int(bias), RESID=int(resid), ACCUM=int(accum),
                 EPI=epi, ROUND=self.round, ALIGN4=int(align4), BM=mm["BM"], BN=mm["BN"], WM=mm["WM"], WN=mm["WN"],

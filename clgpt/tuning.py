@@ -30,8 +30,8 @@ SMALL_GROUPS = 264  # fewer work-groups than this (2 per SM of an H200) with the
 # Tensor cores (kernels/matmul_mma.cl, NVIDIA sm_80+, precision tf32/bf16): BM x BN outputs per work-group
 # of WM x WN warps. Outputs giving fewer than MMA_SMALL_GROUPS work-groups of the big tiles take the small
 # ones; products without an epilogue whose output still gives fewer than MMA_SPLIT_GROUPS are split along K
-# (chunks >= MMA_SPLIT_MIN_K deep) as the fp32 kernel's are. MAXRREG (optional): NVIDIA's register cap
-# (-cl-nv-maxrregcount), so that more work-groups fit an SM.
+# (chunks >= MMA_SPLIT_MIN_K deep) as the fp32 kernel's are. Measured on the H200 (bench/RESULTS_GPU.md):
+# 128x128 with 2x4 warps (156-186 registers, no spills) trains fastest; 2x2 warps (64x64 a warp) spill.
 _NVIDIA_MMA = dict(kernel="matmul_mma", BM=128, BN=128, WM=2, WN=4)
 _NVIDIA_MMA_SMALL = dict(kernel="matmul_mma", BM=64, BN=64, WM=2, WN=2)
 MMA_SMALL_GROUPS = 132
@@ -120,7 +120,7 @@ def launch_config(device: cl.Device) -> dict:
     cfg.setdefault("matmul_mma", _NVIDIA_MMA)  # used only where clgpt.precision.matrix_path says so
     cfg.setdefault("matmul_mma_small", _NVIDIA_MMA_SMALL)
     for key, var in (("matmul_mma", "CLGPT_MMA"), ("matmul_mma_small", "CLGPT_MMA_SMALL")):
-        spec = os.environ.get(var, "").strip()  # e.g. CLGPT_MMA=BM=128,BN=128,WM=2,WN=2,MAXRREG=128
+        spec = os.environ.get(var, "").strip()  # e.g. CLGPT_MMA=BM=128,BN=128,WM=2,WN=2
         if spec:
             cfg[key] = dict(_parse(spec), kernel="matmul_mma")
     if os.environ.get("CLGPT_PRESET", "") in ("0", "1"):
