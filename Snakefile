@@ -1,11 +1,12 @@
 # clgpt: tokenizer -> encode -> pretrain -> tune -> evaluate -> export (model.gguf + Modelfile).
 # `snakemake --cores 1 model.gguf`; see README.md and ARCHITECTURE.md.
+# Settings: config.yaml (plus any --configfile / --config), read and validated in rules/common.smk.
 from snakemake.utils import min_version
 
 min_version("8.0")
 
 
-configfile: "config.yaml"
+report: "report/workflow.rst"
 
 
 include: "rules/common.smk"
@@ -15,6 +16,7 @@ include: "rules/pretrain.smk"
 include: "rules/tune.smk"
 include: "rules/evaluate.smk"
 include: "rules/export.smk"
+include: "rules/sweep.smk"
 
 
 rule all:

@@ -4,6 +4,8 @@
 #   bash bench/compare.sh                       # REPEATS=3 STEPS_S=30 STEPS_M=6 GEMM=1024 THREADS="0 1"
 #   REPEATS=5 STEPS_M=10 bash bench/compare.sh  # longer, steadier
 #   SHAPES="S M L" DEVICE=cuda bash bench/compare.sh   # on a GPU machine (L is GPU only)
+#   ARCH_ARGS="--arch llama" bash bench/compare.sh      # llama against the PyTorch llama peer
+#   ARCH_ARGS="--arch llama --experts 4 --experts-used 2" bash bench/compare.sh
 #
 # Runs alternate (clgpt, torch, clgpt 1 thread, torch 1 thread, clgpt, ...) so that all see the same
 # machine; each figure is the best of REPEATS runs (the one least disturbed by whatever else runs). The peer
@@ -14,7 +16,7 @@
 # Needs torch (pip install torch==2.13.0; it is no dependency of clgpt). Raw logs go to $LOG_DIR.
 # Env: PYTHON, REPEATS, STEPS_S, STEPS_M, STEPS_L, GEMM (0 = skip), SHAPES, DEVICE (torch: cpu|cuda),
 #      THREADS (thread counts to run, 0 = each one's default; on cuda only 0), CLGPT_DEVICE (clgpt --device),
-#      LOG_DIR.
+#      ARCH_ARGS (--arch gpt2|llama [--kv-heads N] [--experts E --experts-used K], given to both), LOG_DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,6 +27,7 @@ STEPS_M=${STEPS_M:-6}
 STEPS_L=${STEPS_L:-10}
 GEMM=${GEMM:-1024}
 SHAPES=${SHAPES:-"S M"}
+ARCH_ARGS=${ARCH_ARGS:-}
 DEVICE=${DEVICE:-cpu}
 if [ "$DEVICE" = cpu ]; then THREADS=${THREADS:-"0 1"}; else THREADS=${THREADS:-0}; fi
 LOG_DIR=${LOG_DIR:-$(mktemp -d /tmp/clgpt-compare.XXXXXX)}
@@ -52,7 +55,7 @@ first_shape=${SHAPES%% *}
 } | tee "$LOG_DIR/header.txt"
 
 for shape in $SHAPES; do
-  args=$(shape_args "$shape")
+  args="$(shape_args "$shape") $ARCH_ARGS"
   for r in $(seq 1 "$REPEATS"); do
     g=0
     if [ "$shape" = "$first_shape" ] && [ "$r" = 1 ]; then g=$GEMM; fi

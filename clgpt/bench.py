@@ -2,7 +2,7 @@
 
 Prints the OpenCL device, ms per training step (forward, zero_grad, backward, clip + AdamW; warmup steps
 excluded), the GEMM figure -- C = A @ B at --gemm squared, float32, launched through the engine's own
-`Engine.matmul` (the kernel, tiles and launch shape that training uses) -- beside numpy's `A @ B` on the
+`eng.matmul`, clgpt.ops (the kernel, tiles and launch shape that training uses) -- beside numpy's `A @ B` on the
 same machine in the same run, with the ratio and a check of the OpenCL result against float64 numpy.
 The last line is exactly `tokens/s=<number>`.
 
@@ -140,10 +140,10 @@ def _profiling_device(dev):
 
 def profile(cfg, params, B, T, dev, batches, precision="fp32") -> list[str]:
     """Train PROFILE_STEPS steps with event profiling; -> report lines (device time per kernel)."""
-    from clgpt.engine import Engine
+    from clgpt.engine import make_engine
 
     pdev = _profiling_device(dev)
-    eng = Engine(cfg, params, batch_size=B, seq_len=T, device=pdev, precision=precision)
+    eng = make_engine(cfg, params, batch_size=B, seq_len=T, device=pdev, precision=precision)
     for tok, tgt in batches[:2]:  # warm: first launches compile nothing, but fault in buffers
         eng.forward(tok, tgt)
         eng.zero_grad()
@@ -182,15 +182,18 @@ def profile(cfg, params, B, T, dev, batches, precision="fp32") -> list[str]:
 
 def run_bench(args) -> None:
     from clgpt.device import get_device
-    from clgpt.engine import Engine
+    from clgpt.engine import make_engine
     from clgpt.model import ModelConfig, init_params, num_params
 
     if args.steps < 1:
         raise ClgptError(f"bench: --steps must be at least 1, got {args.steps}")
     if args.gemm < 0:
         raise ClgptError(f"bench: --gemm must be 0 (skip) or a positive size, got {args.gemm}")
-    cfg = ModelConfig(vocab_size=args.vocab, n_ctx=args.ctx, n_embd=args.embd, n_head=args.heads,
-                      n_layer=args.layers, n_ff=args.ffn)
+    arch = getattr(args, "arch", "gpt2")
+    moe = dict(n_head_kv=getattr(args, "kv_heads", 0), n_expert=getattr(args, "experts", 0),
+               n_expert_used=getattr(args, "experts_used", 0)) if arch == "llama" else {}
+    cfg = ModelConfig(arch=arch, vocab_size=args.vocab, n_ctx=args.ctx, n_embd=args.embd, n_head=args.heads,
+                      n_layer=args.layers, n_ff=args.ffn, **moe)
     cfg.validate("bench")
     B, T, V = args.batch, args.ctx, args.vocab
     if B < 1:
@@ -198,13 +201,15 @@ def run_bench(args) -> None:
     dev = get_device(args.device)
     d = dev.device
     print(f"device: {dev.name} ({d.platform.name.strip()}, {d.max_compute_units} compute units, {d.version.strip()})")
-    print(f"model: V={V} T={T} C={cfg.n_embd} F={cfg.n_ff} H={cfg.n_head} L={cfg.n_layer} B={B}, "
+    experts = f" E={cfg.n_expert} K={cfg.n_expert_used}" if cfg.n_expert else ""
+    print(f"model: {cfg.arch} V={V} T={T} C={cfg.n_embd} F={cfg.n_ff} H={cfg.n_head} Hkv={cfg.kv_heads}{experts} "
+          f"L={cfg.n_layer} B={B}, "
           f"{num_params(cfg):,} parameters")
     sys.stdout.flush()
 
     params = init_params(cfg, 0)
     t0 = time.perf_counter()
-    eng = Engine(cfg, params, batch_size=B, seq_len=T, device=dev, precision=getattr(args, "precision", "fp32"))
+    eng = make_engine(cfg, params, batch_size=B, seq_len=T, device=dev, precision=getattr(args, "precision", "fp32"))
     t_init = time.perf_counter() - t0
 
     rng = np.random.default_rng(0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from clgpt.errors import ClgptError
@@ -21,11 +22,19 @@ def _load_tokenizer(path: str):
 
 
 def cmd_devices(args) -> None:
-    from clgpt.device import list_devices
+    from clgpt.device import get_device, list_devices
 
-    for index, name, kind, chosen in list_devices():
+    devices = list_devices()
+    for index, name, kind, chosen in devices:
         print(f"{'*' if chosen else ' '} {index}  {kind:<4} {name}")
     print("(* = the device clgpt uses; choose another with `device:` in config.yaml, --device or PYOPENCL_CTX)")
+    if not any(chosen for *_, chosen in devices):
+        try:
+            get_device(None)
+        except ClgptError as e:
+            ctx = os.environ.get("PYOPENCL_CTX", "")
+            why = f"PYOPENCL_CTX={ctx!r} matches none of them" if ctx.strip() else str(e)
+            raise ClgptError(f"{why}; clgpt would stop on it: unset PYOPENCL_CTX or set it to an index listed above") from None
 
 
 def cmd_tokenize(args) -> None:
@@ -36,13 +45,25 @@ def cmd_train_tokenizer(args) -> None:
     from clgpt.data import read_dialogs, read_text
     from clgpt.tokenizer import Tokenizer
 
+    out_dir = os.path.dirname(os.path.abspath(args.out))
+    if not os.path.isdir(out_dir):
+        raise ClgptError(f"--out {args.out}: folder {os.path.dirname(args.out) or '.'} does not exist; create it first")
     texts = []
     for path in args.files:
+        if os.path.isdir(path):
+            raise ClgptError(f"{path}: is a folder; give the text (.txt) or dialog (.jsonl) files in it")
         if path.endswith(".jsonl"):
             texts += [t for d in read_dialogs([path]) for t in (d["user"], d["assistant"])]
         else:
             texts += list(read_text([path]))
+    if not any(t.strip() for t in texts):
+        raise ClgptError(f"{', '.join(args.files)}: no text to train on (empty or blank); give files with text")
     tok = Tokenizer.train(texts, args.vocab_size)
+    if tok.vocab_size < args.vocab_size:
+        raise ClgptError(
+            f"--vocab-size {args.vocab_size} cannot be reached: this text has pairs for only {tok.vocab_size} "
+            f"tokens; use --vocab-size {tok.vocab_size} or less, or more text"
+        )
     tok.save(args.out)
     print(f"wrote {args.out}: {tok.vocab_size} tokens, {len(tok.merges)} merges", file=sys.stderr)
 
@@ -54,12 +75,19 @@ def cmd_generate(args) -> None:
 
     if (args.prompt is None) == (args.chat is None):
         raise ClgptError("generate: give exactly one of --prompt TEXT or --chat TEXT")
+    from clgpt.device import get_device
+
     cfg, params, tok, _ = read_gguf(args.model)
     if args.chat is not None:
         prompt_ids = encode_prompt(tok, args.chat)
     else:
         prompt_ids = [tok.bos_id, *tok.encode(args.prompt)]
-    gen = Generator(cfg, params, device=args.device)
+    if len(prompt_ids) >= cfg.n_ctx:
+        raise ClgptError(
+            f"the prompt is {len(prompt_ids)} tokens and the model's context is {cfg.n_ctx}, which leaves no room "
+            "for a reply; shorten the prompt"
+        )
+    gen = Generator(cfg, params, device=get_device(args.device))
     out = gen.generate(
         prompt_ids,
         max_tokens=args.max_tokens,
@@ -123,6 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ffn", type=int, default=128)
     p.add_argument("--heads", type=int, default=2)
     p.add_argument("--layers", type=int, default=1)
+    p.add_argument("--arch", choices=("gpt2", "llama"), default="gpt2")
+    p.add_argument("--kv-heads", type=int, default=0, help="llama: key/value heads (0 = --heads)")
+    p.add_argument("--experts", type=int, default=0, help="llama: experts per feed-forward (0 = dense)")
+    p.add_argument("--experts-used", type=int, default=0, help="llama: experts each token routes to")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--gemm", type=int, default=1024, help="square GEMM size (0 = skip)")
@@ -140,6 +172,14 @@ def main(argv=None) -> int:
     except ClgptError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except OSError as e:  # a read-only or missing output folder, a full disk
+        from clgpt.stage import os_error_line
+
+        print(f"error: {os_error_line(e)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -8,13 +8,13 @@ Programs are built once per (device, kernel file, build options); kernels are fe
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pyopencl as cl
 
 from clgpt.errors import ClgptError
+from clgpt.paths import data_path
 
-KERNEL_DIR = Path(__file__).resolve().parent.parent / "kernels"
+KERNEL_DIR = data_path("kernels")  # beside the package in a checkout, inside it in a wheel
 
 _NO_PLATFORM = "no OpenCL platform found; install PoCL: pip install pocl-binary-distribution"
 
@@ -125,6 +125,13 @@ class Device:
 
 
 _cache: dict[str, Device] = {}
+
+
+def resolve_device(device: "Device | str | None" = None) -> Device:
+    """A Device as given, or the one a spec string (or None: PYOPENCL_CTX, a GPU, PoCL) names."""
+    if device is None or isinstance(device, str):
+        return get_device(device or None)
+    return device
 
 
 def get_device(spec: str | None = None) -> Device:

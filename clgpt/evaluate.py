@@ -1,6 +1,10 @@
 """The evaluate stage: held-out loss and perplexity of both checkpoints on both held-out sets (so the
 forgetting the tune stage causes shows), greedy answers with exact-match rates, the loss curves, and a
-Markdown report.
+Markdown report. Without a tune stage: the pretrained model only.
+
+Text models: the held-out text loss is also given in nats per byte (total nats over the UTF-8 bytes of
+the predicted tokens; special tokens have none), comparable across vocabularies and with
+character-level results, and the report shows a few sampled continuations of held-out text.
 
 Held-out text is cut into consecutive windows of the pretrain stage's seq_len (every token predicted
 once); held-out dialogs count the reply and its `</s>` only, as in training. Losses are means over all
@@ -20,27 +24,19 @@ import numpy as np
 from clgpt.atomic import atomic_path, write_text_atomic
 from clgpt.chat import encode_prompt
 from clgpt.checkpoint import load_checkpoint
-from clgpt.data import load_encoded
+from clgpt.config import section_settings
+from clgpt.data import dialog_batches, dialog_rows, load_encoded, text_batches  # noqa: F401 (re-exported)
 from clgpt.errors import ClgptError
 from clgpt.model import num_params
-from clgpt.train import SMOOTHING, _resolve_device, dialog_rows, pad_dialogs
+from clgpt.train import SMOOTHING
 
-DEFAULTS = {
-    "max_tokens": 48,  # reply length cap for greedy answers
-    "batch_size": 16,  # rows per batch for held-out loss
-}
-
+N_SAMPLES = 3  # sampled continuations of held-out text in the report
+SAMPLE_PROMPT_TOKENS = 32
+SAMPLE_SEED = 1234
 
 def eval_settings(settings: dict) -> dict:
-    unknown = sorted(set(settings) - set(DEFAULTS))
-    if unknown:
-        raise ClgptError(f"evaluate.{unknown[0]}: unknown setting; known: {', '.join(DEFAULTS)}")
-    s = {**DEFAULTS, **settings}
-    for key in DEFAULTS:
-        if isinstance(s[key], bool) or not isinstance(s[key], (int, np.integer)) or s[key] < 1:
-            raise ClgptError(f"evaluate.{key}: expected a positive integer, got {s[key]!r}")
-        s[key] = int(s[key])
-    return s
+    """The evaluate section with the schema's defaults filled in and checked."""
+    return section_settings("evaluate", settings)
 
 
 # ---- scoring -----------------------------------------------------------------------------------
@@ -59,26 +55,6 @@ def score(answers: list[str], expected: list[str]) -> dict:
 
 
 # ---- held-out loss -----------------------------------------------------------------------------
-
-def text_batches(ids: np.ndarray, T: int, B: int):
-    """Consecutive windows covering the stream once: rows of T tokens predicting the next T, batched
-    by B; a last shorter window for the remainder. Yields tokens, targets int32 (B', T'), mask."""
-    n_windows = (len(ids) - 1) // T
-    for b0 in range(0, n_windows, B):
-        windows = range(b0, min(b0 + B, n_windows))
-        rows = np.stack([np.asarray(ids[w * T : w * T + T + 1], dtype=np.int32) for w in windows])
-        yield rows[:, :-1], rows[:, 1:], np.ones((len(rows), T), dtype=np.float32)
-    rest = len(ids) - 1 - n_windows * T
-    if rest > 0:
-        row = np.asarray(ids[n_windows * T :], dtype=np.int32)[None, :]
-        yield row[:, :-1], row[:, 1:], np.ones((1, rest), dtype=np.float32)
-
-
-def dialog_batches(rows: list, T: int, B: int):
-    for b0 in range(0, len(rows), B):
-        tokens, targets, mask, _ = pad_dialogs(rows[b0 : b0 + B], T)
-        yield tokens, targets, mask
-
 
 def mean_loss(eng, batches, usage: np.ndarray | None = None) -> tuple[float, int]:
     """Token-weighted mean loss over batches (Engine.forward returns each batch's masked mean).
@@ -106,6 +82,28 @@ def read_log(path: str):
         raise ClgptError(f"{path}: cannot read the training log ({e}); re-run the training stage") from None
 
 
+def _resolve_device(device):
+    if device is None or isinstance(device, str):
+        from clgpt.device import get_device
+
+        return get_device(device or None)
+    return device
+
+
+def token_byte_lengths(tok) -> np.ndarray:
+    """(V,) int64: the UTF-8 bytes each token stands for; 0 for the special tokens."""
+    n_normal = tok.bos_id
+    return np.array([len(tok.token_bytes(i)) if i < n_normal else 0 for i in range(tok.vocab_size)], dtype=np.int64)
+
+
+def text_bytes(ids: np.ndarray, byte_lengths: np.ndarray) -> int:
+    """Bytes of the tokens text_batches predicts (every token but the first)."""
+    total = 0
+    for a in range(1, len(ids), 1 << 22):
+        total += int(byte_lengths[np.asarray(ids[a : a + (1 << 22)], dtype=np.int64)].sum())
+    return total
+
+
 def plot_loss(log, title: str, heldout: float | None, path: str) -> None:
     import matplotlib
 
@@ -116,6 +114,9 @@ def plot_loss(log, title: str, heldout: float | None, path: str) -> None:
     if len(log):
         ax.plot(log["step"], log["loss"], lw=0.8, alpha=0.4, label="loss (batch)")
         ax.plot(log["step"], log["loss"].ewm(alpha=1 - SMOOTHING, adjust=False).mean(), lw=1.5, label="loss (smoothed)")
+        if "val_loss" in log and log["val_loss"].notna().any():
+            val = log[log["val_loss"].notna()]
+            ax.plot(val["step"], val["val_loss"], "o-", lw=1.5, ms=3, label="held-out loss (during training)")
     else:
         ax.text(0.5, 0.5, "no steps logged", ha="center", va="center", transform=ax.transAxes)
     if heldout is not None and math.isfinite(heldout):
@@ -123,6 +124,9 @@ def plot_loss(log, title: str, heldout: float | None, path: str) -> None:
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy (nats/token)")
     ax.set_title(title)
+    if len(log) and "val_loss" in log and log["val_loss"].notna().any():
+        top = max(float(log["loss"].iloc[min(len(log) - 1, 10):].max()), float(log["val_loss"].max()))
+        ax.set_ylim(top=top * 1.05)  # the first steps' loss would flatten the rest
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -150,6 +154,7 @@ def _fmt(x) -> str:
 
 def report_markdown(m: dict) -> str:
     h, em = m["heldout"], m["exact_match"]
+    tuned = m["tuned"]
     lines = [
         "# clgpt evaluation",
         "",
@@ -158,31 +163,37 @@ def report_markdown(m: dict) -> str:
         "",
         "## Held-out loss",
         "",
-        "| held-out set | tokens | pretrained: loss | perplexity | tuned: loss | perplexity |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for name in ("pretrain", "tune"):
-        r = h[name]
-        lines.append(f"| {name} | {r['tokens']} | {_fmt(r['loss_pretrained'])} | {_fmt(r['ppl_pretrained'])} | "
-                     f"{_fmt(r['loss_tuned'])} | {_fmt(r['ppl_tuned'])} |")
-    forgetting = "n/a" if m["forgetting"] is None else f"{m['forgetting']:+.4f}"
-    lines += [
-        "",
-        f"Forgetting (pretrain held-out loss after tune minus before): {forgetting}",
-        "",
-        "## Training",
-        "",
-        "| stage | steps | final loss | seconds |",
-        "| --- | ---: | ---: | ---: |",
-    ]
-    for stage in ("pretrain", "tune"):
+    if tuned:
+        lines += ["| held-out set | tokens | pretrained: loss | perplexity | tuned: loss | perplexity |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: |"]
+        for name in ("pretrain", "tune"):
+            r = h[name]
+            lines.append(f"| {name} | {r['tokens']} | {_fmt(r['loss_pretrained'])} | {_fmt(r['ppl_pretrained'])} | "
+                         f"{_fmt(r['loss_tuned'])} | {_fmt(r['ppl_tuned'])} |")
+    else:
+        r = h["pretrain"]
+        lines += ["| held-out set | tokens | loss (nats/token) | perplexity |", "| --- | ---: | ---: | ---: |",
+                  f"| text | {r['tokens']} | {_fmt(r['loss_pretrained'])} | {_fmt(r['ppl_pretrained'])} |"]
+    r = h["pretrain"]
+    label = "pretrained model" + (", tuned model" if tuned else "")
+    npb = _fmt(r.get("nats_per_byte_pretrained")) + (f", {_fmt(r.get('nats_per_byte_tuned'))}" if tuned else "")
+    lines += ["", f"Held-out text in nats per byte ({label}): {npb} over {r.get('bytes', 0):,} bytes "
+              "(comparable across vocabularies and with character-level models).", ""]
+    if tuned:
+        forgetting = "n/a" if m["forgetting"] is None else f"{m['forgetting']:+.4f}"
+        lines += [f"Forgetting (pretrain held-out loss after tune minus before): {forgetting}", ""]
+    lines += ["## Training", "", "| stage | steps | final loss | best held-out loss (step) | seconds |",
+              "| --- | ---: | ---: | ---: | ---: |"]
+    for stage in m["training"]:
         t = m["training"][stage]
-        lines.append(f"| {stage} | {t['steps']} | {_fmt(t['final_loss'])} | {t['elapsed_s']:.1f} |")
-    lines += ["", "![pretrain loss](loss_pretrain.png)", "", "![tune loss](loss_tune.png)", ""]
+        best = "n/a" if t.get("best_val_loss") is None else f"{t['best_val_loss']:.4f} ({t['best_step']})"
+        lines.append(f"| {stage} | {t['steps']} | {_fmt(t['final_loss'])} | {best} | {t['elapsed_s']:.1f} |")
+    lines += [""] + [f"![{stage} loss](loss_{stage}.png)\n" for stage in m["training"]]
     if "expert_usage" in m:
         n_expert = len(m["expert_usage"][0])
         lines += [
-            "## Expert usage (tuned model, held-out tokens)",
+            f"## Expert usage ({'tuned' if tuned else 'pretrained'} model, held-out tokens)",
             "",
             "Share of tokens routed to each expert; a row sums to the experts used per token. "
             "An expert near 0 has collapsed.",
@@ -193,8 +204,15 @@ def report_markdown(m: dict) -> str:
         for i, row in enumerate(m["expert_usage"]):
             lines.append(f"| {i} | " + " | ".join(f"{u:.3f}" for u in row) + " |")
         lines.append("")
+    if m.get("samples"):
+        lines += [f"## Sampled continuations of held-out text (temperature {m['sampling']['temperature']}, "
+                  f"top-k {m['sampling']['top_k']}, seed {m['sampling']['seed']}, {m['settings']['max_tokens']} "
+                  "tokens)", ""]
+        for i, smp in enumerate(m["samples"], 1):
+            lines += [f"**{i}.** prompt:", "", "```text", smp["prompt"], "```", "", "continuation:", "", "```text",
+                      smp["continuation"], "```", ""]
     titles = {"tune": "Answers to the tune prompts", "heldout": "Answers to held-out prompts"}
-    for name in ("tune", "heldout"):
+    for name in ("tune", "heldout") if tuned else ():
         s = em[name]
         lines += [
             f"## {titles[name]} (greedy, at most {m['settings']['max_tokens']} tokens)",
@@ -211,71 +229,107 @@ def report_markdown(m: dict) -> str:
     return "\n".join(lines)
 
 
+def _samples(gen, tok, ids: np.ndarray, max_tokens: int, n_ctx: int) -> list[dict]:
+    """N_SAMPLES continuations of held-out text, sampled: prompts of up to SAMPLE_PROMPT_TOKENS tokens
+    (a quarter of the context) at evenly spaced places of the held-out stream; prompt + continuation stay
+    within n_ctx, here the seq_len the model was trained on (positions past it are untrained)."""
+    n_prompt = min(SAMPLE_PROMPT_TOKENS, n_ctx // 4)
+    if len(ids) < n_prompt + 1:
+        return []
+    out = []
+    for k in range(N_SAMPLES):
+        at = int((len(ids) - n_prompt - 1) * (k + 0.5) / N_SAMPLES)
+        prompt = [int(t) for t in ids[at : at + n_prompt]]
+        reply = gen.generate(prompt, min(max_tokens, n_ctx - n_prompt), temperature=0.8, top_k=200,
+                             seed=SAMPLE_SEED + k, stop_ids=(tok.eos_id,))
+        out.append({"prompt": tok.decode(prompt), "continuation": tok.decode([t for t, _ in reply])})
+    return out
+
+
 # ---- the stage ---------------------------------------------------------------------------------
 
 def run_evaluate(
     pretrain_ckpt: str,
-    tune_ckpt: str,
+    tune_ckpt: str | None,
     tokenizer_path: str,
     pretrain_heldout: str,
-    tune_heldout: str,
+    tune_heldout: str | None,
     tune_dialogs: list[dict],
     heldout_dialogs: list[dict],
     pretrain_log_csv: str,
-    tune_log_csv: str,
+    tune_log_csv: str | None,
     settings: dict,
     out_dir: str,
     device=None,
 ) -> dict:
-    """Write out_dir/metrics.json, report.md, loss_pretrain.png, loss_tune.png (each atomically);
-    return the metrics. Dialogs are {"user", "assistant"} dicts (extra keys are ignored)."""
-    from clgpt.engine_llama import make_engine
+    """Write out_dir/metrics.json, report.md and a loss plot per stage (loss_pretrain.png, loss_tune.png
+    when tuned), each atomically; return the metrics. Dialogs are {"user", "assistant"} dicts (extra keys
+    are ignored). tune_ckpt None: no tune stage; the pretrained model is the one evaluated."""
+    from clgpt.engine import make_engine
     from clgpt.generate import Generator
     from clgpt.tokenizer import Tokenizer
 
     s = eval_settings(settings)
     tok = Tokenizer.load(tokenizer_path)
-    pre, tuned = load_checkpoint(pretrain_ckpt), load_checkpoint(tune_ckpt)
+    tuned_run = tune_ckpt is not None
+    pre = load_checkpoint(pretrain_ckpt)
+    tuned = load_checkpoint(tune_ckpt) if tuned_run else pre
     cfg = tuned["cfg"]
     if pre["cfg"] != cfg:
         raise ClgptError(f"{tune_ckpt}: model shape differs from {pretrain_ckpt}; re-run the tune stage")
-    for path, ck in ((pretrain_ckpt, pre), (tune_ckpt, tuned)):
+    for path, ck in ((pretrain_ckpt, pre), (tune_ckpt, tuned)) if tuned_run else ((pretrain_ckpt, pre),):
         h = ck["extra"].get("tokenizer_hash")
         if h and h != tok.hash():
             raise ClgptError(f"{path}: trained with another tokenizer than {tokenizer_path}; re-run the pipeline")
     dev = _resolve_device(device)
 
     text_ids, text_meta = load_encoded(pretrain_heldout)
-    dialog_ids, dialog_meta = load_encoded(tune_heldout)
-    for path, meta in ((pretrain_heldout, text_meta), (tune_heldout, dialog_meta)):
+    heldouts = [(pretrain_heldout, text_meta)]
+    rows: list = []
+    if tuned_run:
+        dialog_ids, dialog_meta = load_encoded(tune_heldout)
+        heldouts.append((tune_heldout, dialog_meta))
+        rows, _ = dialog_rows(dialog_ids, dialog_meta, tune_heldout, cfg.n_ctx)
+    for path, meta in heldouts:
         if meta.get("tokenizer_hash") and meta["tokenizer_hash"] != tok.hash():
             raise ClgptError(f"{path}: encoded with another tokenizer than {tokenizer_path}; re-run the encode stage")
+    if len(text_ids) < 2:
+        raise ClgptError(f"{pretrain_heldout}: the held-out text has {len(text_ids)} tokens; add held-out text")
     T_text = min(int(pre["extra"].get("settings", {}).get("seq_len", cfg.n_ctx)), cfg.n_ctx)
-    rows, _ = dialog_rows(dialog_ids, dialog_meta, tune_heldout, cfg.n_ctx)
     T_dialog = max((min(len(doc) - 1, cfg.n_ctx) for doc, _ in rows), default=1)
     B = s["batch_size"]
+    n_bytes = text_bytes(text_ids, token_byte_lengths(tok))
 
-    print(f"evaluate: held-out loss of {pretrain_ckpt} and {tune_ckpt}", file=sys.stderr)
+    print(f"evaluate: held-out loss of {pretrain_ckpt}" + (f" and {tune_ckpt}" if tuned_run else ""), file=sys.stderr)
     eng = make_engine(cfg, pre["params"], batch_size=B, seq_len=max(T_text, T_dialog), device=dev)
-    heldout = {"pretrain": {}, "tune": {}}
+    heldout = {"pretrain": {}, "tune": {}} if tuned_run else {"pretrain": {}}
     usage = np.zeros((cfg.n_layer, cfg.n_expert)) if getattr(cfg, "n_expert", 0) else None
     usage_tokens = 0
-    for label, ck in (("pretrained", pre), ("tuned", tuned)):
+    checkpoints = (("pretrained", pre), ("tuned", tuned)) if tuned_run else (("pretrained", pre),)
+    last = checkpoints[-1][0]
+    for label, ck in checkpoints:
         eng.set_params(ck["params"])
-        for name, batches in (("pretrain", lambda: text_batches(text_ids, T_text, B)),
-                              ("tune", lambda: dialog_batches(rows, cfg.n_ctx, B))):
-            loss, count = mean_loss(eng, batches(), usage if label == "tuned" else None)
-            usage_tokens += count if label == "tuned" else 0
+        sets = [("pretrain", lambda: text_batches(text_ids, T_text, B))]
+        if tuned_run:
+            sets.append(("tune", lambda: dialog_batches(rows, cfg.n_ctx, B)))
+        for name, batches in sets:
+            loss, count = mean_loss(eng, batches(), usage if label == last else None)
+            usage_tokens += count if label == last else 0
             ok = math.isfinite(loss)
             heldout[name].update({"tokens": count, f"loss_{label}": loss if ok else None,
                                   f"ppl_{label}": math.exp(min(loss, 700.0)) if ok else None})
+            if name == "pretrain":
+                heldout[name].update({"bytes": n_bytes, f"nats_per_byte_{label}":
+                                      loss * count / n_bytes if ok and n_bytes else None})
     del eng
-    lp, lt = heldout["pretrain"]["loss_pretrained"], heldout["pretrain"]["loss_tuned"]
-    forgetting = lt - lp if lp is not None and lt is not None else None
+    forgetting = None
+    if tuned_run:
+        lp, lt = heldout["pretrain"]["loss_pretrained"], heldout["pretrain"]["loss_tuned"]
+        forgetting = lt - lp if lp is not None and lt is not None else None
 
     gen = Generator(cfg, tuned["params"], device=dev)
     answers, exact = {}, {}
-    for name, dialogs in (("tune", tune_dialogs), ("heldout", heldout_dialogs)):
+    for name, dialogs in (("tune", tune_dialogs), ("heldout", heldout_dialogs)) if tuned_run else ():
         out = []
         for i, d in enumerate(dialogs):
             reply = gen.generate(encode_prompt(tok, d["user"]), s["max_tokens"], greedy=True, stop_ids=(tok.eos_id,))
@@ -285,31 +339,49 @@ def run_evaluate(
             print(f"evaluate: {name} answer {i + 1}/{len(dialogs)}", file=sys.stderr, end="\r")
         answers[name] = out
         exact[name] = score([a["answer"] for a in out], [a["expected"] for a in out])
-    print(file=sys.stderr)
+    print("evaluate: sampling continuations of held-out text", file=sys.stderr)
+    samples = _samples(gen, tok, text_ids, s["max_tokens"], T_text)
 
-    logs = {"pretrain": read_log(pretrain_log_csv), "tune": read_log(tune_log_csv)}
+    logs = {"pretrain": read_log(pretrain_log_csv)}
+    if tuned_run:
+        logs["tune"] = read_log(tune_log_csv)
     metrics = {
         "model": json.loads(cfg.to_json()),
         "num_params": num_params(cfg),
+        "tuned": tuned_run,
         "heldout": heldout,
         "forgetting": forgetting,
         "exact_match": exact,
         "answers": answers,
-        "training": {stage: _train_summary(log) for stage, log in logs.items()},
+        "samples": samples,
+        "sampling": {"temperature": 0.8, "top_k": 200, "seed": SAMPLE_SEED},
+        "training": {stage: {**_train_summary(log), **_best(log)} for stage, log in logs.items()},
         "settings": s,
     }
     if usage is not None:
-        # share of held-out tokens routed to each expert by the tuned model: (L, E), rows sum to n_expert_used
+        # share of held-out tokens routed to each expert by the final model: (L, E), rows sum to n_expert_used
         metrics["expert_usage"] = (usage / max(usage_tokens, 1)).round(4).tolist()
 
     os.makedirs(out_dir, exist_ok=True)
-    for stage, label in (("pretrain", "loss_pretrained"), ("tune", "loss_tuned")):
+    for stage, label in (("pretrain", "loss_pretrained"), ("tune", "loss_tuned"))[: len(logs)]:
         plot_loss(logs[stage], stage, heldout[stage][label], os.path.join(out_dir, f"loss_{stage}.png"))
 
     write_text_atomic(os.path.join(out_dir, "report.md"), report_markdown(metrics))
     write_text_atomic(os.path.join(out_dir, "metrics.json"),
                       json.dumps(metrics, indent=1, ensure_ascii=False, allow_nan=False) + "\n")
-    print(f"evaluate: tune exact match {exact['tune']['matches']}/{exact['tune']['total']}, held-out "
-          f"{exact['heldout']['matches']}/{exact['heldout']['total']}; forgetting "
-          f"{'n/a' if forgetting is None else f'{forgetting:+.4f}'}", file=sys.stderr)
+    npb = heldout["pretrain"].get(f"nats_per_byte_{last}")
+    summary = f"evaluate: held-out text {_fmt(heldout['pretrain'][f'loss_{last}'])} nats/token, {_fmt(npb)} nats/byte"
+    if tuned_run:
+        summary += (f"; tune exact match {exact['tune']['matches']}/{exact['tune']['total']}, held-out "
+                    f"{exact['heldout']['matches']}/{exact['heldout']['total']}; forgetting "
+                    f"{'n/a' if forgetting is None else f'{forgetting:+.4f}'}")
+    print(summary, file=sys.stderr)
     return metrics
+
+
+def _best(log) -> dict:
+    """The best held-out loss logged during training, and its step (None when validation was off)."""
+    if "val_loss" not in log or not log["val_loss"].notna().any():
+        return {"best_val_loss": None, "best_step": None}
+    i = log["val_loss"].idxmin()
+    return {"best_val_loss": float(log["val_loss"][i]), "best_step": int(log["step"][i])}

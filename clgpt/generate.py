@@ -1,6 +1,6 @@
 """Sampling on the OpenCL forward pass: greedy, temperature, top-k, top-p, seeded.
 
-The Generator runs the engine for cfg.arch (`clgpt.engine_llama.make_engine`: Engine for gpt2,
+The Generator runs the engine for cfg.arch (`clgpt.engine.make_engine`: GPT2Engine for gpt2,
 LlamaEngine for llama; batch 1, seq_len = n_ctx) on any parameters -- typically the
 float32 weights `gguf_io.read_gguf` reads back, so q8_0/q4_0 exports generate from the same dequantized
 weights llama.cpp runs. Each step recomputes the whole prefix (no KV cache): models here are small and
@@ -62,7 +62,7 @@ class Generator:
     """Next-token logits and sampling from the OpenCL engine for one sequence at a time."""
 
     def __init__(self, cfg: ModelConfig, params: dict[str, np.ndarray], device=None):
-        from clgpt.engine_llama import make_engine  # import here: reading a GGUF must not need OpenCL
+        from clgpt.engine import make_engine  # import here: reading a GGUF must not need OpenCL
 
         self.cfg = cfg
         self.engine = make_engine(cfg, params, batch_size=1, seq_len=cfg.n_ctx, device=device)

@@ -66,6 +66,18 @@ _READ_TYPES = {t for t, _ in FTYPES.values()}
 # ---- export -------------------------------------------------------------------------------------
 
 
+class _Writer(GGUFWriter):
+    """GGUFWriter that can write an empty typed array. gguf-py refuses them (add_array skips an empty
+    list, _pack_val raises), but llama.cpp needs `tokenizer.ggml.merges` present even when a byte-level
+    vocabulary has no merges ("cannot find tokenizer merges in model file")."""
+
+    def _pack_val(self, val, vtype, add_vtype, sub_type=None):
+        if vtype == GGUFValueType.ARRAY and sub_type is not None and len(val) == 0:
+            head = self._pack("I", vtype) if add_vtype else b""
+            return bytes(head + self._pack("I", sub_type) + self._pack("Q", 0))
+        return super()._pack_val(val, vtype, add_vtype, sub_type)
+
+
 def check_export_shape(cfg: ModelConfig, ftype: str) -> None:
     """Raise ClgptError naming the dimension when `ftype` cannot hold a tensor of `cfg`, or when the
     position table (n_ctx rows) is not a multiple of 256 (see the module docstring)."""
@@ -141,7 +153,7 @@ def export_gguf(
             raise ClgptError(f"{path}: parameter {k} holds NaN or inf; the model diverged, do not export it")
     qtype, file_type = FTYPES[ftype]
 
-    w = GGUFWriter(None, cfg.arch)  # path given at write time so nothing is opened before the tmp file
+    w = _Writer(None, cfg.arch)  # path given at write time so nothing is opened before the tmp file
     w.add_name(name)
     w.add_file_type(file_type)
     w.add_quantization_version(QUANT_VERSION)
@@ -166,7 +178,10 @@ def export_gguf(
     w.add_tokenizer_pre("gpt-2")
     w.add_token_list(tok.gguf_tokens())
     w.add_token_types(tok.gguf_token_types())
-    w.add_token_merges(tok.gguf_merges())
+    if tok.merges:
+        w.add_token_merges(tok.gguf_merges())
+    else:  # a byte-level vocabulary: the key must still be there
+        w.add_key_value("tokenizer.ggml.merges", [], GGUFValueType.ARRAY, sub_type=GGUFValueType.STRING)
     w.add_bos_token_id(tok.bos_id)
     w.add_eos_token_id(tok.eos_id)
     w.add_add_bos_token(True)
@@ -345,6 +360,9 @@ def _parse(buf: bytes) -> tuple[dict, dict[str, np.ndarray]]:
 def _tokenizer_from_gguf(kv: dict) -> Tokenizer:
     """Rebuild the BPE from tokenizer.ggml.tokens + merges, and check it spells the same vocabulary."""
     tokens, merges = kv.get("tokenizer.ggml.tokens"), kv.get("tokenizer.ggml.merges")
+    if "tokenizer.ggml.model" not in kv:
+        raise _Corrupt("carries no tokenizer (no tokenizer.ggml.* keys); use the tokenizer JSON file the model "
+                       "was trained with (results/tokenizer/tokenizer.json), or re-export the model with clgpt")
     if kv.get("tokenizer.ggml.model") != "gpt2":
         raise _Corrupt(f"tokenizer.ggml.model is {kv.get('tokenizer.ggml.model')!r}, not 'gpt2'")
     if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):

@@ -96,8 +96,8 @@ def _split_heads(qkv, H):
     return q, k, v  # each (B,H,T,D)
 
 
-def attention_forward(qkv, H):
-    """-> out (B,T,C), att (B,H,T,T)."""
+def attention_forward(qkv, H, dmask=None):
+    """-> out (B,T,C), att (B,H,T,T); dmask (B,H,T,T): dropout's keep / (1 - p) on the probabilities."""
     qkv = _f64(qkv)
     B, T, C3 = qkv.shape
     C = C3 // 3
@@ -108,11 +108,11 @@ def attention_forward(qkv, H):
     scores = scores - scores.max(axis=-1, keepdims=True)
     att = np.exp(scores)
     att /= att.sum(axis=-1, keepdims=True)
-    y = att @ v  # (B,H,T,D)
+    y = (att if dmask is None else att * dmask) @ v  # (B,H,T,D)
     return y.transpose(0, 2, 1, 3).reshape(B, T, C), att
 
 
-def attention_backward(dout, qkv, att, H):
+def attention_backward(dout, qkv, att, H, dmask=None):
     """-> dqkv (B,T,3C)."""
     qkv, dout = _f64(qkv), _f64(dout)
     B, T, C3 = qkv.shape
@@ -120,8 +120,9 @@ def attention_backward(dout, qkv, att, H):
     D = C // H
     q, k, v = _split_heads(qkv, H)
     dy = dout.reshape(B, T, H, D).transpose(0, 2, 1, 3)
-    dv = att.transpose(0, 1, 3, 2) @ dy
-    datt = dy @ v.transpose(0, 1, 3, 2)
+    dm = 1.0 if dmask is None else dmask
+    dv = (att * dm).transpose(0, 1, 3, 2) @ dy
+    datt = (dy @ v.transpose(0, 1, 3, 2)) * dm
     ds = att * (datt - (att * datt).sum(axis=-1, keepdims=True)) / np.sqrt(D)
     dq = ds @ k
     dk = ds.transpose(0, 1, 3, 2) @ q
@@ -190,30 +191,51 @@ def _output_weight(params, cfg):
     return params["token_embd.weight"] if cfg.tied else params["output.weight"]
 
 
-def gpt_forward(params, cfg: ModelConfig, tokens, targets, mask=None):
-    """tokens, targets (B,T) int; mask (B,T) or None -> (loss, cache for gpt_backward)."""
+def dropout_masks(dropout, cfg: ModelConfig, B, T):
+    """dropout = (seed, p) or None -> {site: float64 keep / (1 - p)} as the engine draws them, or None."""
+    if dropout is None:
+        return None
+    from clgpt.dropout import scale_mask, site
+
+    seed, prob = dropout
+    C, H = cfg.n_embd, cfg.n_head
+    m = {"embd": scale_mask(seed, site(-1, "embd"), (B, T, C), prob)}
+    for i in range(cfg.n_layer):
+        m[i, "attn"] = scale_mask(seed, site(i, "attn"), (B, H, T, T), prob)
+        for kind in ("attn_res", "ffn_res"):
+            m[i, kind] = scale_mask(seed, site(i, kind), (B, T, C), prob)
+    return m
+
+
+def gpt_forward(params, cfg: ModelConfig, tokens, targets, mask=None, dropout=None):
+    """tokens, targets (B,T) int; mask (B,T) or None; dropout (seed, p) or None -> (loss, cache for
+    gpt_backward)."""
     p = {k: _f64(v) for k, v in params.items()}
     tokens = np.asarray(tokens)
     H, eps = cfg.n_head, cfg.norm_eps
+    dm = dropout_masks(dropout, cfg, *tokens.shape)
+    one = lambda i, kind: 1.0 if dm is None else dm[i, kind]  # noqa: E731
     x = embedding_forward(tokens, p["token_embd.weight"], p["position_embd.weight"])  # (B,T,C)
+    if dm is not None:
+        x = x * dm["embd"]
     layers = []
     for i in range(cfg.n_layer):
         pre = f"blk.{i}."
         ln1, ln1c = layernorm_forward(x, p[pre + "attn_norm.weight"], p[pre + "attn_norm.bias"], eps)
         qkv = linear_forward(ln1, p[pre + "attn_qkv.weight"], p[pre + "attn_qkv.bias"])  # (B,T,3C)
-        atty, att = attention_forward(qkv, H)  # (B,T,C), (B,H,T,T)
-        x_mid = x + linear_forward(atty, p[pre + "attn_output.weight"], p[pre + "attn_output.bias"])
+        atty, att = attention_forward(qkv, H, None if dm is None else dm[i, "attn"])  # (B,T,C), (B,H,T,T)
+        x_mid = x + one(i, "attn_res") * linear_forward(atty, p[pre + "attn_output.weight"], p[pre + "attn_output.bias"])
         ln2, ln2c = layernorm_forward(x_mid, p[pre + "ffn_norm.weight"], p[pre + "ffn_norm.bias"], eps)
         h = linear_forward(ln2, p[pre + "ffn_up.weight"], p[pre + "ffn_up.bias"])  # (B,T,F)
         g = gelu_forward(h)
-        x_out = x_mid + linear_forward(g, p[pre + "ffn_down.weight"], p[pre + "ffn_down.bias"])
+        x_out = x_mid + one(i, "ffn_res") * linear_forward(g, p[pre + "ffn_down.weight"], p[pre + "ffn_down.bias"])
         layers.append(dict(x=x, ln1=ln1, ln1c=ln1c, qkv=qkv, atty=atty, att=att, x_mid=x_mid, ln2=ln2, ln2c=ln2c, h=h, g=g))
         x = x_out
     lnf, lnfc = layernorm_forward(x, p["output_norm.weight"], p["output_norm.bias"], eps)
     logits = lnf @ _output_weight(p, cfg).T  # (B,T,V)
     loss, probs = softmax_xent_forward(logits, np.asarray(targets), mask)
     cache = dict(p=p, cfg=cfg, tokens=tokens, targets=np.asarray(targets), mask=mask, layers=layers,
-                 x=x, lnf=lnf, lnfc=lnfc, probs=probs)
+                 x=x, lnf=lnf, lnfc=lnfc, probs=probs, dm=dm)
     return loss, cache
 
 
@@ -237,9 +259,11 @@ def gpt_backward(cache) -> dict[str, np.ndarray]:
     dx, dw, db = layernorm_backward(dlnf, cache["x"], p["output_norm.weight"], *cache["lnfc"])
     grads["output_norm.weight"] += dw
     grads["output_norm.bias"] += db
+    dm = cache.get("dm")
+    one = lambda i, kind: 1.0 if dm is None else dm[i, kind]  # noqa: E731
     for i in reversed(range(cfg.n_layer)):
         pre, a = f"blk.{i}.", cache["layers"][i]
-        dg, dW, db = linear_backward(dx, a["g"], p[pre + "ffn_down.weight"])
+        dg, dW, db = linear_backward(dx * one(i, "ffn_res"), a["g"], p[pre + "ffn_down.weight"])
         grads[pre + "ffn_down.weight"] += dW
         grads[pre + "ffn_down.bias"] += db
         dh = gelu_backward(dg, a["h"])
@@ -250,10 +274,10 @@ def gpt_backward(cache) -> dict[str, np.ndarray]:
         grads[pre + "ffn_norm.weight"] += dw
         grads[pre + "ffn_norm.bias"] += db
         dx = dx + dxm
-        datty, dW, db = linear_backward(dx, a["atty"], p[pre + "attn_output.weight"])
+        datty, dW, db = linear_backward(dx * one(i, "attn_res"), a["atty"], p[pre + "attn_output.weight"])
         grads[pre + "attn_output.weight"] += dW
         grads[pre + "attn_output.bias"] += db
-        dqkv = attention_backward(datty, a["qkv"], a["att"], H)
+        dqkv = attention_backward(datty, a["qkv"], a["att"], H, None if dm is None else dm[i, "attn"])
         dln1, dW, db = linear_backward(dqkv, a["ln1"], p[pre + "attn_qkv.weight"])
         grads[pre + "attn_qkv.weight"] += dW
         grads[pre + "attn_qkv.bias"] += db
@@ -261,6 +285,8 @@ def gpt_backward(cache) -> dict[str, np.ndarray]:
         grads[pre + "attn_norm.weight"] += dw
         grads[pre + "attn_norm.bias"] += db
         dx = dx + dxa
+    if dm is not None:
+        dx = dx * dm["embd"]
     dwte, dwpe = embedding_backward(dx, cache["tokens"], cfg.vocab_size, p["position_embd.weight"].shape[0])
     grads["token_embd.weight"] += dwte
     grads["position_embd.weight"] += dwpe

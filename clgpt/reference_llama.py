@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 from clgpt.model import ModelConfig
-from clgpt.reference import attention_backward, attention_forward, softmax_xent_backward, softmax_xent_forward
+from clgpt.reference import (attention_backward, attention_forward, dropout_masks, softmax_xent_backward,
+                             softmax_xent_forward)
 
 
 def _f64(a):
@@ -178,23 +179,28 @@ def moe_backward(dy, Wr, Wg, Wu, Wd, cache, aux_coef=0.0):
 
 
 # ---- the whole model ----
-def llama_forward(params, cfg: ModelConfig, tokens, targets, mask=None, routing=None):
+def llama_forward(params, cfg: ModelConfig, tokens, targets, mask=None, routing=None, dropout=None):
     """-> (loss, aux, cache). loss: masked mean NLL; aux: load-balancing loss summed over layers (0 when
-    dense). routing: None, or a list of (B*T, K) index arrays per layer to hold the routing fixed."""
+    dense). routing: None, or a list of (B*T, K) index arrays per layer to hold the routing fixed.
+    dropout: (seed, p) or None, the engine's masks (clgpt.reference.dropout_masks)."""
     p = {k: _f64(v) for k, v in params.items()}
     tokens = np.asarray(tokens)
     B, T = tokens.shape
     N, C, H, Hkv, eps = B * T, cfg.n_embd, cfg.n_head, cfg.kv_heads, cfg.norm_eps
     cos, sin = rope_tables(T, cfg.head_dim, cfg.rope_base)
+    dm = dropout_masks(dropout, cfg, B, T)
+    one = lambda i, kind: 1.0 if dm is None else dm[i, kind]  # noqa: E731
     x = p["token_embd.weight"][tokens]  # (B,T,C)
+    if dm is not None:
+        x = x * dm["embd"]
     layers, aux = [], 0.0
     for i in range(cfg.n_layer):
         pre = f"blk.{i}."
         ln1, r1 = rmsnorm_forward(x, p[pre + "attn_norm.weight"], eps)
         q, k, v = (ln1 @ p[pre + f"attn_{n}.weight"].T for n in "qkv")
         qkv = rope_qkv_forward(q, k, v, H, Hkv, cos, sin)  # (B,T,3C)
-        atty, att = attention_forward(qkv, H)
-        x_mid = x + atty @ p[pre + "attn_output.weight"].T
+        atty, att = attention_forward(qkv, H, None if dm is None else dm[i, "attn"])
+        x_mid = x + one(i, "attn_res") * (atty @ p[pre + "attn_output.weight"].T)
         ln2, r2 = rmsnorm_forward(x_mid, p[pre + "ffn_norm.weight"], eps)
         a = dict(x=x, ln1=ln1, r1=r1, qkv=qkv, atty=atty, att=att, x_mid=x_mid, ln2=ln2, r2=r2)
         if cfg.n_expert:
@@ -207,13 +213,13 @@ def llama_forward(params, cfg: ModelConfig, tokens, targets, mask=None, routing=
             y, a["ffn"] = swiglu_ffn_forward(ln2.reshape(N, C), p[pre + "ffn_gate.weight"], p[pre + "ffn_up.weight"],
                                              p[pre + "ffn_down.weight"])
         layers.append(a)
-        x = x_mid + y.reshape(B, T, C)
+        x = x_mid + one(i, "ffn_res") * y.reshape(B, T, C)
     lnf, rf = rmsnorm_forward(x, p["output_norm.weight"], eps)
     W_out = p["token_embd.weight"] if cfg.tied else p["output.weight"]
     logits = lnf @ W_out.T
     loss, probs = softmax_xent_forward(logits, np.asarray(targets), mask)
     cache = dict(p=p, cfg=cfg, tokens=tokens, targets=np.asarray(targets), mask=mask, layers=layers, x=x, lnf=lnf,
-                 rf=rf, probs=probs, logits=logits, cos=cos, sin=sin)
+                 rf=rf, probs=probs, logits=logits, cos=cos, sin=sin, dm=dm)
     return loss, aux, cache
 
 
@@ -246,22 +252,27 @@ def llama_backward(cache) -> dict[str, np.ndarray]:
     grads[out_name] += dlogits.reshape(-1, dlogits.shape[-1]).T @ cache["lnf"].reshape(N, C)
     dx, dw = rmsnorm_backward(dlogits @ p[out_name], cache["x"], p["output_norm.weight"], cache["rf"])
     grads["output_norm.weight"] += dw
+    dm = cache.get("dm")
+    one = lambda i, kind: 1.0 if dm is None else dm[i, kind]  # noqa: E731
     for i in reversed(range(cfg.n_layer)):
         pre, a = f"blk.{i}.", cache["layers"][i]
         ln2 = a["ln2"].reshape(N, C)
+        dy = dx * one(i, "ffn_res")
         if cfg.n_expert:
             names = [pre + n + ".weight" for n in ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")]
-            dln2, *dws = moe_backward(dx.reshape(N, C), *(p[n] for n in names), a["moe"], cfg.moe_aux_loss)
+            dln2, *dws = moe_backward(dy.reshape(N, C), *(p[n] for n in names), a["moe"], cfg.moe_aux_loss)
         else:
             names = [pre + n + ".weight" for n in ("ffn_gate", "ffn_up", "ffn_down")]
-            dln2, *dws = swiglu_ffn_backward(dx.reshape(N, C), ln2, *(p[n] for n in names), a["ffn"])
+            dln2, *dws = swiglu_ffn_backward(dy.reshape(N, C), ln2, *(p[n] for n in names), a["ffn"])
         for n, g in zip(names, dws):
             grads[n] += g
         dxm, dw = rmsnorm_backward(dln2.reshape(B, T, C), a["x_mid"], p[pre + "ffn_norm.weight"], a["r2"])
         grads[pre + "ffn_norm.weight"] += dw
         dx = dx + dxm
-        grads[pre + "attn_output.weight"] += dx.reshape(N, C).T @ a["atty"].reshape(N, C)
-        dqkv = attention_backward(dx @ p[pre + "attn_output.weight"], a["qkv"], a["att"], H)
+        dy = dx * one(i, "attn_res")
+        grads[pre + "attn_output.weight"] += dy.reshape(N, C).T @ a["atty"].reshape(N, C)
+        dqkv = attention_backward(dy @ p[pre + "attn_output.weight"], a["qkv"], a["att"], H,
+                                  None if dm is None else dm[i, "attn"])
         dq, dk, dv = rope_qkv_backward(dqkv, H, Hkv, cos, sin)
         dln1 = np.zeros_like(a["ln1"])
         for n, d in zip("qkv", (dq, dk, dv)):
@@ -271,11 +282,13 @@ def llama_backward(cache) -> dict[str, np.ndarray]:
         dxa, dw = rmsnorm_backward(dln1, a["x"], p[pre + "attn_norm.weight"], a["r1"])
         grads[pre + "attn_norm.weight"] += dw
         dx = dx + dxa
+    if dm is not None:
+        dx = dx * dm["embd"]
     np.add.at(grads["token_embd.weight"], cache["tokens"].reshape(-1), dx.reshape(N, C))
     return grads
 
 
-def llama_objective(params, cfg, tokens, targets, mask=None, routing=None) -> float:
+def llama_objective(params, cfg, tokens, targets, mask=None, routing=None, dropout=None) -> float:
     """loss + cfg.moe_aux_loss * aux: what llama_backward differentiates."""
-    loss, aux, _ = llama_forward(params, cfg, tokens, targets, mask, routing)
+    loss, aux, _ = llama_forward(params, cfg, tokens, targets, mask, routing, dropout)
     return loss + cfg.moe_aux_loss * aux

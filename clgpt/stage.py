@@ -1,13 +1,27 @@
-"""What every stage script shares: stderr goes to the terminal and to the rule's log, and a ClgptError
-ends the stage with its one-line message (exit 1) instead of a traceback."""
+"""What every stage script shares, and what the workflow knows about each stage's code.
+
+- `run_script`: stderr goes to the terminal and to the rule's log; a ClgptError, an OSError (a read-only
+  folder, a full disk) or Ctrl-C ends the stage with one line (exit 1, or 130 for Ctrl-C) instead of a
+  traceback; and the stage stops (saving its checkpoint, like Ctrl-C) when the Snakemake that started it
+  is gone (kill -9 leaves its jobs running otherwise).
+- `code_inputs`: the package modules a stage script imports, directly or through each other, and the
+  kernels when it builds them: the rules list these as inputs, so editing any of them re-runs the stage.
+"""
 
 from __future__ import annotations
 
+import ast
 import os
+import signal
 import sys
+import threading
+from pathlib import Path
 from typing import Callable
 
 from clgpt.errors import ClgptError
+
+PACKAGE = "clgpt"
+WATCH_SECONDS = 1.0  # how often the watchdog looks for the Snakemake process
 
 
 class _Tee:
@@ -28,18 +42,185 @@ class _Tee:
         return self.streams[0].isatty()
 
 
+# ---- the parent watchdog ------------------------------------------------------------------------
+
+def _proc_stat(pid: int) -> tuple[list[str], int] | None:
+    """(argv, parent pid) of a live process, from /proc; None when it is gone (or not Linux)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
+            stat = f.read()
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().decode("utf-8", "replace").split("\0")
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state, ppid, ...
+    if fields[0] in ("Z", "X"):  # a zombie is gone too
+        return None
+    return argv, int(fields[1])
+
+
+def _is_snakemake(argv: list[str]) -> bool:
+    """`snakemake ...`, `python /path/bin/snakemake ...` or `python -m snakemake ...`."""
+    head = argv[:3]
+    return any(os.path.basename(a) == "snakemake" for a in head) or head[1:3] == ["-m", "snakemake"]
+
+
+def snakemake_chain() -> list[tuple[int, int]]:
+    """[(pid, its parent pid)] from this process's parent up to the nearest `snakemake` process; [] when
+    no ancestor is Snakemake (a script run by hand or by a test)."""
+    chain, pid = [], os.getppid()
+    while pid > 1:
+        stat = _proc_stat(pid)
+        if stat is None:
+            return []
+        argv, ppid = stat
+        chain.append((pid, ppid))
+        if _is_snakemake(argv):
+            return chain
+        pid = ppid
+    return []
+
+
+def _watch(chain: list[tuple[int, int]], stop: threading.Event, on_gone: Callable[[int], None]) -> None:
+    while not stop.wait(WATCH_SECONDS):
+        for pid, ppid in chain:
+            stat = _proc_stat(pid)
+            if stat is None or stat[1] != ppid:  # gone, or its parent died and it was re-parented
+                on_gone(chain[-1][0])
+                return
+
+
+RESUME_AFTER_KILL = "run `snakemake --unlock`, then the same snakemake command with --rerun-incomplete to resume"
+_lost_parent: list[int] = []  # the pid of the Snakemake that went away, once the watchdog saw it
+
+
+def _stop_for_lost_parent(snakemake_pid: int) -> None:
+    _lost_parent.append(snakemake_pid)
+    os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C: the training loop saves its checkpoint and stops
+
+
+def stale_lock(workdir: str | Path = ".") -> bool:
+    """Whether `workdir/.snakemake/locks` holds a lock that no running Snakemake owns (one killed with -9
+    leaves it). False when that cannot be told (no /proc, a process we may not inspect): Snakemake's own
+    lock check then speaks."""
+    workdir = Path(workdir).resolve()
+    if not any((workdir / ".snakemake" / "locks").glob("*.lock")) or not os.path.isdir("/proc/self"):
+        return False
+    me = {os.getpid(), os.getppid()}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in me:
+            continue
+        stat = _proc_stat(int(entry))
+        if stat is None or not _is_snakemake(stat[0]):
+            continue
+        try:
+            if Path(os.readlink(f"/proc/{entry}/cwd")).resolve() == workdir:
+                return False
+        except OSError:
+            return False
+    return True
+
+
+# ---- running a stage script -----------------------------------------------------------------------
+
 def run_script(main: Callable, log_path: str | None, **kwargs) -> None:
     log = None
     if log_path:
         os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
         log = open(log_path, "w", encoding="utf-8")
         sys.stderr = _Tee(sys.__stderr__, log)
+    stop = threading.Event()
+    chain = snakemake_chain()
+    if chain:
+        threading.Thread(target=_watch, args=(chain, stop, _stop_for_lost_parent), daemon=True).start()
+    code = 0
     try:
         main(**kwargs)
     except ClgptError as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+        code = 1
+    except KeyboardInterrupt:
+        if _lost_parent:
+            print(f"\nerror: snakemake was killed; this stage stopped and kept its checkpoint; {RESUME_AFTER_KILL}",
+                  file=sys.stderr)
+        else:
+            print("error: interrupted; run snakemake again to resume", file=sys.stderr)
+        code = 130
+    except OSError as e:
+        print(f"error: {os_error_line(e)}", file=sys.stderr)
+        code = 1
     finally:
+        stop.set()
         if log:
             sys.stderr = sys.__stderr__
             log.close()
+    if code:
+        sys.exit(code)
+
+
+def os_error_line(e: OSError) -> str:
+    """One line for an OSError: the file, the reason and what to do."""
+    name = e.filename if e.filename is not None else "a file"
+    what = e.strerror or str(e)
+    if isinstance(e, PermissionError):
+        return f"{name}: {what}; make the folder writable (chmod u+w) or choose another output path"
+    if isinstance(e, FileNotFoundError):
+        return f"{name}: {what}; check the path (the folder must exist)"
+    return f"{name}: {what}"
+
+
+# ---- the code a stage runs ---------------------------------------------------------------------------
+
+def _module_file(root: Path, module: str) -> Path | None:
+    base = root.joinpath(*module.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def _imports(path: Path, module: str) -> set[str]:
+    """Package modules a file imports anywhere (also inside functions): `import clgpt.x`,
+    `from clgpt.x import y`, `from clgpt import x` (x a module), `from .x import y`."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == PACKAGE}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                name = ".".join([*base, node.module] if node.module else base)
+            else:
+                name = node.module or ""
+            if name.split(".")[0] == PACKAGE:
+                found.add(name)
+                found |= {f"{name}.{a.name}" for a in node.names}  # `from clgpt import x`: x may be a module
+    return found
+
+
+def code_inputs(script: str | Path, root: str | Path = ".") -> list[str]:
+    """The files a stage script runs, relative to `root` (the workflow folder): every package module in
+    its import graph, each with its packages' `__init__.py`, plus `kernels/*.cl` when the graph holds
+    clgpt/device.py (which builds them at run time)."""
+    root = Path(root)
+    seen: dict[str, Path] = {}
+    todo = [(None, root / script)]
+    while todo:
+        module, path = todo.pop()
+        names = _imports(path, module or "")
+        for name in sorted(names):
+            parts = name.split(".")
+            for n in range(1, len(parts) + 1):  # importing clgpt.x runs clgpt/__init__.py first
+                sub = ".".join(parts[:n])
+                if sub in seen:
+                    continue
+                file = _module_file(root, sub)
+                if file is not None:
+                    seen[sub] = file
+                    todo.append((sub, file))
+    files = sorted(str(p.relative_to(root)) for p in seen.values())
+    if f"{PACKAGE}.device" in seen:
+        files += sorted(str(p.relative_to(root)) for p in (root / "kernels").glob("*.cl"))
+    return files

@@ -18,6 +18,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -30,75 +31,32 @@ from tqdm import tqdm
 
 from clgpt.atomic import atomic_path
 from clgpt.checkpoint import load_checkpoint, save_checkpoint
-from clgpt.data import load_encoded
+from clgpt.config import section_settings
+from clgpt.data import (  # noqa: F401  (batching lives in data.py; the names stay importable here)
+    DialogBatches, PretrainBatches, WindowSampler, dialog_batches, dialog_rows, load_encoded, pad_dialogs,
+    text_batches,
+)
 from clgpt.errors import ClgptError
 from clgpt.model import ModelConfig, init_params
-from clgpt.precision import PRECISIONS
 
-# Settings of both stages with their defaults (the same as schemas/config.schema.yaml). epochs > 0
+# Settings and their defaults: schemas/config.schema.yaml (clgpt.config.section_settings). epochs > 0
 # replaces steps by ceil(epochs * rows / rows_per_step); mix_pretrain is the tune stage's share of rows
 # that are pretrain windows.
-DEFAULTS = {
-    "seed": 1234,  # init (pretrain) and data order
-    "steps": 300,  # optimizer steps
-    "epochs": 0,  # passes over the data; 0 = use steps
-    "batch_size": 16,  # rows per micro-batch
-    "seq_len": 64,  # tokens per row (pretrain windows; the cap on a dialog's length in tune)
-    "lr": 3e-3,  # peak learning rate, reached after warmup
-    "min_lr": 3e-4,  # learning rate at the end of the cosine decay
-    "warmup_steps": 20,  # linear warmup from lr/warmup_steps to lr
-    "weight_decay": 0.1,  # AdamW decoupled decay, matrices only
-    "beta1": 0.9,
-    "beta2": 0.95,
-    "grad_clip": 1.0,  # global gradient-norm clip; 0 = off
-    "precision": "fp32",  # matmul operands: fp32 | tf32 | bf16 | auto (clgpt/precision.py)
-    "accum_steps": 1,  # micro-batches per optimizer step
-    "checkpoint_every": 50,  # steps between resumable checkpoints
-    "target_loss": 0.0,  # stop once the smoothed loss is at or below it; 0 = off
-    "mix_pretrain": 0.0,  # tune only: share of rows that are pretrain windows (limits forgetting)
-}
 STAGES = ("pretrain", "tune")
 ADAM_EPS = 1e-8
 SMOOTHING = 0.9  # smoothed loss = SMOOTHING * previous + (1 - SMOOTHING) * this step's loss
-LOG_COLUMNS = ("step", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s")
+LOG_COLUMNS = ("step", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s", "val_loss")
+_OPTIONAL_COLUMNS = ("val_loss",)  # empty on steps without an evaluation
 # Settings that change how a run is recorded but not the weights it computes: not in the resume hash.
 _NOT_HASHED = ("checkpoint_every",)
 
 
 def stage_settings(stage: str, settings: dict) -> dict:
-    """`settings` with defaults filled in and checked; ClgptError naming the key on a bad value."""
+    """`settings` with the schema's defaults filled in and checked; ClgptError naming the key on a bad value."""
     if stage not in STAGES:
         raise ClgptError(f"unknown stage {stage!r}; use one of {', '.join(STAGES)}")
-    unknown = sorted(set(settings) - set(DEFAULTS))
-    if unknown:
-        raise ClgptError(f"{stage}.{unknown[0]}: unknown setting; known: {', '.join(DEFAULTS)}")
-    s = {**DEFAULTS, **settings}
-    for key in ("seed", "steps", "epochs", "batch_size", "seq_len", "warmup_steps", "accum_steps", "checkpoint_every"):
-        if isinstance(s[key], bool) or not isinstance(s[key], (int, np.integer)) or s[key] < 0:
-            raise ClgptError(f"{stage}.{key}: expected a non-negative integer, got {s[key]!r}")
-        s[key] = int(s[key])
-    for key in ("lr", "min_lr", "weight_decay", "beta1", "beta2", "grad_clip", "target_loss", "mix_pretrain"):
-        if isinstance(s[key], bool) or not isinstance(s[key], (int, float)) or not math.isfinite(s[key]) or s[key] < 0:
-            raise ClgptError(f"{stage}.{key}: expected a non-negative number, got {s[key]!r}")
-        s[key] = float(s[key])
-    for key in ("batch_size", "accum_steps", "checkpoint_every"):
-        if s[key] < 1:
-            raise ClgptError(f"{stage}.{key}: must be at least 1, got {s[key]}")
-    if s["precision"] not in PRECISIONS:
-        raise ClgptError(f"{stage}.precision: expected one of {', '.join(PRECISIONS)}, got {s['precision']!r}")
-    if s["seq_len"] < 2:
-        raise ClgptError(f"{stage}.seq_len: must be at least 2, got {s['seq_len']}")
-    if s["steps"] < 1 and s["epochs"] < 1:
-        raise ClgptError(f"{stage}.steps: must be at least 1 (or set epochs), got {s['steps']}")
-    if s["lr"] <= 0:
-        raise ClgptError(f"{stage}.lr: must be above 0, got {s['lr']}")
-    for key in ("beta1", "beta2"):
-        if s[key] >= 1:
-            raise ClgptError(f"{stage}.{key}: must be below 1, got {s[key]}")
-    if s["mix_pretrain"] >= 1:
-        raise ClgptError(f"{stage}.mix_pretrain: must be below 1 (some rows must be dialogs), got {s['mix_pretrain']}")
-    if stage == "pretrain" and s["mix_pretrain"] > 0:
-        raise ClgptError("pretrain.mix_pretrain: only the tune stage mixes in pretrain text; remove it")
+    s = section_settings(stage, settings)
+    s.setdefault("mix_pretrain", 0.0)  # pretrain has no such setting: it never mixes
     return s
 
 
@@ -112,134 +70,6 @@ def lr_at(step: int, total_steps: int, lr: float, min_lr: float, warmup_steps: i
         return lr
     progress = min(1.0, (step - warmup_steps) / decay_steps)
     return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * progress))
-
-
-# ---- batches -----------------------------------------------------------------------------------
-
-class WindowSampler:
-    """Random windows of a flat token stream: a row is w[:-1] -> w[1:] for a window w of T+1 tokens."""
-
-    def __init__(self, ids: np.ndarray, rng: np.random.Generator, where: str):
-        self.ids, self.rng, self.where = ids, rng, where
-
-    def rows(self, n: int, T: int) -> tuple[np.ndarray, np.ndarray]:
-        """-> tokens, targets, int32 (n, T)."""
-        if len(self.ids) < T + 1:
-            raise ClgptError(
-                f"{self.where}: only {len(self.ids)} tokens, fewer than seq_len+1={T + 1}; "
-                "add text or lower seq_len"
-            )
-        starts = self.rng.integers(0, len(self.ids) - T, size=n)  # window = ids[s : s+T+1]
-        windows = np.stack([np.asarray(self.ids[s : s + T + 1], dtype=np.int32) for s in starts])
-        return windows[:, :-1], windows[:, 1:]
-
-
-class PretrainBatches:
-    """Pretrain micro-batches: B random windows of seq_len+1 tokens, every target counts."""
-
-    def __init__(self, ids, settings: dict, where: str):
-        self.rng = np.random.default_rng(settings["seed"])
-        self.windows = WindowSampler(ids, self.rng, where)
-        self.B, self.T = settings["batch_size"], settings["seq_len"]
-        self.rows_per_epoch = max(1, len(ids) // self.T)  # epochs: windows that would tile the stream once
-        self.n_mix = self.dropped = 0
-
-    def next(self):
-        """-> tokens, targets int32 (B, T), mask float32 (B, T), number of real (unpadded) tokens."""
-        tokens, targets = self.windows.rows(self.B, self.T)
-        return tokens, targets, np.ones(tokens.shape, dtype=np.float32), tokens.size
-
-    def state(self) -> dict:
-        return {"rng": self.rng.bit_generator.state}
-
-    def set_state(self, state: dict) -> None:
-        self.rng.bit_generator.state = state["rng"]
-
-
-def dialog_rows(ids, meta: dict, where: str, T: int) -> tuple[list[tuple[np.ndarray, int]], int]:
-    """[(dialog ids int32, index of its <assistant> token)] of an encoded dialog file, leaving out the
-    dialogs whose reply starts past T tokens (nothing of them would count); -> (rows, number left out)."""
-    positions = meta.get("assistant_pos") or []
-    if meta.get("kind") != "dialog" or len(positions) != len(meta["documents"]):
-        raise ClgptError(f"{where}: not an encoded dialog file (kind {meta.get('kind')!r}); re-run the encode stage")
-    rows, dropped = [], 0
-    for (start, end), pos in zip(meta["documents"], positions):
-        doc = np.asarray(ids[start:end], dtype=np.int32)
-        a = pos - start
-        if not 0 <= a < len(doc) - 1:
-            raise ClgptError(
-                f"{where}: assistant_pos {pos} is outside its dialog [{start}, {end}); re-run the encode stage"
-            )
-        if a >= min(len(doc) - 1, T):
-            dropped += 1
-        else:
-            rows.append((doc, a))
-    return rows, dropped
-
-
-def pad_dialogs(rows: list[tuple[np.ndarray, int]], T: int):
-    """One dialog a row, cut to T tokens and padded to the longest row W <= T.
-    -> tokens, targets int32 (n, W); mask float32 (n, W), 1 from the <assistant> token's target on
-    (the reply and its </s>); number of real tokens. Padding is id 0 with mask 0: causal attention
-    keeps it from reaching the real positions before it."""
-    width = max(min(len(doc) - 1, T) for doc, _ in rows)
-    tokens = np.zeros((len(rows), width), dtype=np.int32)
-    targets = np.zeros((len(rows), width), dtype=np.int32)
-    mask = np.zeros((len(rows), width), dtype=np.float32)
-    n_real = 0
-    for r, (doc, a) in enumerate(rows):
-        L = min(len(doc) - 1, T)
-        tokens[r, :L], targets[r, :L] = doc[:L], doc[1 : L + 1]
-        mask[r, a:L] = 1.0
-        n_real += L
-    return tokens, targets, mask, n_real
-
-
-class DialogBatches:
-    """Tune micro-batches: B - n_mix dialogs (see pad_dialogs), shuffled once per epoch; rows run on into
-    the next epoch's order so every batch is full. With mix_pretrain, n_mix = round(mix * B) more rows
-    are pretrain windows as wide as the dialog rows, every target counting."""
-
-    def __init__(self, ids, meta: dict, settings: dict, where: str, mix_ids=None, mix_where: str = ""):
-        self.rng = np.random.default_rng(settings["seed"])
-        self.B, self.T = settings["batch_size"], settings["seq_len"]
-        self.n_mix = min(self.B - 1, int(round(settings["mix_pretrain"] * self.B)))
-        if self.n_mix and mix_ids is None:
-            raise ClgptError("tune.mix_pretrain is above 0 but no pretrain data (mix_encoded) was given")
-        self.mix = WindowSampler(mix_ids, self.rng, mix_where) if self.n_mix else None
-        self.dialogs, self.dropped = dialog_rows(ids, meta, where, self.T)
-        if not self.dialogs:
-            raise ClgptError(f"{where}: no dialog has its reply within seq_len={self.T} tokens; raise tune.seq_len")
-        self.rows_per_epoch = len(self.dialogs)
-        self.epoch, self.pos = 0, 0
-        self.order = self.rng.permutation(len(self.dialogs))
-
-    def _next_dialog(self) -> tuple[np.ndarray, int]:
-        if self.pos == len(self.order):
-            self.epoch, self.pos = self.epoch + 1, 0
-            self.order = self.rng.permutation(len(self.dialogs))
-        doc, a = self.dialogs[self.order[self.pos]]
-        self.pos += 1
-        return doc, a
-
-    def next(self):
-        """-> tokens, targets int32 (B, W), mask float32 (B, W), number of real tokens; W <= seq_len."""
-        tokens, targets, mask, n_real = pad_dialogs([self._next_dialog() for _ in range(self.B - self.n_mix)], self.T)
-        if self.n_mix:
-            width = tokens.shape[1]
-            mix_tokens, mix_targets = self.mix.rows(self.n_mix, width)
-            tokens, targets = np.concatenate([tokens, mix_tokens]), np.concatenate([targets, mix_targets])
-            mask = np.concatenate([mask, np.ones(mix_tokens.shape, dtype=np.float32)])
-            n_real += mix_tokens.size
-        return tokens, targets, mask, n_real
-
-    def state(self) -> dict:
-        return {"rng": self.rng.bit_generator.state, "epoch": self.epoch, "pos": self.pos, "order": self.order}
-
-    def set_state(self, state: dict) -> None:
-        self.rng.bit_generator.state = state["rng"]
-        self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
-        self.order = np.asarray(state["order"], dtype=np.int64)
 
 
 # ---- files ---------------------------------------------------------------------------------------
@@ -264,7 +94,9 @@ def _read_log(path: str, up_to_step: int) -> list[dict]:
         return []
     kept = []
     for row in rows[:up_to_step]:
-        if row.get("step") != str(len(kept) + 1) or any(not row.get(c) for c in LOG_COLUMNS):
+        if row.get("step") != str(len(kept) + 1) or any(
+            not row.get(c) for c in LOG_COLUMNS if c not in _OPTIONAL_COLUMNS
+        ):
             break
         kept.append(row)
     return kept
@@ -281,11 +113,9 @@ def _start_log(path: str, rows: list[dict]):
 
 
 def _resolve_device(device):
-    if device is None or isinstance(device, str):
-        from clgpt.device import get_device
+    from clgpt.device import resolve_device  # OpenCL is imported only where a stage runs the engine
 
-        return get_device(device or None)
-    return device
+    return resolve_device(device)
 
 
 class _DeferSigint:
@@ -332,6 +162,8 @@ class _Progress:
     smoothed_loss: float | None = None
     last_loss: float | None = None
     tokens_seen: int = 0
+    best_loss: float | None = None  # lowest held-out loss so far (validation on)
+    best_step: int = 0  # the step it was measured at
 
 
 def _pretrain_inputs(encoded: str, s: dict, model: dict | None, tokenizer_hash: str | None) -> _Inputs:
@@ -406,6 +238,49 @@ def _resume(partial: str, key: str, eng, batches, stage: str, total: int) -> _Pr
     return _Progress(ck["step"], **ck["extra"]["progress"])
 
 
+def _dropout_seed(seed: int, step: int, micro: int) -> int:
+    """The uint32 that picks one micro-batch's dropout masks (the engine's counter-based generator)."""
+    from clgpt.dropout import dropout_seed
+
+    return dropout_seed(seed, step, micro)
+
+
+class _Validation:
+    """The held-out loss during training: fixed batches (evenly spaced windows of held-out text, or the
+    held-out dialogs), the same at every evaluation, run with dropout off."""
+
+    def __init__(self, stage: str, heldout: str, s: dict, cfg: ModelConfig, tokenizer_hash: str | None):
+        ids, meta = load_encoded(heldout)
+        if tokenizer_hash and meta.get("tokenizer_hash") and meta["tokenizer_hash"] != tokenizer_hash:
+            raise ClgptError(f"{heldout}: encoded with another tokenizer; re-run the encode stage")
+        B, T = s["batch_size"], s["seq_len"]
+        if stage == "pretrain":
+            if len(ids) < 2:
+                raise ClgptError(f"{heldout}: held-out set has {len(ids)} tokens; add held-out text")
+            self.batches = list(text_batches(ids, T, B, s["eval_tokens"]))
+        else:
+            rows, _ = dialog_rows(ids, meta, heldout, T)
+            if s["eval_tokens"] > 0:  # whole dialogs until eval_tokens of them are read
+                n, total = 0, 0
+                while n < len(rows) and total < s["eval_tokens"]:
+                    total += min(len(rows[n][0]) - 1, T)
+                    n += 1
+                rows = rows[:n]
+            if not rows:
+                raise ClgptError(f"{heldout}: no held-out dialog has its reply within seq_len={T} tokens")
+            self.batches = list(dialog_batches(rows, T, B))
+        self.hash = _sha256_file(heldout)
+
+    def loss(self, eng) -> float:
+        total, count = 0.0, 0.0
+        for tokens, targets, mask in self.batches:
+            n = float(mask.sum())
+            if n:
+                total += float(eng.forward(tokens, targets, mask)) * n
+                count += n
+        return total / count
+
+
 def run_stage(
     stage: str,
     encoded: str,
@@ -416,6 +291,7 @@ def run_stage(
     model: dict | None = None,
     init_ckpt: str | None = None,
     mix_encoded: str | None = None,
+    heldout: str | None = None,
     device=None,
     tokenizer_hash: str | None = None,
     callback: Callable[[int, float], None] | None = None,
@@ -426,11 +302,14 @@ def run_stage(
     initialised from settings.seed, trained on random windows of `encoded`.
     tune: continues from `init_ckpt` (its shape, never the config's) on the dialogs of `encoded`, loss on
     the replies only; `mix_encoded` supplies pretrain rows when settings.mix_pretrain > 0.
+    heldout: the encoded held-out set; with settings.eval_every > 0 its loss is measured every eval_every
+    steps and at the end (log.csv val_loss, the progress bar); keep: best then ships the weights of the
+    lowest one, kept meanwhile in `ckpt_out + ".best"` (a resumed run keeps it); patience stops early.
     device: a clgpt.device.Device, or a spec string for clgpt.device.get_device (None = default choice).
     callback(step, loss) runs after every optimizer step (tests use it to interrupt a run).
 
     Returns {"stage", "steps", "total_steps", "final_loss", "smoothed_loss", "tokens_seen", "seconds",
-    "resumed_from", "stopped_early", "dropped_rows"}.
+    "resumed_from", "stopped_early", "dropped_rows", "best_step", "best_val_loss"}.
     """
     s = stage_settings(stage, settings)
     if stage == "pretrain":
@@ -447,6 +326,18 @@ def run_stage(
     if batches.dropped:
         tqdm.write(f"{stage}: {batches.dropped} dialogs have no reply within seq_len={s['seq_len']} tokens; skipped",
                    file=sys.stderr)
+    cut = [len(doc) for doc, _ in getattr(batches, "dialogs", ()) if len(doc) - 1 > s["seq_len"]]
+    if cut:
+        tqdm.write(f"warning: {stage}: {len(cut)} dialogs are longer than {stage}.seq_len={s['seq_len']} tokens "
+                   f"(the longest {max(cut)}) and are cut to it; raise {stage}.seq_len (at most model.n_ctx="
+                   f"{cfg.n_ctx}) to train on all of them", file=sys.stderr)
+    validation = None
+    if s["eval_every"] > 0:
+        if heldout is None:
+            raise ClgptError(f"{stage}.eval_every is set but there is no held-out set; set it to 0 or give one")
+        validation = _Validation(stage, heldout, s, cfg, inp.tokenizer_hash)
+        inp.hashes["heldout"] = validation.hash
+    keep_best = validation is not None and s["keep"] == "best"
     B, T, accum = s["batch_size"], s["seq_len"], s["accum_steps"]
     if s["epochs"] > 0:
         total = max(1, math.ceil(s["epochs"] * batches.rows_per_epoch / ((B - batches.n_mix) * accum)))
@@ -454,13 +345,16 @@ def run_stage(
         total = s["steps"]
     key = _resume_key(stage, s, inp, total)
 
-    from clgpt.engine_llama import make_engine  # Engine (gpt2) or LlamaEngine (llama); needs OpenCL
+    from clgpt.engine import make_engine  # GPT2Engine or LlamaEngine; needs OpenCL
 
-    eng = make_engine(cfg, inp.params, batch_size=B, seq_len=T, device=_resolve_device(device),
+    dev = _resolve_device(device)
+    eng = make_engine(cfg, inp.params, batch_size=B, seq_len=T, device=dev, dropout=s["dropout"],
                       precision=s["precision"])
-    partial = ckpt_out + ".partial"
+    partial, best_path = ckpt_out + ".partial", ckpt_out + ".best"
     prog = _resume(partial, key, eng, batches, stage, total)
     resumed_from = prog.step
+    if keep_best:
+        _resume_best(best_path, key, prog, stage)
 
     def save(path: str, sampler_state: dict) -> None:
         params = eng.get_params()
@@ -474,8 +368,13 @@ def run_stage(
                  "total_steps": total, "dropped_rows": batches.dropped,
                  "progress": {k: v for k, v in vars(prog).items() if k != "step"}}
         save_checkpoint(path, cfg, params, eng.get_optimizer_state(), prog.step, sampler_state, extra)
+        if path == partial:  # the log so far goes beside it: Snakemake deletes log.csv before a re-run
+            with atomic_path(log_partial) as tmp:
+                shutil.copyfile(log_csv, tmp)
 
-    kept_rows = _read_log(log_csv, prog.step)
+    log_partial = log_csv + ".partial"
+    kept_rows = _read_log(log_partial if os.path.exists(log_partial) else log_csv, prog.step)
+
     elapsed_before = float(kept_rows[-1]["elapsed_s"]) if kept_rows else 0.0
     log = _start_log(log_csv, kept_rows)
     writer = csv.writer(log)
@@ -490,9 +389,13 @@ def run_stage(
                 lr = lr_at(prog.step, total, s["lr"], s["min_lr"], s["warmup_steps"])
                 eng.zero_grad()
                 loss, n_tokens = 0.0, 0
-                for _ in range(accum):
+                for micro in range(accum):
                     tokens, targets, mask, n_real = batches.next()
-                    loss += float(eng.forward(tokens, targets, mask)) / accum
+                    if s["dropout"] > 0:
+                        seed = _dropout_seed(s["seed"], prog.step, micro)
+                        loss += float(eng.forward(tokens, targets, mask, dropout_seed=seed)) / accum
+                    else:
+                        loss += float(eng.forward(tokens, targets, mask)) / accum
                     eng.backward(1.0 / accum)
                     n_tokens += n_real
                 if not math.isfinite(loss):
@@ -511,14 +414,30 @@ def run_stage(
                 prev = loss if prog.smoothed_loss is None else prog.smoothed_loss
                 prog.smoothed_loss = SMOOTHING * prev + (1 - SMOOTHING) * loss
                 in_update = False
-
                 now = time.perf_counter()
                 tok_s = n_tokens / max(now - t_step, 1e-9)
+
+                val_loss, patience_out = None, False
+                if validation is not None and (prog.step % s["eval_every"] == 0 or prog.step == total):
+                    val_loss = validation.loss(eng)
+                    if prog.best_loss is None or val_loss < prog.best_loss:
+                        prog.best_loss, prog.best_step = val_loss, prog.step
+                        if keep_best:
+                            save(best_path, resume_state)
+                    evals_since = (prog.step - prog.best_step) // s["eval_every"]
+                    patience_out = 0 < s["patience"] <= evals_since
                 writer.writerow([prog.step, f"{loss:.6f}", f"{lr:.6g}", f"{norm:.6g}", f"{tok_s:.1f}",
-                                 f"{elapsed_before + now - t0:.3f}"])
+                                 f"{elapsed_before + now - t0:.3f}", "" if val_loss is None else f"{val_loss:.6f}"])
                 log.flush()
-                bar.set_postfix(loss=f"{prog.smoothed_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", refresh=False)
+                post = {"loss": f"{prog.smoothed_loss:.4f}"}
+                if prog.best_loss is not None:
+                    post["val"] = f"{prog.best_loss:.4f}@{prog.best_step}"
+                post.update(lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}")
+                bar.set_postfix(post, refresh=False)
                 bar.update(1)
+                if val_loss is not None:
+                    tqdm.write(f"{stage}: step {prog.step}: held-out loss {val_loss:.4f} (best {prog.best_loss:.4f} "
+                               f"at step {prog.best_step})", file=sys.stderr)
 
                 if prog.step % s["checkpoint_every"] == 0 and prog.step < total:
                     save(partial, resume_state)
@@ -526,6 +445,11 @@ def run_stage(
                     callback(prog.step, loss)
                 if sigint.requested:
                     raise KeyboardInterrupt
+                if patience_out and prog.step < total:
+                    stopped_early = True
+                    tqdm.write(f"{stage}: no better held-out loss in {s['patience']} evaluations; stopping at step "
+                               f"{prog.step} (best {prog.best_loss:.4f} at step {prog.best_step})", file=sys.stderr)
+                    break
                 if 0 < s["target_loss"] and prog.smoothed_loss <= s["target_loss"]:
                     stopped_early = prog.step < total
                     tqdm.write(f"{stage}: smoothed loss {prog.smoothed_loss:.4f} <= target {s['target_loss']} "
@@ -544,11 +468,41 @@ def run_stage(
         bar.close()
         log.close()
 
-    save(ckpt_out, resume_state)
-    if os.path.exists(partial):
-        os.remove(partial)
+    if keep_best and os.path.exists(best_path):
+        tqdm.write(f"{stage}: keeping the best held-out loss {prog.best_loss:.4f}, step {prog.best_step} "
+                   f"of {prog.step} (keep: best)", file=sys.stderr)
+        os.replace(best_path, ckpt_out)
+    else:
+        save(ckpt_out, resume_state)
+    for path in (partial, best_path, log_partial):
+        if os.path.exists(path):
+            os.remove(path)
     return {
         "stage": stage, "steps": prog.step, "total_steps": total, "final_loss": prog.last_loss,
         "smoothed_loss": prog.smoothed_loss, "tokens_seen": prog.tokens_seen, "seconds": time.perf_counter() - t0,
         "resumed_from": resumed_from, "stopped_early": stopped_early, "dropped_rows": batches.dropped,
+        "best_step": prog.best_step, "best_val_loss": prog.best_loss,
     }
+
+
+def _resume_best(best_path: str, key: str, prog: _Progress, stage: str) -> None:
+    """After a resume, the best-so-far is the `.best` file's (it may be newer than the .partial: the run
+    is deterministic, so replaying the steps after the .partial measures the same losses again)."""
+    if not os.path.exists(best_path):
+        prog.best_loss, prog.best_step = None, 0
+        return
+    try:
+        ck = load_checkpoint(best_path)
+    except ClgptError:
+        os.remove(best_path)
+        prog.best_loss, prog.best_step = None, 0
+        return
+    if ck["extra"].get("resume_key") != key:
+        os.remove(best_path)  # from other settings or data
+        prog.best_loss, prog.best_step = None, 0
+        return
+    p = ck["extra"]["progress"]
+    prog.best_loss, prog.best_step = p.get("best_loss"), int(p.get("best_step", ck["step"]))
+    if prog.step:
+        tqdm.write(f"{stage}: best held-out loss so far {prog.best_loss:.4f} at step {prog.best_step} "
+                   f"({best_path})", file=sys.stderr)

@@ -368,6 +368,102 @@ __kernel void matmul_rb(const int M, const int N, const int K,
     }
 }
 
+#ifdef GROUP
+// Grouped products for mixture of experts (the matmul_rb form, -DGROUP=1 or 2, -DNGROUPS=E): E groups in one launch,
+// group e's rows packed at offs[e] .. offs[e]+counts[e]-1 of the row-major operands (offs[e] a multiple of RM,
+// kernels/moe.cl), its matrix at B + e*bstride (GROUP 1) or its output at Cm + e*cstride (GROUP 2).
+//   GROUP 1: C[rows of e] (= alpha op(A)[rows of e] @ B_e) [+ C]: tiles of RM rows; tiles[e] .. tiles[e+1]-1
+//            are group e's (tiles: E+1 entries); global size (>= tiles[E], ceil(N/(8 NV))); M unused.
+//   GROUP 2: C_e (M,N) (= alpha op(A_e) @ B_e) [+ C_e] with K = counts[e] rows of A_e and B_e from offs[e]
+//            (weight gradients: op(A) = dY.T read in place with TA=1); global size (ceil(M/RM), ., E); KG unused.
+//   GROUP 1 takes K = KG.
+// Summation over k in increasing order, one work-item per output block: deterministic.
+__kernel void matmul_rb_grouped(const int M, const int N, const int KG, __global const float* restrict A, const int lda,
+                                __global const float* restrict B, const int ldb, const int bstride,
+                                __global float* Cm, const int ldc, const int cstride, const float alpha,
+                                __global const int* counts, __global const int* offs, __global const int* tiles)
+{
+    const int n0 = get_global_id(1) * (8 * NV);
+    if (n0 >= N) return;
+#if GROUP == 1
+    const int t = get_global_id(0);
+    int e = 0;
+    while (e < NGROUPS && tiles[e + 1] <= t) e++;
+    if (e >= NGROUPS) return;
+    const int m0 = offs[e] + (t - tiles[e]) * RM, mend = offs[e] + counts[e], K = KG;
+    B += e * bstride;
+#else
+    const int e = get_global_id(2), m0 = get_global_id(0) * RM, mend = M, K = counts[e];
+    if (m0 >= M) return;
+#if TA == 0
+    A += offs[e];
+#else
+    A += offs[e] * lda;
+#endif
+    B += offs[e] * ldb;
+    Cm += e * cstride;
+#endif
+    int rows[RM];  // rows past the group's end repeat its last one; their results are not stored
+#pragma unroll
+    for (int i = 0; i < RM; i++) rows[i] = min(m0 + i, mend - 1);
+    if (n0 + 8 * NV <= N) {
+        float8 acc[RM][NV];
+#pragma unroll
+        for (int i = 0; i < RM; i++)
+#pragma unroll
+            for (int j = 0; j < NV; j++) acc[i][j] = 0.0f;
+        __global const float* bp = B + n0;
+        for (int k = 0; k < K; k++, bp += ldb) {
+            float8 b[NV];
+#pragma unroll
+            for (int j = 0; j < NV; j++) b[j] = VLD(bp + 8 * j);
+#pragma unroll
+            for (int i = 0; i < RM; i++) {
+                const float a = AT(rows[i], k);
+#pragma unroll
+                for (int j = 0; j < NV; j++) acc[i][j] += a * b[j];
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < RM; i++) {
+            if (m0 + i >= mend) break;
+#pragma unroll
+            for (int j = 0; j < NV; j++) {
+                const int o = (m0 + i) * ldc + n0 + 8 * j;
+                float8 c = alpha * acc[i][j];
+#if ACCUM
+                c += VLD(Cm + o);
+#endif
+                VST(Cm + o, c);
+            }
+        }
+    } else {
+        const int nn = N - n0;
+        float acc[RM][8 * NV];
+        for (int i = 0; i < RM; i++)
+            for (int j = 0; j < 8 * NV; j++) acc[i][j] = 0.0f;
+        for (int k = 0; k < K; k++) {
+            __global const float* bp = B + k * ldb + n0;
+            for (int i = 0; i < RM; i++) {
+                const float a = AT(rows[i], k);
+                for (int j = 0; j < nn; j++) acc[i][j] += a * bp[j];
+            }
+        }
+        for (int i = 0; i < RM; i++) {
+            if (m0 + i >= mend) break;
+            for (int j = 0; j < nn; j++) {
+                const int o = (m0 + i) * ldc + n0 + j;
+#if ACCUM
+                Cm[o] += alpha * acc[i][j];
+#else
+                Cm[o] = alpha * acc[i][j];
+#endif
+            }
+        }
+    }
+}
+#endif
+
 // out (N,K) = in (K,N).T; one work-item per 8x8 block.
 __kernel void transpose(const int K, const int N, __global const float* restrict in, __global float* restrict out)
 {

@@ -1,10 +1,10 @@
 // Mixture of experts: router, top-k routing, per-expert token lists, gather/combine and their backward.
-// -D: E (experts), K (experts used per token), C (channels), S (rows reserved per expert: >= N, aligned)
-// Shapes: N = B*T tokens; rlogits/probs (N,E); sel (N,K) int, w (N,K); lists (E*S) int, pos (N*K) int;
-// counts (E) int, pmean (E); xg / ye / dye / dxg (E*S, C): expert e's rows at e*S .. e*S+counts[e]-1.
+// -D: E (experts), K (experts used per token), C (channels), RM (tile rows of the grouped products)
+// Shapes: N = B*T tokens; rlogits/probs (N,E); sel (N,K) int, w (N,K); pos (N*K) int; counts, offs (E) int,
+// tiles (E+1) int, pmean (E); xg / ye / dye / dxg (R, C): expert e's rows at offs[e] .. offs[e]+counts[e]-1.
 //   router:   p = softmax(rlogits);  sel = top-k of p, descending, ties to the lower index;
 //             w_k = p[sel_k] / sum_j p[sel_j]                (llama.cpp build_moe_ffn, softmax gating, norm_w)
-//   route:    expert e's list holds its tokens in increasing n; pos[n*K+k] = row of (n, k) in xg/ye;
+//   route:    expert e's rows hold its tokens in increasing n; pos[n*K+k] = row of (n, k) in xg/ye;
 //             pmean[e] = mean_n p[n,e] (for the load-balancing loss E * sum_e f_e pmean_e, f_e = counts_e/(N*K))
 //   gather:   xg[pos(n,k)] = x[n];   combine: out[n] = resid[n] + sum_k w[n,k] ye[pos(n,k)]
 //   backward: dye[pos(n,k)] = w[n,k] dout[n];  dw[n,k] = dout[n] . ye[pos(n,k)]
@@ -44,35 +44,43 @@ __kernel void moe_router_forward(const int N, const int fixed, __global const fl
     for (int k = 0; k < K; k++) w[n * K + k] = p[sel[n * K + k]] / ssel;
 }
 
-// One work-item per expert, tokens in increasing order.
-__kernel void moe_route(const int N, __global const float* probs, __global const int* sel,
-                        __global int* lists, __global int* pos, __global int* counts, __global float* pmean)
+// Packed routing for the grouped products (-D RM: their tile rows): expert e's rows start at offs[e] =
+// sum_{e' < e} ceil(counts[e'] / RM) * RM, its tokens in increasing order; tiles[e] = offs[e] / RM and
+// tiles[E] the total number of tiles. One work-item per expert (each counts all experts before it).
+#ifdef RM
+__kernel void moe_route_packed(const int N, __global const float* probs, __global const int* sel,
+                               __global int* pos, __global int* counts, __global int* offs,
+                               __global int* tiles, __global float* pmean)
 {
     const int e = get_global_id(0);
     if (e >= E) return;
+    int off = 0;
+    for (int e2 = 0; e2 < e; e2++) {
+        int c = 0;
+        for (int a = 0; a < N * K; a++) c += sel[a] == e2;
+        off += (c + RM - 1) / RM * RM;
+    }
     int cnt = 0;
     float ps = 0.0f;
     for (int n = 0; n < N; n++) {
         ps += probs[n * E + e];
         for (int k = 0; k < K; k++)
-            if (sel[n * K + k] == e) {
-                lists[e * S + cnt] = n;
-                pos[n * K + k] = e * S + cnt;
-                cnt++;
-            }
+            if (sel[n * K + k] == e) pos[n * K + k] = off + cnt++;
     }
     counts[e] = cnt;
+    offs[e] = off;
+    tiles[e] = off / RM;
+    if (e == E - 1) tiles[E] = (off + (cnt + RM - 1) / RM * RM) / RM;
     pmean[e] = ps / N;
 }
+#endif
 
-__kernel void moe_gather(__global const int* counts, __global const int* lists, __global const float* x,
-                         __global float* xg)
+// xg[pos[a]] = x[a / K]: one work-item per (channel, assignment a = n*K + k).
+__kernel void moe_gather_packed(const int N, __global const int* pos, __global const float* x, __global float* xg)
 {
-    const int c = get_global_id(0), r = get_global_id(1);
-    if (c >= C || r >= E * S) return;
-    const int e = r / S;
-    if (r - e * S >= counts[e]) return;
-    xg[r * C + c] = x[lists[r] * C + c];
+    const int c = get_global_id(0), a = get_global_id(1);
+    if (c >= C || a >= N * K) return;
+    xg[pos[a] * C + c] = x[(a / K) * C + c];
 }
 
 __kernel void moe_combine_forward(const int N, __global const float* resid, __global const float* w,
@@ -137,12 +145,4 @@ __kernel void moe_scatter_backward(const int N, __global const int* pos, __globa
     float s = dx[n * C + c];
     for (int k = 0; k < K; k++) s += dxg[pos[n * K + k] * C + c];
     dx[n * C + c] = s;
-}
-
-// dst[offset + i] += src[i]: an expert's weight gradient into its slice of the stacked tensor.
-__kernel void moe_accumulate(const int n, const int offset, __global const float* src, __global float* dst)
-{
-    const int i = get_global_id(0);
-    if (i >= n) return;
-    dst[offset + i] += src[i];
 }

@@ -53,3 +53,25 @@ __kernel void rmsnorm_param_backward(const int N, __global const float* dout, __
     for (int n = 0; n < N; n++) sw += dout[n * C + c] * x[n * C + c] * rstd[n];
     dw[c] += sw;
 }
+
+// GPUs: dw in two stages with fixed orders: part[r*C + c] = the sum over rows [r*rc, (r+1)*rc) (2-D launch
+// (c, r)); then dw[c] += sum_r in order.
+__kernel void rmsnorm_param_partial(const int N, const int rc, __global const float* dout,
+                                    __global const float* x, __global const float* rstd, __global float* part)
+{
+    const int c = get_global_id(0), r = get_global_id(1);
+    if (c >= C || r * rc >= N) return;
+    const int hi = min(N, (r + 1) * rc);
+    float sw = 0.0f;
+    for (int n = r * rc; n < hi; n++) sw += dout[n * C + c] * x[n * C + c] * rstd[n];
+    part[r * C + c] = sw;
+}
+
+__kernel void rmsnorm_param_final(const int R, __global const float* part, __global float* dw)
+{
+    const int c = get_global_id(0);
+    if (c >= C) return;
+    float sw = 0.0f;
+    for (int r = 0; r < R; r++) sw += part[r * C + c];
+    dw[c] += sw;
+}

@@ -1,9 +1,9 @@
 rule export:
     input:
-        tuned="results/tune/model.ckpt",
+        model=FINAL_CKPT,
         tokenizer="results/tokenizer/tokenizer.json",
         metrics="results/eval/metrics.json",
-        code=package("model", "gguf_io", "checkpoint", "tokenizer", "chat"),
+        code=stage_code("export"),
     output:
         gguf="model.gguf",
         modelfile="Modelfile",
@@ -13,6 +13,10 @@ rule export:
         "benchmarks/export.tsv"
     conda:
         "../envs/clgpt.yaml"
+    threads: config["resources"]["export"]["threads"]
+    resources:
+        mem_mb=config["resources"]["export"]["mem_mb"],
+        runtime=config["resources"]["export"]["runtime"],
     params:
         settings=config["export"],
     script:

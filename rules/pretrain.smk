@@ -1,9 +1,9 @@
 rule pretrain:
     input:
         encoded="results/encoded/pretrain.bin",
+        heldout="results/encoded/pretrain_heldout.bin",
         tokenizer="results/tokenizer/tokenizer.json",
-        kernels=KERNELS,
-        code=package(*ENGINE, "train", "checkpoint", "data"),
+        code=stage_code("pretrain"),
     output:
         checkpoint="results/pretrain/model.ckpt",
         log_csv="results/pretrain/log.csv",
@@ -13,6 +13,11 @@ rule pretrain:
         "benchmarks/pretrain.tsv"
     conda:
         "../envs/clgpt.yaml"
+    threads: config["resources"]["pretrain"]["threads"]
+    resources:
+        mem_mb=config["resources"]["pretrain"]["mem_mb"],
+        runtime=config["resources"]["pretrain"]["runtime"],
+        gpu=config["resources"]["pretrain"]["gpu"],
     params:
         model=config["model"],
         settings=config["pretrain"],

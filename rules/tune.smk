@@ -2,9 +2,9 @@ rule tune:
     input:
         pretrained="results/pretrain/model.ckpt",
         encoded="results/encoded/tune.bin",
+        heldout="results/encoded/tune_heldout.bin",
         mix="results/encoded/pretrain.bin",
-        kernels=KERNELS,
-        code=package(*ENGINE, "train", "checkpoint", "data", "chat"),
+        code=stage_code("tune"),
     output:
         checkpoint="results/tune/model.ckpt",
         log_csv="results/tune/log.csv",
@@ -14,6 +14,11 @@ rule tune:
         "benchmarks/tune.tsv"
     conda:
         "../envs/clgpt.yaml"
+    threads: config["resources"]["tune"]["threads"]
+    resources:
+        mem_mb=config["resources"]["tune"]["mem_mb"],
+        runtime=config["resources"]["tune"]["runtime"],
+        gpu=config["resources"]["tune"]["gpu"],
     params:
         settings=config["tune"],
         device=config["device"],

@@ -1,28 +1,32 @@
-"""Stage evaluate: held-out loss, forgetting, exact-match answers; metrics.json, report.md, plots."""
+"""Stage evaluate: held-out loss (also in nats per byte), forgetting, exact-match answers, sampled
+continuations; metrics.json, report.md, plots. Without a tune stage: the pretrained model only."""
 
 import os
 
-from clgpt.data import read_dialogs
+from clgpt.data import read_dialogs_split
 from clgpt.evaluate import run_evaluate
 from clgpt.stage import run_script
 
 
-def main(inp: dict, tune_dialogs: list, settings: dict, device: str, metrics: str) -> None:
+def main(inp: dict, tune_dialogs: list, corpus: dict, settings: dict, device: str, metrics: str) -> None:
+    dialogs, heldout = [], []
+    if tune_dialogs:
+        dialogs, heldout = read_dialogs_split(tune_dialogs, corpus.get("tune_heldout"), corpus["val_fraction"])
     run_evaluate(
-        inp["pretrained"], inp["tuned"], inp["tokenizer"], inp["pretrain_heldout"], inp["tune_heldout"],
-        read_dialogs(tune_dialogs), read_dialogs([inp["heldout_dialogs"]]),
-        inp["pretrain_log"], inp["tune_log"], settings, os.path.dirname(metrics), device=device or None,
+        inp["pretrained"], inp.get("tuned"), inp["tokenizer"], inp["pretrain_heldout"], inp.get("tune_heldout"),
+        dialogs, heldout, inp["pretrain_log"], inp.get("tune_log"), settings, os.path.dirname(metrics),
+        device=device or None,
     )
 
 
 if __name__ == "__main__" and "snakemake" in globals():
-    keys = ("pretrained", "tuned", "tokenizer", "pretrain_heldout", "tune_heldout", "heldout_dialogs",
-            "pretrain_log", "tune_log")
+    keys = ("pretrained", "tuned", "tokenizer", "pretrain_heldout", "tune_heldout", "pretrain_log", "tune_log")
     run_script(
         main,
         snakemake.log[0],
-        inp={k: snakemake.input[k] for k in keys},
-        tune_dialogs=list(snakemake.input.tune_dialogs),
+        inp={k: snakemake.input[k] for k in keys if k in snakemake.input.keys()},
+        tune_dialogs=list(snakemake.input.get("tune_dialogs", [])),
+        corpus=dict(snakemake.params.corpus),
         settings=dict(snakemake.params.settings),
         device=snakemake.params.device,
         metrics=snakemake.output.metrics,

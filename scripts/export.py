@@ -1,4 +1,5 @@
-"""Stage export: the tuned model as GGUF (llama.cpp, LM Studio, Ollama) and an Ollama Modelfile."""
+"""Stage export: the final model (tuned, or pretrained when there is no tune stage) as GGUF (llama.cpp,
+LM Studio, Ollama) and an Ollama Modelfile."""
 
 import hashlib
 import json
@@ -15,7 +16,7 @@ def provenance(ckpt: dict, metrics_path: str) -> dict:
     with open(metrics_path, encoding="utf-8") as f:
         metrics = json.load(f)
     extra = ckpt["extra"]
-    meta = {"tune_steps": ckpt["step"]}
+    meta = {"tune_steps": ckpt["step"]} if extra.get("stage", "tune") == "tune" else {"pretrain_steps": ckpt["step"]}
     for key in ("pretrain_steps", "corpus_sha256", "settings_sha256", "pretrain_settings_sha256", "final_loss"):
         if key in extra:
             meta[key] = extra[key]
@@ -29,8 +30,8 @@ def provenance(ckpt: dict, metrics_path: str) -> dict:
     return meta
 
 
-def main(tuned: str, tokenizer: str, metrics: str, settings: dict, gguf: str, modelfile: str) -> None:
-    ckpt = load_checkpoint(tuned)
+def main(model: str, tokenizer: str, metrics: str, settings: dict, gguf: str, modelfile: str) -> None:
+    ckpt = load_checkpoint(model)
     tok = Tokenizer.load(tokenizer)
     export_gguf(gguf, ckpt["cfg"], ckpt["params"], tok, ftype=settings["type"], name=settings["name"],
                 metadata=provenance(ckpt, metrics))
@@ -41,7 +42,7 @@ if __name__ == "__main__" and "snakemake" in globals():
     run_script(
         main,
         snakemake.log[0],
-        tuned=snakemake.input.tuned,
+        model=snakemake.input.model,
         tokenizer=snakemake.input.tokenizer,
         metrics=snakemake.input.metrics,
         settings=dict(snakemake.params.settings),

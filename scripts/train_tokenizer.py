@@ -1,15 +1,31 @@
 """Stage train_tokenizer: byte-level BPE on the pretrain text and the tune dialogs."""
 
-from clgpt.data import read_dialogs, read_text
+from clgpt.data import read_dialogs, text_segments
+from clgpt.errors import ClgptError
 from clgpt.stage import run_script
-from clgpt.tokenizer import Tokenizer
+from clgpt.tokenizer import SPECIAL_TOKENS, Tokenizer
 
 
-def main(pretrain: list, tune: list, vocab_size: int, tokenizer_out: str, vocab_out: str) -> None:
-    dialogs = read_dialogs(tune)
-    texts = [*read_text(pretrain)]
-    texts += [t for d in dialogs for t in (d["user"], d["assistant"])]
-    tok = Tokenizer.train(texts, vocab_size)
+def main(pretrain: list, tune: list, vocab_size: int, document: str, separator, tokenizer_out: str,
+         vocab_out: str) -> None:
+    if vocab_size <= 256 + len(SPECIAL_TOKENS):
+        tok = Tokenizer([])  # byte level: no merges to learn, nothing to read
+    else:
+        dialogs = read_dialogs(tune) if tune else []
+        texts = (seg for seg, _ in text_segments(pretrain, document, separator))
+
+        def all_texts():
+            yield from texts
+            for d in dialogs:
+                yield d["user"]
+                yield d["assistant"]
+
+        tok = Tokenizer.train(all_texts(), vocab_size)
+        if tok.vocab_size < vocab_size:  # the corpus ran out of pairs to merge
+            raise ClgptError(
+                f"tokenizer.vocab_size={vocab_size} cannot be reached: the corpus has pairs for only {tok.vocab_size} "
+                f"tokens; set tokenizer.vocab_size to {tok.vocab_size} or less in config.yaml, or add text"
+            )
     tok.save(tokenizer_out)
     tok.dump_vocab(vocab_out)
 
@@ -21,6 +37,8 @@ if __name__ == "__main__" and "snakemake" in globals():
         pretrain=list(snakemake.input.pretrain),
         tune=list(snakemake.input.tune),
         vocab_size=snakemake.params.settings["vocab_size"],
+        document=snakemake.params.corpus["document"],
+        separator=snakemake.params.corpus.get("separator"),
         tokenizer_out=snakemake.output.tokenizer,
         vocab_out=snakemake.output.vocab,
     )

@@ -4,10 +4,11 @@ from clgpt.stage import run_script
 from clgpt.train import run_stage
 
 
-def main(pretrained: str, encoded: str, mix: str, settings: dict, device: str, checkpoint: str, log_csv: str) -> None:
+def main(pretrained: str, encoded: str, heldout: str, mix: str, settings: dict, device: str, checkpoint: str,
+         log_csv: str) -> None:
     run_stage(
         "tune", encoded, settings, checkpoint, log_csv,
-        init_ckpt=pretrained, mix_encoded=mix, device=device or None,
+        init_ckpt=pretrained, mix_encoded=mix, heldout=heldout, device=device or None,
     )
 
 
@@ -17,6 +18,7 @@ if __name__ == "__main__" and "snakemake" in globals():
         snakemake.log[0],
         pretrained=snakemake.input.pretrained,
         encoded=snakemake.input.encoded,
+        heldout=snakemake.input.heldout,
         mix=snakemake.input.mix,
         settings=dict(snakemake.params.settings),
         device=snakemake.params.device,

@@ -45,7 +45,7 @@ def test_bad_config_names_the_key(override, message):
 def test_bad_yaml_names_file_and_line(tmp_path):
     p = tmp_path / "config.yaml"
     p.write_text("model:\n  n_embd: [1,\n")
-    with pytest.raises(ClgptError, match=r"config.yaml: not valid YAML at line"):
+    with pytest.raises(ClgptError, match=r"config.yaml:3:1: not valid YAML"):
         load_config(str(p))
 
 

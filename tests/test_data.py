@@ -11,6 +11,7 @@ from clgpt.data import (
     corpus_files,
     encode_dialog_files,
     encode_text_files,
+    load_documents,
     load_encoded,
     read_dialogs,
     read_text,
@@ -67,7 +68,8 @@ def test_text_encoding_round_trip(tmp_path, tok):
     ids, side = load_encoded(out)
     assert side == meta and side["kind"] == "text" and side["n_documents"] == 2
     assert ids.dtype == np.uint16 and len(ids) == side["n_tokens"]
-    s, e = side["documents"][1]
+    bounds, _ = load_documents(out, side)  # the binary index beside the ids
+    s, e = bounds[1], bounds[2]
     assert ids[s] == tok.bos_id and ids[e - 1] == tok.eos_id
     assert tok.decode(ids[s + 1 : e - 1].tolist()) == "Кошка сидит."
     assert side["tokenizer_hash"] == tok.hash()
@@ -79,9 +81,10 @@ def test_dialog_encoding_marks_assistant(tmp_path, tok):
     src.write_text(json.dumps({"user": "Hi!", "assistant": "Hello, world!"}) + "\n", encoding="utf-8")
     out = str(tmp_path / "d.bin")
     meta = encode_dialog_files(tok, [str(src)], out, max_len=256)
-    ids, _ = load_encoded(out)
+    ids, side = load_encoded(out)
     expected, start = encode_dialog(tok, "Hi!", "Hello, world!")
-    assert ids.tolist() == expected and meta["assistant_pos"] == [start]
+    bounds, assistant_pos = load_documents(out, side)
+    assert ids.tolist() == expected and assistant_pos.tolist() == [start] and bounds.tolist() == [0, len(expected)]
     assert ids[start] == tok.assistant_id
 
 

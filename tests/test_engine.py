@@ -8,7 +8,7 @@ import pytest
 
 from clgpt import reference as ref
 from clgpt.device import get_device, list_devices
-from clgpt.engine import Engine
+from clgpt.gpt2 import GPT2Engine as Engine
 from clgpt.errors import ClgptError
 from clgpt.model import ModelConfig, init_params
 
@@ -210,9 +210,9 @@ def test_gpu_launch_path_vs_reference_and_determinism(monkeypatch, launch):
     runs = []
     for _ in range(2):
         eng = Engine(cfg, p, batch_size=4, seq_len=80)
-        eng.attn_gemm = True  # T = 80 is below the table's shortest sequence for batched attention
-        eng.launch["colsum_min_parts"] = 2  # 320 rows: two-stage column sums all the same
-        assert eng.rows and eng.preset
+        eng.ops.attn_gemm = True  # T = 80 is below the table's shortest sequence for batched attention
+        eng.ops.launch["colsum_min_parts"] = 2  # 320 rows: two-stage column sums all the same
+        assert eng.ops.rows and eng.ops.preset
         loss = eng.forward(tokens, targets, mask)
         eng.zero_grad()
         eng.backward()

@@ -49,7 +49,7 @@ def stages(tmp_path_factory):
     assert enc["tune"]["n_tokens"] > 0
     run_stage("pretrain", str(d / "pretrain.bin"), {**TRAIN, "steps": 30}, str(d / "pre.ckpt"), str(d / "pre.csv"),
               model={**TINY, "vocab_size": tok.vocab_size}, tokenizer_hash=tok.hash())
-    tune = {**TRAIN, "steps": 150, "batch_size": 3, "min_lr": 3e-3}
+    tune = {**TRAIN, "steps": 150, "epochs": 0, "batch_size": 3, "min_lr": 3e-3}
     run_stage("tune", str(d / "tune.bin"), tune, str(d / "tune.ckpt"), str(d / "tune.csv"), init_ckpt=str(d / "pre.ckpt"))
     return d, tok
 
@@ -139,8 +139,10 @@ def test_exact_match_counts_generated_answers(stages, tmp_path, monkeypatch):
         def __init__(self, cfg, params, device=None):
             pass
 
-        def generate(self, prompt_ids, max_tokens, greedy, stop_ids):
-            assert greedy and stop_ids == (tok.eos_id,)
+        def generate(self, prompt_ids, max_tokens, greedy=False, stop_ids=(), **sampling):
+            if not greedy:  # the sampled continuations of held-out text
+                return [(i, 0.5) for i in tok.encode(" sampled")]
+            assert stop_ids == (tok.eos_id,)
             user = tuple(prompt_ids[2:-1])
             text = " " + DIALOGS[0]["assistant"] + " " if user in right else "wrong"
             return [(i, 0.5) for i in tok.encode(text)]

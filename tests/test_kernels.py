@@ -11,7 +11,7 @@ import pytest
 
 from clgpt import reference as ref
 from clgpt.device import get_device
-from clgpt.engine import MATMUL_TILES, matmul_defines, matmul_launch
+from clgpt.ops import MATMUL_TILES, matmul_defines, matmul_launch
 
 i32, f32 = np.int32, np.float32
 
@@ -110,7 +110,7 @@ def test_matmul(dev, form, ta, tb, M, N, K):
 
 def _gpu_engine(monkeypatch, launch="nvidia", **shape):
     """An Engine whose launch table row is a GPU's (split-K, batched attention, row kernels), on any device."""
-    from clgpt.engine import Engine
+    from clgpt.gpt2 import GPT2Engine as Engine
     from clgpt.model import ModelConfig, init_params
 
     monkeypatch.setenv("CLGPT_LAUNCH", launch)
@@ -125,7 +125,7 @@ def _gpu_engine(monkeypatch, launch="nvidia", **shape):
 def test_matmul_split_k(dev, monkeypatch, launch, ta, tb, M, N, K):
     """Engine.matmul on a GPU row: small outputs with a deep K are split along K, the parts summed in order."""
     eng = _gpu_engine(monkeypatch, launch)
-    assert eng._split_plan(M, N, K)[1] > 1
+    assert eng.ops.split_plan(M, N, K)[1] > 1
     A = rng.normal(size=(K, M) if ta else (M, K)).astype(f32)
     B = rng.normal(size=(N, K) if tb else (K, N)).astype(f32)
     C0 = rng.normal(size=(M, N)).astype(f32)
@@ -143,17 +143,17 @@ def test_matmul_split_k(dev, monkeypatch, launch, ta, tb, M, N, K):
 def test_attention_batched_matmuls(dev, monkeypatch, B, T, C, H):
     """The GPU attention (batched causal matmuls + softmax rows) against the float64 reference."""
     eng = _gpu_engine(monkeypatch, B=B, T=T, C=C, H=H)
-    eng.attn_gemm = True  # whatever the table's shortest sequence for it
+    eng.ops.attn_gemm = True  # whatever the table's shortest sequence for it
     qkv = rng.normal(size=(B, T, 3 * C)).astype(f32)
     dout = rng.normal(size=(B, T, C)).astype(f32)
     want, att = ref.attention_forward(qkv, H)
     dqkv_want = ref.attention_backward(dout, qkv, att, H)
     qb, ob, ab = to_dev(dev, qkv), empty(dev, B * T * C), empty(dev, B * H * T * T)
-    eng._attention_forward(B, T, qb, ob, ab)
+    eng.ops.attention_forward(B, T, qb, ob, ab)
     assert_close(from_dev(dev, ob, (B, T, C)), want, 1e-5, 1e-4, "attention out")
     assert_close(from_dev(dev, ab, (B, H, T, T)), att, 1e-6, 1e-4, "attention att")
     dq, datt = empty(dev, B * T * 3 * C), empty(dev, B * H * T * T)
-    eng._attention_backward(B, T, to_dev(dev, dout), qb, ab, datt, dq)
+    eng.ops.attention_backward(B, T, to_dev(dev, dout), qb, ab, datt, dq)
     assert_close(from_dev(dev, dq, (B, T, 3 * C)), dqkv_want, 1e-5, 1e-4, "attention backward")
 
 
@@ -483,20 +483,20 @@ def test_copy_ld_v8(dev, K, N, pad):
 def test_engine_matmul_ld_pad(dev, monkeypatch, ta, tb, M, N, K):
     """Engine.matmul on the CPU row with op(B) (and the transposed op(A)) in rows padded off multiples of 64
     floats (ld_pad): the float64 product, and bit for bit the unpadded result (same order of summation)."""
-    from clgpt.engine import Engine
+    from clgpt.gpt2 import GPT2Engine as Engine
     from clgpt.model import ModelConfig, init_params
 
     monkeypatch.setenv("CLGPT_LAUNCH", "cpu")
     cfg = ModelConfig(vocab_size=16, n_ctx=8, n_embd=16, n_head=2, n_layer=1, n_ff=32)
     eng = Engine(cfg, init_params(cfg, 0), batch_size=1, seq_len=8, device=dev)
-    assert eng.launch.get("ld_pad") and "copy_ld_v8" in eng.k
+    assert eng.ops.launch.get("ld_pad") and "copy_ld_v8" in eng.ops.k
     A = rng.normal(size=(K, M) if ta else (M, K)).astype(f32)
     B = rng.normal(size=(N, K) if tb else (K, N)).astype(f32)
     C0 = rng.normal(size=(M, N)).astype(f32)
     want = (A.T if ta else A).astype(np.float64) @ (B.T if tb else B).astype(np.float64) + C0
     outs = []
     for pad, ta_direct in [(0, 0), (16, 0), (16, 1 << 30)]:  # ta_direct 0: op(A) through a transposed copy
-        eng.launch = dict(eng.launch, ld_pad=pad, ld_pad_copy=0, ta_direct=ta_direct)
+        eng.ops.launch = dict(eng.ops.launch, ld_pad=pad, ld_pad_copy=0, ta_direct=ta_direct)
         cbuf = to_dev(dev, C0)
         eng.matmul(M, N, K, to_dev(dev, A), to_dev(dev, B), cbuf, ta=ta, tb=tb, accum=True)
         outs.append(from_dev(dev, cbuf, (M, N)))

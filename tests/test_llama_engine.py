@@ -15,8 +15,9 @@ import pytest
 
 from clgpt import reference_llama as ref
 from clgpt.device import get_device
-from clgpt.engine import Engine
-from clgpt.engine_llama import LlamaEngine, make_engine
+from clgpt.gpt2 import GPT2Engine as Engine
+from clgpt.engine import make_engine
+from clgpt.llama import LlamaEngine
 from clgpt.errors import ClgptError
 from clgpt.model import ModelConfig, init_params, param_shapes
 from clgpt.reference import fd_entries
@@ -184,11 +185,12 @@ def test_swiglu_kernels(launch):
 
 @pytest.mark.parametrize("E,K", [(4, 2), (3, 1), (2, 2)])
 def test_moe_kernels(launch, E, K):
-    N, C, S = 9, 5, 16
+    N, C, RM = 9, 5, 4
+    R = N * K + E * (RM - 1)
     x, rl = rnd(N, C, seed=1), rnd(N, E, seed=2, scale=2)
     rl[0] = 0.0  # an exact tie: the lower index wins
     probs, sel, w = ref.router_forward(rl, K)
-    d = dict(E=E, K=K, C=C, S=S)
+    d = dict(E=E, K=K, C=C, RM=RM)
     r = launch("moe", "moe_router_forward", d, (N,), [("N", np.int32(N)), ("fixed", np.int32(0)), ("rl", rl),
                ("probs", np.zeros((N, E), np.float32)), ("sel", np.zeros((N, K), np.int32)),
                ("w", np.zeros((N, K), np.float32))], ["probs", "sel", "w"])
@@ -196,27 +198,32 @@ def test_moe_kernels(launch, E, K):
     close(r["probs"], probs, "router probs")
     close(r["w"], w, "router weights")
     sel32, probs32, w32 = sel.astype(np.int32), probs.astype(np.float32), w.astype(np.float32)
-    r = launch("moe", "moe_route", d, (E,), [("N", np.int32(N)), ("probs", probs32), ("sel", sel32),
-               ("lists", np.full(E * S, -1, np.int32)), ("pos", np.zeros(N * K, np.int32)),
-               ("counts", np.zeros(E, np.int32)), ("pmean", np.zeros(E, np.float32))],
-               ["lists", "pos", "counts", "pmean"])
-    counts, pos, lists = r["counts"], r["pos"], r["lists"]
+    r = launch("moe", "moe_route_packed", d, (E,), [("N", np.int32(N)), ("probs", probs32), ("sel", sel32),
+               ("pos", np.zeros(N * K, np.int32)), ("counts", np.zeros(E, np.int32)), ("offs", np.zeros(E, np.int32)),
+               ("tiles", np.zeros(E + 1, np.int32)), ("pmean", np.zeros(E, np.float32))],
+               ["pos", "counts", "offs", "tiles", "pmean"])
+    counts, pos, offs, tiles = r["counts"], r["pos"], r["offs"], r["tiles"]
     assert np.array_equal(counts, np.bincount(sel.reshape(-1), minlength=E))
+    want_offs = np.concatenate([[0], np.cumsum(-(-counts // RM) * RM)])
+    assert np.array_equal(offs, want_offs[:E]) and np.array_equal(tiles, want_offs // RM)
     close(r["pmean"], probs.mean(axis=0), "pmean")
-    for e in range(E):
-        assert list(lists[e * S: e * S + counts[e]]) == list(np.nonzero(sel == e)[0])  # increasing tokens
-    assert np.array_equal(lists[pos], np.repeat(np.arange(N), K)) and len(set(pos)) == N * K
+    tok = np.repeat(np.arange(N), K)
+    for e in range(E):  # expert e's rows: its tokens, increasing, packed from offs[e]
+        rows = pos[sel.reshape(-1) == e]
+        assert list(rows) == list(range(offs[e], offs[e] + counts[e]))
+        assert list(tok[sel.reshape(-1) == e]) == sorted(tok[sel.reshape(-1) == e])
+    assert len(set(pos)) == N * K and pos.max() < R
     # gather, combine, and their backward against the dense formula out[n] = resid[n] + sum_k w ye[pos]
-    r = launch("moe", "moe_gather", d, (C, E * S), [("counts", counts), ("lists", lists), ("x", x),
-               ("xg", np.zeros((E * S, C), np.float32))], ["xg"])
+    r = launch("moe", "moe_gather_packed", d, (C, N * K), [("N", np.int32(N)), ("pos", pos), ("x", x),
+               ("xg", np.zeros((R, C), np.float32))], ["xg"])
     assert np.array_equal(r["xg"][pos], np.repeat(x, K, axis=0))
-    ye, resid, dout = rnd(E * S, C, seed=5), rnd(N, C, seed=6), rnd(N, C, seed=7)
+    ye, resid, dout = rnd(R, C, seed=5), rnd(N, C, seed=6), rnd(N, C, seed=7)
     want = resid + (w[..., None] * ye[pos].reshape(N, K, C)).sum(axis=1)
     r = launch("moe", "moe_combine_forward", d, (C, N), [("N", np.int32(N)), ("resid", resid), ("w", w32),
                ("pos", pos), ("ye", ye), ("out", np.zeros((N, C), np.float32))], ["out"])
     close(r["out"], want, "combine forward")
     r = launch("moe", "moe_combine_backward", d, (C, N * K), [("N", np.int32(N)), ("dout", dout), ("w", w32),
-               ("pos", pos), ("dye", np.zeros((E * S, C), np.float32))], ["dye"])
+               ("pos", pos), ("dye", np.zeros((R, C), np.float32))], ["dye"])
     close(r["dye"][pos], (w[..., None] * dout[:, None]).reshape(N * K, C), "combine backward dye")
     dw = (dout[:, None] * ye[pos].reshape(N, K, C)).sum(-1)
     r = launch("moe", "moe_weight_backward", d, (N * K,), [("N", np.int32(N)), ("dout", dout), ("pos", pos),
@@ -228,7 +235,7 @@ def test_moe_kernels(launch, E, K):
                ("dw", dw.astype(np.float32)), ("probs", probs32), ("sel", sel32), ("w", w32), ("counts", counts),
                ("drl", np.zeros((N, E), np.float32))], ["drl"])
     close(r["drl"], want, "router backward")
-    dxg, dx0 = rnd(E * S, C, seed=8), rnd(N, C, seed=9)
+    dxg, dx0 = rnd(R, C, seed=8), rnd(N, C, seed=9)
     r = launch("moe", "moe_scatter_backward", d, (C, N), [("N", np.int32(N)), ("pos", pos), ("dxg", dxg),
                ("dx", dx0)], ["dx"])
     close(r["dx"], dx0 + dxg[pos].reshape(N, K, C).sum(1), "scatter backward")
@@ -237,6 +244,44 @@ def test_moe_kernels(launch, E, K):
         ref.router_forward(a["rl"], K, sel)[0] * aux_scale * counts).sum()
     pr = {"rl": rl.astype(np.float64)}
     assert np.abs(fd_entries(f, pr, "rl", range(N * E), 1e-6) - want.reshape(-1)).max() < 1e-7
+
+
+@pytest.mark.parametrize("ta_rows", [0, 1])
+def test_grouped_matmuls(launch, ta_rows):
+    """matmul_rb_grouped: GROUP 1 (each expert's packed rows times its matrix slice) and GROUP 2 (each expert's
+    weight gradient over its rows), experts of 0, 1 and several tiles, against float64 per-expert products."""
+    E, RM, NV, C, F = 4, 6, 2, 21, 19  # F, C: a partial column block too
+    counts = np.array([7, 0, 13, 1], np.int32)
+    offs = np.concatenate([[0], np.cumsum(-(-counts // RM) * RM)]).astype(np.int32)
+    tiles, offs = offs // RM, offs[:E].copy()
+    R = int(tiles[-1] * RM)
+    x, W = rnd(R, C, seed=1), rnd(E, C, F, seed=2)
+    c0 = rnd(R, F, seed=3)
+    d = dict(GROUP=1, NGROUPS=E, TA=0, TB=0, ACCUM=1, RM=RM, NV=NV)
+    r = launch("matmul", "matmul_rb_grouped", d, (int(tiles[-1]) + 2, -(-F // (8 * NV))),
+               [("M", np.int32(0)), ("N", np.int32(F)), ("K", np.int32(C)), ("A", x), ("lda", np.int32(C)),
+                ("B", W), ("ldb", np.int32(F)), ("bs", np.int32(C * F)), ("C", c0.copy()), ("ldc", np.int32(F)),
+                ("cs", np.int32(0)), ("alpha", np.float32(0.5)), ("counts", counts), ("offs", offs),
+                ("tiles", tiles.astype(np.int32))], ["C"])
+    for e in np.nonzero(counts)[0]:
+        rows = slice(offs[e], offs[e] + counts[e])
+        close(r["C"][rows], c0[rows] + 0.5 * x[rows].astype(np.float64) @ W[e], f"GROUP 1 expert {e}")
+    live = np.zeros(R, bool)
+    for e in range(E):
+        live[offs[e]: offs[e] + counts[e]] = True
+    assert np.array_equal(r["C"][~live], c0[~live]), "rows between experts were written"
+    dy = rnd(R, F, seed=4)
+    g0 = rnd(E, F, C, seed=5)
+    A = dy if ta_rows else np.ascontiguousarray(dy.T)  # TA=1 reads dy (R,F) in place; TA=0 a (F,R) copy
+    d = dict(GROUP=2, NGROUPS=E, TA=ta_rows, TB=0, ACCUM=1, RM=RM, NV=NV)
+    r = launch("matmul", "matmul_rb_grouped", d, (-(-F // RM), -(-C // (8 * NV)), E),
+               [("M", np.int32(F)), ("N", np.int32(C)), ("K", np.int32(0)), ("A", A),
+                ("lda", np.int32(F if ta_rows else R)), ("B", x), ("ldb", np.int32(C)), ("bs", np.int32(0)),
+                ("C", g0.copy()), ("ldc", np.int32(C)), ("cs", np.int32(F * C)), ("alpha", np.float32(1.0)),
+                ("counts", counts), ("offs", offs), ("tiles", counts)], ["C"])
+    for e in range(E):
+        rows = slice(offs[e], offs[e] + counts[e])
+        close(r["C"][e], g0[e] + dy[rows].T.astype(np.float64) @ x[rows], f"GROUP 2 expert {e}")
 
 
 # ---- the reference model against finite differences ---------------------------------------------

@@ -21,7 +21,7 @@ import pytest
 
 from clgpt import reference_llama as ref
 from clgpt.chat import encode_dialog, encode_prompt
-from clgpt.engine_llama import LlamaEngine
+from clgpt.llama import LlamaEngine
 from clgpt.generate import Generator
 from clgpt.gguf_io import export_gguf, read_gguf
 from clgpt.model import ModelConfig, init_params

@@ -28,7 +28,7 @@ import pytest
 
 from clgpt import reference
 from clgpt.chat import encode_dialog, encode_prompt
-from clgpt.engine import Engine
+from clgpt.gpt2 import GPT2Engine as Engine
 from clgpt.generate import Generator
 from clgpt.gguf_io import export_gguf, read_gguf
 from clgpt.model import ModelConfig, init_params

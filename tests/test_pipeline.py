@@ -16,6 +16,8 @@ ALL_RULES = {"train_tokenizer", "encode", "pretrain", "tune", "evaluate", "expor
 
 TINY = {
     "device": "",
+    "corpus": {"pretrain": "data/pretrain", "document": "line", "tune": "data/tune",
+               "pretrain_heldout": "data/heldout/pretrain.txt", "tune_heldout": "data/heldout/tune.jsonl"},
     "tokenizer": {"vocab_size": 300},
     "model": {"n_ctx": 256, "n_embd": 32, "n_head": 2, "n_layer": 1, "n_ff": 64},
     "pretrain": {"steps": 6, "batch_size": 4, "seq_len": 32, "warmup_steps": 2, "checkpoint_every": 3},
@@ -28,7 +30,7 @@ TINY = {
 def make_workdir(path: Path, config: dict = TINY) -> Path:
     """A copy of the workflow with a small corpus cut from data/ and the tiny config."""
     path.mkdir(parents=True)
-    for name in ("Snakefile", "rules", "scripts", "kernels", "clgpt", "schemas", "envs"):
+    for name in ("Snakefile", "rules", "scripts", "kernels", "clgpt", "schemas", "envs", "report"):
         src = ROOT / name
         (shutil.copytree if src.is_dir() else shutil.copy)(src, path / name)
     for sub in ("pretrain", "tune", "heldout"):
@@ -119,6 +121,22 @@ def test_kernel_edit_reruns_the_stages_that_use_it(workdir):
         assert planned_rules(workdir) == {"pretrain", "tune", "evaluate", "export"}
     finally:
         kernel.write_bytes(original)
+
+
+@pytest.mark.parametrize(
+    "module, rules",
+    [("clgpt/tuning.py", {"pretrain", "tune", "evaluate", "export"}),  # imported by the engine only
+     ("clgpt/gguf_io.py", {"export"})],
+)
+def test_module_edit_reruns_the_stages_that_import_it(workdir, module, rules):
+    """Code inputs come from each script's import graph: an edit to any module it imports re-plans it."""
+    path = workdir / module
+    original = path.read_bytes()
+    path.write_bytes(original + b"\n# edited\n")
+    try:
+        assert planned_rules(workdir) == rules
+    finally:
+        path.write_bytes(original)
 
 
 def test_same_config_gives_same_bytes(workdir, tmp_path):

@@ -17,7 +17,8 @@ import pytest
 from clgpt import reference as ref
 from clgpt.config import validate_config
 from clgpt.device import get_device
-from clgpt.engine import Engine, matmul_defines, matmul_launch
+from clgpt.engine import Engine
+from clgpt.ops import matmul_defines, matmul_launch
 from clgpt.errors import ClgptError
 from clgpt.model import ModelConfig, init_params
 from clgpt.precision import ROUND, resolve
@@ -191,11 +192,11 @@ def test_engine_tensor_core_attention(dev, monkeypatch):
     """GPU attention (batched causal products) on the mma kernel (emulated) with bf16 operands."""
     B, T, C, H = 2, 40, 16, 2
     eng = _engine(monkeypatch, "bf16", launch="nvidia", emulate=True, B=B, T=T, C=C, H=H)
-    eng.attn_gemm = True
+    eng.ops.attn_gemm = True
     qkv = rng.normal(size=(B, T, 3 * C)).astype(f32)
     want, _ = ref.attention_forward(qkv, H)
     ob, ab = cl.Buffer(dev.ctx, cl.mem_flags.READ_WRITE, B * T * C * 4), cl.Buffer(dev.ctx, cl.mem_flags.READ_WRITE, B * H * T * T * 4)
-    eng._attention_forward(B, T, to_dev(dev, qkv), ob, ab)
+    eng.ops.attention_forward(B, T, to_dev(dev, qkv), ob, ab)
     got = from_dev(dev, ob, (B, T, C))
     err = np.abs(got - want).max()
     assert 1e-5 < err < 3e-2, f"bf16 attention: max error {err:.2e} (expected bf16's, not fp32's or worse)"

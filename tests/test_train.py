@@ -78,8 +78,8 @@ def data(tmp_path_factory):
 
 
 def settings(**kw) -> dict:
-    s = {"seed": 7, "steps": 12, "batch_size": 4, "seq_len": 12, "lr": 1e-2, "min_lr": 1e-3, "warmup_steps": 3,
-         "checkpoint_every": 4}
+    s = {"seed": 7, "steps": 12, "epochs": 0, "batch_size": 4, "seq_len": 12, "lr": 1e-2, "min_lr": 1e-3,
+         "warmup_steps": 3, "checkpoint_every": 4}
     s.update(kw)
     return s
 
@@ -142,7 +142,7 @@ def test_lr_schedule_matches_formula(warmup):
 def test_settings_defaults_and_errors():
     s = stage_settings("tune", {})
     assert s["accum_steps"] == 1 and s["target_loss"] == 0 and s["mix_pretrain"] == 0
-    with pytest.raises(ClgptError, match="pretrain.stpes: unknown setting"):
+    with pytest.raises(ClgptError, match="unknown key 'pretrain.stpes'; did you mean 'steps'"):
         stage_settings("pretrain", {"stpes": 3})
     with pytest.raises(ClgptError, match="tune.mix_pretrain"):
         stage_settings("tune", {"mix_pretrain": 1.0})
@@ -155,7 +155,7 @@ def test_settings_defaults_and_errors():
 def test_pretrain_loss_goes_down_and_logs(data, tmp_path):
     summary = pretrain(data, tmp_path, steps=40, checkpoint_every=100)
     rows = read_log(tmp_path / "log.csv")
-    assert list(rows[0]) == ["step", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s"]
+    assert list(rows[0]) == ["step", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s", "val_loss"]
     assert [int(r["step"]) for r in rows] == list(range(1, 41))
     losses = [float(r["loss"]) for r in rows]
     assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.5, losses
@@ -203,7 +203,7 @@ def test_dialog_batches_mask_only_the_reply(data):
 
 def test_tune_loss_ignores_user_targets(data, pretrained):
     from clgpt.data import load_encoded
-    from clgpt.engine_llama import make_engine
+    from clgpt.engine import make_engine
 
     ck = load_checkpoint(pretrained)
     ids, meta = load_encoded(data["dialog"])

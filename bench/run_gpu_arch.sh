@@ -1,0 +1,27 @@
+#!/bin/bash
+# One device call: llama vs gpt2, MoE (4 experts, top-2) vs dense llama, and each against its PyTorch CUDA
+# peer (SDPA, fused AdamW, eager fp32), at M and at the nanoGPT GPU recipe's shape (6 layers, 384 channels,
+# batch 64, context 256, byte vocabulary), all in the same call; a few NVIDIA OpenCL correctness tests first.
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site ../../.whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
+mkdir -p /tmp/icd && echo /usr/lib/libnvidia-opencl.so.1 >/tmp/icd/nvidia.icd && export OCL_ICD_VENDORS=/tmp/icd
+[ -e /usr/lib/libnvidia-opencl.so.1 ] || echo /usr/lib/x86_64-linux-gnu/libnvidia-opencl.so.1 >/tmp/icd/nvidia.icd
+export PYOPENCL_CTX=0
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $OUT/train.txt
+timeout 60 python3 -m pytest tests/test_llama_engine.py tests/test_dropout.py -q -x -p no:cacheprovider -W ignore \
+  -k "engine_loss_logits or grouped or with_dropout_vs_reference" 2>&1 | tail -4 | tee $OUT/tests.txt
+M="--vocab 4096 --ctx 256 --embd 256 --ffn 1024 --heads 4 --layers 4 --batch 8"
+G="--vocab 260 --ctx 256 --embd 384 --ffn 1536 --heads 6 --layers 6 --batch 64"
+MOE="--arch llama --experts 4 --experts-used 2"
+for shape in M G; do
+  eval args=\$$shape
+  steps=20; [ $shape = G ] && steps=10
+  for a in "--arch gpt2" "--arch llama" "$MOE"; do
+    echo "== $shape clgpt $a" | tee -a $OUT/train.txt
+    timeout 60 python3 -m clgpt bench $args $a --steps $steps --gemm 0 2>&1 | grep "train:" | tee -a $OUT/train.txt
+  done
+  for a in "--arch gpt2" "--arch llama" "$MOE"; do
+    echo "== $shape torch cuda $a" | tee -a $OUT/train.txt
+    timeout 60 python3 bench/bench_torch.py $args $a --steps $steps --device cuda 2>&1 | grep "train:" | tee -a $OUT/train.txt
+  done
+done

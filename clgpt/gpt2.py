@@ -1,0 +1,117 @@
+"""GPT2Engine: the GPT-2 forward and backward, written against the launchers of clgpt.ops.
+
+    x = drop(token_embd[tokens] + position_embd[0..T-1])
+    for each block:  x = x + drop(attn_output(attn(split(attn_qkv(ln(x, attn_norm))))))   (drop on att too)
+                     x = x + drop(ffn_down(gelu(ffn_up(ln(x, ffn_norm)))))
+    logits = ln(x, output_norm) @ (output.weight or token_embd.weight).T      (head: clgpt.engine)
+
+Shapes: B batch, T time, N = B*T rows, C n_embd, H heads, F n_ff, L layers. drop is dropout (clgpt.dropout),
+only in a forward with targets and a dropout_seed; without it the residual adds fuse into the matmuls.
+"""
+
+from __future__ import annotations
+
+from clgpt.engine import EngineBase
+
+
+class GPT2Engine(EngineBase):
+    arch = "gpt2"
+
+    def _alloc(self):
+        self.ops.build_gpt2()
+        cfg, B, T, buf = self.cfg, self.B, self.T, self.ops.buf
+        N, C, F, H = B * T, cfg.n_embd, cfg.n_ff, cfg.n_head
+        self.acts = []
+        for _ in range(cfg.n_layer):
+            a = dict(x=buf(N * C), ln1=buf(N * C), ln1_mean=buf(N), ln1_rstd=buf(N), qkv=buf(N * 3 * C),
+                     att=buf(B * H * T * T), atty=buf(N * C), x_mid=buf(N * C), ln2=buf(N * C), ln2_mean=buf(N),
+                     ln2_rstd=buf(N), h=buf(N * F), g=buf(N * F))
+            if self.dropout:
+                a["att_d"] = buf(B * H * T * T)  # the dropped attention probabilities
+            self.acts.append(a)
+        self.lnf_mean, self.lnf_rstd = buf(N), buf(N)
+        # backward scratch, reused by every layer
+        self.datty, self.dqkv = buf(N * C), buf(N * 3 * C)
+        self.dh, self.datt = buf(N * F), buf(B * H * T * T)
+        if self.dropout:  # a residual branch before its dropout (forward), its gradient after (backward)
+            self.branch, self.dres = buf(N * C), buf(N * C)
+
+    def _forward_body(self, Bp, Tp):
+        cfg, ops, p = self.cfg, self.ops, self.p
+        N, C, F = Bp * Tp, cfg.n_embd, cfg.n_ff
+        x0 = self.acts[0]["x"] if cfg.n_layer else self.x_out
+        ops.embedding_forward(N, Tp, self.tokens, p["token_embd.weight"], p["position_embd.weight"], x0)
+        if self._drop:
+            ops.dropout_forward(N * C, *self._dropped(-1, "embd"), x0, x0)
+        for i, a in enumerate(self.acts):
+            pre = f"blk.{i}."
+            x_next = self.acts[i + 1]["x"] if i + 1 < cfg.n_layer else self.x_out
+            ops.layernorm(N, a["x"], p[pre + "attn_norm.weight"], p[pre + "attn_norm.bias"], a["ln1"], a["ln1_mean"],
+                          a["ln1_rstd"])
+            ops.matmul(N, 3 * C, C, a["ln1"], p[pre + "attn_qkv.weight"], a["qkv"], tb=1,
+                       bias=p[pre + "attn_qkv.bias"])
+            drop = self._dropped(i, "attn")
+            ops.attention_forward(Bp, Tp, a["qkv"], a["atty"], a["att"], drop and (*drop, a["att_d"]))
+            if self._drop:
+                ops.matmul(N, C, C, a["atty"], p[pre + "attn_output.weight"], self.branch, tb=1,
+                           bias=p[pre + "attn_output.bias"])
+                self._residual(N * C, i, "attn_res", a["x"], self.branch, a["x_mid"])
+            else:
+                ops.matmul(N, C, C, a["atty"], p[pre + "attn_output.weight"], a["x_mid"], tb=1,
+                           bias=p[pre + "attn_output.bias"], resid=a["x"])
+            ops.layernorm(N, a["x_mid"], p[pre + "ffn_norm.weight"], p[pre + "ffn_norm.bias"], a["ln2"], a["ln2_mean"],
+                          a["ln2_rstd"])
+            ops.matmul_epi(N, F, C, a["ln2"], p[pre + "ffn_up.weight"], a["h"], tb=1, bias=p[pre + "ffn_up.bias"],
+                           epi=1, E=a["g"])  # h, and g = gelu(h)
+            if self._drop:
+                ops.matmul(N, C, F, a["g"], p[pre + "ffn_down.weight"], self.branch, tb=1,
+                           bias=p[pre + "ffn_down.bias"])
+                self._residual(N * C, i, "ffn_res", a["x_mid"], self.branch, x_next)
+            else:
+                ops.matmul(N, C, F, a["g"], p[pre + "ffn_down.weight"], x_next, tb=1, bias=p[pre + "ffn_down.bias"],
+                           resid=a["x_mid"])
+        ops.layernorm(N, self.x_out, p["output_norm.weight"], p["output_norm.bias"], self.lnf, self.lnf_mean,
+                      self.lnf_rstd)
+
+    def _branch_grad(self, N, C, i, kind):
+        """The gradient reaching a residual branch's output: dx, or dx through the branch's dropout."""
+        if not self._drop:
+            return self.dx
+        self.ops.dropout_backward(N * C, *self._dropped(i, kind), self.dx, self.dres)
+        return self.dres
+
+    def _backward_body(self, Bp, Tp, scale):
+        cfg, ops, p, g = self.cfg, self.ops, self.p, self.g
+        N, C, F = Bp * Tp, cfg.n_embd, cfg.n_ff
+        dx, dln = self.dx, self.dln
+        ops.layernorm_backward(N, dln, self.x_out, self.lnf_mean, self.lnf_rstd, p["output_norm.weight"],
+                               g["output_norm.weight"], g["output_norm.bias"], dx, accum=0)
+        for i in reversed(range(cfg.n_layer)):
+            pre, a = f"blk.{i}.", self.acts[i]
+            # ffn: x_out = x_mid + drop(g @ Wdown.T + b)
+            dy = self._branch_grad(N, C, i, "ffn_res")
+            ops.matmul(C, F, N, dy, a["g"], g[pre + "ffn_down.weight"], ta=1, accum=True)
+            ops.bias_backward(N, C, dy, g[pre + "ffn_down.bias"])
+            ops.matmul_epi(N, F, C, dy, p[pre + "ffn_down.weight"], self.dh, epi=2, E=a["h"])  # dh = dg * gelu'(h)
+            ops.matmul(F, C, N, self.dh, a["ln2"], g[pre + "ffn_up.weight"], ta=1, accum=True)
+            ops.bias_backward(N, F, self.dh, g[pre + "ffn_up.bias"])
+            ops.matmul(N, C, F, self.dh, p[pre + "ffn_up.weight"], dln)
+            ops.layernorm_backward(N, dln, a["x_mid"], a["ln2_mean"], a["ln2_rstd"], p[pre + "ffn_norm.weight"],
+                                   g[pre + "ffn_norm.weight"], g[pre + "ffn_norm.bias"], dx, accum=1)
+            # attention: x_mid = x + drop(atty @ Wo.T + b)
+            dy = self._branch_grad(N, C, i, "attn_res")
+            ops.matmul(C, C, N, dy, a["atty"], g[pre + "attn_output.weight"], ta=1, accum=True)
+            ops.bias_backward(N, C, dy, g[pre + "attn_output.bias"])
+            ops.matmul(N, C, C, dy, p[pre + "attn_output.weight"], self.datty)
+            drop = self._dropped(i, "attn")
+            ops.attention_backward(Bp, Tp, self.datty, a["qkv"], a["att"], self.datt, self.dqkv,
+                                   drop and (*drop, a["att_d"]))
+            ops.matmul(3 * C, C, N, self.dqkv, a["ln1"], g[pre + "attn_qkv.weight"], ta=1, accum=True)
+            ops.bias_backward(N, 3 * C, self.dqkv, g[pre + "attn_qkv.bias"])
+            ops.matmul(N, C, 3 * C, self.dqkv, p[pre + "attn_qkv.weight"], dln)
+            ops.layernorm_backward(N, dln, a["x"], a["ln1_mean"], a["ln1_rstd"], p[pre + "attn_norm.weight"],
+                                   g[pre + "attn_norm.weight"], g[pre + "attn_norm.bias"], dx, accum=1)
+        if self._drop:
+            ops.dropout_backward(N * C, *self._dropped(-1, "embd"), dx)
+        self._token_embd_backward(N, dx)
+        ops.position_embd_backward(Bp, Tp, dx, g["position_embd.weight"])

@@ -1,0 +1,267 @@
+"""LlamaEngine: the llama forward and backward (dense SwiGLU or mixture of experts), written against the
+launchers of clgpt.ops, so llama takes every device path gpt2 takes (CPU row-blocked attention, GPU batched
+attention and row kernels, fused cross-entropy, preset launches).
+
+    x = drop(token_embd[tokens])                                 (no position table: RoPE in attention)
+    for each block:  x = x + drop(attn_output(attn(rope(q), rope(k), v)))  q, k, v = attn_{q,k,v}(rms(x))
+                     x = x + drop(ffn(rms(x, ffn_norm)))
+    ffn = ffn_down(silu(ffn_gate(h)) * ffn_up(h))               dense, or for n_expert > 0:
+    ffn = sum_k w_k expert_{sel_k}(h),  sel = top-k of softmax(ffn_gate_inp(h)),  w = renormalised probs
+    logits = rms(x, output_norm) @ (output.weight or token_embd.weight).T      (head: clgpt.engine)
+
+Shapes: B batch, T time, N = B*T rows, C n_embd, H heads, Hkv kv heads, D = C // H, F n_ff, E experts,
+K experts used, R = N*K + E*(RM-1) rows of the packed expert operands (RM: the grouped products' tile rows).
+
+Attention reuses kernels/attention.cl: rope.cl rotates q and k and packs q | k | v into its (N,3C) qkv
+layout, repeating each kv head for its H/Hkv query heads (grouped-query attention).
+
+Mixture of experts as grouped work, deterministic, all on the device: the router kernel picks each token's
+top-k; one work-item per expert packs its tokens in increasing order at a tile-aligned offset (tokens sorted
+by expert); a gather copies the rows there; each projection is one grouped launch over all experts
+(kernels/matmul.cl matmul_rb_grouped: a tile of rows finds its expert, whose matrix is a slice of the stacked
+(E, F, C) tensor; weight gradients sum each expert's rows in order straight into its slice); a combine
+kernel sums the k weighted outputs per token in order. Nothing comes back to the host within a step (the
+expert counts are copied back without waiting, for expert_usage and aux_loss). The load-balancing loss `cfg.moe_aux_loss * E * sum_e f_e P_e` (per
+layer, f_e = share of the N*K assignments on expert e, P_e = mean router probability, over all B'*T' rows)
+enters the backward only: `forward` returns the cross-entropy alone, `aux_loss()` the last forward's aux.
+
+`expert_usage()` -> (L, E): the fraction of the last forward's tokens that routed to each expert.
+`freeze_routing(True)` reuses the last forward's top-k indices (gradient checks: routing is discrete).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyopencl as cl
+
+from clgpt.engine import EngineBase
+from clgpt.errors import ClgptError
+from clgpt.ops import F32
+
+i32, f32 = np.int32, np.float32
+_EXPERT_MATS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+
+
+class LlamaEngine(EngineBase):
+    arch = "llama"
+
+    def __init__(self, *args, **kwargs):
+        self._fixed_routing = False
+        super().__init__(*args, **kwargs)
+
+    # ---- kernels and buffers ----
+    def _alloc(self):
+        self.ops.build_llama()
+        cfg, B, T, buf, dev = self.cfg, self.B, self.T, self.ops.buf, self.dev
+        N, C, F, H, L = B * T, cfg.n_embd, cfg.n_ff, cfg.n_head, cfg.n_layer
+        Ckv, E, K = cfg.kv_heads * cfg.head_dim, cfg.n_expert, cfg.n_expert_used
+        ib = lambda n: cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, max(1, n) * 4)  # noqa: E731
+        self.zero_pos = buf(T * C)  # embedding_forward adds a position row: zeros here
+        cl.enqueue_fill_buffer(self.queue, self.zero_pos, np.float32(0), 0, T * C * F32)
+        cos, sin = _rope_tables(T, cfg.head_dim, cfg.rope_base)
+        mf = cl.mem_flags
+        self.rope_cos = cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=cos)
+        self.rope_sin = cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=sin)
+        if E:
+            RM = self.ops.grouped_tiles()["RM"]
+            self.R, self.max_tiles = N * K + E * (RM - 1), -(-N * K // RM) + E
+            for kname in ("moe_router_forward", "moe_route_packed", "moe_gather_packed", "moe_combine_forward",
+                          "moe_combine_backward", "moe_weight_backward", "moe_router_backward",
+                          "moe_scatter_backward"):
+                self.ops.k[kname] = dev.kernel("moe", kname, E=E, K=K, C=C, RM=RM)
+        self.acts = []
+        for _ in range(L):
+            a = dict(x=buf(N * C), ln1=buf(N * C), r1=buf(N), qkv=buf(N * 3 * C), att=buf(B * H * T * T),
+                     atty=buf(N * C), x_mid=buf(N * C), ln2=buf(N * C), r2=buf(N))
+            if self.dropout:
+                a["att_d"] = buf(B * H * T * T)
+            if E:
+                R = self.R
+                a.update(probs=buf(N * E), sel=ib(N * K), w=buf(N * K), pos=ib(N * K), counts=ib(E), offs=ib(E),
+                         tiles=ib(E + 1), pmean=buf(E), xg=buf(R * C), hg=buf(R * F), hu=buf(R * F),
+                         act=buf(R * F), ye=buf(R * C))
+            else:
+                a.update(hg=buf(N * F), hu=buf(N * F), act=buf(N * F))
+            self.acts.append(a)
+        self.rf = buf(N)
+        # backward scratch, reused by every layer
+        self.datty, self.dqkv, self.datt = buf(N * C), buf(N * 3 * C), buf(B * H * T * T)
+        self.q, self.kk, self.v = buf(N * C), buf(N * Ckv), buf(N * Ckv)
+        self.dq, self.dk, self.dv = buf(N * C), buf(N * Ckv), buf(N * Ckv)
+        if self.dropout:  # a residual branch before its dropout (forward), its gradient after (backward)
+            self.branch, self.dres = buf(N * C), buf(N * C)
+            if E:
+                self.zero_res = buf(N * C)
+                cl.enqueue_fill_buffer(self.queue, self.zero_res, np.float32(0), 0, N * C * F32)
+        if not E:
+            self.dact, self.dhg, self.dhu = buf(N * F), buf(N * F), buf(N * F)
+        else:
+            R = self.R
+            self.rlogits, self.drlogits, self.dwsel = buf(N * E), buf(N * E), buf(N * K)
+            self.dye, self.dxg = buf(R * C), buf(R * C)
+            self.dact, self.dhg, self.dhu = buf(R * F), buf(R * F), buf(R * F)
+        self._counts = np.zeros((L, max(E, 1)), np.int32)
+        self._pmean = np.zeros((L, max(E, 1)), np.float32)
+        self._n_routed = 0
+
+    def freeze_routing(self, on: bool = True):
+        """Reuse the last forward's top-k indices in later forwards (same B', T'): gradient checks."""
+        self._fixed_routing = bool(on)
+
+    def expert_usage(self) -> np.ndarray:
+        """(L, E) fraction of the last forward's B'*T' tokens routed to each expert (rows sum to K)."""
+        if not self.cfg.n_expert:
+            raise ClgptError("expert_usage: this model has no experts (model.n_expert is 0)")
+        if not self._n_routed:
+            raise ClgptError("expert_usage: run forward() first")
+        self.queue.finish()  # the counts were copied back without waiting
+        return self._counts.astype(np.float64) / self._n_routed
+
+    def aux_loss(self) -> float:
+        """The last forward's load-balancing loss, sum over layers of E * sum_e f_e P_e (0 when dense)."""
+        cfg = self.cfg
+        if not cfg.n_expert or not self._n_routed:
+            return 0.0
+        self.queue.finish()
+        f = self._counts.astype(np.float64) / (self._n_routed * cfg.n_expert_used)
+        return float(cfg.n_expert * (f * self._pmean.astype(np.float64)).sum())
+
+    # ---- forward ----
+    def _forward_body(self, Bp, Tp):
+        cfg, ops, p = self.cfg, self.ops, self.p
+        N, C, F = Bp * Tp, cfg.n_embd, cfg.n_ff
+        Ckv = cfg.kv_heads * cfg.head_dim
+        if cfg.n_expert and self._fixed_routing and self._n_routed != N:
+            raise ClgptError("freeze_routing: the routing was recorded for another batch shape")
+        x0 = self.acts[0]["x"] if cfg.n_layer else self.x_out
+        ops.embedding_forward(N, Tp, self.tokens, p["token_embd.weight"], self.zero_pos, x0)
+        if self._drop:
+            ops.dropout_forward(N * C, *self._dropped(-1, "embd"), x0, x0)
+        for i, a in enumerate(self.acts):
+            pre = f"blk.{i}."
+            x_next = self.acts[i + 1]["x"] if i + 1 < cfg.n_layer else self.x_out
+            ops.rmsnorm(N, a["x"], p[pre + "attn_norm.weight"], a["ln1"], a["r1"])
+            ops.matmul(N, C, C, a["ln1"], p[pre + "attn_q.weight"], self.q, tb=1)
+            ops.matmul(N, Ckv, C, a["ln1"], p[pre + "attn_k.weight"], self.kk, tb=1)
+            ops.matmul(N, Ckv, C, a["ln1"], p[pre + "attn_v.weight"], self.v, tb=1)
+            ops.rope_forward(N, Tp, self.q, self.kk, self.v, self.rope_cos, self.rope_sin, a["qkv"])
+            drop = self._dropped(i, "attn")
+            ops.attention_forward(Bp, Tp, a["qkv"], a["atty"], a["att"], drop and (*drop, a["att_d"]))
+            if self._drop:
+                ops.matmul(N, C, C, a["atty"], p[pre + "attn_output.weight"], self.branch, tb=1)
+                self._residual(N * C, i, "attn_res", a["x"], self.branch, a["x_mid"])
+            else:
+                ops.matmul(N, C, C, a["atty"], p[pre + "attn_output.weight"], a["x_mid"], tb=1, resid=a["x"])
+            ops.rmsnorm(N, a["x_mid"], p[pre + "ffn_norm.weight"], a["ln2"], a["r2"])
+            out, resid = (self.branch, None) if self._drop else (x_next, a["x_mid"])
+            if cfg.n_expert:
+                self._moe_forward(i, a, N, resid if resid is not None else self.zero_res, out)
+            else:
+                ops.matmul(N, F, C, a["ln2"], p[pre + "ffn_gate.weight"], a["hg"], tb=1)
+                ops.matmul(N, F, C, a["ln2"], p[pre + "ffn_up.weight"], a["hu"], tb=1)
+                ops.swiglu_forward(N * F, a["hg"], a["hu"], a["act"])
+                ops.matmul(N, C, F, a["act"], p[pre + "ffn_down.weight"], out, tb=1, resid=resid)
+            if self._drop:
+                self._residual(N * C, i, "ffn_res", a["x_mid"], self.branch, x_next)
+        ops.rmsnorm(N, self.x_out, p["output_norm.weight"], self.lnf, self.rf)
+
+    def _moe_forward(self, i, a, N, resid, out):
+        """out = resid + sum_k w_k expert_{sel_k}(ln2): route, gather, three grouped products, combine."""
+        cfg, ops, p, pre = self.cfg, self.ops, self.p, f"blk.{i}."
+        C, F, E = cfg.n_embd, cfg.n_ff, cfg.n_expert
+        ops.matmul(N, E, C, a["ln2"], p[pre + "ffn_gate_inp.weight"], self.rlogits, tb=1)
+        ops.runp("moe_router_forward", (N,), i32(N), i32(self._fixed_routing), self.rlogits, a["probs"], a["sel"],
+                 a["w"])
+        ops.run("moe_route_packed", (E,), i32(N), a["probs"], a["sel"], a["pos"], a["counts"], a["offs"], a["tiles"],
+                a["pmean"], lsize=(1,))
+        cl.enqueue_copy(self.queue, self._counts[i], a["counts"], is_blocking=False)
+        cl.enqueue_copy(self.queue, self._pmean[i], a["pmean"], is_blocking=False)
+        self._n_routed = N
+        ops.runp("moe_gather_packed", (C, N * cfg.n_expert_used), i32(N), a["pos"], a["ln2"], a["xg"])
+        route = (a["counts"], a["offs"], a["tiles"])
+        for name, h in (("ffn_gate_exps", a["hg"]), ("ffn_up_exps", a["hu"])):  # h (R,F) = xg @ W_e.T
+            wt, ld = ops.transposed_b(p[pre + name + ".weight"], E * F, C)  # (C, E*F): W_e.T at column e*F
+            ops.matmul_grouped_rows(E, self.max_tiles, F, C, a["xg"], C, wt, ld, F, h, F, *route)
+        ops.swiglu_forward(self.R * F, a["hg"], a["hu"], a["act"])
+        wt, ld = ops.transposed_b(p[pre + "ffn_down_exps.weight"], E * C, F)  # (F, E*C)
+        ops.matmul_grouped_rows(E, self.max_tiles, C, F, a["act"], F, wt, ld, C, a["ye"], C, *route)
+        ops.runp("moe_combine_forward", (C, N), i32(N), resid, a["w"], a["pos"], a["ye"], out)
+
+    # ---- backward ----
+    def _branch_grad(self, N, C, i, kind):
+        if not self._drop:
+            return self.dx
+        self.ops.dropout_backward(N * C, *self._dropped(i, kind), self.dx, self.dres)
+        return self.dres
+
+    def _backward_body(self, Bp, Tp, scale):
+        """Accumulates scale * d(loss + moe_aux_loss * aux)/dparams."""
+        cfg, ops, p, g = self.cfg, self.ops, self.p, self.g
+        N, C, F = Bp * Tp, cfg.n_embd, cfg.n_ff
+        Ckv = cfg.kv_heads * cfg.head_dim
+        dx, dln = self.dx, self.dln
+        ops.rmsnorm_backward(N, dln, self.x_out, self.rf, p["output_norm.weight"], g["output_norm.weight"], dx, 0)
+        for i in reversed(range(cfg.n_layer)):
+            pre, a = f"blk.{i}.", self.acts[i]
+            dy = self._branch_grad(N, C, i, "ffn_res")
+            if cfg.n_expert:
+                self._moe_backward(i, a, N, scale, dy)
+            else:  # x_out = x_mid + act @ Wdown.T, act = silu(ln2 @ Wgate.T) * (ln2 @ Wup.T)
+                ops.matmul(C, F, N, dy, a["act"], g[pre + "ffn_down.weight"], ta=1, accum=True)
+                ops.matmul(N, F, C, dy, p[pre + "ffn_down.weight"], self.dact)
+                ops.swiglu_backward(N * F, self.dact, a["hg"], a["hu"], self.dhg, self.dhu)
+                ops.matmul(F, C, N, self.dhg, a["ln2"], g[pre + "ffn_gate.weight"], ta=1, accum=True)
+                ops.matmul(F, C, N, self.dhu, a["ln2"], g[pre + "ffn_up.weight"], ta=1, accum=True)
+                ops.matmul(N, C, F, self.dhg, p[pre + "ffn_gate.weight"], dln)
+                ops.matmul(N, C, F, self.dhu, p[pre + "ffn_up.weight"], dln, accum=True)
+            ops.rmsnorm_backward(N, dln, a["x_mid"], a["r2"], p[pre + "ffn_norm.weight"], g[pre + "ffn_norm.weight"],
+                                 dx, 1)
+            # attention: x_mid = x + drop(atty @ Wo.T)
+            dy = self._branch_grad(N, C, i, "attn_res")
+            ops.matmul(C, C, N, dy, a["atty"], g[pre + "attn_output.weight"], ta=1, accum=True)
+            ops.matmul(N, C, C, dy, p[pre + "attn_output.weight"], self.datty)
+            drop = self._dropped(i, "attn")
+            ops.attention_backward(Bp, Tp, self.datty, a["qkv"], a["att"], self.datt, self.dqkv,
+                                   drop and (*drop, a["att_d"]))
+            ops.rope_backward(N, Tp, self.dqkv, self.rope_cos, self.rope_sin, self.dq, self.dk, self.dv)
+            for j, (d, width) in enumerate(((self.dq, C), (self.dk, Ckv), (self.dv, Ckv))):
+                name = pre + f"attn_{'qkv'[j]}.weight"
+                ops.matmul(width, C, N, d, a["ln1"], g[name], ta=1, accum=True)
+                ops.matmul(N, C, width, d, p[name], dln, accum=j > 0)
+            ops.rmsnorm_backward(N, dln, a["x"], a["r1"], p[pre + "attn_norm.weight"], g[pre + "attn_norm.weight"],
+                                 dx, 1)
+        if self._drop:
+            ops.dropout_backward(N * C, *self._dropped(-1, "embd"), dx)
+        self._token_embd_backward(N, dx)
+
+    def _moe_backward(self, i, a, N, scale, dy):
+        """dy: the gradient reaching the MoE output; leaves the gradient of ln2 in dln."""
+        cfg, ops, pre, p, g = self.cfg, self.ops, f"blk.{i}.", self.p, self.g
+        C, F, E, K = cfg.n_embd, cfg.n_ff, cfg.n_expert, cfg.n_expert_used
+        dln, mt = self.dln, self.max_tiles
+        route = (a["counts"], a["offs"], a["tiles"])
+        ops.runp("moe_combine_backward", (C, N * K), i32(N), dy, a["w"], a["pos"], self.dye)
+        ops.runp("moe_weight_backward", (N * K,), i32(N), dy, a["pos"], a["ye"], self.dwsel)
+        w = {name: p[f"{pre}{name}.weight"] for name in _EXPERT_MATS}
+        gw = {name: g[f"{pre}{name}.weight"] for name in _EXPERT_MATS}
+        # ye = act @ Wd_e.T:  dWd_e (C,F) += dye_e.T @ act_e;  dact = dye @ Wd_e
+        ops.matmul_grouped_k(E, C, F, self.dye, C, a["act"], F, gw["ffn_down_exps"], F, C * F, a["counts"], a["offs"])
+        ops.matmul_grouped_rows(E, mt, F, C, self.dye, C, w["ffn_down_exps"], F, C * F, self.dact, F, *route)
+        ops.swiglu_backward(self.R * F, self.dact, a["hg"], a["hu"], self.dhg, self.dhu)
+        # hg = xg @ Wg_e.T, hu = xg @ Wu_e.T:  dW_e (F,C) += dh_e.T @ xg_e;  dxg = dhg @ Wg_e + dhu @ Wu_e
+        for j, (name, dh) in enumerate((("ffn_gate_exps", self.dhg), ("ffn_up_exps", self.dhu))):
+            ops.matmul_grouped_k(E, F, C, dh, F, a["xg"], C, gw[name], C, F * C, a["counts"], a["offs"])
+            ops.matmul_grouped_rows(E, mt, C, F, dh, F, w[name], C, F * C, self.dxg, C, *route, accum=j > 0)
+        aux_scale = scale * cfg.moe_aux_loss * E / (float(N) * N * K)
+        ops.runp("moe_router_backward", (N,), i32(N), f32(aux_scale), self.dwsel, a["probs"], a["sel"], a["w"],
+                 a["counts"], self.drlogits)
+        ops.matmul(E, C, N, self.drlogits, a["ln2"], g[pre + "ffn_gate_inp.weight"], ta=1, accum=True)
+        ops.matmul(N, C, E, self.drlogits, p[pre + "ffn_gate_inp.weight"], dln)
+        ops.runp("moe_scatter_backward", (C, N), i32(N), a["pos"], self.dxg, dln)
+
+
+def _rope_tables(T: int, D: int, base: float) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin (T, D/2) float32 of t * base^(-2i/D), computed in float64."""
+    theta = base ** (-np.arange(0, D, 2, dtype=np.float64) / D)
+    ang = np.arange(T, dtype=np.float64)[:, None] * theta[None]
+    return np.ascontiguousarray(np.cos(ang), np.float32), np.ascontiguousarray(np.sin(ang), np.float32)

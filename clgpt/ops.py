@@ -1,0 +1,677 @@
+"""Ops: the launchers, one object per engine (its device and model widths), that own kernel choice.
+
+As llm.c splits kernels (`kernels/*.cl`) from launchers (`llmc/*.cuh`), the architectures in clgpt/gpt2.py
+and clgpt/llama.py call only these methods; which kernel, tiles, split-K, local sizes and launch style a
+device gets comes from its clgpt.tuning row and is decided here, once, for every architecture.
+
+Shapes: B batch, T time, N = B*T rows, C n_embd, V vocab, H heads, D = C // H, F n_ff.
+Buffers are pyopencl Buffers (or sub-buffers) of float32 (int32 for token ids), row-major.
+
+    matmul / matmul_epi   Cm (M,N) = alpha op(A) op(B) [+ bias] [+ resid] [+ Cm], GELU epilogues
+    bias_backward         db += column sums of dy
+    layernorm[_backward], rmsnorm[_backward]
+    attention_forward / attention_backward     causal attention over qkv (N, 3C), att (B,H,T,T)
+    xent_forward / xent_backward               fused softmax + cross-entropy (masked)
+    embedding_forward / token_embd_backward / position_embd_backward
+    rope_forward / rope_backward, swiglu_forward / swiglu_backward, gelu via the matmul epilogue
+    grad_norm / adamw     over flat parameter buffers (clgpt/params.py)
+    dropout_*             counter-hash masks (clgpt/dropout.py, kernels/dropout.cl)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pyopencl as cl
+
+from clgpt.device import Device
+from clgpt.errors import ClgptError
+from clgpt.model import ModelConfig
+from clgpt.precision import ROUND, matrix_path, mma_bk, mma_groups, mma_launch, mma_threads, resolve
+from clgpt.tuning import (MMA_SMALL_GROUPS, MMA_SPLIT_GROUPS, MMA_SPLIT_MIN_K, SMALL_GROUPS, SPLIT_MIN_K,
+                          SPLIT_MIN_TOTAL_K, SPLIT_SMALL_GROUPS, launch_config)
+
+F32 = 4
+# Default tiles of the local-memory matmul: TSM x TSN outputs per work-group, TSK deep, WPTM x WPTN outputs
+# per work-item. What a device actually runs comes from clgpt.tuning (per device type and vendor).
+MATMUL_TILES = dict(TSM=64, TSN=64, TSK=32, WPTM=8, WPTN=8)
+
+i32, f32 = np.int32, np.float32
+
+
+def ceil_to(a: int, b: int) -> int:
+    return (a + b - 1) // b * b
+
+
+def matmul_launch(mm: dict, M: int, N: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """-> (global size, local size) of the matmul form `mm` (a clgpt.tuning matmul config) for C (M,N)."""
+    if mm["kernel"] == "matmul_rb":
+        lsize = tuple(mm.get("lsize", (1, 4)))
+        return (ceil_to(-(-M // mm["RM"]), lsize[0]), ceil_to(-(-N // (8 * mm["NV"])), lsize[1])), lsize
+    lsize = (mm["TSN"] // mm["WPTN"], mm["TSM"] // mm["WPTM"])
+    return (-(-N // mm["TSN"]) * lsize[0], -(-M // mm["TSM"]) * lsize[1]), lsize
+
+
+def matmul_defines(mm: dict) -> dict:
+    """The -D tile options of the matmul form `mm`."""
+    return {k: v for k, v in mm.items() if k not in ("kernel", "lsize")}
+
+
+class Ops:
+    """Launchers for one device and one model's widths (C, H, D, V, eps are build options of the kernels).
+
+    `seq_len` (the engine's longest T) decides whether attention runs as batched matmuls on GPUs.
+    `precision` (clgpt/precision.py): the matmuls' operands, fp32 | tf32 | bf16 | auto.
+    """
+
+    def __init__(self, dev: Device, cfg: ModelConfig, seq_len: int, precision: str = "fp32"):
+        self.dev, self.cfg = dev, cfg
+        self.ctx, self.queue = dev.ctx, dev.queue
+        self.launch = launch_config(dev.device)
+        self.mm = self.launch["matmul"]
+        # matmul precision: ROUND for the portable kernels; the tensor-core kernel where the device has one
+        # (the big and small mma tiles), else None
+        self.precision = resolve(precision, dev.device)
+        self.round = ROUND[self.precision]
+        self.mma = None
+        if self.round and matrix_path(dev.device) == "nv_mma":
+            self.mma = (self.launch["matmul_mma"], self.launch["matmul_mma_small"])
+        self.align = max(64, dev.device.mem_base_addr_align // 8 // F32)  # sub-buffer alignment, in floats
+        self.rows = int(self.launch.get("rows", 0))  # GPUs: one work-group of `rows` work-items per row
+        self.attn_gemm = bool(self.launch.get("attn_gemm", 0)) and seq_len >= self.launch.get("attn_gemm_min_t", 0)
+        self.preset = bool(self.launch.get("preset", 0))
+        self._plans = {}  # preset launches: (kernel, gsize, lsize, args) -> a cl.Kernel with those args set
+        self._scratch, self._scratch_size = [None, None], [0, 0]  # transposed B, A for matmul_rb
+        self._parts, self._parts_size = None, 0  # split-K partial products (GPUs)
+        self._cparts, self._cparts_size = None, 0  # column-sum partials (GPUs)
+        self._mm = {}
+        self.k = {}
+        self._build_common()
+
+    # ---- kernels ----
+    def buf(self, nfloats: int) -> cl.Buffer:
+        return cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, max(1, int(nfloats)) * F32)
+
+    def _build_common(self):
+        """Kernels every architecture launches: matmul helpers, attention, cross-entropy, embedding, AdamW."""
+        cfg, dev, k, launch = self.cfg, self.dev, self.k, self.launch
+        C, H, D = cfg.n_embd, cfg.n_head, cfg.head_dim
+        scale = float(1.0 / math.sqrt(D))
+        k["embedding_forward"] = dev.kernel("embedding", "embedding_forward", C=C)
+        k["embedding_backward_wte"] = dev.kernel("embedding", "embedding_backward_wte", C=C)
+        for kname in ("attention_forward", "attention_backward_query", "attention_backward_key"):
+            k[kname] = dev.kernel("attention", kname, C=C, H=H, D=D, SCALE=scale, VEC=launch["vec"])
+        if launch.get("cpu_attn"):  # CPUs: same kernels, dot products 4 keys at a time (kernels/cpu.cl)
+            for kname in ("attention_forward", "attention_backward_query"):
+                k[kname] = dev.kernel("cpu", kname + "_u4", C=C, H=H, D=D, SCALE=scale)
+            if D % 16 == 0:  # the products with att / datt as register-blocked ones (6 rows x 16 columns a
+                # work-item): key side, and att @ v, datt @ k after the u4 kernels (ROWS_RB=1: softmax only)
+                kw = dict(C=C, H=H, D=D, SCALE=scale)
+                k["attention_backward_key_rb"] = dev.kernel("cpu", "attention_backward_key_rb", **kw)
+                k["attention_rows_rb"] = dev.kernel("cpu", "attention_rows_rb", **kw)
+                for kname in ("attention_forward", "attention_backward_query"):
+                    k[kname] = dev.kernel("cpu", kname + "_u4", ROWS_RB=1, **kw)
+        for kname in ("xent_forward", "xent_backward"):
+            k[kname] = dev.kernel("xent", kname, V=cfg.vocab_size)
+        if launch.get("xent_fused"):  # CPUs: loss and unscaled gradient in one vectorised pass per row
+            k["xent_fused"] = dev.kernel("xent", "xent_fused", V=cfg.vocab_size)
+        if launch.get("cpu_bias"):  # CPUs: float8 column sums (kernels/cpu.cl)
+            k["bias_backward_v8"] = dev.kernel("cpu", "bias_backward_v8")
+        if self.rows:
+            LW = self.rows
+            k["xent_forward_wg"] = dev.kernel("xent", "xent_forward_wg", V=cfg.vocab_size, LW=LW)
+            for kname in ("attention_softmax", "attention_dsoftmax"):
+                k[kname] = dev.kernel("attention", kname, C=C, H=H, D=D, SCALE=scale, VEC=0, LW=LW)
+            k["bias_partial"] = dev.kernel("matmul", "bias_partial")
+            k["bias_final"] = dev.kernel("matmul", "bias_final")
+        k["splitk_reduce"] = dev.kernel("matmul", "splitk_reduce")
+        for kname in ("grad_norm_partial", "grad_norm_final", "adamw"):
+            k[kname] = dev.kernel("adamw", kname, STRIDED=int(launch["norm_parts"] > 256))
+        k["bias_backward"] = dev.kernel("matmul", "bias_backward")
+        k["transpose"] = dev.kernel("matmul", "transpose")
+        if launch.get("cpu_vec"):  # CPUs: float8 AdamW (kernels/adamw.cl), register transposes (kernels/cpu.cl)
+            k["adamw_v8"] = dev.kernel("adamw", "adamw_v8", STRIDED=int(launch["norm_parts"] > 256))
+            k["transpose_v8"] = dev.kernel("cpu", "transpose_v8")
+        if launch.get("ld_pad"):
+            k["transpose_ld_v8"] = dev.kernel("cpu", "transpose_ld_v8")
+            k["copy_ld_v8"] = dev.kernel("cpu", "copy_ld_v8")
+            if launch["norm_parts"] <= 256:  # chunked partial sums (not STRIDED): float8 chains
+                k["grad_norm_partial"] = dev.kernel("cpu", "grad_norm_partial_v8")
+        for kname in ("dropout_forward", "dropout_residual", "dropout_backward"):
+            k[kname] = dev.kernel("dropout", kname)
+
+    def build_gpt2(self):
+        """GPT-2's own kernels: LayerNorm (with its GPU row forms), the position embedding, GELU."""
+        cfg, dev, k = self.cfg, self.dev, self.k
+        C = cfg.n_embd
+        k["embedding_backward_wpe"] = dev.kernel("embedding", "embedding_backward_wpe", C=C)
+        for kname in ("layernorm_forward", "layernorm_backward", "layernorm_param_backward"):
+            k[kname] = dev.kernel("layernorm", kname, C=C, EPS=float(cfg.norm_eps))
+        if self.rows:
+            for kname in ("layernorm_forward_wg", "layernorm_backward_wg", "layernorm_param_partial",
+                          "layernorm_param_final"):
+                k[kname] = dev.kernel("layernorm", kname, C=C, EPS=float(cfg.norm_eps), LW=self.rows)
+
+    def build_llama(self):
+        """Llama's own kernels: RMSNorm, RoPE with the q | k | v packing, SwiGLU, the MoE routing."""
+        cfg, dev, k = self.cfg, self.dev, self.k
+        C, D, E = cfg.n_embd, cfg.head_dim, cfg.n_expert
+        for kname in ("rmsnorm_forward", "rmsnorm_backward", "rmsnorm_param_backward"):
+            k[kname] = dev.kernel("rmsnorm", kname, C=C, EPS=float(cfg.norm_eps))
+        for kname in ("rope_qkv_forward", "rope_qkv_backward"):
+            k[kname] = dev.kernel("rope", kname, C=C, D=D, G=cfg.n_head // cfg.kv_heads, CKV=cfg.kv_heads * D)
+        for kname in ("swiglu_forward", "swiglu_backward"):
+            k[kname] = dev.kernel("swiglu", kname)
+        if self.rows:
+            for kname in ("rmsnorm_param_partial", "rmsnorm_param_final"):
+                k[kname] = dev.kernel("rmsnorm", kname, C=C, EPS=float(cfg.norm_eps))
+        return k
+
+    # ---- launch helpers ----
+    def run(self, name, gsize, *args, lsize=None):
+        self._launch(self.k[name], gsize, lsize, args)
+
+    def _launch(self, kern, gsize, lsize, args):
+        """kern(queue, gsize, lsize, *args); with `preset`, through a cl.Kernel kept per (kernel, sizes, args)
+        whose arguments were set once: a repeated launch (every step of training) is one enqueue."""
+        if not self.preset or not isinstance(kern, cl.Kernel):
+            kern(self.queue, gsize, lsize, *args)
+            return
+        key = (kern.int_ptr, tuple(gsize), lsize and tuple(lsize), args)
+        try:
+            k = self._plans.get(key)
+        except TypeError:  # an unhashable argument: launch it plainly
+            kern(self.queue, gsize, lsize, *args)
+            return
+        if k is None:
+            if len(self._plans) >= 4096:
+                self._plans.clear()
+            k = cl.Kernel(kern.program, kern.function_name)
+            k.set_args(*args)
+            self._plans[key] = k
+        cl.enqueue_nd_range_kernel(self.queue, k, gsize, lsize)
+
+    def runp(self, name, gsize, *args):
+        """run with the device's fixed local size, the global size padded to it (the kernel bounds-checks).
+        A fixed local size matters on PoCL: it compiles a kernel once per local size, and lets it pick one
+        that divides the global size when none is given, so a size that changes per call (distinct tokens,
+        T') would compile again and again."""
+        lsize = (self.launch["local_1d"],) if len(gsize) == 1 else tuple(self.launch["local_2d"])
+        self._launch(self.k[name], tuple(ceil_to(g, l) for g, l in zip(gsize, lsize)), lsize, args)
+
+    # ---- matmul ----
+    def matmul(self, M, N, K, A, B, Cm, ta=0, tb=0, bias=None, resid=None, accum=False, alpha=1.0):
+        """Cm (M,N) = alpha * op(A) @ op(B) [+ bias] [+ resid] [+ Cm], row-major, contiguous."""
+        self.matmul_epi(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha)
+
+    def _tiles(self, M, N, nz=1):
+        """-> (config, work-groups) for an (M,N) output (times nz batches): the big tiles, or the small ones
+        where the big give fewer than SMALL_GROUPS work-groups."""
+        mm = self.mm
+        if mm["kernel"] != "matmul":
+            return mm, 0
+        groups = -(-M // mm["TSM"]) * -(-N // mm["TSN"]) * nz
+        small = self.launch.get("matmul_small")
+        if small is not None and groups < SMALL_GROUPS:
+            return small, -(-M // small["TSM"]) * -(-N // small["TSN"]) * nz
+        narrow = self.launch.get("matmul_narrow")
+        if narrow is not None and N <= narrow["TSN"] < mm["TSN"]:
+            return narrow, -(-M // narrow["TSM"]) * -(-N // narrow["TSN"]) * nz
+        return mm, groups
+
+    def _kernel_mm(self, mm, ta, tb, bias, resid, accum, epi, split=0, batch=0, causal=0):
+        key = (ta, tb, bias, resid, accum, epi, split, batch, causal, id(mm))
+        kern = self._mm.get(key)
+        if kern is None:
+            extra = {}
+            if split:
+                extra["SPLITK"] = 1
+            if batch:
+                extra.update(BATCH=1, CAUSAL=causal)
+            if self.round:  # tf32/bf16 operands (fp32 builds keep their options, so their binaries, unchanged)
+                extra["ROUND"] = self.round
+            kern = self._mm[key] = self.dev.kernel(
+                "matmul", mm["kernel"], TA=ta, TB=tb, BIAS=int(bias), RESID=int(resid), ACCUM=int(accum), EPI=epi,
+                **extra, **matmul_defines(mm))
+        return kern
+
+    def split_plan(self, M, N, K):
+        """-> (config, S, kc): split-K into S chunks of kc (S = 1: no split), GPUs only."""
+        mm, groups = self._tiles(M, N)
+        if not self.launch.get("split_k") or K < SPLIT_MIN_TOTAL_K:
+            return mm, 1, K
+        target = SPLIT_SMALL_GROUPS
+        if mm is not self.launch.get("matmul_small"):  # big (or narrow) tiles: split only a short last wave
+            if groups >= target:
+                return mm, 1, K
+            s = min(-(-target // groups), K // SPLIT_MIN_K["big"])
+        else:
+            big = self.mm
+            gbig = -(-M // big["TSM"]) * -(-N // big["TSN"])
+            s = min(-(-target // gbig), K // SPLIT_MIN_K["big"])
+            if s * gbig >= SMALL_GROUPS:
+                mm, groups = big, gbig
+            elif groups >= SMALL_GROUPS:
+                return mm, 1, K
+            else:
+                s = min(-(-target // groups), K // SPLIT_MIN_K["small"])
+        if s < 2:
+            return mm, 1, K
+        kc = ceil_to(-(-K // s), mm["TSK"])
+        return mm, -(-K // kc), kc
+
+    def matmul_epi(self, M, N, K, A, B, Cm, ta=0, tb=0, bias=None, resid=None, accum=False, alpha=1.0, epi=0, E=None):
+        """matmul with an epilogue: epi 1 also writes E = gelu(Cm); epi 2 multiplies Cm by gelu'(E)."""
+        if M <= 0 or N <= 0:
+            return
+        if self.mma is not None:
+            self._matmul_mma(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E)
+            return
+        mm, _ = self._tiles(M, N)
+        if mm["kernel"] == "matmul_rb":
+            # The CPU form wants op(B) rows and op(A) rows contiguous: a transposed copy costs far less than
+            # the strided (and, for wide A, TLB-missing) reads it saves.
+            # ld_pad: op(B) rows whose stride is a multiple of 64 floats (256 bytes: 1024, 4096 floats here) map
+            # a work-item's K loads down a column strip onto a few cache sets; rows padded by ld_pad floats
+            # spread them (1.2-1.4x on M's 2048x4096x256 and K = 2048 weight gradients). A transposed B is
+            # written padded at no extra cost; a plain one is copied (once per product) where it holds at
+            # least ld_pad_copy floats.
+            pad = self.launch.get("ld_pad", 0)
+            if tb:
+                ldb = N + pad if pad and N % 64 == 0 else N
+                B, tb = self._transposed(0, B, N, K, ldb), 0
+            else:
+                ldb = N
+                if pad and N % 64 == 0 and K * N >= self.launch.get("ld_pad_copy", 1 << 62):
+                    ldb = N + pad
+                    B = self._padded(0, B, K, N, ldb)
+            # A small op(A) (M*K <= ta_direct floats: S's weight gradients) is read in place (matmul_rb's TA=1):
+            # measured 25-30% under transpose + NN there, and one launch fewer.
+            lda = M if ta else K
+            if ta and M * K > self.launch.get("ta_direct", 0):
+                A, ta, lda = self._transposed(1, A, K, M), 0, K  # (padding its rows measured no gain)
+        else:
+            ldb = K if tb else N
+            lda = M if ta else K
+        if mm["kernel"] == "matmul" and bias is None and resid is None and epi == 0 and K > 0:
+            mm, S, kc = self.split_plan(M, N, K)
+            if S > 1:
+                P = self._grow_parts(S * M * N)
+                kern = self._kernel_mm(mm, ta, tb, False, False, False, 0, split=1)
+                (gx, gy), lsize = matmul_launch(mm, M, N)
+                self._launch(kern, (gx, gy, S), lsize + (1,), (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), P,
+                             i32(N), None, None, f32(1.0), None, i32(kc), i32(1), *(i32(0),) * 9))
+                self.runp("splitk_reduce", (M * N,), i32(M * N), i32(S), i32(bool(accum)), f32(alpha), P, Cm)
+                return
+        kern = self._kernel_mm(mm, ta, tb, bias is not None, resid is not None, bool(accum), epi)
+        gsize, lsize = matmul_launch(mm, M, N)
+        self._launch(kern, gsize, lsize, (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm, i32(N),
+                                          bias, resid, f32(alpha), E))
+
+    # ---- tensor cores (kernels/matmul_mma.cl) ----
+    def _mma_tiles(self, M, N, nz=1):
+        """The big mma tiles, or the small ones where the big give fewer than MMA_SMALL_GROUPS work-groups."""
+        big, small = self.mma
+        return big if mma_groups(big, M, N) * nz >= MMA_SMALL_GROUPS else small
+
+    def _kernel_mma(self, mm, ta, tb, bias, resid, accum, epi, align4, split=0, batch=0, causal=0):
+        key = ("mma", ta, tb, bias, resid, accum, epi, align4, split, batch, causal, id(mm))
+        kern = self._mm.get(key)
+        if kern is None:
+            nth = mma_threads(mm)
+            if (mm["BM"] * 4) % nth or (mm["BN"] * 4) % nth or mm["BM"] % (16 * mm["WM"]) or mm["BN"] % (8 * mm["WN"]):
+                raise ClgptError(f"mma tiles {mm}: BM, BN times 4 must divide by the work-group's threads, "
+                                 "BM by 16 WM, BN by 8 WN")
+            extra = dict(SPLITK=1) if split else {}
+            if batch:
+                extra.update(BATCH=1, CAUSAL=causal)
+            if "nvidia" not in self.dev.device.vendor.lower():
+                extra["MMA_EMULATE"] = 1  # CLGPT_MMA_EMULATE on a device without tensor cores (tests)
+            # CLGPT_NV_VERBOSE=1: NVIDIA's compiler reports registers and spills in the build log (bench/gpu_tc.py)
+            build = ("-cl-nv-verbose",) if os.environ.get("CLGPT_NV_VERBOSE") and not extra.get("MMA_EMULATE") else ()
+            kern = self._mm[key] = self.dev.kernel(
+                "matmul_mma", "matmul_mma", build_options=build, TA=ta, TB=tb, BIAS=int(bias), RESID=int(resid),
+                ACCUM=int(accum), EPI=epi, ROUND=self.round, ALIGN4=int(align4), BM=mm["BM"], BN=mm["BN"],
+                WM=mm["WM"], WN=mm["WN"], **extra)
+        return kern
+
+    def _matmul_mma(self, M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E):
+        lda, ldb = (M if ta else K), (K if tb else N)
+        align4 = lda % 4 == 0 and ldb % 4 == 0
+        mm = self._mma_tiles(M, N)
+        groups = mma_groups(mm, M, N)
+        if bias is None and resid is None and epi == 0 and K >= SPLIT_MIN_TOTAL_K and groups < MMA_SPLIT_GROUPS:
+            # split-K as the fp32 kernel does: S raw partial products, then splitk_reduce adds them in order
+            S = min(-(-MMA_SPLIT_GROUPS * 2 // groups), K // MMA_SPLIT_MIN_K)
+            if S >= 2:
+                kc = ceil_to(-(-K // S), mma_bk(self.round))
+                S = -(-K // kc)
+                P = self._grow_parts(S * M * N)
+                kern = self._kernel_mma(mm, ta, tb, False, False, False, 0, align4, split=1)
+                (gx, gy), lsize = mma_launch(mm, M, N)
+                self._launch(kern, (gx, gy, S), lsize + (1,), (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), P,
+                             i32(N), None, None, f32(1.0), None, i32(kc), i32(1), *(i32(0),) * 9))
+                self.runp("splitk_reduce", (M * N,), i32(M * N), i32(S), i32(bool(accum)), f32(alpha), P, Cm)
+                return
+        kern = self._kernel_mma(mm, ta, tb, bias is not None, resid is not None, bool(accum), epi, align4)
+        gsize, lsize = mma_launch(mm, M, N)
+        self._launch(kern, gsize, lsize, (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm, i32(N),
+                                          bias, resid, f32(alpha), E))
+
+    def _grow_parts(self, n):
+        if self._parts_size < n:
+            self._parts, self._parts_size = self.buf(n), n
+        return self._parts
+
+    def _grow_cparts(self, n):
+        if self._cparts_size < n:
+            self._cparts, self._cparts_size = self.buf(n), n
+        return self._cparts
+
+    def bmm(self, M, N, K, nz, hb, A, lda, a_off, B, ldb, b_off, Cm, ldc, c_off, ta=0, tb=0, alpha=1.0, causal=0,
+            mm=None):
+        """Batched matmul (the local-memory form): for z < nz, (zb, zh) = divmod(z, hb), Cm_z (M,N) =
+        alpha op(A_z) @ op(B_z) where X_z = X + o + zb * s_b + zh * s_h and x_off = (o, s_b, s_h); causal: see
+        kernels/matmul.cl. `mm` overrides the tiles (CPUs, whose table row has none of this form).
+        With tensor cores (self.mma) the batched mma kernel runs instead."""
+        if self.mma is not None:
+            mm = self._mma_tiles(M, N, nz)
+            align4 = all(v % 4 == 0 for v in (lda, ldb, *a_off, *b_off))
+            kern = self._kernel_mma(mm, ta, tb, False, False, False, 0, align4, batch=1, causal=causal)
+            (gx, gy), lsize = mma_launch(mm, M, N)
+            self._launch(kern, (gx, gy, nz), lsize + (1,), (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm,
+                         i32(ldc), None, None, f32(alpha), None, i32(0), i32(hb),
+                         *(i32(v) for v in (*a_off, *b_off, *c_off))))
+            return
+        if mm is None:
+            mm, _ = self._tiles(M, N, nz)
+        kern = self._kernel_mm(mm, ta, tb, False, False, False, 0, batch=1, causal=causal)
+        (gx, gy), lsize = matmul_launch(mm, M, N)
+        self._launch(kern, (gx, gy, nz), lsize + (1,), (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm, i32(ldc),
+                     None, None, f32(alpha), None, i32(0), i32(hb), *(i32(v) for v in (*a_off, *b_off, *c_off))))
+
+    # ---- grouped products (mixture of experts): all experts in one launch, kernels/matmul.cl GROUP ----
+    def grouped_tiles(self) -> dict:
+        """The register-blocked form the grouped products run (the CPU row's, else 6 rows x 16 columns)."""
+        if self.mm["kernel"] == "matmul_rb":
+            return dict(RM=self.mm["RM"], NV=self.mm["NV"], lsize=tuple(self.mm.get("lsize", (1, 4))))
+        return dict(RM=6, NV=2, lsize=(1, 16))
+
+    def _grouped_kernel(self, group, E, ta, accum):
+        g = self.grouped_tiles()
+        return self.dev.kernel("matmul", "matmul_rb_grouped", GROUP=group, NGROUPS=E, TA=ta, TB=0,
+                               ACCUM=int(accum), RM=g["RM"], NV=g["NV"]), g
+
+    def matmul_grouped_rows(self, E, max_tiles, N, K, A, lda, B, ldb, bstride, Cm, ldc, counts, offs, tiles,
+                            accum=False, alpha=1.0):
+        """For each group e: Cm[rows of e] (,N) = alpha A[rows of e] (,K) @ B_e (K,N) [+ Cm], B_e = B + e*bstride
+        with rows ldb apart; group e's rows are offs[e] .. offs[e]+counts[e]-1 (device buffers)."""
+        kern, g = self._grouped_kernel(1, E, 0, accum)
+        ls = g["lsize"]
+        gsize = (ceil_to(max_tiles, ls[0]), ceil_to(-(-N // (8 * g["NV"])), ls[1]))
+        self._launch(kern, gsize, ls, (i32(0), i32(N), i32(K), A, i32(lda), B, i32(ldb), i32(bstride), Cm, i32(ldc),
+                                       i32(0), f32(alpha), counts, offs, tiles))
+
+    def matmul_grouped_k(self, E, M, N, A, lda, B, ldb, Cm, ldc, cstride, counts, offs, ta=1, accum=True,
+                         alpha=1.0):
+        """For each group e: C_e (M,N) = alpha op(A_e) @ B_e [+ C_e], C_e = Cm + e*cstride, the K = counts[e]
+        rows of A_e, B_e from offs[e] (weight gradients: op(A) = dY.T, TA=1)."""
+        kern, g = self._grouped_kernel(2, E, ta, accum)
+        ls = g["lsize"]
+        gsize = (ceil_to(-(-M // g["RM"]), ls[0]), ceil_to(-(-N // (8 * g["NV"])), ls[1]), E)
+        self._launch(kern, gsize, ls + (1,), (i32(M), i32(N), i32(0), A, i32(lda), B, i32(ldb), i32(0), Cm, i32(ldc),
+                                              i32(cstride), f32(alpha), counts, offs, counts))
+
+    def transposed_b(self, x, rows, cols):
+        """(x (rows, cols) transposed into scratch, its row stride): a B operand for the grouped products,
+        rows padded off multiples of 64 floats where the table pads (ld_pad)."""
+        pad = self.launch.get("ld_pad", 0)
+        ld = rows + pad if pad and rows % 64 == 0 else rows
+        return self._transposed(0, x, rows, cols, ld), ld
+
+    def bias_backward(self, M, N, dy, db):
+        """db (N) += column sums of dy (M,N), in a fixed order."""
+        if self.launch.get("cpu_bias"):
+            self.run("bias_backward_v8", (-(-N // 8),), i32(M), i32(N), dy, db, lsize=(1,))
+            return
+        if not self.rows:
+            self.runp("bias_backward", (N,), i32(M), i32(N), dy, db)
+            return
+        rc = self.launch["colsum_rows"]
+        R = -(-M // rc)
+        if R < self.launch["colsum_min_parts"]:
+            self.runp("bias_backward", (N,), i32(M), i32(N), dy, db)
+            return
+        part = self._grow_cparts(R * N)
+        self.runp("bias_partial", (N, R), i32(M), i32(N), i32(rc), dy, part)
+        self.runp("bias_final", (N,), i32(R), i32(N), part, db)
+
+    # ---- transposes (CPU matmul operands) ----
+    def _transpose_into(self, x, out, rows, cols, ldo=None):
+        """out (cols, rows) = x (rows, cols).T; out's rows ldo (default rows) floats apart (transpose_ld_v8)."""
+        if ldo is not None and ldo != rows:
+            self.run("transpose_ld_v8", (ceil_to(-(-cols // 8), 4), -(-rows // 16)), i32(rows), i32(cols), x, out,
+                     i32(ldo), lsize=(4, 1))
+            return
+        if "transpose_v8" in self.k:  # 16 x 8 blocks
+            self.run("transpose_v8", (ceil_to(-(-cols // 8), 4), -(-rows // 16)), i32(rows), i32(cols), x, out,
+                     lsize=(4, 1))
+            return
+        self.run("transpose", (ceil_to(-(-cols // 8), 4), -(-rows // 8)), i32(rows), i32(cols), x, out, lsize=(4, 1))
+
+    def _scratch_buf(self, slot, n):
+        if self._scratch_size[slot] < n:
+            self._scratch[slot], self._scratch_size[slot] = self.buf(n), n
+        return self._scratch[slot]
+
+    def _transposed(self, slot, x, rows, cols, ldo=None):
+        """x (rows, cols) transposed into scratch buffer `slot` (grown as needed) -> the scratch (cols, rows),
+        its rows ldo (default rows) floats apart."""
+        ldo = rows if ldo is None else ldo
+        out = self._scratch_buf(slot, cols * ldo)
+        self._transpose_into(x, out, rows, cols, ldo)
+        return out
+
+    def _padded(self, slot, x, rows, cols, ldo):
+        """x (rows, cols) copied into scratch buffer `slot`, its rows ldo floats apart (the padding unwritten)."""
+        out = self._scratch_buf(slot, rows * ldo)
+        self.run("copy_ld_v8", (-(-cols // 64), rows), i32(rows), i32(cols), x, out, i32(ldo), lsize=(1, 1))
+        return out
+
+    # ---- normalisation ----
+    def layernorm(self, N, x, w, b, out, mean, rstd):
+        if self.rows:
+            self.run("layernorm_forward_wg", (N * self.rows,), i32(N), x, w, b, out, mean, rstd, lsize=(self.rows,))
+            return
+        self.runp("layernorm_forward", (N,), i32(N), x, w, b, out, mean, rstd)
+
+    def layernorm_backward(self, N, dout, x, mean, rstd, w, dw, db, dx, accum):
+        C = self.cfg.n_embd
+        if self.rows:
+            self.run("layernorm_backward_wg", (N * self.rows,), i32(N), i32(accum), dout, x, w, mean, rstd, dx,
+                     lsize=(self.rows,))
+            rc = self.launch["colsum_rows"]
+            R = -(-N // rc)
+            if R < self.launch["colsum_min_parts"]:
+                self.runp("layernorm_param_backward", (C,), i32(N), dout, x, mean, rstd, dw, db)
+                return
+            part = self._grow_cparts(2 * R * C)
+            self.runp("layernorm_param_partial", (C, R), i32(N), i32(rc), dout, x, mean, rstd, part)
+            self.runp("layernorm_param_final", (C,), i32(R), part, dw, db)
+            return
+        self.runp("layernorm_backward", (N,), i32(N), i32(accum), dout, x, w, mean, rstd, dx)
+        self.runp("layernorm_param_backward", (C,), i32(N), dout, x, mean, rstd, dw, db)
+
+    def rmsnorm(self, N, x, w, out, rstd):
+        self.runp("rmsnorm_forward", (N,), i32(N), x, w, out, rstd)
+
+    def rmsnorm_backward(self, N, dout, x, rstd, w, dw, dx, accum):
+        self.runp("rmsnorm_backward", (N,), i32(N), i32(accum), dout, x, w, rstd, dx)
+        if self.rows:  # GPUs: column sums in two stages over row chunks, as LayerNorm's
+            rc = self.launch["colsum_rows"]
+            R = -(-N // rc)
+            if R >= self.launch["colsum_min_parts"]:
+                part = self._grow_cparts(R * self.cfg.n_embd)
+                self.runp("rmsnorm_param_partial", (self.cfg.n_embd, R), i32(N), i32(rc), dout, x, rstd, part)
+                self.runp("rmsnorm_param_final", (self.cfg.n_embd,), i32(R), part, dw)
+                return
+        self.runp("rmsnorm_param_backward", (self.cfg.n_embd,), i32(N), dout, x, rstd, dw)
+
+    # ---- attention ----
+    def attention_forward(self, Bp, Tp, qkv, out, att, drop=None):
+        """out (B',T',C), att (B',H,T',T') from qkv (B',T',3C). drop = (seed, site, p, att_d): dropout on the
+        probabilities, att_d (B',H,T',T') receives the dropped ones (att keeps the softmax for the backward)."""
+        cfg = self.cfg
+        C, H, D = cfg.n_embd, cfg.n_head, cfg.head_dim
+        if drop is not None:
+            self._attention_forward_batched(Bp, Tp, qkv, out, att, drop)
+            return
+        if not self.attn_gemm:
+            self.runp("attention_forward", (Tp, Bp * H), i32(Bp), i32(Tp), qkv, out, att)
+            if "attention_rows_rb" in self.k:  # out = att @ v
+                self._rows_rb(Bp, Tp, att, qkv, 2 * C, 3 * C, out, 0, C, 1.0)
+            return
+        self._attention_forward_batched(Bp, Tp, qkv, out, att, None)
+
+    def _batched_tiles(self):
+        """Tiles and row kernels for batched attention: the table's on GPUs, the generic ones elsewhere
+        (CPUs take this form only for attention dropout)."""
+        if self.mm["kernel"] == "matmul":
+            return None, self.rows, ""
+        if "attention_softmax_cpu" not in self.k:
+            cfg, LW = self.cfg, 16
+            kw = dict(C=cfg.n_embd, H=cfg.n_head, D=cfg.head_dim, SCALE=float(1.0 / math.sqrt(cfg.head_dim)), VEC=0)
+            self.k["attention_softmax_cpu"] = self.dev.kernel("attention", "attention_softmax", LW=LW, **kw)
+            self.k["attention_dsoftmax_cpu"] = self.dev.kernel("attention", "attention_dsoftmax", LW=LW, **kw)
+        return dict(kernel="matmul", **MATMUL_TILES, LDSV=0), 16, "_cpu"
+
+    def _attention_forward_batched(self, Bp, Tp, qkv, out, att, drop):
+        C, H, D = self.cfg.n_embd, self.cfg.n_head, self.cfg.head_dim
+        mm, LW, sfx = self._batched_tiles()
+        T3, TT = Tp * 3 * C, Tp * Tp
+        nz, scale = Bp * H, 1.0 / math.sqrt(D)
+        # att = SCALE q k^T (causal tiles only), softmax rows, [dropout], out = att v
+        self.bmm(Tp, Tp, D, nz, H, qkv, 3 * C, (0, T3, D), qkv, 3 * C, (C, T3, D), att, Tp, (0, H * TT, TT),
+                 tb=1, alpha=scale, causal=1, mm=mm)
+        self.run("attention_softmax" + sfx, (nz * Tp * LW,), i32(Tp), att, lsize=(LW,))
+        probs = att
+        if drop is not None:
+            seed, site, p, probs = drop
+            self.dropout_forward(nz * TT, seed, site, p, att, probs)
+        self.bmm(Tp, D, Tp, nz, H, probs, Tp, (0, H * TT, TT), qkv, 3 * C, (2 * C, T3, D), out, C, (0, Tp * C, D),
+                 causal=2, mm=mm)
+
+    def attention_backward(self, Bp, Tp, dout, qkv, att, datt, dqkv, drop=None):
+        """dqkv (B',T',3C) from dout (B',T',C); datt is scratch. drop as in attention_forward."""
+        cfg = self.cfg
+        C, H, D = cfg.n_embd, cfg.n_head, cfg.head_dim
+        if drop is None and not self.attn_gemm:
+            self.runp("attention_backward_query", (Tp, Bp * H), i32(Bp), i32(Tp), dout, qkv, att, datt, dqkv)
+            if "attention_backward_key_rb" in self.k:
+                self._rows_rb(Bp, Tp, datt, qkv, C, 3 * C, dqkv, 0, 3 * C, 1.0 / math.sqrt(D))  # dq = SCALE ds @ k
+                self.run("attention_backward_key_rb", (-(-Tp // 6), Bp * H * (D // 8)), i32(Bp), i32(Tp), dout, qkv,
+                         att, datt, dqkv, lsize=(1, D // 8))
+                return
+            self.runp("attention_backward_key", (Tp, Bp * H), i32(Bp), i32(Tp), dout, qkv, att, datt, dqkv)
+            return
+        mm, LW, sfx = self._batched_tiles()
+        T3, TT, TC = Tp * 3 * C, Tp * Tp, Tp * C
+        nz, scale = Bp * H, 1.0 / math.sqrt(D)
+        ATT = (0, H * TT, TT)
+        probs = att if drop is None else drop[3]
+        # dp = dout v^T [* mask / (1-p)]; ds = att (dp - sum att dp); dq = SCALE ds k; dk = SCALE ds^T q;
+        # dv = probs^T dout (probs: the dropped probabilities the forward multiplied v by)
+        self.bmm(Tp, Tp, D, nz, H, dout, C, (0, TC, D), qkv, 3 * C, (2 * C, T3, D), datt, Tp, ATT, tb=1, causal=1,
+                 mm=mm)
+        if drop is not None:
+            seed, site, p, _ = drop
+            self.dropout_backward(nz * TT, seed, site, p, datt)
+        self.run("attention_dsoftmax" + sfx, (nz * Tp * LW,), i32(Tp), att, datt, lsize=(LW,))
+        self.bmm(Tp, D, Tp, nz, H, datt, Tp, ATT, qkv, 3 * C, (C, T3, D), dqkv, 3 * C, (0, T3, D), alpha=scale,
+                 causal=2, mm=mm)
+        self.bmm(Tp, D, Tp, nz, H, datt, Tp, ATT, qkv, 3 * C, (0, T3, D), dqkv, 3 * C, (C, T3, D), ta=1,
+                 alpha=scale, causal=3, mm=mm)
+        self.bmm(Tp, D, Tp, nz, H, probs, Tp, ATT, dout, C, (0, TC, D), dqkv, 3 * C, (2 * C, T3, D), ta=1, causal=3,
+                 mm=mm)
+
+    def _rows_rb(self, Bp, Tp, A, Bm, boff, ldb, O, ooff, ldo, sc):
+        """CPUs: O[b, t, head h] = sc * sum_{t2 <= t} A[b, h, t, t2] Bm[b, t2, head h] (kernels/cpu.cl)."""
+        D = self.cfg.head_dim
+        self.run("attention_rows_rb", (-(-Tp // 6), Bp * self.cfg.n_head * (D // 16)), i32(Bp), i32(Tp), A, Bm,
+                 i32(boff), i32(ldb), O, i32(ooff), i32(ldo), f32(sc), lsize=(1, D // 16))
+
+    # ---- cross-entropy ----
+    def xent_forward(self, N, logits, targets, mask, losses, lse, dlogits):
+        """losses (N), lse (N); on CPUs (xent_fused) also mask * (softmax - onehot) into dlogits."""
+        if self.launch.get("xent_fused"):
+            self.runp("xent_fused", (N,), i32(N), logits, targets, mask, losses, lse, dlogits)
+            return
+        if self.rows:
+            self.run("xent_forward_wg", (N * self.rows,), i32(N), logits, targets, mask, losses, lse,
+                     lsize=(self.rows,))
+            return
+        self.runp("xent_forward", (N,), i32(N), logits, targets, mask, losses, lse)
+
+    def xent_backward(self, N, s, logits, targets, mask, lse, dlogits) -> float:
+        """dlogits = s * mask * (softmax - onehot), or, after the fused forward, leaves dlogits unscaled;
+        -> the factor the caller's matmuls on dlogits take as alpha (s, or 1)."""
+        if self.launch.get("xent_fused"):  # the forward left the unscaled gradient in dlogits
+            return s
+        V = self.cfg.vocab_size
+        self.run("xent_backward", (ceil_to(V, 64), N), i32(N), f32(s), logits, targets, mask, lse, dlogits,
+                 lsize=(64, 1))
+        return 1.0
+
+    # ---- embedding ----
+    def embedding_forward(self, N, Tp, tokens, wte, wpe, out):
+        """out (N,C) = wte[tokens] + wpe[n % T'] (llama passes a zero position table)."""
+        self.runp("embedding_forward", (self.cfg.n_embd, N), i32(N), i32(Tp), tokens, wte, wpe, out)
+
+    def token_embd_backward(self, n_rows, rows, starts, order, dx, dwte):
+        """dwte[rows[r]] += sum of dx rows order[starts[r]..starts[r+1]) (host-sorted: deterministic)."""
+        self.runp("embedding_backward_wte", (self.cfg.n_embd, n_rows), i32(n_rows), rows, starts, order, dx, dwte)
+
+    def position_embd_backward(self, Bp, Tp, dx, dwpe):
+        self.runp("embedding_backward_wpe", (self.cfg.n_embd, Tp), i32(Bp), i32(Tp), dx, dwpe)
+
+    # ---- llama pieces ----
+    def rope_forward(self, N, Tp, q, k, v, cos, sin, qkv):
+        self.runp("rope_qkv_forward", (3 * (self.cfg.n_embd // 2), N), i32(N), i32(Tp), q, k, v, cos, sin, qkv)
+
+    def rope_backward(self, N, Tp, dqkv, cos, sin, dq, dk, dv):
+        Ckv = self.cfg.kv_heads * self.cfg.head_dim
+        self.runp("rope_qkv_backward", (self.cfg.n_embd // 2 + Ckv, N), i32(N), i32(Tp), dqkv, cos, sin, dq, dk, dv)
+
+    def swiglu_forward(self, n, gate, up, out):
+        self.run("swiglu_forward", (ceil_to(n, 256),), i32(n), gate, up, out, lsize=(256,))
+
+    def swiglu_backward(self, n, dy, gate, up, dgate, dup):
+        self.run("swiglu_backward", (ceil_to(n, 256),), i32(n), dy, gate, up, dgate, dup, lsize=(256,))
+
+    # ---- dropout (kernels/dropout.cl; masks from clgpt.dropout's hash of seed, site, element) ----
+    def dropout_forward(self, n, seed, site, p, x, out):
+        """out = x * keep / (1 - p) over n elements (out may be x)."""
+        self.runp("dropout_forward", (n,), i32(n), np.uint32(seed), np.uint32(site), f32(p), x, out)
+
+    def dropout_residual(self, n, seed, site, p, resid, y, out):
+        """out = resid + y * keep / (1 - p) (a residual branch; out may be resid)."""
+        self.runp("dropout_residual", (n,), i32(n), np.uint32(seed), np.uint32(site), f32(p), resid, y, out)
+
+    def dropout_backward(self, n, seed, site, p, dx, out=None):
+        """out = dx * keep / (1 - p) (out defaults to dx: in place)."""
+        self.runp("dropout_backward", (n,), i32(n), np.uint32(seed), np.uint32(site), f32(p), dx,
+                  dx if out is None else out)
+
+    # ---- optimizer ----
+    def grad_norm(self, n, chunk, n_parts, flat_g, partials, clip, norm_buf):
+        """norm_buf[0] = ||flat_g||, norm_buf[1] = the clip factor (clip <= 0: 1)."""
+        self.run("grad_norm_partial", (n_parts,), i32(n), i32(chunk), flat_g, partials)
+        self.run("grad_norm_final", (1,), i32(n_parts), f32(clip), partials, norm_buf)
+
+    def adamw(self, n, n_decay, p, g, m, v, norm_buf, lr, beta1, beta2, bc1, bc2, eps, weight_decay):
+        lsize = (self.launch["local_1d"],)  # lr and the bias corrections change every step: no preset
+        name, per = ("adamw_v8", 8) if "adamw_v8" in self.k else ("adamw", 1)  # adamw_v8: 8 parameters a work-item
+        self.k[name](self.queue, (ceil_to(-(-n // per), lsize[0]),), lsize, i32(n), i32(n_decay), p, g, m, v,
+                     norm_buf, f32(lr), f32(beta1), f32(beta2), f32(bc1), f32(bc2), f32(eps), f32(weight_decay))

@@ -1,0 +1,128 @@
+"""ParamStore: the model's parameters, gradients and AdamW state as flat device buffers, and the optimizer.
+
+Each of parameters, grads, m, v is one flat buffer, each tensor a sub-buffer at an aligned offset, tensors
+that decay first; so zero_grad is one fill, the grad norm one two-stage reduction and AdamW one launch.
+The order (decaying tensors, then the rest, each group in param_shapes order) is also the order of
+`get_grads_flat` / `set_grads_flat` (no padding: n_params floats), which MPI all-reduces.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyopencl as cl
+
+from clgpt.errors import ClgptError
+from clgpt.ops import F32, Ops, ceil_to
+
+
+class ParamStore:
+    def __init__(self, ops: Ops, shapes: dict[str, tuple], decays):
+        self.ops, self.queue, self.shapes = ops, ops.queue, shapes
+        names = [n for n in shapes if decays(n)] + [n for n in shapes if not decays(n)]
+        self.offsets, off, self.n_decay = {}, 0, 0
+        for name in names:
+            self.offsets[name] = off
+            off = ceil_to(off + int(np.prod(shapes[name])), ops.align)
+            if decays(name):
+                self.n_decay = off
+        self.n_flat, self.order = off, names
+        self.n_params = sum(int(np.prod(shapes[n])) for n in names)
+        self.flat_p, self.flat_g = ops.buf(self.n_flat), ops.buf(self.n_flat)
+        self.flat_m, self.flat_v = ops.buf(self.n_flat), ops.buf(self.n_flat)
+        self.p, self.g = self._views(self.flat_p), self._views(self.flat_g)
+        self.n_parts = min(ops.launch["norm_parts"], max(1, self.n_flat // 1024))
+        self.chunk = -(-self.n_flat // self.n_parts)
+        self.partials, self.norm_buf = ops.buf(self.n_parts), ops.buf(2)
+        self.t = 0
+
+    def _views(self, flat: cl.Buffer) -> dict[str, cl.Buffer]:
+        return {n: flat.get_sub_region(self.offsets[n] * F32, int(np.prod(self.shapes[n])) * F32) for n in self.order}
+
+    # ---- gradients and the optimizer ----
+    def zero_grad(self):
+        cl.enqueue_fill_buffer(self.queue, self.flat_g, np.float32(0), 0, self.n_flat * F32)
+
+    def _norm(self, clip: float):
+        self.ops.grad_norm(self.n_flat, self.chunk, self.n_parts, self.flat_g, self.partials, clip, self.norm_buf)
+
+    def grad_norm(self) -> float:
+        self._norm(0.0)
+        out = np.empty(2, np.float32)
+        cl.enqueue_copy(self.queue, out, self.norm_buf, is_blocking=True)
+        return float(out[0])
+
+    def step(self, lr, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, clip=1.0) -> float:
+        """Clip grads to global norm `clip` (clip <= 0: no clipping), one AdamW step; -> pre-clip norm."""
+        self._norm(float(clip))
+        self.t += 1
+        bc1, bc2 = 1.0 - beta1**self.t, 1.0 - beta2**self.t
+        self.ops.adamw(self.n_flat, self.n_decay, self.flat_p, self.flat_g, self.flat_m, self.flat_v, self.norm_buf,
+                       lr, beta1, beta2, bc1, bc2, eps, weight_decay)
+        out = np.empty(2, np.float32)
+        cl.enqueue_copy(self.queue, out, self.norm_buf, is_blocking=True)
+        return float(out[0])
+
+    # ---- host access ----
+    def _read(self, buf) -> np.ndarray:
+        flat = np.empty(self.n_flat, np.float32)
+        cl.enqueue_copy(self.queue, flat, buf, is_blocking=True)
+        return flat
+
+    def _read_flat(self, buf) -> dict[str, np.ndarray]:
+        flat = self._read(buf)
+        return {n: flat[self.offsets[n]: self.offsets[n] + int(np.prod(s))].reshape(s).copy()
+                for n, s in self.shapes.items()}
+
+    def _write_flat(self, buf, d: dict, what: str):
+        flat = np.zeros(self.n_flat, np.float32)
+        missing = set(self.shapes) - set(d)
+        extra = set(d) - set(self.shapes)
+        if missing or extra:
+            raise ClgptError(f"{what}: missing tensors {sorted(missing)}, unexpected tensors {sorted(extra)}")
+        for n, s in self.shapes.items():
+            a = np.asarray(d[n], dtype=np.float32)
+            if a.shape != s:
+                raise ClgptError(f"{what}: tensor {n} has shape {a.shape}; the model expects {s}")
+            flat[self.offsets[n]: self.offsets[n] + a.size] = a.reshape(-1)
+        cl.enqueue_copy(self.queue, buf, flat, is_blocking=True)
+
+    def get_params(self) -> dict[str, np.ndarray]:
+        return self._read_flat(self.flat_p)
+
+    def set_params(self, d: dict):
+        self._write_flat(self.flat_p, d, "params")
+
+    def get_grads(self) -> dict[str, np.ndarray]:
+        return self._read_flat(self.flat_g)
+
+    def get_grads_flat(self) -> np.ndarray:
+        """float32 (n_params,): every gradient, in the store's fixed order, without the alignment padding."""
+        flat = self._read(self.flat_g)
+        return np.concatenate([flat[self.offsets[n]: self.offsets[n] + int(np.prod(self.shapes[n]))]
+                               for n in self.order])
+
+    def set_grads_flat(self, a: np.ndarray):
+        """The inverse of get_grads_flat (e.g. after an all-reduce)."""
+        a = np.asarray(a, dtype=np.float32).reshape(-1)
+        if a.size != self.n_params:
+            raise ClgptError(f"set_grads_flat: got {a.size} values; the model has {self.n_params} parameters")
+        flat, i = np.zeros(self.n_flat, np.float32), 0
+        for n in self.order:
+            size = int(np.prod(self.shapes[n]))
+            flat[self.offsets[n]: self.offsets[n] + size] = a[i: i + size]
+            i += size
+        cl.enqueue_copy(self.queue, self.flat_g, flat, is_blocking=True)
+
+    def get_optimizer_state(self) -> dict:
+        return {"m": self._read_flat(self.flat_m), "v": self._read_flat(self.flat_v), "t": self.t}
+
+    def set_optimizer_state(self, s: dict | None):
+        """None resets m, v to zero and t to 0."""
+        if s is None:
+            for buf in (self.flat_m, self.flat_v):
+                cl.enqueue_fill_buffer(self.queue, buf, np.float32(0), 0, self.n_flat * F32)
+            self.t = 0
+            return
+        self._write_flat(self.flat_m, s["m"], "optimizer state m")
+        self._write_flat(self.flat_v, s["v"], "optimizer state v")
+        self.t = int(s["t"])

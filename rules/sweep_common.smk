@@ -1,0 +1,70 @@
+# What rules/sweep.smk needs: the sweep's runs (validated at parse time) and the input, params and code
+# functions of its rules.
+import json
+import re
+
+from clgpt.sweep import stage_dir, sweep_runs, varied_stages
+
+try:
+    SWEEP_RUNS = sweep_runs(config)
+except ClgptError as e:
+    sys.exit(f"error: {e}")
+SWEEP_VARIED = varied_stages(config["sweep"])
+ENCODED_PARTS = ["pretrain", "pretrain_heldout", "tune", "tune_heldout"]
+
+
+def sweep_input(stage, path):
+    """Input function: `path` of the run's own `stage` when the sweep varies it, else the shared one."""
+
+    def input_path(wildcards):
+        return f"{stage_dir(stage, wildcards.run, SWEEP_VARIED)}/{path}"
+
+    return input_path
+
+
+def sweep_setting(*keys):
+    """Params function: the run's value of config[keys[0]][keys[1]]..."""
+
+    def value(wildcards):
+        v = SWEEP_RUNS[wildcards.run]["config"]
+        for k in keys:
+            v = v[k]
+        return v
+
+    return value
+
+
+def sweep_script_args(inputs=(), outputs=(), settings=None):
+    """params.args for a stage that runs its script through `shell` with main(...)'s keyword arguments as one
+    JSON string: the named inputs and outputs by path, and `settings` {argument: config section or top-level key}
+    from the run's config (keys the config lacks are left out)."""
+
+    def args(wildcards, input, output):
+        run = SWEEP_RUNS[wildcards.run]["config"]
+        values = {k: input[k] for k in inputs}
+        values.update({k: output[k] for k in outputs})
+        values.update({k: run[key] for k, key in (settings or {}).items() if key in run})
+        return json.dumps(values)
+
+    return args
+
+
+def summary_code():
+    """Code inputs of sweep_summary: its script's import graph where rules/common.smk has stage_code, else the
+    modules it imports."""
+    if "stage_code" in globals():
+        return stage_code("sweep_summary")
+    return [*package("sweep", "config", "atomic", "stage"), "scripts/sweep_summary.py"]
+
+
+def rule_code(rule):
+    """The code inputs (kernels, package modules) of a stage's own rule: editing them re-runs the sweep's runs too."""
+    inputs = getattr(rules, rule).input
+    return {k: inputs[k] for k in ("kernels", "code") if k in inputs.keys()}
+
+
+def sweep_outputs(stage, path):
+    """Every run's file `path` of `stage` (its own or the shared one), in run order."""
+    return [
+        f"{stage_dir(stage, run, SWEEP_VARIED)}/{path}" for run in SWEEP_RUNS
+    ]

@@ -1,0 +1,581 @@
+"""Every mistake a user makes gets clgpt's own one-line answer naming the file, line or key, before any
+work runs; no input in these tests gets a Python traceback, from the workflow or from the CLI."""
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from clgpt.config import defaults, load_schema, load_workflow_config, plain_scalar, read_yaml, validate_config
+from clgpt.data import read_dialogs, read_text
+from clgpt.errors import ClgptError
+from clgpt.preflight import check_corpus
+from clgpt.stage import code_inputs, run_script, stale_lock
+from test_pipeline import TINY, make_workdir, planned_rules, snakemake, write_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def one_line_error(text: str) -> str:
+    """The single `error: ...` line of a failed run's output; fails on a traceback or on none/several."""
+    assert "Traceback" not in text, text
+    lines = [line for line in text.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, text
+    return lines[0]
+
+
+def config_error(tmp_path: Path, text, *extra_files, overrides=None) -> str:
+    p = tmp_path / "config.yaml"
+    (p.write_bytes if isinstance(text, bytes) else p.write_text)(text)
+    with pytest.raises(ClgptError) as e:
+        load_workflow_config(str(p), extra_files, overrides)
+    msg = str(e.value)
+    assert "\n" not in msg
+    return msg
+
+
+# ---- reading config.yaml --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, value", [("1e-3", 0.001), ("3.0e-4", 3e-4), ("2E-3", 0.002), (".5", 0.5),
+                                         ("1:0", "1:0"), ("yes", "yes"), ("010", 10), ("0x10", 16), ("true", True)])
+def test_yaml_12_plain_scalars(text, value):
+    assert plain_scalar(text) == value and type(plain_scalar(text)) is type(value)
+
+
+def test_lr_1e_3_is_a_float_and_device_1_0_is_text(tmp_path):
+    p = tmp_path / "config.yaml"
+    p.write_text('device: 1:0\ntune:\n  lr: 1e-3\n  min_lr: 1e-4\npretrain:\n  steps: 3.0\n')
+    cfg = load_workflow_config(str(p))
+    assert cfg["tune"]["lr"] == 0.001 and cfg["tune"]["min_lr"] == 1e-4
+    assert cfg["device"] == "1:0"
+    assert cfg["pretrain"]["steps"] == 3 and type(cfg["pretrain"]["steps"]) is int
+
+
+def test_device_as_a_number_names_the_quoting_fix():
+    with pytest.raises(ClgptError, match=r'device: the number 60 .*base-60 number 60\); quote it: device: "1:0"'):
+        validate_config({"device": 60})
+
+
+def test_error_names_file_line_and_key(tmp_path):
+    msg = config_error(tmp_path, "model:\n  n_embd: 128\ntune:\n  epochs: 40\n  lr: -1\n")
+    assert msg.startswith(f"{tmp_path / 'config.yaml'}:5: tune.lr:"), msg
+
+
+def test_unknown_key_suggests_the_near_one(tmp_path):
+    msg = config_error(tmp_path, "model:\n  n_embed: 64\n")
+    assert msg.endswith("config.yaml:2: model.n_embed: unknown key 'model.n_embed'; did you mean 'n_embd'? "
+                        "allowed here: " + ", ".join(sorted(load_schema()["properties"]["model"]["properties"]))), msg
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (b"model:\n  n_embd: [1,\n", r":\d+:\d+: not valid YAML \(.*\); fix the syntax"),
+        (b"model:\n\tn_embd: 64\n", r":2: indented with a tab; YAML indents with spaces only"),
+        (b"export:\n  name: caf\xe9\n", r":2: byte 0xe9 \(offset 19\) is not UTF-8"),
+        (b"tune:\n  lr: 0.1\n  lr: 0.2\n", r":3: key 'lr' is given twice \(first on line 2\)"),
+        (b"- a\n- b\n", r":1: expected sections"),
+        (b"tune:\n  lr:\n", r":2: tune.lr: empty; give a number, or remove the line to use the default \(0.002\)"),
+        (b"model:\n  tied: yes\n", r":2: model.tied: 'yes' is not true or false"),
+        (b"tune:\n  lr: .inf\n", r":2: tune.lr: inf is not a finite number"),
+        (b"tune: 3\n", r":1: tune: expected a section"),
+    ],
+    ids=["invalid", "tab", "latin1", "duplicate", "list", "empty-value", "yes", "inf", "scalar-section"],
+)
+def test_bad_config_file_is_one_line(tmp_path, text, expected):
+    import re
+
+    msg = config_error(tmp_path, text)
+    assert msg.startswith(str(tmp_path / "config.yaml")), msg
+    assert re.search(expected, msg), msg
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(ClgptError, match=r"nope.yaml: config file not found"):
+        load_workflow_config(str(tmp_path / "config.yaml"), [str(tmp_path / "nope.yaml")])
+
+
+def test_empty_config_warns_and_takes_the_defaults(tmp_path):
+    p = tmp_path / "config.yaml"
+    p.write_text("# nothing set yet\n")
+    said = []
+    cfg = load_workflow_config(str(p), warn=said.append)
+    assert cfg == validate_config({})
+    assert len(said) == 1 and "has no settings" in said[0] and "\n" not in said[0]
+
+
+def test_section_with_every_key_commented_out_is_its_defaults(tmp_path):
+    p = tmp_path / "config.yaml"
+    p.write_text("evaluate:\n  # max_tokens: 48\n  # batch_size: 16\nexport:\n  type: f16\n")
+    cfg = load_workflow_config(str(p))
+    assert cfg["evaluate"] == defaults("evaluate") and cfg["export"]["type"] == "f16"
+
+
+def test_configfiles_and_overrides_merge_in_order_and_name_their_file(tmp_path):
+    (tmp_path / "config.yaml").write_text("tune:\n  lr: 0.002\n  epochs: 5\n")
+    (tmp_path / "more.yaml").write_text("# more\ntune:\n  epochs: 7\nevaluate:\n")
+    cfg = load_workflow_config(str(tmp_path / "config.yaml"), [str(tmp_path / "more.yaml")],
+                               {"tune": {"lr": "1e-3"}})
+    assert cfg["tune"]["epochs"] == 7 and cfg["tune"]["lr"] == 0.001
+    (tmp_path / "more.yaml").write_text("# more\ntune:\n  epochs: -7\n")
+    with pytest.raises(ClgptError, match=r"more.yaml:3: tune.epochs: -7 is less than the minimum of 0"):
+        load_workflow_config(str(tmp_path / "config.yaml"), [str(tmp_path / "more.yaml")])
+    with pytest.raises(ClgptError, match=r"^--config: export.type: 'q5' is not one of"):
+        load_workflow_config(str(tmp_path / "config.yaml"), (), {"export": {"type": "q5"}})
+
+
+def test_read_yaml_strips_a_bom_and_knows_lines(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_bytes(b"\xef\xbb\xbfmodel:\n  n_embd: 64\n")
+    data, lines = read_yaml(p)
+    assert data == {"model": {"n_embd": 64}} and lines[("model", "n_embd")] == 2
+
+
+# ---- the property: any value either validates or is one line naming its key ---------------------
+
+def _leaf_schemas():
+    schema = load_schema()
+    out = [(("device",), schema["properties"]["device"])]
+    for section, sub in schema["properties"].items():
+        for key, leaf in sub.get("properties", {}).items():
+            out.append(((section, key), leaf))
+    return out
+
+
+LEAVES = _leaf_schemas()
+ANY_VALUE = st.one_of(
+    st.none(), st.booleans(), st.integers(-10**6, 10**6), st.integers(), st.floats(allow_nan=True),
+    st.text(max_size=12), st.sampled_from(["1e-3", "1:0", "yes", "0:0", "q4_0", "llama", "", "data/none"]),
+    st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from(LEAVES), ANY_VALUE), max_size=4),
+       st.dictionaries(st.sampled_from(["modle", "tune", "export", "x"]), ANY_VALUE, max_size=2))
+def test_any_config_validates_or_names_a_key(changes, top):
+    config = {k: v for k, v in top.items()}
+    for (path, _), value in changes:
+        if len(path) == 1:
+            config[path[0]] = value
+        else:
+            section = config.get(path[0])
+            if not isinstance(section, dict):
+                section = config[path[0]] = {}
+            section[path[1]] = value
+    try:
+        validate_config(config)
+    except ClgptError as e:
+        msg = str(e)
+        assert "\n" not in msg
+        named = {".".join(p) for (p, _), _ in changes} | set(map(str, top)) | {p[0] for (p, _), _ in changes}
+        named |= {"model", "tokenizer", "pretrain", "tune", "export", "model.n_embd", "model.n_ff", "model.n_ctx"}
+        assert any(key in msg for key in named), msg
+
+
+@pytest.mark.parametrize(
+    "config, expect",
+    [
+        ({**TINY, "pretrain": {**TINY["pretrain"], "lr": "1e-3"}}, None),  # written as text in YAML: `lr: '1e-3'`
+        ({**TINY, "evaluate": None}, None),
+        ({**TINY, "device": "9:9"}, "OpenCL device '9:9' not found"),
+    ],
+    ids=["lr-as-text", "null-section", "no-device"],
+)
+def test_dry_run_passes_or_gives_one_line(tmp_path, config, expect):
+    path = make_workdir(tmp_path / "wf", TINY)
+    text = yaml.safe_dump(config)
+    (path / "config.yaml").write_text(text.replace("lr: '1e-3'", "lr: 1e-3"))
+    r = snakemake(path, "-n", "model.gguf")
+    out = r.stdout + r.stderr
+    if expect is None:
+        assert r.returncode == 0 and "Traceback" not in out, out
+    else:
+        assert r.returncode != 0 and expect in one_line_error(out)
+
+
+# ---- the workflow stops at parse time with one line --------------------------------------------
+
+def _cut(p: Path, text: bytes):
+    p.write_bytes(text)
+
+
+@pytest.mark.parametrize(
+    "breakage, message",
+    [
+        (lambda p: (p / "config.yaml").write_bytes(b"model:\n\tn_embd: 64\n"), "config.yaml:2: indented with a tab"),
+        (lambda p: (p / "config.yaml").write_bytes(b"export:\n  name: caf\xe9\n"), "config.yaml:2: byte 0xe9"),
+        (lambda p: (p / "config.yaml").write_bytes(b"model: [1,\n"), "config.yaml:2:1: not valid YAML"),
+        (lambda p: (p / "data/heldout/pretrain.txt").write_text(" \n\n"), "corpus.pretrain_heldout: data/heldout/pretrain.txt is empty"),
+        (lambda p: (p / "data/heldout/tune.jsonl").unlink(), "corpus.tune_heldout: data/heldout/tune.jsonl does not exist"),
+        (lambda p: (p / "data/pretrain/empty.txt").write_text(""), "corpus.pretrain: data/pretrain/empty.txt is empty"),
+        (lambda p: write_config(p, {**TINY, "corpus": {"pretrain": "data/pretrain/en.txt"}}),
+         "corpus.pretrain: data/pretrain/en.txt is a file; set corpus.pretrain to the folder"),
+    ],
+    ids=["tab", "latin1", "invalid", "empty-heldout", "missing-heldout", "empty-file", "file-not-folder"],
+)
+def test_workflow_stops_at_parse_time_with_one_line(tmp_path, breakage, message):
+    path = make_workdir(tmp_path / "wf", TINY)
+    breakage(path)
+    r = snakemake(path, "-n", "model.gguf")
+    assert r.returncode != 0
+    assert message in one_line_error(r.stdout + r.stderr)
+
+
+def test_configfile_is_read_by_clgpts_loader(tmp_path):
+    """A --configfile is read again with YAML 1.2 numbers, and its mistakes name it and the line. (A
+    --configfile that does not exist or is not YAML at all is read by Snakemake itself before the
+    workflow runs, so that message is Snakemake's.)"""
+    path = make_workdir(tmp_path / "wf", TINY)
+    (path / "more.yaml").write_text("# overrides\ntune:\n  lr: 1e-3\n  warmup_steps: -1\n")
+    r = snakemake(path, "-n", "model.gguf", "--configfile", "more.yaml")  # nargs="+": the target first
+    assert r.returncode != 0
+    assert "more.yaml:4: tune.warmup_steps: -1 is less than the minimum of 0" in one_line_error(r.stdout + r.stderr)
+
+
+def test_configfile_and_config_reach_the_rules(tmp_path):
+    path = make_workdir(tmp_path / "wf", TINY)
+    (path / "fast.yaml").write_text("tune:\n  lr: 1e-3\n")
+    r = snakemake(path, "-n", "model.gguf", "--configfile", "fast.yaml", "--config", "export={'type': 'f16'}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = snakemake(path, "-n", "model.gguf", "--configfile", "fast.yaml", "--config", "export={'type': 'q5'}")
+    assert r.returncode != 0
+    assert one_line_error(r.stdout + r.stderr).startswith("error: --config: export.type: 'q5' is not one of")
+
+
+# ---- the corpus ---------------------------------------------------------------------------------
+
+def corpus(tmp_path: Path) -> dict:
+    for sub in ("pretrain", "tune", "heldout"):
+        (tmp_path / sub).mkdir(exist_ok=True)
+    (tmp_path / "pretrain/en.txt").write_text("The cat sat.\n")
+    (tmp_path / "tune/en.jsonl").write_text('{"user": "Hi", "assistant": "Hello!"}\n')
+    (tmp_path / "heldout/pretrain.txt").write_text("A dog ran.\n")
+    (tmp_path / "heldout/tune.jsonl").write_text('{"user": "Bye", "assistant": "Bye!"}\n')
+    return {"pretrain": str(tmp_path / "pretrain"), "tune": str(tmp_path / "tune"),
+            "pretrain_heldout": str(tmp_path / "heldout/pretrain.txt"),
+            "tune_heldout": str(tmp_path / "heldout/tune.jsonl")}
+
+
+def test_dot_files_are_skipped(tmp_path):
+    c = corpus(tmp_path)
+    (tmp_path / "pretrain/._en.txt").write_bytes(b"\x00\x05\x16\x07 mac resource fork")
+    (tmp_path / "tune/.hidden.jsonl").write_text("not json\n")
+    files = check_corpus(c)
+    assert files == {"pretrain": [str(tmp_path / "pretrain/en.txt")], "tune": [str(tmp_path / "tune/en.jsonl")]}
+
+
+@pytest.mark.parametrize("name", ["pretrain/en.txt", "tune/en.jsonl", "heldout/pretrain.txt", "heldout/tune.jsonl"])
+@pytest.mark.parametrize("content", ["", "  \n\t\n\n"], ids=["empty", "whitespace"])
+def test_empty_or_blank_corpus_file_is_refused(tmp_path, name, content):
+    c = corpus(tmp_path)
+    (tmp_path / name).write_text(content)
+    with pytest.raises(ClgptError, match=rf"corpus\.\w+: {tmp_path / name} is empty"):
+        check_corpus(c)
+
+
+def test_heldout_folder_and_corpus_file_are_named(tmp_path):
+    c = corpus(tmp_path)
+    with pytest.raises(ClgptError, match=r"corpus.tune_heldout: .* is a folder; set corpus.tune_heldout to one file"):
+        check_corpus({**c, "tune_heldout": str(tmp_path / "tune")})
+    with pytest.raises(ClgptError, match=r"corpus.tune: .*en.jsonl is a file; set corpus.tune to the folder"):
+        check_corpus({**c, "tune": str(tmp_path / "tune/en.jsonl")})
+    with pytest.raises(ClgptError, match=r"corpus.pretrain_heldout: .*nope.txt does not exist"):
+        check_corpus({**c, "pretrain_heldout": str(tmp_path / "nope.txt")})
+
+
+def test_bom_is_stripped_in_text_and_dialogs(tmp_path):
+    (tmp_path / "a.txt").write_bytes(b"\xef\xbb\xbfThe cat sat.\nA dog ran.\n")
+    (tmp_path / "a.jsonl").write_bytes(b'\xef\xbb\xbf{"user": "Hi", "assistant": "Hello!"}\n')
+    assert list(read_text([str(tmp_path / "a.txt")])) == ["The cat sat.", "A dog ran."]
+    assert read_dialogs([str(tmp_path / "a.jsonl")])[0]["user"] == "Hi"
+
+
+# ---- the CLI -----------------------------------------------------------------------------------
+
+def clgpt(*args, env=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", "clgpt", *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def gguf(tmp_path_factory):
+    from clgpt.gguf_io import export_gguf
+    from clgpt.model import ModelConfig, init_params
+    from clgpt.tokenizer import Tokenizer
+
+    d = tmp_path_factory.mktemp("cli")
+    tok = Tokenizer.train(["The cat sat on the mat.", "Water boils at one hundred degrees."], 280)
+    cfg = ModelConfig(vocab_size=tok.vocab_size, n_ctx=256, n_embd=16, n_head=2, n_layer=1, n_ff=32)
+    export_gguf(str(d / "m.gguf"), cfg, init_params(cfg, seed=1), tok)
+    return d / "m.gguf"
+
+
+def test_generate_device_option_works(gguf):
+    r = clgpt("generate", str(gguf), "--prompt", "The cat", "--greedy", "--max-tokens", "2", "--device", "0:0")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    r = clgpt("generate", str(gguf), "--prompt", "The cat", "--device", "7:7")
+    assert r.returncode == 1 and "OpenCL device '7:7' not found" in one_line_error(r.stderr)
+
+
+def test_generate_refuses_a_prompt_longer_than_the_context(gguf):
+    r = clgpt("generate", str(gguf), "--prompt", "cat " * 300)
+    assert r.returncode == 1 and "model's context is 256" in one_line_error(r.stderr) and r.stdout == ""
+
+
+def test_tokenize_gguf_without_tokenizer(tmp_path):
+    import gguf as gguf_lib
+
+    p = tmp_path / "bare.gguf"
+    w = gguf_lib.GGUFWriter(str(p), "gpt2")
+    w.add_tensor("token_embd.weight", np.zeros((4, 4), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    r = clgpt("tokenize", str(p), "hi")
+    assert r.returncode == 1 and "carries no tokenizer" in one_line_error(r.stderr)
+
+
+@pytest.mark.parametrize(
+    "setup, args, message",
+    [
+        (lambda d: (d / "a.txt").write_text("some text\n"), ["a.txt", "--out", "nodir/t.json"], "folder nodir does not exist"),
+        (lambda d: (d / "a.txt").write_text(" \n"), ["a.txt", "--out", "t.json"], "no text to train on"),
+        (lambda d: (d / "a.txt").write_text("ab ab\n"), ["a.txt", "--out", "t.json"], "--vocab-size 300 cannot be reached"),
+        (lambda d: None, ["missing.txt", "--out", "t.json"], "missing.txt: cannot read"),
+    ],
+    ids=["missing-out-folder", "empty-file", "unreachable-vocab", "missing-input"],
+)
+def test_train_tokenizer_bad_input_is_one_line(tmp_path, setup, args, message):
+    setup(tmp_path)
+    r = subprocess.run([sys.executable, "-m", "clgpt", "train-tokenizer", *args, "--vocab-size", "300"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 1 and message in one_line_error(r.stderr)
+    assert not (tmp_path / "t.json").exists()
+
+
+def test_devices_with_a_bad_pyopencl_ctx_says_so():
+    r = clgpt("devices", env={"PYOPENCL_CTX": "9:9"})
+    assert r.returncode == 1 and "PYOPENCL_CTX='9:9' matches none of them" in one_line_error(r.stderr)
+    assert "0:0" in r.stdout
+
+
+# ---- stage scripts: OSError, Ctrl-C, a lost parent ----------------------------------------------
+
+def _run_script_in_child(body: str, log: Path) -> subprocess.Popen:
+    code = textwrap.dedent(f"""
+        import time
+        from clgpt.stage import run_script
+        def main():
+            {body}
+        run_script(main, {str(log)!r})
+    """)
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_read_only_output_is_one_line(tmp_path):
+    body = "raise PermissionError(13, 'Permission denied', 'results/tune/model.ckpt.partial')"
+    proc = _run_script_in_child(body, tmp_path / "log")
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert "results/tune/model.ckpt.partial: Permission denied; make the folder writable" in one_line_error(err)
+
+
+def test_ctrl_c_gives_no_traceback(tmp_path):
+    proc = _run_script_in_child("time.sleep(60)", tmp_path / "log")
+    time.sleep(1.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted" in one_line_error(err)
+
+
+def test_stage_stops_when_snakemake_is_killed(tmp_path):
+    """A stand-in `snakemake` starts a stage script and is killed with -9: the stage stops by itself
+    (as on Ctrl-C, so training saves its checkpoint) and says to --unlock."""
+    fake = tmp_path / "snakemake"
+    log = tmp_path / "stage.err"
+    child = textwrap.dedent(f"""
+        import time
+        from clgpt.stage import run_script
+        def main():
+            while True:
+                time.sleep(0.05)
+        run_script(main, None)
+    """)
+    fake.write_text(textwrap.dedent(f"""
+        import subprocess, sys, time
+        with open({str(log)!r}, "w") as err:
+            p = subprocess.Popen(["/bin/sh", "-c", 'exec "$0" -c "$1"', sys.executable, {child!r}], stderr=err)
+            print(p.pid, flush=True)
+            time.sleep(120)
+    """))
+    fake_proc = subprocess.Popen([sys.executable, str(fake)], stdout=subprocess.PIPE, text=True,
+                                 env={**os.environ, "PYTHONPATH": str(ROOT)})
+    child_pid = int(fake_proc.stdout.readline())
+    time.sleep(2.0)
+    fake_proc.kill()
+    fake_proc.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and os.path.exists(f"/proc/{child_pid}") and \
+            open(f"/proc/{child_pid}/stat").read().split(") ")[1][0] not in "ZX":
+        time.sleep(0.1)
+    alive = os.path.exists(f"/proc/{child_pid}") and open(f"/proc/{child_pid}/stat").read().split(") ")[1][0] not in "ZX"
+    if alive:
+        os.kill(child_pid, signal.SIGKILL)
+    assert not alive, "the stage kept running after snakemake was killed"
+    text = log.read_text()
+    assert "snakemake --unlock" in text and "Traceback" not in text, text
+
+
+def test_stale_lock_is_told_apart_from_a_live_one(tmp_path):
+    locks = tmp_path / ".snakemake" / "locks"
+    locks.mkdir(parents=True)
+    assert not stale_lock(tmp_path)
+    (locks / "0.input.lock").write_text("")
+    assert stale_lock(tmp_path)
+    fake = tmp_path / "snakemake"  # a running snakemake working in that folder owns the lock
+    fake.write_text("import time\ntime.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, str(fake)], cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and str(fake) not in open(f"/proc/{proc.pid}/cmdline").read():
+            time.sleep(0.05)
+        assert not stale_lock(tmp_path)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_rerun_after_kill_9_says_unlock_first(tmp_path):
+    """kill -9 of snakemake leaves its lock; the next run names `--unlock` (not Snakemake's
+    --rerun-incomplete, which would fail on the lock), and --unlock itself still runs."""
+    path = make_workdir(tmp_path / "wf", TINY)
+    (path / ".snakemake" / "locks").mkdir(parents=True)
+    (path / ".snakemake" / "locks" / "0.output.lock").write_text(str(path / "model.gguf") + "\n")
+    r = snakemake(path, "-n", "model.gguf")
+    assert r.returncode != 0
+    assert "run `snakemake --unlock`, then the same snakemake command with --rerun-incomplete" in \
+        one_line_error(r.stdout + r.stderr)
+    assert snakemake(path, "--unlock").returncode == 0
+    assert snakemake(path, "-n", "model.gguf").returncode == 0
+
+
+# ---- the code each stage runs; the schema as the one source ----------------------------------------
+
+@pytest.mark.parametrize("stage", ["train_tokenizer", "encode", "pretrain", "tune", "evaluate", "export"])
+def test_code_inputs_cover_every_module_the_script_loads(stage):
+    """The static import graph holds every package module that importing the script loads."""
+    code = (f"import sys, runpy; runpy.run_path('scripts/{stage}.py', run_name='x'); "
+            "print(' '.join(sorted(m for m in sys.modules if m == 'clgpt' or m.startswith('clgpt.'))))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr
+    files = set(code_inputs(f"scripts/{stage}.py", ROOT))
+    for module in r.stdout.split():
+        parts = module.split(".")
+        assert {f"{'/'.join(parts)}.py", f"{'/'.join(parts)}/__init__.py"} & files, (module, sorted(files))
+    engine = stage in ("pretrain", "tune", "evaluate")
+    assert ("clgpt/tuning.py" in files) == engine and ("kernels/matmul.cl" in files) == engine
+
+
+def test_no_copies_of_the_defaults():
+    """Settings and defaults live in the schema only: the stages fill theirs from it."""
+    from clgpt.evaluate import eval_settings
+    from clgpt.train import stage_settings
+
+    for module in ("train", "evaluate"):
+        assert not hasattr(__import__(f"clgpt.{module}", fromlist=["x"]), "DEFAULTS")
+    for stage in ("pretrain", "tune"):
+        s = stage_settings(stage, {})
+        assert {k: s[k] for k in defaults(stage)} == defaults(stage)
+    assert eval_settings({}) == defaults("evaluate")
+
+
+def test_wheel_carries_kernels_and_schema(tmp_path):
+    """`pip wheel .` outside the checkout: the wheel holds kernels/*.cl and the schema, and an install of
+    it finds them with no checkout around."""
+    import zipfile
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", "clgpt", "kernels", "schemas"):
+        (__import__("shutil").copytree if (ROOT / name).is_dir() else __import__("shutil").copy)(ROOT / name, src / name)
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"), str(src)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    wheel = next((tmp_path / "dist").glob("clgpt-*.whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    kernels = {f"clgpt/kernels/{p.name}" for p in (ROOT / "kernels").glob("*.cl")}
+    assert kernels <= names and "clgpt/schemas/config.schema.yaml" in names
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    code = ("from clgpt.config import load_workflow_config, SCHEMA_PATH; from clgpt.paths import data_path; "
+            "c = load_workflow_config('c.yaml'); print(SCHEMA_PATH, data_path('kernels'), c['tune']['lr'])")
+    (tmp_path / "c.yaml").write_text("tune:\n  lr: 1e-3\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(site)})
+    assert r.returncode == 0, r.stderr
+    schema, kernel_dir, lr = r.stdout.split()
+    assert schema.startswith(str(site)) and kernel_dir == str(site / "clgpt" / "kernels") and float(lr) == 0.001
+
+
+# ---- training: the log across a resume, silent truncation, an unreachable vocabulary ----------------
+
+def test_log_survives_a_resume_after_snakemake_deleted_it(tmp_path):
+    """Snakemake deletes a failed job's outputs (log.csv among them); the resumed run still logs every
+    step, and its elapsed time runs on from the interrupted run's."""
+    from test_train import TINY as TRAIN_TINY, read_log, settings, stop_at, text_docs, write_encoded
+    from clgpt.train import run_stage
+
+    data = write_encoded(tmp_path / "pretrain.bin", text_docs())
+    args = ("pretrain", data, settings(checkpoint_every=2), str(tmp_path / "model.ckpt"), str(tmp_path / "log.csv"))
+    with pytest.raises(KeyboardInterrupt):
+        run_stage(*args, model=TRAIN_TINY, callback=stop_at(5))
+    before = read_log(tmp_path / "log.csv")
+    (tmp_path / "log.csv").unlink()
+    run_stage(*args, model=TRAIN_TINY)
+    rows = read_log(tmp_path / "log.csv")
+    assert [int(r["step"]) for r in rows] == list(range(1, 13))
+    assert [r["loss"] for r in rows[:5]] == [r["loss"] for r in before]
+    assert float(rows[-1]["elapsed_s"]) >= float(before[-1]["elapsed_s"])
+    assert not (tmp_path / "log.csv.partial").exists() and not (tmp_path / "model.ckpt.partial").exists()
+
+
+def test_dialog_longer_than_seq_len_is_named(tmp_path, capsys):
+    from test_train import TINY as TRAIN_TINY, dialog_docs, settings, text_docs, write_encoded
+    from clgpt.train import run_stage
+
+    text = write_encoded(tmp_path / "pretrain.bin", text_docs())
+    docs, pos = dialog_docs()
+    dialogs = write_encoded(tmp_path / "tune.bin", docs, "dialog", pos)
+    run_stage("pretrain", text, settings(steps=2), str(tmp_path / "pre.ckpt"), str(tmp_path / "pre.csv"), model=TRAIN_TINY)
+    run_stage("tune", dialogs, settings(steps=2, seq_len=8), str(tmp_path / "t.ckpt"), str(tmp_path / "t.csv"),
+              init_ckpt=str(tmp_path / "pre.ckpt"))
+    longest = max(len(d) for d in docs)
+    assert f"dialogs are longer than tune.seq_len=8 tokens (the longest {longest}) and are cut to it; " \
+           "raise tune.seq_len" in capsys.readouterr().err
+
+
+def test_unreachable_vocabulary_is_refused(tmp_path):
+    import runpy
+
+    main = runpy.run_path(str(ROOT / "scripts/train_tokenizer.py"))["main"]
+    (tmp_path / "a.txt").write_text("ab ab ab\n")
+    (tmp_path / "a.jsonl").write_text('{"user": "ab", "assistant": "ab"}\n')
+    with pytest.raises(ClgptError, match=r"tokenizer.vocab_size=65536 cannot be reached: the corpus has pairs for "
+                                         r"only \d+ tokens; set tokenizer.vocab_size to \d+ or less"):
+        main([str(tmp_path / "a.txt")], [str(tmp_path / "a.jsonl")], 65536, str(tmp_path / "t.json"), str(tmp_path / "v.txt"))
+    assert not (tmp_path / "t.json").exists()

@@ -1,0 +1,94 @@
+"""The tiny pipeline and a 2-point sweep through `--profile profiles/slurm` on a real SLURM (single node, started by
+`.ci/slurm.sh start`, which CI runs first): every stage is a SLURM job that sacct lists with its rule and resources,
+and the models and the sweep summary are byte for byte those of a local `snakemake --cores 2` run. Without a running
+SLURM this test fails: it is never skipped."""
+
+import copy
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from test_pipeline import ROOT, TINY, make_workdir
+
+CONFIG = copy.deepcopy(TINY)
+CONFIG["pretrain"]["lr"] = 0.003
+CONFIG["sweep"] = {"pretrain.lr": [0.003, 0.001]}  # run lr-0.003 is the main pipeline's model again
+# small asks, so the 2-CPU test node runs the two sweep runs side by side
+CONFIG["resources"] = {stage: {"threads": 1, "mem_mb": 1000, "runtime": 20}
+                       for stage in ("train_tokenizer", "encode", "pretrain", "tune", "evaluate", "export")}
+CONFIG["resources"]["pretrain"]["mem_mb"] = 1500
+
+
+def slurm_is_up() -> str:
+    """'' when a SLURM controller answers with an idle node and accounting, else what is missing."""
+    for tool in ("sinfo", "sbatch", "sacct"):
+        if not shutil.which(tool):
+            return f"`{tool}` not found"
+    r = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, timeout=30)
+    if r.returncode or not re.search(r"idle|mix|alloc", r.stdout):
+        return f"no SLURM node up (sinfo: {(r.stdout + r.stderr).strip()!r})"
+    r = subprocess.run(["sacct", "-n", "-X", "-j", "1"], capture_output=True, text=True, timeout=30)
+    if r.returncode:
+        return f"no SLURM accounting (sacct: {r.stderr.strip()!r})"
+    return ""
+
+
+def snakemake(path, *args, timeout=1800):
+    r = subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=path, capture_output=True, text=True,
+                       timeout=timeout)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
+    return r.stdout + r.stderr
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    missing = slurm_is_up()
+    if missing:
+        pytest.fail(f"this test needs a running SLURM: {missing}; start one with `bash .ci/slurm.sh start` (as root)")
+    base = tmp_path_factory.mktemp("slurm")
+    local = make_workdir(base / "local", CONFIG)
+    snakemake(local, "--cores", "2", "model.gguf", "sweep")
+    cluster = make_workdir(base / "cluster", CONFIG)
+    shutil.copytree(ROOT / "profiles", cluster / "profiles")
+    out = snakemake(cluster, "--profile", "profiles/slurm", "--slurm-init-seconds-before-status-checks", "2",
+                    "model.gguf", "sweep")
+    return local, cluster, out
+
+
+def test_every_stage_ran_as_a_slurm_job_with_its_resources(runs):
+    _, _, out = runs
+    run_id = re.search(r"SLURM run ID: (\S+)", out).group(1)
+    job_ids = re.findall(r"has been submitted with SLURM jobid (\d+)", out)
+    r = subprocess.run(["sacct", "-X", "-n", "-P", "-j", ",".join(job_ids),
+                        "--format=JobID,JobName,State,Comment,AllocCPUS,ReqMem,Timelimit"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    jobs = {}
+    for line in r.stdout.splitlines():
+        job_id, name, state, comment, cpus, mem, limit = line.split("|")
+        assert name == run_id and state == "COMPLETED", line
+        jobs[job_id] = (re.match(r"rule_(\w+?)(_wildcards_|$)", comment).group(1), cpus, mem, limit)
+    assert sorted(jobs) == sorted(job_ids), (job_ids, r.stdout)
+    rules = sorted(rule for rule, *_ in jobs.values())
+    assert rules == sorted(["train_tokenizer", "encode", "pretrain", "tune", "evaluate", "export",
+                            *["sweep_pretrain", "sweep_tune", "sweep_evaluate", "sweep_export"] * 2,
+                            "sweep_summary"]), rules  # one tokenizer, one encode for everything
+    for rule, cpus, mem, limit in jobs.values():
+        if rule.endswith("pretrain"):
+            assert (cpus, mem, limit) == ("1", "1500M", "00:20:00"), (rule, cpus, mem, limit)
+        if rule.endswith("evaluate"):
+            assert (cpus, mem, limit) == ("1", "1000M", "00:20:00"), (rule, cpus, mem, limit)
+
+
+def test_cluster_results_equal_the_local_run(runs):
+    local, cluster, _ = runs
+    for f in ("model.gguf", "models/lr-0.003.gguf", "models/lr-0.001.gguf", "results/pretrain/model.ckpt",
+              "results/sweep/lr-0.001/tune/model.ckpt", "results/sweep/summary.csv"):
+        assert (cluster / f).read_bytes() == (local / f).read_bytes(), f
+    assert (cluster / "models/lr-0.003.gguf").read_bytes() == (cluster / "model.gguf").read_bytes()
+    assert (cluster / "models/lr-0.003.gguf").read_bytes() != (cluster / "models/lr-0.001.gguf").read_bytes()
+    summary = (cluster / "results/sweep/summary.md").read_text()
+    assert "| lr-0.003 |" in summary and "| lr-0.001 |" in summary
