@@ -1,42 +1,127 @@
-"""How many tune dialogs the exported model answers word for word in llama.cpp, through the GGUF's own
-chat template (issue: at least 90% for the default run). Needs the test extra (llama-cpp-python).
+"""How often the exported model answers its tune questions word for word in llama.cpp (llama-cpp-python),
+in a real chat: after a system prompt, and as the 2nd and 3rd turn of a conversation (issue 13: at least
+90% each), through both of llama.cpp's chat paths:
+
+- jinja:   `create_chat_completion`, which renders the GGUF's Jinja `tokenizer.chat_template`;
+- builtin: `llama_chat_apply_template` on the GGUF's template (llama.cpp's own template engine, the one
+           `llama-cli` and `llama-server --no-jinja` use), then greedy generation until EOS/EOT.
+
+The questions are the single-turn dialogs of the given files; the system prompts are those the files'
+conversations use with questions of the same file (clgpt.chat.chat_probes builds the conversations).
+Needs the test extra (llama-cpp-python).
 
     python bench/llama_exact_match.py model.gguf data/tune/*.jsonl
 """
 
+from __future__ import annotations
+
 import argparse
+import ctypes
 import sys
 
 import llama_cpp
 
+from clgpt.chat import PROBE_KINDS, chat_probes
 from clgpt.data import read_dialogs
+
+PATHS = ("jinja", "builtin")
+
+
+def jinja_reply(llm, messages: list[dict], max_tokens: int) -> str:
+    r = llm.create_chat_completion(messages=messages, temperature=0.0, repeat_penalty=1.0, max_tokens=max_tokens)
+    return r["choices"][0]["message"]["content"]
+
+
+def builtin_prompt(llm, messages: list[dict], template: bytes) -> bytes:
+    """llama.cpp's built-in rendering of `messages` with the GGUF's template (with the assistant prefix)."""
+    chat = (llama_cpp.llama_chat_message * len(messages))(
+        *[llama_cpp.llama_chat_message(role=m["role"].encode(), content=m["content"].encode()) for m in messages])
+    size = 1024 + 2 * sum(len(m["content"].encode()) + 32 for m in messages)
+    buf = ctypes.create_string_buffer(size)
+    n = llama_cpp.llama_chat_apply_template(template, chat, len(messages), True, buf, size)
+    if n < 0:
+        raise RuntimeError("llama_chat_apply_template: this template is not supported by llama.cpp's built-in engine")
+    return buf.raw[:n]
+
+
+def builtin_reply(llm, messages: list[dict], max_tokens: int, template: bytes) -> str:
+    ids = llm.tokenize(builtin_prompt(llm, messages, template), add_bos=True, special=True)
+    vocab = llama_cpp.llama_model_get_vocab(llm.model)
+    out = []
+    for t in llm.generate(ids, top_k=1, temp=0.0, repeat_penalty=1.0, reset=True):
+        if llama_cpp.llama_vocab_is_eog(vocab, t) or len(out) == max_tokens or len(ids) + len(out) >= llm.n_ctx():
+            break
+        out.append(t)
+    return llm.detokenize(out).decode("utf-8", errors="replace")
 
 
 def chat_answers(gguf: str, questions: list[str], max_tokens: int = 48) -> list[str]:
+    """llama.cpp's replies (Jinja path) to single user questions."""
     llm = llama_cpp.Llama(model_path=gguf, n_ctx=0, verbose=False, seed=0)
-    out = []
-    for q in questions:
-        r = llm.create_chat_completion(
-            messages=[{"role": "user", "content": q}], temperature=0.0, repeat_penalty=1.0, max_tokens=max_tokens
-        )
-        out.append(r["choices"][0]["message"]["content"])
+    return [jinja_reply(llm, [{"role": "user", "content": q}], max_tokens) for q in questions]
+
+
+def run_probes(gguf: str, probes: list, max_tokens: int = 48) -> dict:
+    """{path: [(kind, expected, answer)]} for each chat path."""
+    llm = llama_cpp.Llama(model_path=gguf, n_ctx=0, verbose=False, seed=0)
+    template = llm.metadata["tokenizer.chat_template"].encode()
+    replies = {"jinja": lambda m: jinja_reply(llm, m, max_tokens),
+               "builtin": lambda m: builtin_reply(llm, m, max_tokens, template)}
+    results = {}
+    for path, reply in replies.items():
+        rows = []
+        for kind, opening, questions, expected in probes:
+            messages = list(opening)
+            for q in questions:  # a real chat: each earlier reply is the model's own
+                messages.append({"role": "user", "content": q})
+                messages.append({"role": "assistant", "content": reply(messages)})
+            rows.append((kind, expected, messages[-1]["content"]))
+        results[path] = rows
+    return results
+
+
+def rates(rows: list) -> dict:
+    """{kind: (matches, total)}."""
+    out = {}
+    for kind in PROBE_KINDS:
+        hits = [answer.strip() == expected.strip() for k, expected, answer in rows if k == kind]
+        out[kind] = (sum(hits), len(hits))
     return out
+
+
+def corpus_probes(files: list[str]) -> list:
+    """chat_probes per file: its single-turn dialogs, with the system prompts that its conversations use
+    with those questions."""
+    probes = []
+    dialogs = read_dialogs(files)
+    for path in files:
+        mine = [d for d in dialogs if d["source"].rsplit(":", 1)[0] == path]
+        pairs = [(d["messages"][0]["content"], d["messages"][1]["content"])
+                 for d in mine if len(d["messages"]) == 2]
+        if not pairs:
+            continue
+        questions = {q for q, _ in pairs}
+        systems = sorted({d["messages"][0]["content"] for d in dialogs if d["messages"][0]["role"] == "system"
+                          and any(m["role"] == "user" and m["content"] in questions for m in d["messages"])})
+        probes += chat_probes(pairs, systems)
+    return probes
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("gguf")
     ap.add_argument("dialogs", nargs="+")
+    ap.add_argument("--show-misses", action="store_true")
     args = ap.parse_args(argv)
-    dialogs = read_dialogs(args.dialogs)
-    answers = chat_answers(args.gguf, [d["user"] for d in dialogs])
-    hits = 0
-    for d, a in zip(dialogs, answers):
-        ok = a.strip() == d["assistant"].strip()
-        hits += ok
-        if not ok:
-            print(f"MISS {d['user']!r}: got {a!r}, expected {d['assistant']!r}", file=sys.stderr)
-    print(f"llama.cpp exact match: {hits}/{len(dialogs)} = {hits / len(dialogs):.1%}")
+    results = run_probes(args.gguf, corpus_probes(args.dialogs))
+    print(f"{'path':<8} " + " ".join(f"{k:>16}" for k in PROBE_KINDS))
+    for path, rows in results.items():
+        r = rates(rows)
+        print(f"{path:<8} " + " ".join(f"{m:>4}/{n:<4} {100 * m / max(n, 1):5.1f}%" for m, n in r.values()))
+        if args.show_misses:
+            for kind, expected, answer in rows:
+                if answer.strip() != expected.strip():
+                    print(f"  MISS {path} {kind}: got {answer!r}, expected {expected!r}", file=sys.stderr)
     return 0
 
 

@@ -42,7 +42,7 @@ def cmd_tokenize(args) -> None:
 
 
 def cmd_train_tokenizer(args) -> None:
-    from clgpt.data import read_dialogs, read_text
+    from clgpt.data import dialog_texts, read_dialogs, read_text
     from clgpt.tokenizer import Tokenizer
 
     out_dir = os.path.dirname(os.path.abspath(args.out))
@@ -53,7 +53,7 @@ def cmd_train_tokenizer(args) -> None:
         if os.path.isdir(path):
             raise ClgptError(f"{path}: is a folder; give the text (.txt) or dialog (.jsonl) files in it")
         if path.endswith(".jsonl"):
-            texts += [t for d in read_dialogs([path]) for t in (d["user"], d["assistant"])]
+            texts += list(dialog_texts(read_dialogs([path])))
         else:
             texts += list(read_text([path]))
     if not any(t.strip() for t in texts):
@@ -68,20 +68,55 @@ def cmd_train_tokenizer(args) -> None:
     print(f"wrote {args.out}: {tok.vocab_size} tokens, {len(tok.merges)} merges", file=sys.stderr)
 
 
+class _Turn(argparse.Action):
+    """--system/--user/--assistant TEXT, kept in the order given (one list for all three)."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        turns = list(getattr(namespace, "turns", None) or [])
+        turns.append({"role": self.dest, "content": value})
+        namespace.turns = turns
+
+
+def chat_messages(chat: str | None, turns: list[dict]) -> list[dict]:
+    """The conversation `clgpt generate` answers: --system/--user/--assistant turns in order, then --chat,
+    which is a JSON messages file (a list, or {"messages": [...]}) when it names an existing *.json file and
+    otherwise one more user message. Checked by clgpt.chat.check_messages: it ends on a user turn."""
+    import os
+
+    from clgpt.chat import check_messages
+
+    where = "generate"
+    messages = list(turns)
+    if chat is not None and chat.endswith(".json") and os.path.isfile(chat):
+        where = chat
+        try:
+            with open(chat, encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ClgptError(f"{chat}: cannot read the messages file ({e})") from None
+        messages += data.get("messages") if isinstance(data, dict) else data
+    elif chat is not None:
+        messages.append({"role": "user", "content": chat})
+    return check_messages(messages, where, prompt=True)
+
+
 def cmd_generate(args) -> None:
     from clgpt.chat import encode_prompt
     from clgpt.generate import Generator
     from clgpt.gguf_io import read_gguf
 
-    if (args.prompt is None) == (args.chat is None):
-        raise ClgptError("generate: give exactly one of --prompt TEXT or --chat TEXT")
+    turns = getattr(args, "turns", None) or []
+    if (args.prompt is None) == (args.chat is None and not turns):
+        raise ClgptError("generate: give either --prompt TEXT, or a conversation: --chat TEXT|FILE.json and/or "
+                         "--system/--user/--assistant TEXT")
+    messages = chat_messages(args.chat, turns) if args.prompt is None else None
     from clgpt.device import get_device
 
     cfg, params, tok, _ = read_gguf(args.model)
-    if args.chat is not None:
-        prompt_ids = encode_prompt(tok, args.chat)
+    if messages is not None:
+        prompt_ids, stop = encode_prompt(tok, messages), (tok.im_end_id,)
     else:
-        prompt_ids = [tok.bos_id, *tok.encode(args.prompt)]
+        prompt_ids, stop = [tok.bos_id, *tok.encode(args.prompt)], (tok.eos_id,)
     if len(prompt_ids) >= cfg.n_ctx:
         raise ClgptError(
             f"the prompt is {len(prompt_ids)} tokens and the model's context is {cfg.n_ctx}, which leaves no room "
@@ -96,7 +131,7 @@ def cmd_generate(args) -> None:
         top_k=args.top_k,
         top_p=args.top_p,
         seed=args.seed,
-        stop_ids=(tok.eos_id,),
+        stop_ids=stop,
     )
     ids = [i for i, _ in out]
     if args.show_probs:
@@ -133,7 +168,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="continue a prompt or answer a chat message with a GGUF model")
     p.add_argument("model", help="a GGUF file written by clgpt")
     p.add_argument("--prompt", help="plain text to continue")
-    p.add_argument("--chat", help="a user message; the chat template is applied")
+    p.add_argument("--chat", metavar="TEXT|FILE.json",
+                   help="a user message, or a JSON file of messages ([{\"role\", \"content\"}, ...]); the chat format is applied")
+    for role in ("system", "user", "assistant"):
+        p.add_argument(f"--{role}", dest=role, action=_Turn, metavar="TEXT",
+                       help=f"{'an' if role[0] == 'a' else 'a'} {role} message of the conversation (repeatable; kept in the order given)")
     p.add_argument("--greedy", action="store_true", help="always take the most likely token")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.8)

@@ -27,7 +27,7 @@ from clgpt.errors import ClgptError
 from clgpt.paths import data_path
 
 SCHEMA_PATH = data_path("schemas") / "config.schema.yaml"
-N_SPECIAL = 4  # <s> </s> <user> <assistant>
+N_SPECIAL = 4  # <s> </s> <|im_start|> <|im_end|>
 KeyPath = tuple  # a key path such as ("tune", "lr")
 
 
@@ -240,6 +240,8 @@ def _message(e: jsonschema.ValidationError, where: _Where) -> str:
     key = where(path)
     if e.validator == "type":
         want = e.validator_value
+        if isinstance(want, list):  # e.g. [string, null]: the check is against the non-null type
+            want = next((t for t in want if t != "null"), want[0])
         words = _TYPE_WORDS.get(want, want)
         if v is None:
             default = f" ({e.schema['default']!r})" if "default" in e.schema else ""

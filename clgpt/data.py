@@ -10,10 +10,12 @@ Text corpus: a folder of `*.txt` (UTF-8), `*.jsonl` (one `{"text": ...}` per lin
   line       each non-blank line (the embedded fact corpus).
 Texts are read in chunks of CHUNK_CHARS and encoded in segments cut where the pre-tokenizer would cut
 anyway, so memory stays bounded on any file and the ids equal those of encoding the text whole.
-Dialogs: JSON Lines, one `{"user": "...", "assistant": "..."}` per line.
+Dialogs: JSON Lines, one conversation per line: `{"messages": [{"role": ..., "content": ...}, ...]}` or
+`{"user": "...", "assistant": "..."}` (clgpt.chat.parse_dialog_line checks both).
 Encoded files: a flat `uint16` (`uint32` when the vocabulary needs it) id file `X.bin`, a binary index
 `X.idx` (uint64: the start of every document, then the end of the stream; for dialogs followed by the
-position of every dialog's `<assistant>` token) and a small JSON sidecar `X.json` (counts, hashes);
+position whose target is every dialog's first reply token) and a small JSON sidecar `X.json` (counts,
+hashes; for dialogs `loss_spans`, every assistant turn's target ranges);
 read back with `np.memmap`.
 """
 
@@ -31,7 +33,7 @@ import numpy as np
 import regex
 
 from clgpt.atomic import atomic_path, write_text_atomic
-from clgpt.chat import encode_dialog
+from clgpt.chat import encode_chat, parse_dialog_line
 from clgpt.errors import ClgptError
 
 ENCODED_VERSION = 2  # 1: document boundaries as a JSON list in the sidecar (still read)
@@ -88,29 +90,38 @@ def _utf8_lines(path: str) -> Iterator[tuple[int, str]]:
             yield n, line.rstrip("\r\n")
 
 
+def _jsonl_records(path: str, shape: str) -> Iterator[tuple[int, object]]:
+    """(line number, parsed value) of each non-blank line of a JSON Lines file; a line that is not JSON is
+    an error naming file and line and the `shape` each line should have."""
+    for n, line in _utf8_lines(path):
+        if not line.strip():
+            continue
+        try:
+            yield n, json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ClgptError(f"{path}:{n}: not valid JSON ({e.msg}); write one {shape} per line") from None
+
+
 def read_dialogs(files: Iterable[str]) -> list[dict]:
-    """Dialogs of JSON Lines files, each `{"user": str, "assistant": str}`; errors name file and line."""
+    """Conversations of JSON Lines files, each {"messages": [{"role", "content"}, ...], "source": "file:line"};
+    errors name file and line."""
     dialogs = []
     for path in files:
-        for n, line in _utf8_lines(path):
-            if not line.strip():
-                continue
-            try:
-                d = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ClgptError(f"{path}:{n}: not valid JSON ({e.msg}); write one JSON object per line") from None
-            if not isinstance(d, dict):
-                raise ClgptError(f'{path}:{n}: expected an object {{"user": ..., "assistant": ...}}')
-            for key in ("user", "assistant"):
-                if not isinstance(d.get(key), str) or not d[key].strip():
-                    raise ClgptError(f'{path}:{n}: missing or empty "{key}" field; each line needs "user" and "assistant" strings')
-            extra = set(d) - {"user", "assistant"}
-            if extra:
-                raise ClgptError(f"{path}:{n}: unknown field {sorted(extra)[0]!r}; only \"user\" and \"assistant\" are allowed")
-            dialogs.append({"user": d["user"], "assistant": d["assistant"], "source": f"{path}:{n}"})
+        for n, d in _jsonl_records(path, "JSON object"):
+            dialogs.append(parse_dialog_line(d, f"{path}:{n}"))
     if not dialogs:
-        raise ClgptError(f"{', '.join(files)}: no dialogs found; add lines like {{\"user\": \"Hi\", \"assistant\": \"Hello!\"}}")
+        raise ClgptError(f"{', '.join(files)}: no dialogs found; add lines like "
+                         '{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]}')
     return dialogs
+
+
+def dialog_texts(dialogs: Iterable[dict]) -> Iterator[str]:
+    """The ordinary-text pieces the chat format encodes (`role\ncontent` and the "\n" between messages),
+    for training the tokenizer on what it will see."""
+    for d in dialogs:
+        for m in d["messages"]:
+            yield f"{m['role']}\n{m['content']}"
+            yield "\n"
 
 
 def files_sha256(files: Iterable[str]) -> str:
@@ -165,13 +176,7 @@ def _txt_chunks(path: str) -> Iterator[str]:
 def _jsonl_texts(path: str) -> Iterator[tuple[str, str]]:
     """(where, text) of each record of a pretraining JSON Lines file; a record without a string "text"
     field is an error naming file and line."""
-    for n, line in _utf8_lines(path):
-        if not line.strip():
-            continue
-        try:
-            d = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ClgptError(f'{path}:{n}: not valid JSON ({e.msg}); write one {{"text": "..."}} object per line') from None
+    for n, d in _jsonl_records(path, '{"text": "..."} object'):
         if not isinstance(d, dict) or not isinstance(d.get("text"), str):
             raise ClgptError(
                 f'{path}:{n}: no "text" string field; each line of a pretraining .jsonl file needs {{"text": "..."}}'
@@ -653,26 +658,33 @@ def _split_encoded(w: _EncodedWriter, tok, out_bin: str, heldout_bin: str, val_f
 
 
 def encode_dialogs(tok, dialogs: list[dict], out_bin: str, max_len: int, source_sha256: str) -> dict:
-    """Encode dialogs in the chat format; refuse (naming file and line) one longer than `max_len`.
-    The index holds the dialog starts, the end, then each dialog's `<assistant>` position."""
+    """Encode conversations in the chat format; refuse (naming file and line) one longer than `max_len`.
+    The index holds the dialog starts, the end, then each dialog's first loss position (the target of the
+    position is its first reply token). The sidecar's `loss_spans[d]` lists the [a, b) target ranges of
+    dialog d (relative to its start) that the loss counts: every assistant reply and its end-of-turn token."""
     dtype = _dtype_for(tok.vocab_size)
     os.makedirs(os.path.dirname(os.path.abspath(out_bin)), exist_ok=True)
     w = _EncodedWriter(out_bin, dtype)
-    assistant_pos = []
+    first_loss, loss_spans = [], []
     try:
         for d in dialogs:
-            ids, start = encode_dialog(tok, d["user"], d["assistant"])
+            try:
+                ids, spans = encode_chat(tok, d["messages"])
+            except ClgptError as e:
+                raise ClgptError(f"{d['source']}: {e}") from None
             if len(ids) > max_len:
                 raise ClgptError(
                     f"{d['source']}: dialog is {len(ids)} tokens, longer than the context of {max_len}; "
                     "shorten it or raise model.n_ctx"
                 )
-            assistant_pos.append(w.n_tokens + start)
+            first_loss.append(w.n_tokens + spans[0][0])
+            loss_spans.append([list(span) for span in spans])
             w.write(np.asarray(ids), np.asarray([0]))
         w.close()
         with open(w.tmp_idx, "ab") as f:
-            f.write(np.asarray(assistant_pos, dtype=np.uint64).tobytes())
-        side = _sidecar(tok, w.n_tokens, w.n_documents, {"kind": "dialog", "source_sha256": source_sha256})
+            f.write(np.asarray(first_loss, dtype=np.uint64).tobytes())
+        side = _sidecar(tok, w.n_tokens, w.n_documents, {"kind": "dialog", "source_sha256": source_sha256,
+                                                         "loss_spans": loss_spans})
         _publish(w.tmp_bin, w.tmp_idx, out_bin, side)
         return side
     finally:
@@ -712,8 +724,10 @@ def load_encoded(path: str) -> tuple[np.ndarray, dict]:
 
 
 def load_documents(path: str, meta: dict) -> tuple[np.ndarray, np.ndarray | None]:
-    """(bounds, assistant positions) of an encoded file: bounds int64 (n_documents + 1,), document d is
-    ids[bounds[d]:bounds[d+1]]; assistant positions int64 (n_documents,) for dialogs, else None."""
+    """(bounds, first loss positions) of an encoded file: bounds int64 (n_documents + 1,), document d is
+    ids[bounds[d]:bounds[d+1]]; for dialogs int64 (n_documents,) the position whose target is each dialog's
+    first reply token (the `<|im_start|>assistant\n` header's last token; all spans: sidecar `loss_spans`),
+    else None."""
     n = int(meta["n_documents"])
     if meta.get("version") == 1:  # boundaries in the sidecar
         docs = meta.get("documents") or []
@@ -773,43 +787,48 @@ class PretrainBatches:
         self.rng.bit_generator.state = state["rng"]
 
 
-def dialog_rows(ids, meta: dict, where: str, T: int) -> tuple[list[tuple[np.ndarray, int]], int]:
-    """[(dialog ids int32, index of its <assistant> token)] of an encoded dialog file, leaving out the
-    dialogs whose reply starts past T tokens (nothing of them would count); -> (rows, number left out)."""
+def dialog_rows(ids, meta: dict, where: str, T: int) -> tuple[list[tuple[np.ndarray, list]], int]:
+    """[(dialog ids int32, its loss spans [(a, b)]: targets a..b-1 count)] of an encoded dialog file, leaving
+    out the dialogs whose first reply starts past T tokens (nothing of them would count); -> (rows, number
+    left out)."""
     if meta.get("kind") != "dialog":
         raise ClgptError(f"{where}: not an encoded dialog file (kind {meta.get('kind')!r}); re-run the encode stage")
-    bounds, positions = load_documents(where, meta)
-    if positions is None or len(positions) != len(bounds) - 1:
-        raise ClgptError(f"{where}: not an encoded dialog file (no assistant positions); re-run the encode stage")
+    bounds, _ = load_documents(where, meta)
+    spans_of = meta.get("loss_spans")
+    if not isinstance(spans_of, list) or len(spans_of) != len(bounds) - 1:
+        raise ClgptError(f"{where}: not an encoded dialog file (no loss spans); re-run the encode stage")
     rows, dropped = [], 0
-    for start, end, pos in zip(bounds[:-1], bounds[1:], positions):
+    for start, end, spans in zip(bounds[:-1], bounds[1:], spans_of):
         doc = np.asarray(ids[start:end], dtype=np.int32)
-        a = int(pos - start)
-        if not 0 <= a < len(doc) - 1:
-            raise ClgptError(
-                f"{where}: assistant_pos {pos} is outside its dialog [{start}, {end}); re-run the encode stage"
-            )
-        if a >= min(len(doc) - 1, T):
+        if not spans or any(not 0 <= a < b <= len(doc) - 1 for a, b in spans):
+            raise ClgptError(f"{where}: loss spans {spans} do not fit their dialog [{start}, {end}); re-run the encode stage")
+        if spans[0][0] >= min(len(doc) - 1, T):
             dropped += 1
         else:
-            rows.append((doc, a))
+            rows.append((doc, [tuple(span) for span in spans]))
     return rows, dropped
 
 
-def pad_dialogs(rows: list[tuple[np.ndarray, int]], T: int):
-    """One dialog a row, cut to T tokens and padded to the longest row W <= T.
-    -> tokens, targets int32 (n, W); mask float32 (n, W), 1 from the <assistant> token's target on
-    (the reply and its </s>); number of real tokens. Padding is id 0 with mask 0: causal attention
-    keeps it from reaching the real positions before it."""
-    width = max(min(len(doc) - 1, T) for doc, _ in rows)
+PAD_WIDTH = 32  # dialog batches are padded to a multiple of this: few distinct widths, few kernel builds
+
+
+def pad_dialogs(rows: list[tuple[np.ndarray, list]], T: int):
+    """One dialog a row, cut to T tokens and padded to W: the longest row rounded up to a multiple of
+    PAD_WIDTH, at most T (on PoCL each new width costs kernel builds).
+    -> tokens, targets int32 (n, W); mask float32 (n, W), 1 on the targets of the row's loss spans (every
+    assistant reply and its end-of-turn token; an int a instead of spans: targets a to the end); number of
+    real tokens. Padding is id 0 with mask 0: causal attention keeps it from reaching the real positions
+    before it."""
+    width = min(-(-max(len(doc) - 1 for doc, _ in rows) // PAD_WIDTH) * PAD_WIDTH, T)
     tokens = np.zeros((len(rows), width), dtype=np.int32)
     targets = np.zeros((len(rows), width), dtype=np.int32)
     mask = np.zeros((len(rows), width), dtype=np.float32)
     n_real = 0
-    for r, (doc, a) in enumerate(rows):
+    for r, (doc, spans) in enumerate(rows):
         L = min(len(doc) - 1, T)
         tokens[r, :L], targets[r, :L] = doc[:L], doc[1 : L + 1]
-        mask[r, a:L] = 1.0
+        for a, b in [(spans, L)] if isinstance(spans, (int, np.integer)) else spans:
+            mask[r, a : min(b, L)] = 1.0
         n_real += L
     return tokens, targets, mask, n_real
 
@@ -833,13 +852,13 @@ class DialogBatches:
         self.epoch, self.pos = 0, 0
         self.order = self.rng.permutation(len(self.dialogs))
 
-    def _next_dialog(self) -> tuple[np.ndarray, int]:
+    def _next_dialog(self) -> tuple[np.ndarray, list]:
         if self.pos == len(self.order):
             self.epoch, self.pos = self.epoch + 1, 0
             self.order = self.rng.permutation(len(self.dialogs))
-        doc, a = self.dialogs[self.order[self.pos]]
+        row = self.dialogs[self.order[self.pos]]
         self.pos += 1
-        return doc, a
+        return row
 
     def next(self):
         """-> tokens, targets int32 (B, W), mask float32 (B, W), number of real tokens; W <= seq_len."""

@@ -203,6 +203,13 @@ class EngineBase:
 
         return self._drop[0], site(layer, kind), self._drop[1]
 
+    def _branch_grad(self, N, C, i, kind):
+        """The gradient reaching a residual branch's output: dx, or dx through the branch's dropout."""
+        if not self._drop:
+            return self.dx
+        self.ops.dropout_backward(N * C, *self._dropped(i, kind), self.dx, self.dres)
+        return self.dres
+
     def _residual(self, n, layer, kind, resid, y, out):
         """out = resid + dropout(y) (n floats): the branch kept in y for the backward's mask."""
         s, site_id, p = self._dropped(layer, kind)

@@ -1,13 +1,14 @@
 """The evaluate stage: held-out loss and perplexity of both checkpoints on both held-out sets (so the
-forgetting the tune stage causes shows), greedy answers with exact-match rates, the loss curves, and a
-Markdown report. Without a tune stage: the pretrained model only.
+forgetting the tune stage causes shows), greedy answers to every assistant turn with exact-match rates
+(overall and per turn: first reply, first reply after a system prompt, later replies), the loss curves,
+and a Markdown report. Without a tune stage: the pretrained model only.
 
 Text models: the held-out text loss is also given in nats per byte (total nats over the UTF-8 bytes of
 the predicted tokens; special tokens have none), comparable across vocabularies and with
 character-level results, and the report shows a few sampled continuations of held-out text.
 
 Held-out text is cut into consecutive windows of the pretrain stage's seq_len (every token predicted
-once); held-out dialogs count the reply and its `</s>` only, as in training. Losses are means over all
+once); held-out dialogs count the replies and their `<|im_end|>` only, as in training. Losses are means over all
 counted tokens, perplexity is exp(loss). forgetting = pretrain held-out loss of the tuned model minus
 that of the pretrained one.
 """
@@ -22,10 +23,10 @@ import sys
 import numpy as np
 
 from clgpt.atomic import atomic_path, write_text_atomic
-from clgpt.chat import encode_prompt
+from clgpt.chat import encode_prompt, turns
 from clgpt.checkpoint import load_checkpoint
 from clgpt.config import section_settings
-from clgpt.data import dialog_batches, dialog_rows, load_encoded, text_batches  # noqa: F401 (re-exported)
+from clgpt.data import PAD_WIDTH, dialog_batches, dialog_rows, load_encoded, text_batches  # noqa: F401 (re-exported)
 from clgpt.errors import ClgptError
 from clgpt.model import num_params
 from clgpt.train import SMOOTHING
@@ -46,12 +47,60 @@ def exact_match(answer: str, expected: str) -> bool:
     return answer.strip() == expected.strip()
 
 
+TURN_KINDS = ("first", "system", "later")  # see turn_kind
+
+
+def turn_kind(history: list[dict]) -> str:
+    """Which exact-match column a reply counts in: "first" (the first reply, no system prompt), "system"
+    (the first reply after a system prompt) or "later" (the 2nd, 3rd, ... reply of a conversation)."""
+    if any(m["role"] == "assistant" for m in history):
+        return "later"
+    return "system" if history[0]["role"] == "system" else "first"
+
+
 def score(answers: list[str], expected: list[str]) -> dict:
     """{"matches", "total", "rate"}; rate is 0.0 for no prompts."""
     if len(answers) != len(expected):
         raise ValueError(f"{len(answers)} answers for {len(expected)} expected replies")
     matches = sum(exact_match(a, e) for a, e in zip(answers, expected))
     return {"matches": matches, "total": len(expected), "rate": matches / len(expected) if expected else 0.0}
+
+
+# ---- greedy answers ----------------------------------------------------------------------------
+
+def greedy_answers(eng, prompts: list[list[int]], max_tokens: int, stop_id: int, n_ctx: int, B: int,
+                   desc: str = "answers") -> list[list[int]]:
+    """Greedy replies (ids, without the stop id) to many prompts, B at a time: each step runs one forward of
+    the batch's rows padded to a multiple of PAD_WIDTH (causal attention: padding after a row's last token
+    changes none of its logits) and appends each unfinished row's argmax. Stops a row as
+    clgpt.generate.Generator does: at the stop id, after max_tokens, or when it fills n_ctx."""
+    from tqdm import tqdm
+
+    # batch prompts of similar length together (less padding); answers come back in the given order
+    order = sorted(range(len(prompts)), key=lambda k: len(prompts[k]))
+    out = [[] for _ in prompts]
+    for b0 in tqdm(range(0, len(prompts), B), desc=desc, unit="batch", file=sys.stderr, dynamic_ncols=True):
+        idx = order[b0 : b0 + B]
+        rows = [list(prompts[k][-n_ctx:]) for k in idx]
+        live = [len(r) < n_ctx and max_tokens > 0 for r in rows]
+        while any(live):
+            longest = max(len(r) for r, on in zip(rows, live) if on)
+            W = min(-(-longest // PAD_WIDTH) * PAD_WIDTH, n_ctx)
+            tokens = np.zeros((len(rows), W), dtype=np.int32)  # (rows, W); finished rows ride along unread
+            for i, r in enumerate(rows):
+                tokens[i, : min(len(r), W)] = r[:W]
+            logits = eng.forward(tokens)  # (rows, W, V)
+            for i, r in enumerate(rows):
+                if not live[i]:
+                    continue
+                t = int(np.argmax(logits[i, len(r) - 1]))
+                if t == stop_id:
+                    live[i] = False
+                    continue
+                r.append(t)
+                out[idx[i]].append(t)
+                live[i] = len(out[idx[i]]) < max_tokens and len(r) < n_ctx
+    return out
 
 
 # ---- held-out loss -----------------------------------------------------------------------------
@@ -219,12 +268,18 @@ def report_markdown(m: dict) -> str:
             "",
             f"Exact match: {s['matches']}/{s['total']} ({100 * s['rate']:.1f}%)",
             "",
-            "| | prompt | expected | answer |",
-            "| --- | --- | --- | --- |",
+            "| first reply | first reply after a system prompt | 2nd and later replies |",
+            "| ---: | ---: | ---: |",
+            "| " + " | ".join(f"{t['matches']}/{t['total']} ({100 * t['rate']:.1f}%)"
+                               for t in (s["by_turn"][k] for k in TURN_KINDS)) + " |",
+            "",
+            "| | turn | prompt | expected | answer |",
+            "| --- | --- | --- | --- | --- |",
         ]
         for a in m["answers"][name]:
             mark = "✓" if a["match"] else "✗"
-            lines.append(f"| {mark} | {_cell(a['user'])} | {_cell(a['expected'])} | {_cell(a['answer'])} |")
+            turn = f"{a['turn']}" + (" (system)" if a["kind"] == "system" else "")
+            lines.append(f"| {mark} | {turn} | {_cell(a['user'])} | {_cell(a['expected'])} | {_cell(a['answer'])} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -263,8 +318,9 @@ def run_evaluate(
     device=None,
 ) -> dict:
     """Write out_dir/metrics.json, report.md and a loss plot per stage (loss_pretrain.png, loss_tune.png
-    when tuned), each atomically; return the metrics. Dialogs are {"user", "assistant"} dicts (extra keys
-    are ignored). tune_ckpt None: no tune stage; the pretrained model is the one evaluated."""
+    when tuned), each atomically; return the metrics. Dialogs are {"messages": [...]} dicts as
+    clgpt.data.read_dialogs gives them; every assistant turn is answered after the conversation before it.
+    tune_ckpt None: no tune stage; the pretrained model is the one evaluated."""
     from clgpt.engine import make_engine
     from clgpt.generate import Generator
     from clgpt.tokenizer import Tokenizer
@@ -296,7 +352,8 @@ def run_evaluate(
     if len(text_ids) < 2:
         raise ClgptError(f"{pretrain_heldout}: the held-out text has {len(text_ids)} tokens; add held-out text")
     T_text = min(int(pre["extra"].get("settings", {}).get("seq_len", cfg.n_ctx)), cfg.n_ctx)
-    T_dialog = max((min(len(doc) - 1, cfg.n_ctx) for doc, _ in rows), default=1)
+    longest = max((len(doc) - 1 for doc, _ in rows), default=1)
+    T_dialog = min(-(-longest // PAD_WIDTH) * PAD_WIDTH, cfg.n_ctx)  # as pad_dialogs pads
     B = s["batch_size"]
     n_bytes = text_bytes(text_ids, token_byte_lengths(tok))
 
@@ -327,20 +384,29 @@ def run_evaluate(
         lp, lt = heldout["pretrain"]["loss_pretrained"], heldout["pretrain"]["loss_tuned"]
         forgetting = lt - lp if lp is not None and lt is not None else None
 
-    gen = Generator(cfg, tuned["params"], device=dev)
     answers, exact = {}, {}
+    gen = make_engine(cfg, tuned["params"], batch_size=B, seq_len=cfg.n_ctx, device=dev) if tuned_run else None
     for name, dialogs in (("tune", tune_dialogs), ("heldout", heldout_dialogs)) if tuned_run else ():
+        # every assistant turn, after the conversation before it as written (the expected earlier replies)
+        probes = [(history, reply) for d in dialogs for history, reply in turns(d["messages"])]
+        replies = greedy_answers(gen, [encode_prompt(tok, h) for h, _ in probes], s["max_tokens"], tok.im_end_id,
+                                 cfg.n_ctx, B, desc=f"{name} answers ({len(probes)} turns)")
         out = []
-        for i, d in enumerate(dialogs):
-            reply = gen.generate(encode_prompt(tok, d["user"]), s["max_tokens"], greedy=True, stop_ids=(tok.eos_id,))
-            answer = tok.decode([t for t, _ in reply])
-            out.append({"user": d["user"], "expected": d["assistant"], "answer": answer,
-                        "match": exact_match(answer, d["assistant"]), "tokens": len(reply)})
-            print(f"evaluate: {name} answer {i + 1}/{len(dialogs)}", file=sys.stderr, end="\r")
+        for (history, expected), reply in zip(probes, replies):
+            answer = tok.decode(reply)
+            out.append({"user": history[-1]["content"], "turn": sum(m["role"] == "user" for m in history),
+                        "kind": turn_kind(history), "expected": expected, "answer": answer,
+                        "match": exact_match(answer, expected), "tokens": len(reply)})
         answers[name] = out
         exact[name] = score([a["answer"] for a in out], [a["expected"] for a in out])
+        exact[name]["by_turn"] = {
+            kind: score([a["answer"] for a in out if a["kind"] == kind], [a["expected"] for a in out if a["kind"] == kind])
+            for kind in TURN_KINDS
+        }
+    del gen
     print("evaluate: sampling continuations of held-out text", file=sys.stderr)
-    samples = _samples(gen, tok, text_ids, s["max_tokens"], T_text)
+    samples = _samples(Generator(cfg, tuned["params"], device=dev), tok, text_ids,
+                       s["max_tokens"], T_text)
 
     logs = {"pretrain": read_log(pretrain_log_csv)}
     if tuned_run:
@@ -372,7 +438,8 @@ def run_evaluate(
     npb = heldout["pretrain"].get(f"nats_per_byte_{last}")
     summary = f"evaluate: held-out text {_fmt(heldout['pretrain'][f'loss_{last}'])} nats/token, {_fmt(npb)} nats/byte"
     if tuned_run:
-        summary += (f"; tune exact match {exact['tune']['matches']}/{exact['tune']['total']}, held-out "
+        by_turn = ", ".join(f"{k} {v['matches']}/{v['total']}" for k, v in exact["tune"]["by_turn"].items())
+        summary += (f"; tune exact match {exact['tune']['matches']}/{exact['tune']['total']} ({by_turn}), held-out "
                     f"{exact['heldout']['matches']}/{exact['heldout']['total']}; forgetting "
                     f"{'n/a' if forgetting is None else f'{forgetting:+.4f}'}")
     print(summary, file=sys.stderr)

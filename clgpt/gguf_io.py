@@ -183,7 +183,10 @@ def export_gguf(
     else:  # a byte-level vocabulary: the key must still be there
         w.add_key_value("tokenizer.ggml.merges", [], GGUFValueType.ARRAY, sub_type=GGUFValueType.STRING)
     w.add_bos_token_id(tok.bos_id)
-    w.add_eos_token_id(tok.eos_id)
+    # <|im_end|> ends a chat turn: EOS and EOT, so llama.cpp, LM Studio and the bindings stop there.
+    # </s>, the end of a plain-text document, is end-of-generation in llama.cpp by its name.
+    w.add_eos_token_id(tok.im_end_id)
+    w.add_eot_token_id(tok.im_end_id)
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
     w.add_chat_template(CHAT_TEMPLATE)
@@ -228,8 +231,9 @@ def write_modelfile(path: str | os.PathLike, gguf_name: str, cfg: ModelConfig) -
     text = (
         f"FROM ./{gguf_name}\n"
         f"TEMPLATE \"\"\"{OLLAMA_TEMPLATE}\"\"\"\n"
+        'PARAMETER stop "<|im_end|>"\n'
+        'PARAMETER stop "<|im_start|>"\n'
         'PARAMETER stop "</s>"\n'
-        'PARAMETER stop "<user>"\n'
         f"PARAMETER num_ctx {cfg.n_ctx}\n"
     )
     try:
@@ -388,7 +392,7 @@ def _tokenizer_from_gguf(kv: dict) -> Tokenizer:
         )
     if kv.get("tokenizer.ggml.token_type") not in (None, tok.gguf_token_types()):
         raise _Corrupt("tokenizer.ggml.token_type does not mark exactly the special tokens as control")
-    for key, want in (("bos", tok.bos_id), ("eos", tok.eos_id)):
+    for key, want in (("bos", tok.bos_id), ("eos", tok.im_end_id)):
         got = kv.get(f"tokenizer.ggml.{key}_token_id", want)
         if got != want:
             raise _Corrupt(f"tokenizer.ggml.{key}_token_id is {got!r}, expected {want}")

@@ -73,13 +73,6 @@ class GPT2Engine(EngineBase):
         ops.layernorm(N, self.x_out, p["output_norm.weight"], p["output_norm.bias"], self.lnf, self.lnf_mean,
                       self.lnf_rstd)
 
-    def _branch_grad(self, N, C, i, kind):
-        """The gradient reaching a residual branch's output: dx, or dx through the branch's dropout."""
-        if not self._drop:
-            return self.dx
-        self.ops.dropout_backward(N * C, *self._dropped(i, kind), self.dx, self.dres)
-        return self.dres
-
     def _backward_body(self, Bp, Tp, scale):
         cfg, ops, p, g = self.cfg, self.ops, self.p, self.g
         N, C, F = Bp * Tp, cfg.n_embd, cfg.n_ff

@@ -188,12 +188,6 @@ class LlamaEngine(EngineBase):
         ops.runp("moe_combine_forward", (C, N), i32(N), resid, a["w"], a["pos"], a["ye"], out)
 
     # ---- backward ----
-    def _branch_grad(self, N, C, i, kind):
-        if not self._drop:
-            return self.dx
-        self.ops.dropout_backward(N * C, *self._dropped(i, kind), self.dx, self.dres)
-        return self.dres
-
     def _backward_body(self, Bp, Tp, scale):
         """Accumulates scale * d(loss + moe_aux_loss * aux)/dparams."""
         cfg, ops, p, g = self.cfg, self.ops, self.p, self.g

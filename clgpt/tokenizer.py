@@ -33,7 +33,8 @@ import regex
 from clgpt.atomic import write_text_atomic
 from clgpt.errors import ClgptError
 
-SPECIAL_TOKENS = ["<s>", "</s>", "<user>", "<assistant>"]
+# BOS and EOS of plain text, then ChatML's start and end of a message (clgpt.chat).
+SPECIAL_TOKENS = ["<s>", "</s>", "<|im_start|>", "<|im_end|>"]
 
 # llama.cpp's "gpt-2" pre-tokenizer (LLAMA_VOCAB_PRE_TYPE_GPT2), the regex of OpenAI's GPT-2 encoder.
 GPT2_SPLIT_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -110,7 +111,7 @@ class Tokenizer:
         self._ranks = {pair: k for k, pair in enumerate(self.merges)}
         self._cache: dict[str, list[int]] = {}
         n_normal = 256 + len(self.merges)
-        self.bos_id, self.eos_id, self.user_id, self.assistant_id = range(n_normal, n_normal + len(SPECIAL_TOKENS))
+        self.bos_id, self.eos_id, self.im_start_id, self.im_end_id = range(n_normal, n_normal + len(SPECIAL_TOKENS))
 
     # ---- training -------------------------------------------------------------------------------
 
@@ -283,7 +284,8 @@ class Tokenizer:
         if data.get("split_pattern", GPT2_SPLIT_PATTERN) != GPT2_SPLIT_PATTERN:
             raise fail("split_pattern differs from the gpt-2 pattern this version uses")
         if data.get("special_tokens") != SPECIAL_TOKENS:
-            raise fail(f"special_tokens must be {SPECIAL_TOKENS}")
+            raise fail(f"special_tokens are {data.get('special_tokens')!r}, this clgpt needs {SPECIAL_TOKENS} "
+                       "(the ChatML chat format); retrain the tokenizer")
         merges = data.get("merges")
         if not isinstance(merges, list) or not all(
             isinstance(m, list) and len(m) == 2 and all(type(x) is int for x in m) for m in merges

@@ -87,6 +87,7 @@ use rule encode as sweep_encode with:
 use rule pretrain as sweep_pretrain with:
     input:
         encoded=sweep_input("encoded", "pretrain.bin"),
+        heldout=sweep_input("encoded", "pretrain_heldout.bin"),
         tokenizer=sweep_input("tokenizer", "tokenizer.json"),
         **rule_code("pretrain"),
     output:
@@ -102,7 +103,7 @@ use rule pretrain as sweep_pretrain with:
         settings=sweep_setting("pretrain"),
         device=sweep_setting("device"),
         args=sweep_script_args(
-            inputs=("encoded", "tokenizer"),
+            inputs=("encoded", "heldout", "tokenizer"),
             outputs=("checkpoint", "log_csv"),
             settings={
                 "model": "model",
@@ -117,6 +118,7 @@ use rule tune as sweep_tune with:
     input:
         pretrained=sweep_input("pretrain", "model.ckpt"),
         encoded=sweep_input("encoded", "tune.bin"),
+        heldout=sweep_input("encoded", "tune_heldout.bin"),
         mix=sweep_input("encoded", "pretrain.bin"),
         **rule_code("tune"),
     output:
@@ -130,7 +132,7 @@ use rule tune as sweep_tune with:
         settings=sweep_setting("tune"),
         device=sweep_setting("device"),
         args=sweep_script_args(
-            inputs=("pretrained", "encoded", "mix"),
+            inputs=("pretrained", "encoded", "heldout", "mix"),
             outputs=("checkpoint", "log_csv"),
             settings={"settings": "tune", "device": "device", "devices": "devices"},
         ),
@@ -143,8 +145,8 @@ use rule evaluate as sweep_evaluate with:
         tokenizer=sweep_input("tokenizer", "tokenizer.json"),
         pretrain_heldout=sweep_input("encoded", "pretrain_heldout.bin"),
         tune_heldout=sweep_input("encoded", "tune_heldout.bin"),
-        tune_dialogs=rules.evaluate.input.tune_dialogs,
-        heldout_dialogs=rules.evaluate.input.heldout_dialogs,
+        tune_dialogs=TUNE_DIALOGS,  # as rules.evaluate (whose input lacks them without a tune stage)
+        heldout_dialogs=TUNE_DIALOGS_HELDOUT,
         pretrain_log=sweep_input("pretrain", "log.csv"),
         tune_log=sweep_input("tune", "log.csv"),
         **rule_code("evaluate"),
@@ -165,7 +167,7 @@ use rule evaluate as sweep_evaluate with:
 
 use rule export as sweep_export with:
     input:
-        tuned=sweep_input("tune", "model.ckpt"),
+        model=sweep_input("tune" if TUNE else "pretrain", "model.ckpt"),  # as rules.export's FINAL_CKPT
         tokenizer=sweep_input("tokenizer", "tokenizer.json"),
         metrics=sweep_input("eval", "metrics.json"),
         **rule_code("export"),

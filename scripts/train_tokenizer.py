@@ -1,6 +1,6 @@
 """Stage train_tokenizer: byte-level BPE on the pretrain text and the tune dialogs."""
 
-from clgpt.data import read_dialogs, text_segments
+from clgpt.data import dialog_texts, read_dialogs, text_segments
 from clgpt.errors import ClgptError
 from clgpt.stage import run_script
 from clgpt.tokenizer import SPECIAL_TOKENS, Tokenizer
@@ -16,9 +16,7 @@ def main(pretrain: list, tune: list, vocab_size: int, document: str, separator, 
 
         def all_texts():
             yield from texts
-            for d in dialogs:
-                yield d["user"]
-                yield d["assistant"]
+            yield from dialog_texts(dialogs)  # the chat format's text pieces, as encoded
 
         tok = Tokenizer.train(all_texts(), vocab_size)
         if tok.vocab_size < vocab_size:  # the corpus ran out of pairs to merge

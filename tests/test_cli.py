@@ -64,9 +64,27 @@ def test_generate_prints_only_the_continuation(model):
     out = clgpt("generate", str(d / "m.gguf"), "--prompt", "The cat", "--greedy", "--max-tokens", "8").stdout
     assert out == tok.decode([i for i, _ in expected]) + "\n"
 
-    expected = gen.generate(encode_prompt(tok, "Hi?"), max_tokens=8, greedy=True, stop_ids=(tok.eos_id,))
+    expected = gen.generate(encode_prompt(tok, "Hi?"), max_tokens=8, greedy=True, stop_ids=(tok.im_end_id,))
     out = clgpt("generate", str(d / "m.gguf"), "--chat", "Hi?", "--greedy", "--max-tokens", "8").stdout
     assert out == tok.decode([i for i, _ in expected]) + "\n"
+
+    # a conversation: flags in order, or the same messages as a JSON file
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"},
+                {"role": "assistant", "content": "The cat."}, {"role": "user", "content": "Water?"}]
+    expected = gen.generate(encode_prompt(tok, messages), max_tokens=8, greedy=True, stop_ids=(tok.im_end_id,))
+    flags = [x for m in messages for x in (f"--{m['role']}", m["content"])]
+    out = clgpt("generate", str(d / "m.gguf"), *flags, "--greedy", "--max-tokens", "8").stdout
+    assert out == tok.decode([i for i, _ in expected]) + "\n"
+    (d / "chat.json").write_text(json.dumps({"messages": messages}))
+    out = clgpt("generate", str(d / "m.gguf"), "--chat", str(d / "chat.json"), "--greedy", "--max-tokens", "8").stdout
+    assert out == tok.decode([i for i, _ in expected]) + "\n"
+
+
+def test_generate_chat_bad_order_is_one_line_error(model):
+    d, _ = model
+    r = clgpt("generate", str(d / "m.gguf"), "--user", "a", "--user", "b", check=False)
+    assert r.returncode == 1
+    assert r.stderr == "error: generate: message 2: two user messages in a row; user and assistant turns alternate, starting with user\n"
 
 
 def test_generate_show_probs_and_seeded_sampling(model):

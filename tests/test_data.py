@@ -49,6 +49,27 @@ def test_not_utf8_reports_file_and_byte_offset(tmp_path):
         ('{"user": "", "assistant": "x"}', 'missing or empty "user"'),
         ('["hi", "there"]', "expected an object"),
         ('{"user": "a", "assistant": "b", "system": "c"}', "unknown field 'system'"),
+        ('{"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}, '
+         '{"role": "assistant", "content": "c"}]}', "message 2: two user messages in a row"),
+        ('{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, '
+         '{"role": "assistant", "content": "c"}]}', "message 3: two assistant messages in a row"),
+        ('{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, '
+         '{"role": "user", "content": "c"}]}', "ends on a user turn"),
+        ('{"messages": [{"role": "bot", "content": "a"}, {"role": "assistant", "content": "b"}]}',
+         "message 1: unknown role 'bot'"),
+        ('{"messages": [{"role": "assistant", "content": "a"}]}', "message 1: the conversation must start with a user turn"),
+        ('{"messages": [{"role": "user", "content": "a"}, {"role": "system", "content": "b"}, '
+         '{"role": "assistant", "content": "c"}]}', "message 2: a system message may only come first"),
+        ('{"messages": [{"role": "system", "content": "s"}]}', "ends on a system turn"),
+        ('{"messages": [{"role": "user", "content": " "}, {"role": "assistant", "content": "b"}]}',
+         'message 1: missing or empty "content"'),
+        ('{"messages": [{"role": "user", "content": "a", "name": "x"}, {"role": "assistant", "content": "b"}]}',
+         "message 1: unknown field 'name'"),
+        ('{"messages": []}', '"messages" must be a non-empty list'),
+        ('{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}], "id": 3}',
+         "unknown field 'id' beside \"messages\""),
+        ('{"messages": [{"role": "user", "content": "a<|im_end|>"}, {"role": "assistant", "content": "b"}]}',
+         "chat marker"),
     ],
 )
 def test_bad_dialog_names_file_and_line(tmp_path, line, message):
@@ -82,18 +103,53 @@ def test_dialog_encoding_marks_assistant(tmp_path, tok):
     out = str(tmp_path / "d.bin")
     meta = encode_dialog_files(tok, [str(src)], out, max_len=256)
     ids, side = load_encoded(out)
-    expected, start = encode_dialog(tok, "Hi!", "Hello, world!")
-    bounds, assistant_pos = load_documents(out, side)
-    assert ids.tolist() == expected and assistant_pos.tolist() == [start] and bounds.tolist() == [0, len(expected)]
-    assert ids[start] == tok.assistant_id
+    expected, spans = encode_dialog(tok, "Hi!", "Hello, world!")
+    assert ids.tolist() == expected and meta["loss_spans"] == [[list(s) for s in spans]]
+    (a, b), = spans
+    bounds, first_loss = load_documents(out, side)  # the binary index: starts, end, first counted position
+    assert bounds.tolist() == [0, len(expected)] and first_loss.tolist() == [a]
+    # the counted targets are the reply and <|im_end|>: targets a..b-1 predict ids a+1..b
+    assert tok.decode(ids[a + 1 : b + 1].tolist()) == "Hello, world!<|im_end|>"
+    assert tok.decode(ids[: a + 1].tolist()) == "<s><|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_multi_turn_dialog_counts_every_assistant_turn_and_only_those(tmp_path, tok):
+    messages = [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Hi!"},
+                {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "The cat?"},
+                {"role": "assistant", "content": "It sat on the mat."}]
+    src = tmp_path / "d.jsonl"
+    src.write_text(json.dumps({"messages": messages}) + "\n" + json.dumps({"user": "a", "assistant": "b"}) + "\n",
+                   encoding="utf-8")
+    out = str(tmp_path / "d.bin")
+    meta = encode_dialog_files(tok, [str(src)], out, max_len=256)
+    ids, side = load_encoded(out)
+    bounds, _ = load_documents(out, side)
+    doc = ids[bounds[0] : bounds[1]].tolist()
+    counted = [doc[j + 1] for a, b in meta["loss_spans"][0] for j in range(a, b)]
+    assert tok.decode(counted) == "Hello!<|im_end|>It sat on the mat.<|im_end|>"
+    assert len(meta["loss_spans"]) == 2 and len(meta["loss_spans"][0]) == 2
+
+
+def test_reply_starting_with_whitespace_names_file_and_line(tmp_path):
+    """A tokenizer that merges "\n " makes "assistant\n  Hello" start its reply inside the "\n" token
+    after the role: the prompt would not be a prefix of the training ids."""
+    tok = Tokenizer.train(["assistant\n  Hello\n  there"] * 5, 270)
+    assert tok.encode("\n ") == [256 + tok.merges.index((10, 32))]
+    src = tmp_path / "d.jsonl"
+    src.write_text(json.dumps({"user": "Hi", "assistant": "  Hello"}) + "\n", encoding="utf-8")
+    with pytest.raises(ClgptError, match=r"d.jsonl:1: the assistant's reply starts with whitespace"):
+        encode_dialog_files(tok, [str(src)], str(tmp_path / "d.bin"), max_len=256)
 
 
 def test_dialog_longer_than_context_is_refused_without_output(tmp_path, tok):
     src = tmp_path / "d.jsonl"
-    src.write_text(json.dumps({"user": "Hi " * 50, "assistant": "ok"}) + "\n", encoding="utf-8")
+    long = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                         {"role": "assistant", "content": "ok"}, {"role": "user", "content": "Hi " * 50},
+                         {"role": "assistant", "content": "ok"}]}
+    src.write_text(json.dumps({"user": "Hi", "assistant": "ok"}) + "\n" + json.dumps(long) + "\n", encoding="utf-8")
     out = tmp_path / "d.bin"
-    with pytest.raises(ClgptError, match=r"d.jsonl:1: dialog is \d+ tokens, longer than the context of 20"):
-        encode_dialog_files(tok, [str(src)], str(out), max_len=20)
+    with pytest.raises(ClgptError, match=r"d.jsonl:2: dialog is \d+ tokens, longer than the context of 40"):
+        encode_dialog_files(tok, [str(src)], str(out), max_len=40)
     assert list(tmp_path.iterdir()) == [src]
 
 

@@ -16,8 +16,9 @@ from clgpt import reference_llama as ref_llama
 from clgpt.device import get_device
 from clgpt.dropout import dropout_seed, keep_mask, site
 from clgpt.engine import make_engine
-from clgpt.model import ModelConfig, init_params
+from clgpt.model import ModelConfig
 from clgpt.reference import fd_entries
+from test_llama_engine import batch, max_rel, noisy_params  # one helper each, shared with the engine tests
 
 CFGS = {
     "gpt2": ModelConfig(vocab_size=23, n_ctx=6, n_embd=16, n_head=2, n_layer=2, n_ff=24),
@@ -27,22 +28,6 @@ CFGS = {
                        n_expert_used=2, moe_aux_loss=0.05),
 }
 P = 0.3
-
-
-def noisy_params(cfg, seed=0, std=0.2):
-    rng = np.random.default_rng(seed + 100)
-    return {k: (v + rng.normal(0, std, v.shape)).astype(np.float32) for k, v in init_params(cfg, seed).items()}
-
-
-def batch(cfg, B, T, seed=0):
-    rng = np.random.default_rng(seed)
-    tokens = rng.integers(0, cfg.vocab_size, (B, T)).astype(np.int32)
-    targets = rng.integers(0, cfg.vocab_size, (B, T)).astype(np.int32)
-    mask = (rng.random((B, T)) > 0.3).astype(np.float32)
-    mask[0, -1] = 1
-    return tokens, targets, mask
-
-
 def reference(cfg, p, tokens, targets, mask, drop, routing=None):
     """-> (objective, grads) of the float64 reference with dropout (seed, p) or None."""
     if cfg.arch == "gpt2":
@@ -50,16 +35,6 @@ def reference(cfg, p, tokens, targets, mask, drop, routing=None):
         return loss, ref.gpt_backward(cache)
     loss, aux, cache = ref_llama.llama_forward(p, cfg, tokens, targets, mask, routing, drop)
     return loss + cfg.moe_aux_loss * aux, ref_llama.llama_backward(cache)
-
-
-def max_rel(got: dict, want: dict) -> tuple[float, str]:
-    worst, where = 0.0, ""
-    for k in want:
-        d = np.abs(np.asarray(got[k], np.float64) - want[k]).max() / (np.abs(want[k]).max() + 1e-8)
-        if d > worst:
-            worst, where = d, k
-    return worst, where
-
 
 def test_dropout_seed_formula():
     assert dropout_seed(0, 0, 0) == 0

@@ -299,7 +299,7 @@ def test_bom_is_stripped_in_text_and_dialogs(tmp_path):
     (tmp_path / "a.txt").write_bytes(b"\xef\xbb\xbfThe cat sat.\nA dog ran.\n")
     (tmp_path / "a.jsonl").write_bytes(b'\xef\xbb\xbf{"user": "Hi", "assistant": "Hello!"}\n')
     assert list(read_text([str(tmp_path / "a.txt")])) == ["The cat sat.", "A dog ran."]
-    assert read_dialogs([str(tmp_path / "a.jsonl")])[0]["user"] == "Hi"
+    assert read_dialogs([str(tmp_path / "a.jsonl")])[0]["messages"][0] == {"role": "user", "content": "Hi"}
 
 
 # ---- the CLI -----------------------------------------------------------------------------------
@@ -577,5 +577,6 @@ def test_unreachable_vocabulary_is_refused(tmp_path):
     (tmp_path / "a.jsonl").write_text('{"user": "ab", "assistant": "ab"}\n')
     with pytest.raises(ClgptError, match=r"tokenizer.vocab_size=65536 cannot be reached: the corpus has pairs for "
                                          r"only \d+ tokens; set tokenizer.vocab_size to \d+ or less"):
-        main([str(tmp_path / "a.txt")], [str(tmp_path / "a.jsonl")], 65536, str(tmp_path / "t.json"), str(tmp_path / "v.txt"))
+        main([str(tmp_path / "a.txt")], [str(tmp_path / "a.jsonl")], 65536, "line", None, str(tmp_path / "t.json"),
+             str(tmp_path / "v.txt"))
     assert not (tmp_path / "t.json").exists()

@@ -22,9 +22,17 @@ DIALOGS = [
     {"user": "Who are you?", "assistant": "A tiny model."},
     {"user": "What is two plus two?", "assistant": "Four."},
 ]
-HELDOUT = [{"user": "Say hello.", "assistant": "Hello!"}]
-TINY = {"n_ctx": 32, "n_embd": 16, "n_head": 2, "n_layer": 1, "n_ff": 32}
+HELDOUT = [
+    {"user": "Say hello.", "assistant": "Hello!"},
+    {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi."},
+                  {"role": "assistant", "content": "Hi!"}, {"role": "user", "content": "Who are you?"},
+                  {"role": "assistant", "content": "A tiny model."}]},
+]
+# (user, expected, kind) of each assistant turn of HELDOUT, in order
+HELDOUT_TURNS = [("Say hello.", "Hello!", "first"), ("Say hi.", "Hi!", "system"), ("Who are you?", "A tiny model.", "later")]
+TINY = {"n_ctx": 64, "n_embd": 16, "n_head": 2, "n_layer": 1, "n_ff": 32}
 TRAIN = {"seed": 3, "batch_size": 4, "seq_len": 16, "lr": 1e-2, "min_lr": 1e-3, "warmup_steps": 2}
+TUNE_SEQ = 48
 
 
 def _jsonl(path, dialogs):
@@ -37,19 +45,19 @@ def stages(tmp_path_factory):
     d = tmp_path_factory.mktemp("eval")
     (d / "pretrain.txt").write_text("\n".join(TEXT * 3) + "\n")
     (d / "heldout.txt").write_text("The cat ran in the sun.\nA bird sat on the dog.\n")
-    tok = Tokenizer.train(TEXT + [t for x in DIALOGS for t in x.values()], 300)
+    tok = Tokenizer.train(TEXT + [t for x in DIALOGS for t in x.values()] + ["user\nassistant\n"] * 3, 300)
     tok.save(d / "tokenizer.json")
     enc = {
         "pretrain": encode_text_files(tok, [str(d / "pretrain.txt")], str(d / "pretrain.bin")),
         "pretrain_heldout": encode_text_files(tok, [str(d / "heldout.txt")], str(d / "pretrain_heldout.bin")),
-        "tune": encode_dialog_files(tok, [_jsonl(d / "tune.jsonl", DIALOGS)], str(d / "tune.bin"), 32),
+        "tune": encode_dialog_files(tok, [_jsonl(d / "tune.jsonl", DIALOGS)], str(d / "tune.bin"), 64),
         "tune_heldout": encode_dialog_files(tok, [_jsonl(d / "heldout.jsonl", HELDOUT)], str(d / "tune_heldout.bin"),
-                                            32),
+                                            64),
     }
     assert enc["tune"]["n_tokens"] > 0
     run_stage("pretrain", str(d / "pretrain.bin"), {**TRAIN, "steps": 30}, str(d / "pre.ckpt"), str(d / "pre.csv"),
               model={**TINY, "vocab_size": tok.vocab_size}, tokenizer_hash=tok.hash())
-    tune = {**TRAIN, "steps": 150, "epochs": 0, "batch_size": 3, "min_lr": 3e-3}
+    tune = {**TRAIN, "steps": 150, "epochs": 0, "batch_size": 3, "min_lr": 3e-3, "seq_len": TUNE_SEQ}
     run_stage("tune", str(d / "tune.bin"), tune, str(d / "tune.ckpt"), str(d / "tune.csv"), init_ckpt=str(d / "pre.ckpt"))
     return d, tok
 
@@ -105,13 +113,21 @@ def test_run_evaluate_writes_report(stages, tmp_path):
     assert m["exact_match"]["tune"]["matches"] >= 2, m["answers"]["tune"]
     assert m["training"]["pretrain"]["steps"] == 30 and m["training"]["tune"]["steps"] == 150
 
-    for name, dialogs in (("tune", DIALOGS), ("heldout", HELDOUT)):
+    turns = {"tune": [(x["user"], x["assistant"], "first") for x in DIALOGS], "heldout": HELDOUT_TURNS}
+    for name, expected in turns.items():
         answers = m["answers"][name]
-        assert [a["user"] for a in answers] == [x["user"] for x in dialogs]
+        assert [(a["user"], a["expected"], a["kind"]) for a in answers] == expected
         assert all(a["tokens"] <= 8 for a in answers)
-        assert m["exact_match"][name] == score([a["answer"] for a in answers], [x["assistant"] for x in dialogs])
+        em = m["exact_match"][name]
+        assert {k: em[k] for k in ("matches", "total", "rate")} == score([a["answer"] for a in answers],
+                                                                          [e for _, e, _ in expected])
+        for kind, s in em["by_turn"].items():
+            mine = [a for a in answers if a["kind"] == kind]
+            assert s == score([a["answer"] for a in mine], [a["expected"] for a in mine]), kind
+    assert [a["turn"] for a in m["answers"]["heldout"]] == [1, 1, 2]
     report = (tmp_path / "report.md").read_text()
     assert "What is two plus two?" in report and "Say hello." in report and "Forgetting" in report
+    assert "2nd and later replies" in report
 
 
 def test_heldout_loss_matches_reference(stages, tmp_path):
@@ -129,29 +145,51 @@ def test_heldout_loss_matches_reference(stages, tmp_path):
 
 
 def test_exact_match_counts_generated_answers(stages, tmp_path, monkeypatch):
-    """A generator that answers the first tune prompt right (with stray spaces) and the rest wrong."""
-    import clgpt.generate
+    """Answers that get the first tune prompt right (with stray spaces) and the rest wrong."""
+    import clgpt.evaluate
 
     d, tok = stages
-    right = {tuple(tok.encode(DIALOGS[0]["user"]))}
+    right = DIALOGS[0]["user"]
 
-    class FakeGenerator:
-        def __init__(self, cfg, params, device=None):
-            pass
+    def fake_answers(eng, prompts, max_tokens, stop_id, n_ctx, B, desc=""):
+        assert stop_id == tok.im_end_id
+        out = []
+        for ids in prompts:
+            prompt = tok.decode(ids)
+            assert prompt.endswith("<|im_start|>assistant\n")
+            last_user = prompt.rsplit("<|im_start|>user\n", 1)[1].split("<|im_end|>")[0]
+            out.append(tok.encode(" " + DIALOGS[0]["assistant"] + " " if last_user == right else "wrong"))
+        return out
 
-        def generate(self, prompt_ids, max_tokens, greedy=False, stop_ids=(), **sampling):
-            if not greedy:  # the sampled continuations of held-out text
-                return [(i, 0.5) for i in tok.encode(" sampled")]
-            assert stop_ids == (tok.eos_id,)
-            user = tuple(prompt_ids[2:-1])
-            text = " " + DIALOGS[0]["assistant"] + " " if user in right else "wrong"
-            return [(i, 0.5) for i in tok.encode(text)]
-
-    monkeypatch.setattr(clgpt.generate, "Generator", FakeGenerator)
+    monkeypatch.setattr(clgpt.evaluate, "greedy_answers", fake_answers)
     m = evaluate(d, tmp_path)
-    assert m["exact_match"]["tune"] == {"matches": 1, "total": 3, "rate": 1 / 3}
-    assert m["exact_match"]["heldout"] == {"matches": 0, "total": 1, "rate": 0.0}
+    assert {k: m["exact_match"]["tune"][k] for k in ("matches", "total", "rate")} == {"matches": 1, "total": 3,
+                                                                                      "rate": 1 / 3}
+    assert m["exact_match"]["tune"]["by_turn"]["first"] == {"matches": 1, "total": 3, "rate": 1 / 3}
+    # the held-out system-prompt turn asks "Say hi.", the tune question answered right
+    assert m["exact_match"]["heldout"]["by_turn"] == {"first": {"matches": 0, "total": 1, "rate": 0.0},
+                                                      "system": {"matches": 1, "total": 1, "rate": 1.0},
+                                                      "later": {"matches": 0, "total": 1, "rate": 0.0}}
     assert [a["match"] for a in m["answers"]["tune"]] == [True, False, False]
+
+
+def test_batched_greedy_answers_match_the_generator(stages):
+    """greedy_answers (rows of different lengths in one padded batch) gives the Generator's greedy replies."""
+    from clgpt.chat import encode_prompt
+    from clgpt.engine_llama import make_engine
+    from clgpt.evaluate import greedy_answers
+    from clgpt.generate import Generator
+
+    d, tok = stages
+    ck = load_checkpoint(str(d / "tune.ckpt"))
+    cfg = ck["cfg"]
+    prompts = [encode_prompt(tok, x["user"]) for x in DIALOGS] + [encode_prompt(tok, HELDOUT[1]["messages"][:4])]
+    prompts.append([tok.bos_id, *tok.encode("The cat sat on the mat. " * 4)][: cfg.n_ctx - 2])  # fills n_ctx
+    gen = Generator(cfg, ck["params"])
+    expected = [[t for t, _ in gen.generate(p, 8, greedy=True, stop_ids=(tok.im_end_id,))] for p in prompts]
+    eng = make_engine(cfg, ck["params"], batch_size=3, seq_len=cfg.n_ctx)
+    assert greedy_answers(eng, prompts, 8, tok.im_end_id, cfg.n_ctx, 3) == expected
+    assert len(expected[-1]) == 2  # stopped by the context
 
 
 def test_moe_model_reports_expert_usage(stages, tmp_path):
@@ -159,7 +197,8 @@ def test_moe_model_reports_expert_usage(stages, tmp_path):
     moe = {**TINY, "arch": "llama", "n_expert": 4, "n_expert_used": 2, "vocab_size": tok.vocab_size}
     run_stage("pretrain", str(d / "pretrain.bin"), {**TRAIN, "steps": 4}, str(tmp_path / "pre.ckpt"),
               str(tmp_path / "pre.csv"), model=moe, tokenizer_hash=tok.hash())
-    run_stage("tune", str(d / "tune.bin"), {**TRAIN, "steps": 4, "batch_size": 3}, str(tmp_path / "tune.ckpt"),
+    run_stage("tune", str(d / "tune.bin"), {**TRAIN, "steps": 4, "batch_size": 3, "seq_len": TUNE_SEQ},
+              str(tmp_path / "tune.ckpt"),
               str(tmp_path / "tune.csv"), init_ckpt=str(tmp_path / "pre.ckpt"))
     m = run_evaluate(
         str(tmp_path / "pre.ckpt"), str(tmp_path / "tune.ckpt"), str(d / "tokenizer.json"),

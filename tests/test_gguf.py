@@ -87,7 +87,8 @@ def test_keys_read_back_with_gguf_reader(exports, tok, model, ftype):
         "tokenizer.ggml.token_type": tok.gguf_token_types(),
         "tokenizer.ggml.merges": tok.gguf_merges(),
         "tokenizer.ggml.bos_token_id": tok.bos_id,
-        "tokenizer.ggml.eos_token_id": tok.eos_id,
+        "tokenizer.ggml.eos_token_id": tok.im_end_id,
+        "tokenizer.ggml.eot_token_id": tok.im_end_id,
         "tokenizer.ggml.add_bos_token": True,
         "tokenizer.chat_template": CHAT_TEMPLATE,
         "clgpt.config": cfg.to_json(),
@@ -232,7 +233,7 @@ def test_write_modelfile(tmp_path):
     text = path.read_text()
     assert text.startswith("FROM ./model.gguf\n")
     assert f'TEMPLATE """{OLLAMA_TEMPLATE}"""' in text
-    assert 'PARAMETER stop "</s>"' in text and 'PARAMETER stop "<user>"' in text
+    assert 'PARAMETER stop "<|im_end|>"' in text and 'PARAMETER stop "</s>"' in text
     assert "PARAMETER num_ctx 512\n" in text
     assert sorted(os.listdir(tmp_path)) == ["Modelfile"]
 

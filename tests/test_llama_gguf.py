@@ -142,7 +142,7 @@ def test_greedy_completions_identical(models, kind):
     for u, a in DIALOGS:  # the trained answers, through the GGUF's chat template
         r = llm.create_chat_completion(messages=[{"role": "user", "content": u}], temperature=0.0,
                                        repeat_penalty=1.0, max_tokens=40, seed=0)
-        ours = gen.generate(encode_prompt(tok, u), max_tokens=40, greedy=True, stop_ids=[tok.eos_id])
+        ours = gen.generate(encode_prompt(tok, u), max_tokens=40, greedy=True, stop_ids=[tok.im_end_id])
         assert r["choices"][0]["message"]["content"] == tok.decode([t for t, _ in ours])
 
 
@@ -156,5 +156,5 @@ def test_context_beyond_training_length(models):
     llm = llama_cpp.Llama(model_path=path, n_ctx=0, verbose=False, seed=0)  # logits_all would size by 64
     assert llm.n_ctx() == 256
     ids = [tok.bos_id, *tok.encode("The cat")]
-    got = llm.create_completion(ids, max_tokens=100000, temperature=0.0, logit_bias={tok.eos_id: float("-inf")})
+    got = llm.create_completion(ids, max_tokens=100000, temperature=0.0, logit_bias={e: float("-inf") for e in (tok.eos_id, tok.im_end_id)})
     assert got["usage"]["total_tokens"] == llm.n_ctx()

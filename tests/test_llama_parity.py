@@ -159,12 +159,13 @@ def test_tokenizer_matches_llama_cpp(tiny, llamas):
 def test_special_tokens_and_bos(tiny, llamas):
     tok = tiny[0]
     llm = llamas["f32"]
-    assert (llm.token_bos(), llm.token_eos(), llm.n_vocab()) == (tok.bos_id, tok.eos_id, tok.vocab_size)
+    # EOS is the end-of-turn token <|im_end|>: every client stops a chat reply there
+    assert (llm.token_bos(), llm.token_eos(), llm.n_vocab()) == (tok.bos_id, tok.im_end_id, tok.vocab_size)
     # add_bos_token=True: a plain completion prompt gets BOS from llama.cpp, as our encode_* add it
     assert llm.tokenize(b"The cat", add_bos=True) == [tok.bos_id, *tok.encode("The cat")]
     # with special=True the names parse to the control tokens (what the chat template relies on)
-    assert llm.tokenize(b"<s><user>hi<assistant>", add_bos=False, special=True) == [
-        tok.bos_id, tok.user_id, *tok.encode("hi"), tok.assistant_id]
+    assert llm.tokenize(b"<s><|im_start|>user\nhi<|im_end|>", add_bos=False, special=True) == [
+        tok.bos_id, tok.im_start_id, *tok.encode("user\nhi"), tok.im_end_id]
     assert llm.detokenize(tok.encode("Привет, мир! 🙂")).decode() == "Привет, мир! 🙂"
 
 
@@ -216,7 +217,7 @@ def test_greedy_completions_identical(tiny, llamas, generators, ftype):
 @pytest.mark.parametrize("ftype", ["f32", "q8_0"])
 def test_chat_completion_matches(tiny, llamas, generators, ftype):
     """create_chat_completion renders the GGUF's tokenizer.chat_template; the prompt it evaluates must
-    be our encode_prompt (BOS included), its greedy answer ours, and it must stop at `</s>`."""
+    be our encode_prompt (BOS included), its greedy answer ours, and it must stop at `<|im_end|>`."""
     tok = tiny[0]
     llm = llamas[ftype]
     assert llm.chat_format == "chat_template.default", "llama-cpp-python must use the GGUF's own template"
@@ -230,22 +231,22 @@ def test_chat_completion_matches(tiny, llamas, generators, ftype):
             f"llama-cpp-python evaluated {seen} for {user!r}, our prompt is {prompt}: the chat template must "
             "start with {{ bos_token }} (llama-cpp-python adds no BOS to a templated chat prompt)"
         )
-        ours = generators[ftype].generate(prompt, max_tokens=64, greedy=True, stop_ids=[tok.eos_id])
+        ours = generators[ftype].generate(prompt, max_tokens=64, greedy=True, stop_ids=[tok.im_end_id])
         choice = r["choices"][0]
         assert choice["message"]["content"] == tok.decode([t for t, _ in ours])
         assert choice["message"]["content"] == answer, "the tiny model answers its training dialogs"
-        assert choice["finish_reason"] == "stop" and len(ours) < 64, "generation stops at </s>"
+        assert choice["finish_reason"] == "stop" and len(ours) < 64, "generation stops at <|im_end|>"
 
 
 FORCED_CHAT = textwrap.dedent(
     """
     import json, sys
     import llama_cpp
-    path, eos, n_ctx = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    path, ends, n_ctx = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
     llm = llama_cpp.Llama(model_path=path, n_ctx=n_ctx, verbose=False, seed=0)
     r = llm.create_chat_completion(
         messages=[{"role": "user", "content": "Where is the cat?"}],
-        temperature=0.0, repeat_penalty=1.0, max_tokens=100000, logit_bias={eos: float("-inf")},
+        temperature=0.0, repeat_penalty=1.0, max_tokens=100000, logit_bias={e: float("-inf") for e in ends},
     )
     print(json.dumps({"usage": r["usage"], "finish": r["choices"][0]["finish_reason"], "n_ctx": llm.n_ctx()}))
     """
@@ -254,11 +255,11 @@ FORCED_CHAT = textwrap.dedent(
 
 @pytest.mark.parametrize("n_ctx", [N_CTX, 0])  # 0: llama.cpp takes the model's own context length
 def test_chat_forced_past_eos_fills_context(tiny, n_ctx):
-    """With `</s>` suppressed the reply runs to the end of the context; llama.cpp must stop there, not
+    """With `<|im_end|>` and `</s>` suppressed the reply runs to the end of the context; llama.cpp must stop there, not
     abort (an abort past position_embd's last row would kill the process, hence the subprocess)."""
     tok, _, _, paths = tiny
     proc = subprocess.run(
-        [sys.executable, "-c", FORCED_CHAT, paths["f32"], str(tok.eos_id), str(n_ctx)],
+        [sys.executable, "-c", FORCED_CHAT, paths["f32"], json.dumps([tok.im_end_id, tok.eos_id]), str(n_ctx)],
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, f"llama.cpp exited {proc.returncode}: {proc.stderr[-2000:]}"
@@ -272,9 +273,9 @@ def test_generator_forced_past_eos_fills_context(tiny, generators):
     tok = tiny[0]
     prompt = encode_prompt(tok, "Where is the cat?")
     out = generators["f32"].generate(
-        prompt, max_tokens=100000, greedy=True, stop_ids=[tok.eos_id], suppress_ids=[tok.eos_id])
+        prompt, max_tokens=100000, greedy=True, stop_ids=[tok.im_end_id], suppress_ids=[tok.im_end_id])
     assert len(prompt) + len(out) == N_CTX
-    assert tok.eos_id not in [t for t, _ in out]
+    assert tok.im_end_id not in [t for t, _ in out]
 
 
 def test_bf16_trained_model_matches_llama_cpp(tmp_path):

@@ -144,3 +144,19 @@ def test_summary_ranks_runs_by_heldout_loss(tmp_path):
 def test_sweep_target_without_a_sweep_section_says_what_to_add():
     with pytest.raises(ClgptError, match="no sweep: section; add lists of values"):
         summarize({}, {}, {}, "a.csv", "a.md", "a.png")
+
+
+def test_a_local_sweep_runs_every_stage_and_its_default_run_is_the_pipelines_model(tmp_path):
+    # a real run, not a plan: the sweep rules must hand each stage script every input it reads
+    path = make_workdir(tmp_path / "wf")
+    base = copy.deepcopy(TINY)
+    base["pretrain"]["lr"] = 0.003
+    config = with_sweep({"pretrain.lr": [0.003, 0.001]}, base)  # the first run is the pipeline's own model
+    write_config(path, config)
+    r = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", "model.gguf", "sweep"], cwd=path,
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    names = list(sweep_runs(config))
+    assert sorted(p.name for p in (path / "models").glob("*.gguf")) == sorted(f"{n}.gguf" for n in names)
+    assert (path / "models" / f"{names[0]}.gguf").read_bytes() == (path / "model.gguf").read_bytes()
+    assert (path / "results" / "sweep" / "summary.csv").exists()

@@ -68,7 +68,7 @@ def test_id_layout(tok):
     for k, (a, b) in enumerate(tok.merges):
         assert a < 256 + k and b < 256 + k
         assert tok.token_bytes(256 + k) == tok.token_bytes(a) + tok.token_bytes(b)
-    specials = [tok.bos_id, tok.eos_id, tok.user_id, tok.assistant_id]
+    specials = [tok.bos_id, tok.eos_id, tok.im_start_id, tok.im_end_id]
     assert specials == list(range(600 - 4, 600))
     assert [tok.token_bytes(i).decode() for i in specials] == SPECIAL_TOKENS
     all_bytes = [tok.token_bytes(i) for i in range(tok.vocab_size)]
@@ -141,17 +141,17 @@ def test_training_text_compresses(tok, corpus):
 
 
 def test_specials_are_never_encoded(tok):
-    text = "<s><user>What is 2+2?<assistant>4</s>"
+    text = "<s><|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n4<|im_end|></s>"
     ids = tok.encode(text)
-    for special in (tok.bos_id, tok.eos_id, tok.user_id, tok.assistant_id):
+    for special in (tok.bos_id, tok.eos_id, tok.im_start_id, tok.im_end_id):
         assert special not in ids
     assert tok.decode(ids) == text
-    assert tok.encode("<user>") != [tok.user_id]
+    assert tok.encode("<|im_start|>") != [tok.im_start_id]
 
 
 def test_specials_decode_to_their_names(tok):
-    ids = [tok.bos_id, tok.user_id] + tok.encode("hi") + [tok.assistant_id] + tok.encode("yo") + [tok.eos_id]
-    assert tok.decode(ids) == "<s><user>hi<assistant>yo</s>"
+    ids = [tok.bos_id, tok.im_start_id] + tok.encode("hi") + [tok.im_end_id] + tok.encode("yo") + [tok.eos_id]
+    assert tok.decode(ids) == "<s><|im_start|>hi<|im_end|>yo</s>"
 
 
 def test_decode_rejects_unknown_ids(tok):
@@ -413,7 +413,7 @@ def test_dump_vocab(tok, tmp_path):
     assert lines[10] == "10\t'\\n'"
     a, b = tok.merges[0]
     assert lines[256] == f"256\t{tok.token_bytes(256).decode('utf-8', 'replace')!r}\t{a} {b}"
-    assert lines[tok.user_id].startswith(f"{tok.user_id}\t'<user>'")
+    assert lines[tok.im_start_id].startswith(f"{tok.im_start_id}\t'<|im_start|>'")
 
 
 # ---- GGUF views -----------------------------------------------------------------------------------

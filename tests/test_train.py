@@ -36,7 +36,8 @@ TINY = {"vocab_size": 0, "n_ctx": 16, "n_embd": 16, "n_head": 2, "n_layer": 1, "
 
 
 def write_encoded(path: Path, docs: list[list[int]], kind: str = "text", assistant_pos=None) -> str:
-    """An encoded .bin + .json sidecar as the encode stage writes them; assistant_pos relative per doc."""
+    """An encoded .bin + .json sidecar as the encode stage writes them; assistant_pos relative per doc (its
+    reply and end token count: one loss span to the end)."""
     ids = np.concatenate([np.asarray(d, dtype=np.uint16) for d in docs])
     ids.tofile(path)
     starts = np.cumsum([0] + [len(d) for d in docs])
@@ -46,7 +47,7 @@ def write_encoded(path: Path, docs: list[list[int]], kind: str = "text", assista
         "documents": [[int(a), int(b)] for a, b in zip(starts[:-1], starts[1:])],
     }
     if kind == "dialog":
-        meta["assistant_pos"] = [int(s) + int(a) for s, a in zip(starts[:-1], assistant_pos)]
+        meta["loss_spans"] = [[[int(a), len(d) - 1]] for d, a in zip(docs, assistant_pos)]
     path.with_suffix(".json").write_text(json.dumps(meta))
     return str(path)
 
@@ -220,10 +221,17 @@ def test_tune_loss_ignores_user_targets(data, pretrained):
 
 def test_pad_dialogs_caps_at_seq_len():
     doc = np.arange(20, dtype=np.int32)
-    tokens, targets, mask, n_real = pad_dialogs([(doc, 3), (doc[:6], 2)], 8)
+    tokens, targets, mask, n_real = pad_dialogs([(doc, [(3, 19)]), (doc[:6], [(2, 5)])], 8)
     assert tokens.shape == (2, 8) and n_real == 8 + 5
+    assert np.array_equal(mask[0], [0, 0, 0, 1, 1, 1, 1, 1])
     assert np.array_equal(mask[1], [0, 0, 1, 1, 1, 0, 0, 0])
     assert np.array_equal(targets[0], np.arange(1, 9))
+
+
+def test_pad_dialogs_masks_every_assistant_turn_and_nothing_else():
+    doc = np.arange(14, dtype=np.int32)
+    _, _, mask, _ = pad_dialogs([(doc, [(2, 4), (8, 11)])], 16)
+    assert np.array_equal(mask[0], [0, 0, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0])
 
 
 def test_tune_trains_and_mixes(data, pretrained, tmp_path):
