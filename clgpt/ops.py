@@ -78,6 +78,11 @@ class Ops:
         self.mma = None
         if self.round and matrix_path(dev.device) == "nv_mma":
             self.mma = (self.launch["matmul_mma"], self.launch["matmul_mma_small"])
+        # bf16: the GEMM on bf16 operand copies (kernels/matmul_bf16.cl: cp.async, ldmatrix), (big, small) tiles
+        self.bf16, self._bf16_opts = None, {}
+        self._b16, self._b16_size = [None, None], [0, 0]  # the bf16 copies of op(A), op(B)
+        if self.round == 1 and self.mma is not None and self.launch.get("matmul_bf16"):
+            self.bf16 = (self.launch["matmul_bf16"], self.launch["matmul_bf16_small"])
         self.align = max(64, dev.device.mem_base_addr_align // 8 // F32)  # sub-buffer alignment, in floats
         self.rows = int(self.launch.get("rows", 0))  # GPUs: one work-group of `rows` work-items per row
         self.attn_gemm = bool(self.launch.get("attn_gemm", 0)) and seq_len >= self.launch.get("attn_gemm_min_t", 0)
@@ -89,6 +94,8 @@ class Ops:
         self._mm = {}
         self.k = {}
         self._build_common()
+        if self.bf16 is not None:
+            self._bf16_setup()
 
     # ---- kernels ----
     def buf(self, nfloats: int) -> cl.Buffer:
@@ -266,6 +273,9 @@ class Ops:
         """matmul with an epilogue: epi 1 also writes E = gelu(Cm); epi 2 multiplies Cm by gelu'(E)."""
         if M <= 0 or N <= 0:
             return
+        if self.bf16 is not None:
+            self._matmul_bf16(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E)
+            return
         if self.mma is not None:
             self._matmul_mma(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E)
             return
@@ -359,6 +369,87 @@ class Ops:
         gsize, lsize = mma_launch(mm, M, N)
         self._launch(kern, gsize, lsize, (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm, i32(N),
                                           bias, resid, f32(alpha), E))
+
+    # ---- bf16 GEMM on bf16 operand copies (kernels/matmul_bf16.cl) ----
+    def _bf16_setup(self):
+        """Build the copy kernels; on NVIDIA, find how a local pointer becomes a shared-window address for
+        cp.async / ldmatrix (its integer value, or cvta.to.shared of it): kernels/matmul_bf16.cl smem_probe.
+        Neither works -> self.bf16 = None (bf16 runs on matmul_mma.cl)."""
+        if "nvidia" not in self.dev.device.vendor.lower():
+            self._bf16_opts = dict(MMA_EMULATE=1)  # CLGPT_MMA_EMULATE (tests on PoCL)
+        else:
+            out = np.zeros(4, np.uint32)
+            d = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=out)
+            self.dev.kernel("matmul_bf16", "smem_probe")(self.queue, (64,), (64,), d)
+            cl.enqueue_copy(self.queue, out, d, is_blocking=True)
+            if out[1] == 0x5EED0003:
+                self._bf16_opts = dict(SMEM_CVTA=0)
+            elif out[2] == 0x5EED0003:
+                self._bf16_opts = dict(SMEM_CVTA=1)
+            else:
+                self.bf16 = None
+                return
+        self.k["to_bf16"] = self.dev.kernel("matmul_bf16", "to_bf16", **self._bf16_opts)
+        self.k["to_bf16_t"] = self.dev.kernel("matmul_bf16", "to_bf16_t", **self._bf16_opts)
+
+    def _kernel_bf16(self, mm, bias, resid, accum, epi, split=0):
+        key = ("bf16", bias, resid, accum, epi, split, id(mm))
+        kern = self._mm.get(key)
+        if kern is None:
+            nth = mma_threads(mm)
+            if (mm["BM"] % 32 or mm["BN"] % 32 or mm["BM"] % (16 * mm["WM"]) or mm["BN"] % (16 * mm["WN"])
+                    or ((mm["BM"] + mm["BN"]) * 4) % nth):
+                raise ClgptError(f"bf16 tiles {mm}: BM, BN multiples of 32, BM of 16 WM, BN of 16 WN, "
+                                 "(BM + BN) * 4 of the work-group's threads")
+            extra = dict(SPLITK=1) if split else {}
+            build = ("-cl-nv-verbose",) if os.environ.get("CLGPT_NV_VERBOSE") and "MMA_EMULATE" not in self._bf16_opts else ()
+            kern = self._mm[key] = self.dev.kernel(
+                "matmul_bf16", "matmul_bf16", build_options=build, BIAS=int(bias), RESID=int(resid),
+                ACCUM=int(accum), EPI=epi, BM=mm["BM"], BN=mm["BN"], WM=mm["WM"], WN=mm["WN"],
+                STAGES=mm.get("STAGES", 2), **extra, **self._bf16_opts)
+        return kern
+
+    def to_bf16(self, slot, X, rows, K, trans, Rp, Kp):
+        """-> the bf16 copy (Rp x Kp, zero-padded, k-contiguous rows) of op(X) (rows x K), X stored (rows, K)
+        or, trans, (K, rows); scratch `slot` (0: A, 1: B). Rp a multiple of 32, Kp of 32."""
+        nbytes = Rp * Kp * 2
+        if self._b16_size[slot] < nbytes:
+            self._b16[slot], self._b16_size[slot] = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, nbytes), nbytes
+        out = self._b16[slot]
+        if trans:
+            self._launch(self.k["to_bf16_t"], (Kp, Rp // 4), (32, 8), (i32(rows), i32(K), X, i32(rows), out, i32(Kp)))
+        else:
+            self._launch(self.k["to_bf16"], (Kp // 8, Rp), (4, 32), (i32(rows), i32(K), X, i32(K), out, i32(Kp)))
+        return out
+
+    def _matmul_bf16(self, M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E):
+        big, small = self.bf16
+        mm = big if mma_groups(big, M, N) >= MMA_SMALL_GROUPS else small
+        Kp = ceil_to(max(K, 1), 32)
+        A16 = self.to_bf16(0, A, M, K, ta, ceil_to(M, mm["BM"]), Kp)
+        B16 = self.to_bf16(1, B, N, K, not tb, ceil_to(N, mm["BN"]), Kp)
+        self.matmul_bf16(mm, M, N, Kp, A16, B16, Cm, bias, resid, accum, alpha, epi, E, split_k=K >= SPLIT_MIN_TOTAL_K)
+
+    def matmul_bf16(self, mm, M, N, Kp, A16, B16, Cm, bias=None, resid=None, accum=False, alpha=1.0, epi=0, E=None,
+                    split_k=True):
+        """Cm (M,N) = alpha A16 @ B16.T [+ ...] on bf16 copies (to_bf16) padded to mm's tiles and Kp."""
+        groups = mma_groups(mm, M, N)
+        if split_k and bias is None and resid is None and epi == 0 and groups < MMA_SPLIT_GROUPS:
+            # split-K as the fp32 kernel does: S raw partial products, then splitk_reduce adds them in order
+            S = min(-(-MMA_SPLIT_GROUPS * 2 // groups), Kp // MMA_SPLIT_MIN_K)
+            if S >= 2:
+                kc = ceil_to(-(-Kp // S), 32)
+                S = -(-Kp // kc)
+                P = self._grow_parts(S * M * N)
+                kern = self._kernel_bf16(mm, False, False, False, 0, split=1)
+                (gx, gy), lsize = mma_launch(mm, M, N)
+                self._launch(kern, (gx, gy, S), lsize + (1,), (i32(M), i32(N), i32(Kp), A16, B16, P, i32(N), None,
+                                                              None, f32(1.0), None, i32(kc)))
+                self.runp("splitk_reduce", (M * N,), i32(M * N), i32(S), i32(bool(accum)), f32(alpha), P, Cm)
+                return
+        kern = self._kernel_bf16(mm, bias is not None, resid is not None, bool(accum), epi)
+        gsize, lsize = mma_launch(mm, M, N)
+        self._launch(kern, gsize, lsize, (i32(M), i32(N), i32(Kp), A16, B16, Cm, i32(N), bias, resid, f32(alpha), E))
 
     def _grow_parts(self, n):
         if self._parts_size < n:

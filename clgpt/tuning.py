@@ -6,6 +6,8 @@ each row are in bench/RESULTS_GPU.md (GPUs) and the engine's commit notes (PoCL)
 CLGPT_MATMUL overrides the matmul choice for experiments, e.g.
 `CLGPT_MATMUL=kernel=matmul,TSM=128,TSN=128,TSK=16,WPTM=8,WPTN=8,LDSV=1`.
 CLGPT_MMA and CLGPT_MMA_SMALL override the big and small tensor-core tiles, e.g. `CLGPT_MMA=BM=128,BN=128,WM=2,WN=2`.
+CLGPT_BF16 and CLGPT_BF16_SMALL do so for the bf16 GEMM (kernels/matmul_bf16.cl), e.g.
+`CLGPT_BF16=BM=128,BN=256,WM=2,WN=4,STAGES=2`; CLGPT_BF16=off sends bf16 to matmul_mma.cl instead.
 CLGPT_LAUNCH=cpu|nvidia|gpu takes that table row whatever the device (tests run the GPU paths on PoCL).
 """
 
@@ -35,6 +37,10 @@ SMALL_GROUPS = 264  # fewer work-groups than this (2 per SM of an H200) with the
 _NVIDIA_MMA = dict(kernel="matmul_mma", BM=128, BN=128, WM=2, WN=4)
 _NVIDIA_MMA_SMALL = dict(kernel="matmul_mma", BM=64, BN=64, WM=2, WN=2)
 MMA_SMALL_GROUPS = 132
+# bf16 (kernels/matmul_bf16.cl): bf16 operand copies, cp.async STAGES deep, ldmatrix; BK = 32. Local memory
+# per work-group: STAGES * (BM + BN) * 64 bytes (48 KB without opting in on NVIDIA's OpenCL).
+_NVIDIA_BF16 = dict(kernel="matmul_bf16", BM=128, BN=128, WM=2, WN=4, STAGES=3)
+_NVIDIA_BF16_SMALL = dict(kernel="matmul_bf16", BM=64, BN=64, WM=2, WN=2, STAGES=4)
 MMA_SPLIT_GROUPS = 264
 MMA_SPLIT_MIN_K = 256
 # Split-K (GPUs, products with no bias/residual/epilogue whose output gives too few work-groups, chiefly the
@@ -119,10 +125,15 @@ def launch_config(device: cl.Device) -> dict:
             cfg.pop("matmul_narrow", None)
     cfg.setdefault("matmul_mma", _NVIDIA_MMA)  # used only where clgpt.precision.matrix_path says so
     cfg.setdefault("matmul_mma_small", _NVIDIA_MMA_SMALL)
-    for key, var in (("matmul_mma", "CLGPT_MMA"), ("matmul_mma_small", "CLGPT_MMA_SMALL")):
+    cfg.setdefault("matmul_bf16", _NVIDIA_BF16)
+    cfg.setdefault("matmul_bf16_small", _NVIDIA_BF16_SMALL)
+    for key, var in (("matmul_mma", "CLGPT_MMA"), ("matmul_mma_small", "CLGPT_MMA_SMALL"),
+                     ("matmul_bf16", "CLGPT_BF16"), ("matmul_bf16_small", "CLGPT_BF16_SMALL")):
         spec = os.environ.get(var, "").strip()  # e.g. CLGPT_MMA=BM=128,BN=128,WM=2,WN=2
-        if spec:
-            cfg[key] = dict(_parse(spec), kernel="matmul_mma")
+        if spec == "off" and key == "matmul_bf16":
+            cfg[key] = None
+        elif spec and spec != "off":
+            cfg[key] = dict(_parse(spec), kernel=key.replace("_small", ""))
     if os.environ.get("CLGPT_PRESET", "") in ("0", "1"):
         cfg["preset"] = int(os.environ["CLGPT_PRESET"])
     return cfg

@@ -166,6 +166,8 @@ def _engine(monkeypatch, precision, launch="cpu", emulate=False, **shape):
         monkeypatch.setenv("CLGPT_MMA_EMULATE", "1")
         monkeypatch.setenv("CLGPT_MMA", "BM=32,BN=32,WM=2,WN=2")  # small tiles: PoCL compiles them quickly
         monkeypatch.setenv("CLGPT_MMA_SMALL", "BM=32,BN=16,WM=1,WN=1")
+        monkeypatch.setenv("CLGPT_BF16", "BM=32,BN=32,WM=2,WN=2,STAGES=3")
+        monkeypatch.setenv("CLGPT_BF16_SMALL", "BM=32,BN=32,WM=1,WN=1,STAGES=2")
     cfg = ModelConfig(vocab_size=shape.get("V", 16), n_ctx=shape.get("T", 8), n_embd=shape.get("C", 16),
                       n_head=shape.get("H", 2), n_layer=shape.get("L", 1), n_ff=shape.get("F", 32))
     return Engine(cfg, init_params(cfg, 0), batch_size=shape.get("B", 1), seq_len=shape.get("T", 8),
