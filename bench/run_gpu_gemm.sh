@@ -14,6 +14,9 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 timeout ${GEMM_S:-200} python3 bench/gemm_tc.py $GEMM_ARGS 2>&1 | grep -v Warn | tee $O/gemm_tc.txt
 timeout 90 python3 bench/gpu_tc.py check 2>&1 | grep -v Warn | tee $O/check.txt
 grep -q "check: passed" $O/check.txt || { echo "kernel check failed: stopping"; exit 1; }
+# train with the tiles bench/gemm_tc.py found fastest over all shapes (unless CLGPT_BF16 is given)
+[ -z "$CLGPT_BF16" ] && [ -s $O/best_bf16.txt ] && export CLGPT_BF16=$(cat $O/best_bf16.txt)
+echo "training with CLGPT_BF16=$CLGPT_BF16" | tee -a $O/train.txt
 M="--vocab 4096 --ctx 256 --embd 256 --ffn 1024 --heads 4 --layers 4 --batch 8"
 M6="--vocab 4096 --ctx 256 --embd 384 --ffn 1536 --heads 6 --layers 6 --batch 64"
 L="--vocab 8192 --ctx 512 --embd 768 --ffn 3072 --heads 12 --layers 12 --batch 16"
@@ -29,5 +32,9 @@ for shape in ${SHAPES:-M6 L M}; do
   timeout 120 python3 bench/bench_torch.py $args --steps $steps --warmup 5 --device cuda --nanogpt 2>&1 | tail -2 | tee -a $O/train.txt
 done
 [ -n "$OLD" ] && bench M6 bf16 CLGPT_BF16=off
-[ -n "$PROFILE" ] && CLGPT_BENCH_PROFILE=1 timeout 60 python3 -m clgpt bench $M6 --steps 2 --gemm 0 --precision bf16 2>&1 | grep -v Warn | tail -40 | tee $O/profile.txt
+for shape in $PROFILE; do
+  eval args=\$$shape
+  echo "== profile $shape bf16" | tee -a $O/profile.txt
+  CLGPT_BENCH_PROFILE=1 timeout 60 python3 -m clgpt bench $args --steps 2 --gemm 0 --precision bf16 2>&1 | grep -v Warn | tail -32 | tee -a $O/profile.txt
+done
 exit 0

@@ -80,6 +80,7 @@ class Ops:
             self.mma = (self.launch["matmul_mma"], self.launch["matmul_mma_small"])
         # bf16: the GEMM on bf16 operand copies (kernels/matmul_bf16.cl: cp.async, ldmatrix), (big, small) tiles
         self.bf16, self._bf16_opts = None, {}
+        self._bf16_mn = os.environ.get("CLGPT_BF16_MN", "1") != "0"  # m/n-contiguous copies (ldmatrix.trans)
         self._b16, self._b16_size = [None, None], [0, 0]  # the bf16 copies of op(A), op(B)
         if self.round == 1 and self.mma is not None and self.launch.get("matmul_bf16"):
             self.bf16 = (self.launch["matmul_bf16"], self.launch["matmul_bf16_small"])
@@ -392,8 +393,8 @@ class Ops:
         self.k["to_bf16"] = self.dev.kernel("matmul_bf16", "to_bf16", **self._bf16_opts)
         self.k["to_bf16_t"] = self.dev.kernel("matmul_bf16", "to_bf16_t", **self._bf16_opts)
 
-    def _kernel_bf16(self, mm, bias, resid, accum, epi, split=0):
-        key = ("bf16", bias, resid, accum, epi, split, id(mm))
+    def _kernel_bf16(self, mm, akc, bkc, bias, resid, accum, epi, split=0):
+        key = ("bf16", akc, bkc, bias, resid, accum, epi, split, id(mm))
         kern = self._mm.get(key)
         if kern is None:
             nth = mma_threads(mm)
@@ -404,35 +405,46 @@ class Ops:
             extra = dict(SPLITK=1) if split else {}
             build = ("-cl-nv-verbose",) if os.environ.get("CLGPT_NV_VERBOSE") and "MMA_EMULATE" not in self._bf16_opts else ()
             kern = self._mm[key] = self.dev.kernel(
-                "matmul_bf16", "matmul_bf16", build_options=build, BIAS=int(bias), RESID=int(resid),
-                ACCUM=int(accum), EPI=epi, BM=mm["BM"], BN=mm["BN"], WM=mm["WM"], WN=mm["WN"],
+                "matmul_bf16", "matmul_bf16", build_options=build, AKC=int(akc), BKC=int(bkc), BIAS=int(bias),
+                RESID=int(resid), ACCUM=int(accum), EPI=epi, BM=mm["BM"], BN=mm["BN"], WM=mm["WM"], WN=mm["WN"],
                 STAGES=mm.get("STAGES", 2), **extra, **self._bf16_opts)
         return kern
 
-    def to_bf16(self, slot, X, rows, K, trans, Rp, Kp):
-        """-> the bf16 copy (Rp x Kp, zero-padded, k-contiguous rows) of op(X) (rows x K), X stored (rows, K)
-        or, trans, (K, rows); scratch `slot` (0: A, 1: B). Rp a multiple of 32, Kp of 32."""
-        nbytes = Rp * Kp * 2
+    def to_bf16(self, slot, X, rows, cols, Rp, Cp, trans=False):
+        """-> the bf16 copy (Rp x Cp, zero-padded) of X (rows x cols, row-major), or with trans of X.T (X stored
+        (cols, rows)); scratch `slot` (0: A, 1: B). Rp and Cp multiples of 32."""
+        nbytes = Rp * Cp * 2
         if self._b16_size[slot] < nbytes:
             self._b16[slot], self._b16_size[slot] = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, nbytes), nbytes
         out = self._b16[slot]
         if trans:
-            self._launch(self.k["to_bf16_t"], (Kp, Rp // 4), (32, 8), (i32(rows), i32(K), X, i32(rows), out, i32(Kp)))
+            self._launch(self.k["to_bf16_t"], (Cp, Rp // 4), (32, 8), (i32(rows), i32(cols), X, i32(rows), out, i32(Cp)))
         else:
-            self._launch(self.k["to_bf16"], (Kp // 8, Rp), (4, 32), (i32(rows), i32(K), X, i32(K), out, i32(Kp)))
+            self._launch(self.k["to_bf16"], (Cp // 8, Rp), (4, 32), (i32(rows), i32(cols), X, i32(cols), out, i32(Cp)))
         return out
+
+    def bf16_operands(self, mm, M, N, K, A, B, ta, tb):
+        """-> (A16, akc, lda, B16, bkc, ldb, Kp): bf16 copies of op(A), op(B) in the layout the fp32 buffers
+        have (akc/bkc = 1: k-contiguous rows), padded to mm's tiles and Kp = K rounded up to 32. With
+        CLGPT_BF16_MN=0 both are transposed to k-contiguous rows instead."""
+        Kp, Mp, Np = ceil_to(max(K, 1), 32), ceil_to(M, mm["BM"]), ceil_to(N, mm["BN"])
+        if self._bf16_mn:
+            A16 = self.to_bf16(0, A, K, M, Kp, Mp) if ta else self.to_bf16(0, A, M, K, Mp, Kp)
+            B16 = self.to_bf16(1, B, N, K, Np, Kp) if tb else self.to_bf16(1, B, K, N, Kp, Np)
+            return A16, not ta, (Mp if ta else Kp), B16, bool(tb), (Kp if tb else Np), Kp
+        A16 = self.to_bf16(0, A, M, K, Mp, Kp, trans=bool(ta))
+        B16 = self.to_bf16(1, B, N, K, Np, Kp, trans=not tb)
+        return A16, True, Kp, B16, True, Kp, Kp
 
     def _matmul_bf16(self, M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E):
         big, small = self.bf16
         mm = big if mma_groups(big, M, N) >= MMA_SMALL_GROUPS else small
-        Kp = ceil_to(max(K, 1), 32)
-        A16 = self.to_bf16(0, A, M, K, ta, ceil_to(M, mm["BM"]), Kp)
-        B16 = self.to_bf16(1, B, N, K, not tb, ceil_to(N, mm["BN"]), Kp)
-        self.matmul_bf16(mm, M, N, Kp, A16, B16, Cm, bias, resid, accum, alpha, epi, E, split_k=K >= SPLIT_MIN_TOTAL_K)
+        ops = self.bf16_operands(mm, M, N, K, A, B, ta, tb)
+        self.matmul_bf16(mm, M, N, *ops, Cm, bias, resid, accum, alpha, epi, E, split_k=K >= SPLIT_MIN_TOTAL_K)
 
-    def matmul_bf16(self, mm, M, N, Kp, A16, B16, Cm, bias=None, resid=None, accum=False, alpha=1.0, epi=0, E=None,
-                    split_k=True):
-        """Cm (M,N) = alpha A16 @ B16.T [+ ...] on bf16 copies (to_bf16) padded to mm's tiles and Kp."""
+    def matmul_bf16(self, mm, M, N, A16, akc, lda, B16, bkc, ldb, Kp, Cm, bias=None, resid=None, accum=False,
+                    alpha=1.0, epi=0, E=None, split_k=True):
+        """Cm (M,N) = alpha op(A16) @ op(B16) [+ ...] on bf16 copies (bf16_operands) padded to mm's tiles and Kp."""
         groups = mma_groups(mm, M, N)
         if split_k and bias is None and resid is None and epi == 0 and groups < MMA_SPLIT_GROUPS:
             # split-K as the fp32 kernel does: S raw partial products, then splitk_reduce adds them in order
@@ -441,15 +453,16 @@ class Ops:
                 kc = ceil_to(-(-Kp // S), 32)
                 S = -(-Kp // kc)
                 P = self._grow_parts(S * M * N)
-                kern = self._kernel_bf16(mm, False, False, False, 0, split=1)
+                kern = self._kernel_bf16(mm, akc, bkc, False, False, False, 0, split=1)
                 (gx, gy), lsize = mma_launch(mm, M, N)
-                self._launch(kern, (gx, gy, S), lsize + (1,), (i32(M), i32(N), i32(Kp), A16, B16, P, i32(N), None,
-                                                              None, f32(1.0), None, i32(kc)))
+                self._launch(kern, (gx, gy, S), lsize + (1,), (i32(M), i32(N), i32(Kp), A16, i32(lda), B16, i32(ldb),
+                                                              P, i32(N), None, None, f32(1.0), None, i32(kc)))
                 self.runp("splitk_reduce", (M * N,), i32(M * N), i32(S), i32(bool(accum)), f32(alpha), P, Cm)
                 return
-        kern = self._kernel_bf16(mm, bias is not None, resid is not None, bool(accum), epi)
+        kern = self._kernel_bf16(mm, akc, bkc, bias is not None, resid is not None, bool(accum), epi)
         gsize, lsize = mma_launch(mm, M, N)
-        self._launch(kern, gsize, lsize, (i32(M), i32(N), i32(Kp), A16, B16, Cm, i32(N), bias, resid, f32(alpha), E))
+        self._launch(kern, gsize, lsize, (i32(M), i32(N), i32(Kp), A16, i32(lda), B16, i32(ldb), Cm, i32(N), bias,
+                                          resid, f32(alpha), E))
 
     def _grow_parts(self, n):
         if self._parts_size < n:

@@ -1,22 +1,24 @@
 // bf16 GEMM on NVIDIA tensor cores (sm_80+), CUTLASS-style, through inline PTX:
 //   Cm (M,N) = alpha * A (M,K) @ B (N,K)^T [+ bias] [+ R] [+ Cm], then EPI (epilogue.cl), fp32 out.
-// Operands are bf16 copies (ushort) that `to_bf16` / `to_bf16_t` below write from the engine's fp32
-// buffers: k-contiguous rows for both (A row-major M x K, B row-major N x K: mma's row.col), rows padded
-// to the tile (BM, BN) and K to BK = 32 with zeros, so the main loop needs no bounds checks. The copy
-// rounds as precision.cl's bf16_bits does (nearest even), so results match the portable ROUND=1 kernel
-// up to the order of fp32 sums.
+// Operands are bf16 copies (ushort) that `to_bf16` below writes from the engine's fp32 buffers, in the
+// layout the fp32 buffer has: A as M x K (AKC=1, k-contiguous rows) or K x M (AKC=0), B as N x K (BKC=1)
+// or K x N (BKC=0); M, N padded to the tile (BM, BN) and K to BK = 32 with zeros, so the main loop needs
+// no bounds checks; lda, ldb = the copies' row lengths. The copy rounds as precision.cl's bf16_bits does
+// (nearest even), so results match the portable ROUND=1 kernel up to the order of fp32 sums.
 //
 // Work-group: WM x WN warps (1-D local size 32*WM*WN), output tile BM x BN, warp tile (BM/WM) x (BN/WN)
 // as MT x NT mma.m16n8k16 tiles with fp32 accumulators in registers. K in tiles of BK = 32 bf16 (64 bytes
 // a row), STAGES tiles in flight: cp.async (16 bytes a copy) from global into local memory, one barrier
-// a tile; fragments loaded with ldmatrix.x4. Local rows are 4 chunks of 16 bytes; chunk c of row r is
-// stored at chunk c ^ ((r >> 1) & 3), so the 8 row addresses of one 8x8 ldmatrix (rows r..r+7, one
-// chunk) fall in 8 distinct 16-byte bank groups (no conflicts) and cp.async writes stay 16-byte aligned.
+// a tile; fragments loaded with ldmatrix.x4 (.trans for the m- or n-contiguous forms). k-contiguous
+// local rows are 4 chunks of 16 bytes; chunk c of row r is stored at chunk c ^ ((r >> 1) & 3), so the 8
+// row addresses of one 8x8 ldmatrix (rows r..r+7, one chunk) fall in 8 distinct 16-byte bank groups (no
+// conflicts) and cp.async writes stay 16-byte aligned. m- (n-) contiguous local rows are one k each,
+// BM (BN) values: chunk c of row k at chunk c ^ (k & 7) (8 consecutive k rows, one chunk: distinct groups).
 // PTX fragments (PTX ISA, mma.m16n8k16, g = lane / 4, t = lane % 4): a0 (g, 2t..2t+1), a1 (g+8, 2t..),
 // a2 (g, 2t+8..), a3 (g+8, 2t+8..); b0 (k 2t.., n g), b1 (k 2t+8.., n g); c (g, 2t..2t+1), (g+8, 2t..).
 // ldmatrix.x4 gives lane l of matrix q the pair (row l/4, cols 2(l%4)..) of the 8x8 matrix whose row
 // addresses lanes 8q..8q+7 supply.
-// -D: BM BN WM WN STAGES; BIAS RESID ACCUM EPI SPLITK as matmul.cl; MMA_EMULATE (PoCL tests: the same
+// -D: BM BN WM WN STAGES AKC BKC; BIAS RESID ACCUM EPI SPLITK as matmul.cl; MMA_EMULATE (PoCL tests: the same
 // data movement with cp.async, ldmatrix and mma.sync done by work-group exchanges, bit-exact sums in
 // k order); SMEM_CVTA (1: the local pointer's integer value is a generic address: convert it).
 #ifndef BIAS
@@ -49,6 +51,12 @@
 #ifndef STAGES
 #define STAGES 3
 #endif
+#ifndef AKC
+#define AKC 1
+#endif
+#ifndef BKC
+#define BKC 1
+#endif
 #ifndef MMA_EMULATE
 #define MMA_EMULATE 0
 #endif
@@ -67,7 +75,10 @@
 #define ROWB 64                         // bytes per staged row (BK bf16)
 #define STAGE_BYTES ((BM + BN) * ROWB)  // A rows, then B rows
 #define CPT ((BM + BN) * 4 / NTH)       // 16-byte copies per work-item per stage
-#define SWZ(r, c) ((r) * ROWB + ((((c) ^ (((r) >> 1) & 3))) << 4))
+#define SWZ(r, c) ((r) * ROWB + ((((c) ^ (((r) >> 1) & 3))) << 4))  // k-contiguous rows
+#define AMASK (BM >= 64 ? 7 : BM / 8 - 1)
+#define BMASK (BN >= 64 ? 7 : BN / 8 - 1)
+#define SWZ_MN(k, c, W, MASK) ((k) * (W) * 2 + (((c) ^ ((k) & (MASK))) << 4))  // m/n-contiguous rows, W wide
 
 // ---- fp32 -> bf16 operand copies ----
 // to_bf16: O (Rp x Kp) = bf16(S (R x K), row stride ld), zeros outside; 8 k a work-item; global (Kp/8, Rp).
@@ -119,6 +130,9 @@ void to_bf16_t(const int R, const int K, __global const float* restrict S, const
 #define LDSM_X4(r0, r1, r2, r3, addr)                                                      \
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"          \
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr) : "memory")
+#define LDSM_X4_T(r0, r1, r2, r3, addr)                                                    \
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"    \
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr) : "memory")
 #define MMA16816(d, a, b0, b1)                                                                         \
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, " \
         "{%10,%11,%12,%13};"                                                                           \
@@ -130,19 +144,28 @@ void to_bf16_t(const int R, const int K, __global const float* restrict S, const
 #define CP_ASYNC(dst, src) (*(__local uint4*)((__local uchar*)smem + (dst)) = *(__global const uint4*)(src))
 #define CP_COMMIT()
 #define CP_WAIT(n)
-inline void ldsm_x4(uint* r, const uint addr, __local uint* smem, __local uint* xw, const int lane)
+// lane l of matrix q (rows at lanes 8q..8q+7): row l/4, columns 2(l%4), +1; trans: column l/4 of rows
+// 2(l%4), 2(l%4) + 1 (16-bit elements, the lower column or row in the low half)
+inline void ldsm_x4(uint* r, const uint addr, __local uint* smem, __local uint* xw, const int lane, const int trans)
 {
+    __local ushort* h = (__local ushort*)smem;
     xw[lane] = addr;
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int q = 0; q < 4; q++) r[q] = smem[(xw[8 * q + lane / 4] + 4 * (lane % 4)) / 4];
+    for (int q = 0; q < 4; q++) {
+        if (!trans) r[q] = smem[(xw[8 * q + lane / 4] + 4 * (lane % 4)) / 4];
+        else r[q] = (uint)h[(xw[8 * q + 2 * (lane % 4)] + 2 * (lane / 4)) / 2]
+                    | ((uint)h[(xw[8 * q + 2 * (lane % 4) + 1] + 2 * (lane / 4)) / 2] << 16);
+    }
     barrier(CLK_LOCAL_MEM_FENCE);
 }
-#define LDSM_X4(r0, r1, r2, r3, addr)                 \
-    {                                                 \
-        uint r_[4];                                   \
-        ldsm_x4(r_, addr, (__local uint*)smem, xw, lane); \
-        r0 = r_[0]; r1 = r_[1]; r2 = r_[2]; r3 = r_[3]; \
-    }
+#define LDSM_X4_(r0, r1, r2, r3, addr, trans)                    \
+    do {                                                         \
+        uint r_[4];                                              \
+        ldsm_x4(r_, addr, (__local uint*)smem, xw, lane, trans); \
+        r0 = r_[0]; r1 = r_[1]; r2 = r_[2]; r3 = r_[3];          \
+    } while (0)
+#define LDSM_X4(r0, r1, r2, r3, addr) LDSM_X4_(r0, r1, r2, r3, addr, 0)
+#define LDSM_X4_T(r0, r1, r2, r3, addr) LDSM_X4_(r0, r1, r2, r3, addr, 1)
 inline float bf16_half(const uint w, const int hi) { return as_float((hi ? (w >> 16) : (w & 0xFFFFu)) << 16); }
 inline void mma_emulate(float* d, const uint* a, const uint b0, const uint b1, __local uint* xw, const int lane)
 {
@@ -173,20 +196,31 @@ inline void mma_emulate(float* d, const uint* a, const uint b0, const uint b1, _
 #define SPLIT_ARGS
 #endif
 
-// A stage's copies: chunk e = tid + i * NTH of the stage's (BM + BN) rows x 4 chunks (A rows first).
-#define LOAD_STAGE(st, kt)                                                                          \
-    {                                                                                               \
-        _Pragma("unroll") for (int i = 0; i < CPT; i++) {                                           \
-            const int row = (tid >> 2) + i * (NTH / 4), c = tid & 3;                                \
-            __global const ushort* p = row < BM ? A + (size_t)(m0 + row) * Kp                       \
-                                                : B + (size_t)(n0 + row - BM) * Kp;                 \
-            CP_ASYNC(sbase + (st) * STAGE_BYTES + SWZ(row, c), p + kbeg + (kt) * BK + 8 * c);       \
-        }                                                                                           \
+// A stage's copies: chunk e = tid + i * NTH of the stage's 4 BM chunks of A, then 4 BN of B (16 bytes each).
+// k-contiguous: chunk c (of 4) of row r (m or n); else chunk c (of BM/8 or BN/8) of k row r.
+#define LOAD_STAGE(st, kt)                                                                              \
+    {                                                                                                   \
+        const int k_ = kbeg + (kt) * BK;                                                                \
+        _Pragma("unroll") for (int i = 0; i < CPT; i++) {                                               \
+            int e = tid + i * NTH;                                                                      \
+            if (e < 4 * BM) {                                                                           \
+                if (AKC) CP_ASYNC(sbase + (st) * STAGE_BYTES + SWZ(e >> 2, e & 3),                      \
+                                  A + (size_t)(m0 + (e >> 2)) * lda + k_ + 8 * (e & 3));                \
+                else CP_ASYNC(sbase + (st) * STAGE_BYTES + SWZ_MN(e / (BM / 8), e % (BM / 8), BM, AMASK), \
+                              A + (size_t)(k_ + e / (BM / 8)) * lda + m0 + 8 * (e % (BM / 8)));         \
+            } else {                                                                                    \
+                e -= 4 * BM;                                                                            \
+                if (BKC) CP_ASYNC(sbase + (st) * STAGE_BYTES + BM * ROWB + SWZ(e >> 2, e & 3),          \
+                                  B + (size_t)(n0 + (e >> 2)) * ldb + k_ + 8 * (e & 3));                \
+                else CP_ASYNC(sbase + (st) * STAGE_BYTES + BM * ROWB + SWZ_MN(e / (BN / 8), e % (BN / 8), BN, BMASK), \
+                              B + (size_t)(k_ + e / (BN / 8)) * ldb + n0 + 8 * (e % (BN / 8)));         \
+            }                                                                                           \
+        }                                                                                               \
     }
 
 __kernel __attribute__((reqd_work_group_size(NTH, 1, 1)))
 void matmul_bf16(const int M, const int N, const int Kp,
-                 __global const ushort* restrict A, __global const ushort* restrict B,
+                 __global const ushort* restrict A, const int lda, __global const ushort* restrict B, const int ldb,
                  __global float* Cm, const int ldc,
                  __global const float* restrict bias, __global const float* R,
                  const float alpha, __global float* E SPLIT_ARGS)
@@ -235,10 +269,13 @@ void matmul_bf16(const int M, const int N, const int Kp,
         if (s < nk) LOAD_STAGE(s, s)
         CP_COMMIT();
     }
-    // ldmatrix row addresses (bytes within a stage): A rows wm*WTM + 16i + (lane % 16), chunk 2kk + lane/16;
-    // B rows (n) wn*WTN + 16j + (lane % 8) + 8 (lane / 16), chunk 2kk + (lane / 8) % 2
+    // ldmatrix row addresses (bytes within a stage). k-contiguous: A rows wm*WTM + 16i + (lane % 16), chunk
+    // 2kk + lane/16; B rows (n) wn*WTN + 16j + (lane % 8) + 8 (lane / 16), chunk 2kk + (lane / 8) % 2.
+    // m/n-contiguous (.trans): matrix q = lane / 8, row r = lane % 8: A k row 16kk + 8(q / 2) + r, m chunk
+    // (wm*WTM + 16i + 8(q % 2)) / 8; B k row 16kk + 8(q % 2) + r, n chunk (wn*WTN + 16j + 8(q / 2)) / 8.
     const int arow = wm * WTM + (lane & 15), achunk = lane >> 4;
-    const int brow = BM + wn * WTN + (lane & 7) + ((lane >> 4) << 3), bchunk = (lane >> 3) & 1;
+    const int brow = wn * WTN + (lane & 7) + ((lane >> 4) << 3), bchunk = (lane >> 3) & 1;
+    const int q = lane >> 3, r8 = lane & 7;
     for (int kt = 0; kt < nk; kt++) {
         CP_WAIT(STAGES - 2);
         barrier(CLK_LOCAL_MEM_FENCE);  // tile kt is in; every warp is done with tile kt - 1's stage
@@ -252,12 +289,18 @@ void matmul_bf16(const int M, const int N, const int Kp,
         for (int kk = 0; kk < 2; kk++) {
             uint a[MT][4], b[NT][2];
 #pragma unroll
-            for (int i = 0; i < MT; i++)
-                LDSM_X4(a[i][0], a[i][1], a[i][2], a[i][3], st + SWZ(arow + 16 * i, 2 * kk + achunk));
+            for (int i = 0; i < MT; i++) {
+                if (AKC) LDSM_X4(a[i][0], a[i][1], a[i][2], a[i][3], st + SWZ(arow + 16 * i, 2 * kk + achunk));
+                else LDSM_X4_T(a[i][0], a[i][1], a[i][2], a[i][3],
+                               st + SWZ_MN(16 * kk + 8 * (q >> 1) + r8, (wm * WTM + 16 * i) / 8 + (q & 1), BM, AMASK));
+            }
 #pragma unroll
-            for (int j = 0; j < NT / 2; j++)
-                LDSM_X4(b[2 * j][0], b[2 * j][1], b[2 * j + 1][0], b[2 * j + 1][1],
-                        st + SWZ(brow + 16 * j, 2 * kk + bchunk));
+            for (int j = 0; j < NT / 2; j++) {
+                if (BKC) LDSM_X4(b[2 * j][0], b[2 * j][1], b[2 * j + 1][0], b[2 * j + 1][1],
+                                 st + BM * ROWB + SWZ(brow + 16 * j, 2 * kk + bchunk));
+                else LDSM_X4_T(b[2 * j][0], b[2 * j][1], b[2 * j + 1][0], b[2 * j + 1][1],
+                               st + BM * ROWB + SWZ_MN(16 * kk + 8 * (q & 1) + r8, (wn * WTN + 16 * j) / 8 + (q >> 1), BN, BMASK));
+            }
 #pragma unroll
             for (int i = 0; i < MT; i++)
 #pragma unroll

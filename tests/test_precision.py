@@ -1,6 +1,7 @@
 """Reduced-precision matmuls (clgpt/precision.py): operand rounding against numpy bit for bit, every form
-against float64 with tolerances per precision, the tensor-core kernel's data movement (its mma emulated,
-MMA_EMULATE=1) against the portable kernel bit for bit, the engine with each precision, and the setting.
+against float64 with tolerances per precision, the tensor-core kernels' data movement (kernels/matmul_mma.cl
+and the bf16 GEMM kernels/matmul_bf16.cl with cp.async, ldmatrix and mma emulated, MMA_EMULATE=1) against
+the portable kernel bit for bit, which device gets which kernel, the engine with each precision, and the setting.
 
 Tolerances, relative to |op(A)| @ |op(B)| (the scale of each output's sum):
   against float64 of the ROUNDED operands: 1e-5 for every precision (products are exact; fp32 sums)
@@ -9,6 +10,8 @@ Tolerances, relative to |op(A)| @ |op(B)| (the scale of each output's sum):
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pyopencl as cl
@@ -21,7 +24,7 @@ from clgpt.engine import Engine
 from clgpt.ops import matmul_defines, matmul_launch
 from clgpt.errors import ClgptError
 from clgpt.model import ModelConfig, init_params
-from clgpt.precision import ROUND, resolve
+from clgpt.precision import ROUND, matrix_path, resolve
 
 i32, f32 = np.int32, np.float32
 rng = np.random.default_rng(4321)
@@ -160,14 +163,126 @@ def test_mma_kernel_moves_data_like_the_portable_kernel(dev, form, precision, ta
         assert np.array_equal(got[1], want[1]), f"{form} {precision} ta={ta} tb={tb} {sorted(kw)}: E differs"
 
 
+BF16_TILES = {  # small tiles of kernels/matmul_bf16.cl (PoCL emulates them slowly): 4 warps / 1 warp / 8-row masks
+    "4warps": "BM=32,BN=32,WM=2,WN=2,STAGES=3",
+    "1warp": "BM=32,BN=32,WM=1,WN=1,STAGES=2",
+    "64": "BM=64,BN=64,WM=2,WN=2,STAGES=2",
+}
+
+
+def _bf16_ops(monkeypatch, tiles="4warps"):
+    """The Ops of a bf16 engine whose tensor-core path is emulated (launch row nvidia), bf16 GEMM tiles `tiles`."""
+    monkeypatch.setenv("CLGPT_BF16", BF16_TILES[tiles])
+    monkeypatch.setenv("CLGPT_BF16_SMALL", BF16_TILES[tiles])
+    ops = _engine(monkeypatch, "bf16", launch="nvidia", emulate=True).ops
+    assert ops.bf16 is not None
+    return ops
+
+
+@pytest.mark.parametrize("tiles,ta,tb,epilogues", [("4warps", 0, 1, True), ("4warps", 0, 0, False),
+                                                    ("4warps", 1, 0, False), ("1warp", 1, 1, False),
+                                                    ("64", 1, 0, False), ("4warps", 1, 0, "k-major")])
+def test_bf16_gemm_moves_data_like_the_portable_kernel(dev, monkeypatch, tiles, ta, tb, epilogues):
+    """matmul_bf16 (cp.async stages, swizzled local rows, ldmatrix with and without .trans, mma.m16n8k16 fragments,
+    all emulated; products summed in k order) on the bf16 copies equals the portable bf16 kernel bit for bit,
+    epilogues included, in every operand layout (m/n-contiguous copies; "k-major": both copies transposed)."""
+    if epilogues == "k-major":
+        monkeypatch.setenv("CLGPT_BF16_MN", "0")
+    ops = _bf16_ops(monkeypatch, tiles)
+    M, N, K = 45, 70, 67
+    A, B = operands(ta, tb, M, N, K)
+    bias = rng.normal(size=N).astype(f32)
+    R = rng.normal(size=(M, N)).astype(f32)
+    C0 = rng.normal(size=(M, N)).astype(f32)
+    E0 = rng.normal(size=(M, N)).astype(f32)
+    mm = ops.bf16[0]
+    for kw in (dict(), dict(bias=bias, R=R, epi=1), dict(C0=C0, epi=2, E0=E0))[: 3 if epilogues is True else 1]:
+        cbuf = to_dev(dev, kw["C0"] if "C0" in kw else np.zeros((M, N), f32))
+        ebuf = to_dev(dev, kw["E0"] if "E0" in kw else np.zeros((M, N), f32))
+        args = ops.bf16_operands(mm, M, N, K, to_dev(dev, A), to_dev(dev, B), ta, tb)
+        assert (args[1], args[4]) == ((True, True) if epilogues == "k-major" else (not ta, bool(tb)))
+        ops.matmul_bf16(mm, M, N, *args, cbuf, bias=to_dev(dev, bias) if "bias" in kw else None,
+                        resid=to_dev(dev, R) if "R" in kw else None, accum="C0" in kw, alpha=0.5,
+                        epi=kw.get("epi", 0), E=ebuf, split_k=False)
+        want = run_matmul(dev, "tiled", "bf16", A, B, ta, tb, M, N, K, alpha=0.5, **kw)
+        assert np.array_equal(from_dev(dev, cbuf, (M, N)), want[0]), f"bf16 {tiles} ta={ta} tb={tb} {sorted(kw)}: C"
+        assert np.array_equal(from_dev(dev, ebuf, (M, N)), want[1]), f"bf16 {tiles} ta={ta} tb={tb} {sorted(kw)}: E"
+
+
+@pytest.mark.parametrize("trans", [False, True])
+def test_bf16_copies_round_like_numpy_and_pad_with_zeros(dev, monkeypatch, trans):
+    """to_bf16 / to_bf16_t: X (or X.T) rounded to bf16 as numpy rounds it (ties, signs, inf, NaN), zeros in the
+    padding rows and columns."""
+    ops = _bf16_ops(monkeypatch)
+    rows, cols, Rp, Cp = 37, 45, 64, 64
+    X = rng.normal(size=(cols, rows) if trans else (rows, cols)).astype(f32)
+    special = np.array([0x3F808000, 0x3F818000, 0xBF808000, 0x7F800000, 0x7FC00000, 0xFF800000], np.uint32)
+    X.reshape(-1)[: special.size] = special.view(f32)
+    out = np.empty((Rp, Cp), np.uint16)
+    cl.enqueue_copy(dev.queue, out, ops.to_bf16(0, to_dev(dev, X), rows, cols, Rp, Cp, trans=trans), is_blocking=True)
+    want = np.zeros((Rp, Cp), np.uint16)
+    want[:rows, :cols] = (ref.round_bf16(X.T if trans else X).view(np.uint32) >> 16).astype(np.uint16)
+    assert np.array_equal(out, want)
+
+
+class FakeDevice:
+    """Enough of a pyopencl Device for clgpt.precision's checks (vendor, platform, extensions, NV attributes)."""
+
+    def __init__(self, vendor, cc=None, gpu=True):
+        self.vendor = vendor
+        self.platform = type("P", (), {"name": "NVIDIA CUDA" if "NVIDIA" in vendor else "Other"})()
+        self.extensions = "cl_khr_fp64" + (" cl_nv_device_attribute_query" if cc else "")
+        self.type = cl.device_type.GPU if gpu else cl.device_type.CPU
+        self._cc = cc
+
+    def get_info(self, what):
+        if what == cl.device_info.COMPUTE_CAPABILITY_MAJOR_NV:
+            return self._cc[0]
+        if what == cl.device_info.COMPUTE_CAPABILITY_MINOR_NV:
+            return self._cc[1]
+        raise cl.Error("not this attribute")
+
+
+@pytest.mark.parametrize("vendor,cc,gpu,path", [
+    ("NVIDIA Corporation", (9, 0), True, "nv_mma"), ("NVIDIA Corporation", (8, 0), True, "nv_mma"),
+    ("NVIDIA Corporation", (7, 5), True, None),  # Turing: no bf16 mma.sync
+    ("NVIDIA Corporation", None, True, None),  # no cl_nv_device_attribute_query: capability unknown
+    ("NVIDIA Corporation", (9, 0), False, None),
+    ("Intel(R) Corporation", None, True, None), ("The pocl project", None, False, None)])
+def test_matrix_path_guard_on_vendor_and_compute_capability(monkeypatch, vendor, cc, gpu, path):
+    """Tensor cores only on NVIDIA GPUs of compute capability 8.0 or more; auto is bf16 there, fp32 elsewhere."""
+    monkeypatch.delenv("CLGPT_MMA_EMULATE", raising=False)
+    d = FakeDevice(vendor, cc, gpu)
+    assert matrix_path(d) == path
+    assert resolve("auto", d) == ("bf16" if path else "fp32")
+    assert resolve("tf32", d) == "tf32" and resolve("fp32", d) == "fp32"
+
+
+def test_kernel_selection_per_precision(dev, monkeypatch):
+    """Which kernel each precision runs: PoCL (no matrix path) -> the portable kernels, auto -> fp32; a matrix
+    path (emulated) -> bf16 on kernels/matmul_bf16.cl (CLGPT_BF16=off: matmul_mma.cl), tf32 on matmul_mma.cl."""
+    for precision in ("bf16", "tf32", "auto"):
+        ops = _engine(monkeypatch, precision, launch="nvidia").ops
+        assert ops.mma is None and ops.bf16 is None and ops.precision == ("fp32" if precision == "auto" else precision)
+    ops = _engine(monkeypatch, "bf16", launch="nvidia", emulate=True).ops
+    assert ops.mma is not None and ops.bf16 is not None and ops._bf16_opts == {"MMA_EMULATE": 1}
+    assert _engine(monkeypatch, "auto", launch="nvidia", emulate=True).ops.bf16 is not None
+    ops = _engine(monkeypatch, "tf32", launch="nvidia", emulate=True).ops
+    assert ops.mma is not None and ops.bf16 is None
+    monkeypatch.setenv("CLGPT_BF16", "off")
+    ops = _engine(monkeypatch, "bf16", launch="nvidia", emulate=True).ops
+    assert ops.mma is not None and ops.bf16 is None
+
+
 def _engine(monkeypatch, precision, launch="cpu", emulate=False, **shape):
     monkeypatch.setenv("CLGPT_LAUNCH", launch)
     if emulate:
         monkeypatch.setenv("CLGPT_MMA_EMULATE", "1")
         monkeypatch.setenv("CLGPT_MMA", "BM=32,BN=32,WM=2,WN=2")  # small tiles: PoCL compiles them quickly
         monkeypatch.setenv("CLGPT_MMA_SMALL", "BM=32,BN=16,WM=1,WN=1")
-        monkeypatch.setenv("CLGPT_BF16", "BM=32,BN=32,WM=2,WN=2,STAGES=3")
-        monkeypatch.setenv("CLGPT_BF16_SMALL", "BM=32,BN=32,WM=1,WN=1,STAGES=2")
+        for var, tiles in (("CLGPT_BF16", "4warps"), ("CLGPT_BF16_SMALL", "1warp")):
+            if var not in os.environ:  # (a test may have chosen them)
+                monkeypatch.setenv(var, BF16_TILES[tiles])
     cfg = ModelConfig(vocab_size=shape.get("V", 16), n_ctx=shape.get("T", 8), n_embd=shape.get("C", 16),
                       n_head=shape.get("H", 2), n_layer=shape.get("L", 1), n_ff=shape.get("F", 32))
     return Engine(cfg, init_params(cfg, 0), batch_size=shape.get("B", 1), seq_len=shape.get("T", 8),
