@@ -41,6 +41,8 @@ SHAPES = [("4096^2 NT", 4096, 4096, 4096, 0, 1), ("4096^2 NN", 4096, 4096, 4096,
           ("M6 fc +bias+gelu", 16384, 1536, 384, 0, 1, 1), ("M6 dx gelu'", 16384, 1536, 384, 0, 0, 2),
           ("L qkv", 8192, 2304, 768, 0, 1), ("L fc", 8192, 3072, 768, 0, 1), ("L proj", 8192, 768, 3072, 0, 1),
           ("L lm head", 8192, 8192, 768, 0, 1), ("L dx lm", 8192, 768, 8192, 0, 0), ("L dW fc", 3072, 768, 8192, 1, 0)]
+if os.environ.get("GEMM_TC_CONFIGS"):  # e.g. "128,128,2,4,3;64,64,2,2,4"
+    CONFIGS = [tuple(int(v) for v in c.split(",")) for c in os.environ["GEMM_TC_CONFIGS"].split(";")]
 if "--quick" in sys.argv:
     CONFIGS, SHAPES = CONFIGS[:2], SHAPES[:3]
 DRY = os.environ.get("GEMM_TC_DRY")  # a dry run on PoCL (mma emulated, torch on the CPU): the script's own checks

@@ -66,6 +66,32 @@
 #include "epilogue.cl"
 #include "precision.cl"
 
+// epilogue.cl's epilogue for two adjacent outputs (gn even, ldc even: 8-byte aligned pairs), the same
+// operations in the same order per output
+inline float2 epilogue2(const float2 acc, const int gm, const int gn, const int ldc, __global float* Cm,
+                        __global const float* bias, __global const float* R, __global float* E, const float alpha)
+{
+    const size_t o = (size_t)gm * ldc + gn;
+    float2 c = alpha * acc;
+#if BIAS
+    c += *(__global const float2*)(bias + gn);
+#endif
+#if RESID
+    c += *(__global const float2*)(R + o);
+#endif
+#if ACCUM
+    c += *(__global const float2*)(Cm + o);
+#endif
+#if EPI == 1
+    *(__global float2*)(E + o) = (float2)(gelu_f(c.x), gelu_f(c.y));
+#elif EPI == 2
+    const float2 e = *(__global const float2*)(E + o);
+    c.x *= gelu_df(e.x);
+    c.y *= gelu_df(e.y);
+#endif
+    return c;
+}
+
 #define NTH (WM * WN * 32)
 #define WTM (BM / WM)  // warp tile rows
 #define WTN (BN / WN)  // warp tile columns
@@ -309,20 +335,35 @@ void matmul_bf16(const int M, const int N, const int Kp,
     }
     CP_WAIT(0);
 
+    // Outputs: each work-item holds column pairs (2t, 2t+1) of rows g and g + 8 of every 16 x 8 mma tile;
+    // with an even ldc (8-byte aligned pairs) they are read and written as float2.
+    const int pairs = (ldc & 1) == 0;
 #pragma unroll
     for (int i = 0; i < MT; i++) {
 #pragma unroll
         for (int j = 0; j < NT; j++) {
-            const int gn0 = n0 + wn * WTN + 8 * j + 2 * t;
+            const int gn = n0 + wn * WTN + 8 * j + 2 * t;
 #pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const int gm = m0 + wm * WTM + 16 * i + g + (c >> 1) * 8, gn = gn0 + (c & 1);
+            for (int h = 0; h < 2; h++) {
+                const int gm = m0 + wm * WTM + 16 * i + g + 8 * h;
                 if (gm >= M || gn >= N) continue;
+                const float2 v = (float2)(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+                if (pairs && gn + 1 < N) {
+                    __global float2* p = (__global float2*)(Cm + (size_t)gm * ldc + gn);
 #if SPLITK
-                Cm[(size_t)gm * ldc + gn] = acc[i][j][c];
+                    *p = v;
 #else
-                Cm[(size_t)gm * ldc + gn] = epilogue(acc[i][j][c], gm, gn, ldc, Cm, bias, R, E, alpha);
+                    *p = epilogue2(v, gm, gn, ldc, Cm, bias, R, E, alpha);
 #endif
+                } else {
+#if SPLITK
+                    Cm[(size_t)gm * ldc + gn] = v.x;
+                    if (gn + 1 < N) Cm[(size_t)gm * ldc + gn + 1] = v.y;
+#else
+                    Cm[(size_t)gm * ldc + gn] = epilogue(v.x, gm, gn, ldc, Cm, bias, R, E, alpha);
+                    if (gn + 1 < N) Cm[(size_t)gm * ldc + gn + 1] = epilogue(v.y, gm, gn + 1, ldc, Cm, bias, R, E, alpha);
+#endif
+                }
             }
         }
     }
