@@ -37,5 +37,5 @@ for shape in $PROFILE; do
   echo "== profile $shape bf16" | tee -a $O/profile.txt
   CLGPT_BENCH_PROFILE=1 timeout 60 python3 -m clgpt bench $args --steps 2 --gemm 0 --precision bf16 2>&1 | grep -A24 "^profile" | tee -a $O/profile.txt
 done
-[ -n "$CURVE" ] && timeout 100 python3 bench/gpu_tc.py curve 2>&1 | grep -v Warn | tee $O/curve.txt
+[ -n "$CURVE" ] && timeout 40 python3 bench/gpu_tc.py curve 2>&1 | grep -v Warn | tee $O/curve.txt
 exit 0
