@@ -66,6 +66,36 @@ def _pick(spec: str | None) -> cl.Device:
     raise ClgptError(f"OpenCL device {spec!r} not found; available devices: {_listing(devs)}")
 
 
+def matching_devices(spec: str | None) -> list[cl.Device]:
+    """Every device `spec` could mean, in listing order: "" (and no PYOPENCL_CTX) -> all GPUs, else all
+    CPUs; "p:d" -> that one; "p" -> every device of platform p; a name part -> every device whose name
+    holds it. Ranks of a data-parallel stage take these by their local index (clgpt.dist)."""
+    spec = (spec or "").strip() or os.environ.get("PYOPENCL_CTX", "").strip()
+    devs = _all_devices()
+    if not spec:
+        gpus = [d for _, d in devs if d.type & cl.device_type.GPU]
+        return gpus or [d for _, d in devs if d.type & cl.device_type.CPU] or [devs[0][1]]
+    parts = spec.split(":")
+    if len(parts) == 1 and parts[0].isdigit():  # "P" (PYOPENCL_CTX=0, say): every device of platform P
+        found = [d for idx, d in devs if idx.split(":")[0] == parts[0]]
+        if found:
+            return found
+    if all(p.strip().isdigit() for p in parts) and len(parts) <= 2:
+        return [_pick(spec)]
+    found = [d for _, d in devs if spec.lower() in d.name.lower()]
+    if not found:
+        raise ClgptError(f"OpenCL device {spec!r} not found; available devices: {_listing(devs)}")
+    return found
+
+
+def get_device_for(dev: cl.Device) -> "Device":
+    """The cached Device of one OpenCL device (as get_device returns it)."""
+    key = f"{dev.platform.name}|{dev.name}|{dev.int_ptr}"
+    if key not in _cache:
+        _cache[key] = Device(dev)
+    return _cache[key]
+
+
 def list_devices() -> list[tuple[str, str, str, bool]]:
     """-> [(index "p:d", name, type, chosen)] where chosen marks what get_device() would pick."""
     devs = _all_devices()
@@ -136,8 +166,4 @@ def resolve_device(device: "Device | str | None" = None) -> Device:
 
 def get_device(spec: str | None = None) -> Device:
     """The chosen device (see module doc); one Device (context, queue, caches) per OpenCL device."""
-    dev = _pick(spec)
-    key = f"{dev.platform.name}|{dev.name}|{dev.int_ptr}"
-    if key not in _cache:
-        _cache[key] = Device(dev)
-    return _cache[key]
+    return get_device_for(_pick(spec))

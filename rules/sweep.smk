@@ -98,20 +98,9 @@ use rule pretrain as sweep_pretrain with:
     benchmark:
         "benchmarks/sweep/{run}/pretrain.tsv"
     params:
-        # the stage's script reads either its params (script:) or one JSON argument (shell:, MPI ranks)
-        model=sweep_setting("model"),
-        settings=sweep_setting("pretrain"),
-        device=sweep_setting("device"),
-        args=sweep_script_args(
-            inputs=("encoded", "heldout", "tokenizer"),
-            outputs=("checkpoint", "log_csv"),
-            settings={
-                "model": "model",
-                "settings": "pretrain",
-                "device": "device",
-                "devices": "devices",
-            },
-        ),
+        # what rules.pretrain's shell line reads (rules/common.smk stage_command), from the run's config
+        settings=sweep_script_settings(model="model", settings="pretrain", device="device", devices="devices"),
+        paths=script_paths("encoded", "heldout", "tokenizer", "checkpoint", "log_csv"),
 
 
 use rule tune as sweep_tune with:
@@ -129,13 +118,8 @@ use rule tune as sweep_tune with:
     benchmark:
         "benchmarks/sweep/{run}/tune.tsv"
     params:
-        settings=sweep_setting("tune"),
-        device=sweep_setting("device"),
-        args=sweep_script_args(
-            inputs=("pretrained", "encoded", "heldout", "mix"),
-            outputs=("checkpoint", "log_csv"),
-            settings={"settings": "tune", "device": "device", "devices": "devices"},
-        ),
+        settings=sweep_script_settings(settings="tune", device="device", devices="devices"),
+        paths=script_paths("pretrained", "encoded", "heldout", "mix", "checkpoint", "log_csv"),
 
 
 use rule evaluate as sweep_evaluate with:

@@ -34,19 +34,15 @@ def sweep_setting(*keys):
     return value
 
 
-def sweep_script_args(inputs=(), outputs=(), settings=None):
-    """params.args for a stage that runs its script through `shell` with main(...)'s keyword arguments as one
-    JSON string: the named inputs and outputs by path, and `settings` {argument: config section or top-level key}
-    from the run's config (keys the config lacks are left out)."""
+def sweep_script_settings(**sections):
+    """params.settings of a training stage in a run (as rules/common.smk script_settings): main(...)'s keyword
+    arguments {argument: config section or top-level key} from the run's config, as one JSON string."""
 
-    def args(wildcards, input, output):
+    def settings(wildcards):
         run = SWEEP_RUNS[wildcards.run]["config"]
-        values = {k: input[k] for k in inputs}
-        values.update({k: output[k] for k in outputs})
-        values.update({k: run[key] for k, key in (settings or {}).items() if key in run})
-        return json.dumps(values)
+        return script_settings(**{k: run[key] for k, key in sections.items()})
 
-    return args
+    return settings
 
 
 def summary_code():

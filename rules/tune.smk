@@ -19,8 +19,9 @@ rule tune:
         mem_mb=config["resources"]["tune"]["mem_mb"],
         runtime=config["resources"]["tune"]["runtime"],
         gpu=config["resources"]["tune"]["gpu"],
+        **mpi_resources("tune"),
     params:
-        settings=config["tune"],
-        device=config["device"],
-    script:
-        "../scripts/tune.py"
+        settings=script_settings(settings=config["tune"], device=config["device"], devices=config["devices"]),
+        paths=script_paths("pretrained", "encoded", "heldout", "mix", "checkpoint", "log_csv"),
+    shell:
+        stage_command("tune", "scripts/tune.py")

@@ -1,0 +1,114 @@
+"""Runs a stage's MPI launch line and, when it fails, names the rank that failed.
+
+    python -m clgpt.launch --stage pretrain --partial results/pretrain/model.ckpt.partial [--log LOG] \\
+        -- mpiexec -n 2 python scripts/pretrain.py ARGS LOG
+
+Each rank records itself (rank, pid, host, device; and its error, if it raised one) in a status folder
+named by CLGPT_RANK_DIR (clgpt.dist). A rank killed outright (SIGKILL, out of memory, a lost node) cannot
+say so itself: the MPI library's launcher prints its pid (MPICH) or its rank (Open MPI, srun), and this
+wrapper maps that back to the rank. It passes the launcher's output through, adds one `error:` line, and
+exits with the launcher's code. The stage's outputs are written by rank 0 at the very end (temp + rename),
+so a failed launch leaves none; the last `.partial` checkpoint stays for a resume.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from clgpt.dist import RANK_DIR_ENV
+
+_TAIL = 20000  # characters of the launcher's output kept for the post-mortem
+
+
+def _ranks(folder: str) -> dict[int, dict]:
+    out = {}
+    for name in os.listdir(folder) if os.path.isdir(folder) else []:
+        if name.startswith("rank") and name.endswith(".json"):
+            try:
+                with open(os.path.join(folder, name), encoding="utf-8") as f:
+                    rec = json.load(f)
+                out[int(rec["rank"])] = rec
+            except (OSError, ValueError, KeyError):
+                pass
+    return out
+
+
+def culprit(output: str, ranks: dict[int, dict]) -> tuple[int | None, str]:
+    """(rank, why) of the failed rank, from the ranks' own records and the MPI launcher's output."""
+    for r in sorted(ranks):
+        if ranks[r].get("error"):
+            return r, ranks[r]["error"]
+    signal = re.search(r"(Killed \(signal \d+\)|signal \d+[^\n]*|EXIT CODE: \d+)", output)
+    why = signal.group(1).strip() if signal else "exited"
+    m = re.search(r"process rank (\d+)", output) or re.search(r"rank (\d+) .*?(?:exited|killed|terminated)", output, re.I)
+    if m:  # Open MPI ("mpiexec noticed that process rank 1 with PID ..."), srun ("task 1")
+        return int(m.group(1)), why
+    m = re.search(r"task (\d+)[^\n]*(?:exited|killed|terminated)", output, re.I)
+    if m:
+        return int(m.group(1)), why
+    for pid in re.findall(r"PID (\d+)", output):  # MPICH hydra names the pid only
+        for r, rec in ranks.items():
+            if str(rec.get("pid")) == pid:
+                return r, why
+    return None, why
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m clgpt.launch", description=__doc__.splitlines()[0])
+    ap.add_argument("--stage", required=True)
+    ap.add_argument("--partial", default="", help="the stage's resumable checkpoint, named in the message")
+    ap.add_argument("--log", default="", help="append the error line here too (the rule's log)")
+    ap.add_argument("command", nargs=argparse.REMAINDER)
+    a = ap.parse_args(argv)
+    command = a.command[1:] if a.command[:1] == ["--"] else a.command
+    if not command:
+        ap.error("give the launch command after --")
+    parent = os.path.dirname(os.path.abspath(a.partial)) if a.partial else None
+    if parent:
+        os.makedirs(parent, exist_ok=True)  # shared between hosts on a cluster, like the outputs
+    folder = tempfile.mkdtemp(prefix=f".{a.stage}-ranks-", dir=parent)
+    tail = ""
+    try:
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                env={**os.environ, RANK_DIR_ENV: folder})
+        while True:
+            chunk = proc.stdout.read1(65536) if hasattr(proc.stdout, "read1") else proc.stdout.read(65536)
+            if not chunk:
+                break
+            text = chunk.decode("utf-8", "replace")
+            sys.stderr.write(text)
+            sys.stderr.flush()
+            tail = (tail + text)[-_TAIL:]
+        rc = proc.wait()
+        if rc == 0:
+            return 0
+        ranks = _ranks(folder)
+        rank, why = culprit(tail, ranks)
+        n = len(ranks) or "?"
+        if rank is None:
+            who = "an MPI rank"
+        else:
+            rec = ranks.get(rank, {})
+            where = f" (pid {rec['pid']} on {rec['host']}{', ' + rec['device'] if rec.get('device') else ''})" if rec else ""
+            who = f"MPI rank {rank} of {n}{where}"
+        kept = (f"the last checkpoint is kept at {a.partial}; run again to resume" if a.partial and os.path.exists(a.partial)
+                else "no checkpoint was written yet")
+        msg = f"error: {a.stage}: {who} failed: {why}; the stage's outputs were not written; {kept}"
+        print(msg, file=sys.stderr, flush=True)
+        if a.log:
+            with open(a.log, "a", encoding="utf-8") as f:
+                f.write(msg + "\n")
+        return rc
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""Data parallelism over MPI (clgpt.dist) on a tiny model, ranks sharing the CPU's OpenCL device:
+gradients of two ranks against one, bit-identical runs, resume, a killed rank named by the launcher."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from clgpt.checkpoint import load_checkpoint
+from clgpt.errors import ClgptError
+from clgpt.launch import culprit
+from clgpt.train import run_stage
+from test_train import TINY, dialog_docs, settings, text_docs, write_encoded
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKER = str(ROOT / "tests" / "mpi_worker.py")
+_BESIDE = Path(sys.executable).with_name("mpiexec")
+MPIEXEC = str(_BESIDE) if _BESIDE.exists() else shutil.which("mpiexec")
+
+
+def mpirun(n: int, spec: dict, launch: str | None = None, partial: str = "") -> subprocess.CompletedProcess:
+    """`mpiexec -n n python tests/mpi_worker.py SPEC`, through clgpt.launch when `launch` names the stage."""
+    cmd = [MPIEXEC, "-n", str(n), sys.executable, WORKER, json.dumps(spec)]
+    if launch:
+        cmd = [sys.executable, "-m", "clgpt.launch", "--stage", launch, "--partial", partial, "--", *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("encoded")
+    docs, pos = dialog_docs()
+    out = {"text": write_encoded(d / "pretrain.bin", text_docs()),
+           "dialog": write_encoded(d / "tune.bin", docs, "dialog", pos)}
+    pre = d / "pre"
+    pre.mkdir()
+    run_stage("pretrain", out["text"], settings(steps=4), str(pre / "model.ckpt"), str(pre / "log.csv"), model=TINY)
+    out["pretrained"] = str(pre / "model.ckpt")
+    return out
+
+
+def stage_args(data, out: Path, **kw) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    return {"stage": "pretrain", "encoded": data["text"], "settings": settings(**kw),
+            "ckpt_out": str(out / "model.ckpt"), "log_csv": str(out / "log.csv"), "model": TINY}
+
+
+@pytest.mark.parametrize("stage,kw,arch", [
+    ("pretrain", dict(batch_size=4), "gpt2"),
+    ("pretrain", dict(batch_size=5, accum_steps=2), "gpt2"),  # uneven rows (2 + 3), one reduce for both micro-batches
+    ("tune", dict(batch_size=5, mix_pretrain=0.4), "gpt2"),  # dialog rows on one rank, mixed-in text on the other
+    ("pretrain", dict(batch_size=4), "llama"),
+])
+def test_two_ranks_give_the_one_rank_gradients(data, tmp_path, stage, kw, arch):
+    spec = {"mode": "grads", "stage": stage, "settings": settings(ranks=2, **kw), "out": str(tmp_path / "g.npz"),
+            "model": {**TINY, "arch": arch}, "encoded": data["text"] if stage == "pretrain" else data["dialog"],
+            "init_ckpt": data["pretrained"], "mix_encoded": data["text"]}
+    r = mpirun(2, spec)
+    assert r.returncode == 0, r.stderr
+    g = np.load(tmp_path / "g.npz")
+    assert g["ranks"].tobytes() == g["plain"].tobytes()  # overlapping the backward pass changes no bit
+    assert bool(g["same_on_all_ranks"])
+    ranks, one = g["ranks"].astype(np.float64), g["one"].astype(np.float64)
+    assert np.linalg.norm(one) > 0
+    assert np.linalg.norm(ranks - one) <= 1e-6 * np.linalg.norm(one)
+    assert np.abs(ranks - one).max() <= 1e-6 * np.abs(one).max()
+    assert abs(float(g["loss"]) - float(g["loss1"])) <= 1e-6 * abs(float(g["loss1"]))
+
+
+@pytest.mark.parametrize("via", ["mpi", "shm"])
+def test_reduce_adds_in_rank_order_on_every_rank(tmp_path, via):
+    """Three ranks, buckets smaller than the vector: every rank gets (a0 + a1) + a2, bit for bit, through
+    MPI messages or through shared memory."""
+    code = f"""
+import numpy as np
+from mpi4py import MPI
+from clgpt.dist import Dist
+d = Dist(MPI.COMM_WORLD)
+assert d.via == {via!r}
+a = [np.random.default_rng(r).standard_normal(1001).astype(np.float32) * 10.0 ** r for r in range(3)]
+got = d.allreduce_sum(a[d.rank], bucket=97)
+want = (a[0] + a[1]) + a[2]
+assert got.tobytes() == want.tobytes(), (d.rank, np.abs(got - want).max())
+half = Dist.allreduce_sum(d, a[d.rank], bucket=97, wire="bf16") if d.via == "mpi" else got
+assert np.abs(half - want).max() <= 2 ** -7 * 3 * max(np.abs(x).max() for x in a)
+assert d.allgather(got.tobytes()) == [got.tobytes()] * 3
+"""
+    r = subprocess.run([MPIEXEC, "-n", "3", sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, cwd=ROOT, env={**os.environ, "CLGPT_REDUCE": via})
+    assert r.returncode == 0, r.stderr
+
+
+def test_two_rank_runs_are_bit_identical_and_match_one_rank(data, tmp_path):
+    one = run_stage(**stage_args(data, tmp_path / "one", steps=6))
+    for name in ("a", "b"):
+        spec = {"mode": "stage", "args": stage_args(data, tmp_path / name, steps=6, ranks=2),
+                "out": str(tmp_path / f"{name}.json")}
+        r = mpirun(2, spec)
+        assert r.returncode == 0, r.stderr
+        assert "2 ranks (MPI)" in r.stderr and "rank 1 pid" in r.stderr
+    assert (tmp_path / "a" / "model.ckpt").read_bytes() == (tmp_path / "b" / "model.ckpt").read_bytes()
+    two = json.loads((tmp_path / "a.json").read_text())
+    assert two["ranks"] == 2 and one["ranks"] == 1
+    assert abs(two["final_loss"] - one["final_loss"]) <= 1e-4 * one["final_loss"]
+    w1 = load_checkpoint(str(tmp_path / "one" / "model.ckpt"))["params"]
+    w2 = load_checkpoint(str(tmp_path / "a" / "model.ckpt"))["params"]
+    assert max(float(np.abs(w1[n] - w2[n]).max()) for n in w1) < 1e-4
+
+
+def test_killed_rank_is_named_and_the_run_resumes(data, tmp_path):
+    full = tmp_path / "full"
+    r = mpirun(2, {"mode": "stage", "args": stage_args(data, full, steps=8, checkpoint_every=2, ranks=2),
+                   "out": str(tmp_path / "full.json")})
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "killed"
+    args = stage_args(data, out, steps=8, checkpoint_every=2, ranks=2)
+    partial = args["ckpt_out"] + ".partial"
+    r = mpirun(2, {"mode": "stage", "args": args, "kill": [1, 5], "out": str(tmp_path / "k.json")},
+               launch="pretrain", partial=partial)
+    assert r.returncode != 0
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: pretrain: MPI rank 1 of 2 (pid ") and "run again to resume" in last, r.stderr
+    assert not (out / "model.ckpt").exists()  # nothing that looks like the stage's output
+    assert load_checkpoint(partial)["step"] == 4
+    assert not list(out.glob(".pretrain-ranks-*"))  # the launcher's status folder is gone
+    r = mpirun(2, {"mode": "stage", "args": args, "out": str(tmp_path / "resumed.json")})
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "resumed.json").read_text())["resumed_from"] == 4
+    assert (out / "model.ckpt").read_bytes() == (full / "model.ckpt").read_bytes()
+
+
+def test_python_error_on_one_rank_stops_all_and_names_it(data, tmp_path):
+    args = stage_args(data, tmp_path / "bad", steps=4, ranks=2)
+    args["devices"] = ["no-such-device"]
+    r = mpirun(2, {"mode": "stage", "args": args, "out": str(tmp_path / "x.json")}, launch="pretrain",
+               partial=args["ckpt_out"] + ".partial")
+    assert r.returncode != 0
+    assert "error: pretrain: rank " in r.stderr and "'no-such-device' not found" in r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("error: pretrain: MPI rank ")
+    assert not (tmp_path / "bad" / "model.ckpt").exists()
+
+
+def test_a_two_rank_partial_resumes_with_one_rank(data, tmp_path):
+    args = stage_args(data, tmp_path / "run", steps=8, checkpoint_every=2, ranks=2)
+    r = mpirun(2, {"mode": "stage", "args": args, "kill": [0, 5], "out": str(tmp_path / "x.json")})
+    assert r.returncode != 0
+    assert load_checkpoint(args["ckpt_out"] + ".partial")["extra"]["ranks"] == 2
+    one = run_stage(**{**args, "settings": settings(steps=8, checkpoint_every=2)})
+    assert one["resumed_from"] == 4 and one["ranks"] == 1
+
+
+def test_ranks_without_mpi_launch_is_a_clear_error(data, tmp_path):
+    with pytest.raises(ClgptError, match=r"pretrain.ranks=2 but this process is one of 1 MPI rank.*mpiexec -n 2"):
+        run_stage(**stage_args(data, tmp_path, ranks=2))
+    with pytest.raises(ClgptError, match="pretrain.ranks=5 is more than batch_size=4"):
+        run_stage(**stage_args(data, tmp_path, ranks=5))
+
+
+@pytest.mark.parametrize("output,pid_of_1,want", [
+    ("=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES\n=   PID 4242 RUNNING AT vm\n=   EXIT CODE: 9\n"
+     "YOUR APPLICATION TERMINATED WITH THE EXIT STRING: Killed (signal 9)", 4242, 1),  # MPICH
+    ("mpiexec noticed that process rank 1 with PID 0 on node vm exited on signal 9 (Killed).", 77, 1),  # Open MPI
+    ("something else went wrong", 77, None),
+])
+def test_launcher_names_the_failed_rank(output, pid_of_1, want):
+    ranks = {0: {"rank": 0, "pid": 1}, 1: {"rank": 1, "pid": pid_of_1}}
+    assert culprit(output, ranks)[0] == want
+    assert culprit(output, {0: {"rank": 0, "pid": 1}, 1: {"rank": 1, "pid": 2, "error": "boom"}}) == (1, "boom")
+
+
+def test_two_rank_pipeline_runs_through_snakemakes_mpi_launch(tmp_path):
+    """The rules' `{resources.mpi} -n {resources.tasks}` line, end to end on the tiny workflow."""
+    from test_pipeline import TINY as TINY_WF, make_workdir, snakemake
+
+    cfg = {**TINY_WF, "pretrain": {**TINY_WF["pretrain"], "ranks": 2}, "tune": {**TINY_WF["tune"], "ranks": 2}}
+    path = make_workdir(tmp_path / "wf", cfg)
+    r = snakemake(path, "model.gguf")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
+    for stage in ("pretrain", "tune"):
+        log = (path / "logs" / f"{stage}.log").read_text()
+        assert f"{stage}: 2 ranks (MPI), rows per rank [2, 2] of 4: rank 0 pid" in log
+    assert (path / "model.gguf").stat().st_size > 0
+    assert not list((path / "results").rglob("*.partial"))
