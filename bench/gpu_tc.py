@@ -3,7 +3,8 @@
     python bench/gpu_tc.py check   # mma kernel vs the portable kernel (same rounding) on this GPU, bit-exact
                                    # rounding (A @ I), determinism, float64 error per precision
     python bench/gpu_tc.py gemm    # 4096^2 bf16 / tf32 through Engine.matmul vs torch.matmul bf16 / tf32,
-                                   # per tile shape (CLGPT_MMA), with ptxas's registers and spills
+                                   # per tile shape (CLGPT_MMA: matmul_mma.cl, which bf16 runs on only with
+                                   # CLGPT_BF16=off; the bf16 GEMM's own sweep is bench/gemm_tc.py)
     python bench/gpu_tc.py curve   # 200 steps fp32 / tf32 / bf16 on the corpus bytes (shape M), same data;
                                    # a bf16 rerun must give the same bytes
 """
