@@ -65,7 +65,7 @@ class EngineBase:
         # the matmuls' precision, resolved ("auto" -> the device's best), its ROUND and tensor-core tiles
         self.precision, self.round, self.mma = self.ops.precision, self.ops.round, self.ops.mma
         self.shapes = param_shapes(cfg)
-        self.store = ParamStore(self.ops, self.shapes, decays)
+        self.store = ParamStore(self.ops, self.shapes, decays, self._packed())
         self.p, self.g = self.store.p, self.store.g
         self._alloc_common()
         self._alloc()
@@ -87,6 +87,10 @@ class EngineBase:
         self.losses_host = np.empty(N, np.float32)
 
     # ---- what an architecture writes ----
+    def _packed(self) -> dict:
+        """{view: tensor names} the parameter store lays back to back (clgpt.params.ParamStore)."""
+        return {}
+
     def _alloc(self):
         raise NotImplementedError
 

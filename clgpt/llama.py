@@ -12,8 +12,12 @@ attention and row kernels, fused cross-entropy, preset launches).
 Shapes: B batch, T time, N = B*T rows, C n_embd, H heads, Hkv kv heads, D = C // H, F n_ff, E experts,
 K experts used, R = N*K + E*(RM-1) rows of the packed expert operands (RM: the grouped products' tile rows).
 
-Attention reuses kernels/attention.cl: rope.cl rotates q and k and packs q | k | v into its (N,3C) qkv
-layout, repeating each kv head for its H/Hkv query heads (grouped-query attention).
+The parameter store lays attn_q | attn_k | attn_v back to back (and, dense, ffn_gate | ffn_up), so each is
+one product: (N, C + 2 Ckv) = h @ [Wq; Wk; Wv].T, (N, 2F) = h @ [Wg; Wu].T, and one weight-gradient and one
+input-gradient product each in the backward. Attention reuses kernels/attention.cl: rope.cl rotates q and k
+of the product's output into its (N,3C) qkv layout, repeating each kv head for its H/Hkv query heads
+(grouped-query attention); without grouping the layouts agree and RoPE runs in place. swiglu.cl's row
+kernel reads gate | up rows; the backward's dgate | dup is the epilogue of the dact = dy @ Wdown product.
 
 Mixture of experts as grouped work, deterministic, all on the device: the router kernel picks each token's
 top-k; one work-item per expert packs its tokens in increasing order at a tile-aligned offset (tokens sorted
@@ -50,6 +54,15 @@ class LlamaEngine(EngineBase):
         super().__init__(*args, **kwargs)
 
     # ---- kernels and buffers ----
+    def _packed(self):
+        views = {}
+        for i in range(self.cfg.n_layer):
+            pre = f"blk.{i}."
+            views[pre + "attn_q+k+v"] = tuple(pre + f"attn_{x}.weight" for x in "qkv")
+            if not self.cfg.n_expert:
+                views[pre + "ffn_gate+up"] = (pre + "ffn_gate.weight", pre + "ffn_up.weight")
+        return views
+
     def _alloc(self):
         self.ops.build_llama()
         cfg, B, T, buf, dev = self.cfg, self.B, self.T, self.ops.buf, self.dev
@@ -81,20 +94,20 @@ class LlamaEngine(EngineBase):
                          tiles=ib(E + 1), pmean=buf(E), xg=buf(R * C), hg=buf(R * F), hu=buf(R * F),
                          act=buf(R * F), ye=buf(R * C))
             else:
-                a.update(hg=buf(N * F), hu=buf(N * F), act=buf(N * F))
+                a.update(hgu=buf(N * 2 * F), act=buf(N * F))  # gate | up, silu(gate) * up
             self.acts.append(a)
         self.rf = buf(N)
         # backward scratch, reused by every layer
         self.datty, self.dqkv, self.datt = buf(N * C), buf(N * 3 * C), buf(B * H * T * T)
-        self.q, self.kk, self.v = buf(N * C), buf(N * Ckv), buf(N * Ckv)
-        self.dq, self.dk, self.dv = buf(N * C), buf(N * Ckv), buf(N * Ckv)
+        if Ckv != C:  # grouped: the q | k | v product's output and gradient apart from attention's layout
+            self.hqkv, self.dhqkv = buf(N * (C + 2 * Ckv)), buf(N * (C + 2 * Ckv))
         if self.dropout:  # a residual branch before its dropout (forward), its gradient after (backward)
             self.branch, self.dres = buf(N * C), buf(N * C)
             if E:
                 self.zero_res = buf(N * C)
                 cl.enqueue_fill_buffer(self.queue, self.zero_res, np.float32(0), 0, N * C * F32)
         if not E:
-            self.dact, self.dhg, self.dhu = buf(N * F), buf(N * F), buf(N * F)
+            self.dhgu = buf(N * 2 * F)
         else:
             R = self.R
             self.rlogits, self.drlogits, self.dwsel = buf(N * E), buf(N * E), buf(N * K)
@@ -141,10 +154,9 @@ class LlamaEngine(EngineBase):
             pre = f"blk.{i}."
             x_next = self.acts[i + 1]["x"] if i + 1 < cfg.n_layer else self.x_out
             ops.rmsnorm(N, a["x"], p[pre + "attn_norm.weight"], a["ln1"], a["r1"])
-            ops.matmul(N, C, C, a["ln1"], p[pre + "attn_q.weight"], self.q, tb=1)
-            ops.matmul(N, Ckv, C, a["ln1"], p[pre + "attn_k.weight"], self.kk, tb=1)
-            ops.matmul(N, Ckv, C, a["ln1"], p[pre + "attn_v.weight"], self.v, tb=1)
-            ops.rope_forward(N, Tp, self.q, self.kk, self.v, self.rope_cos, self.rope_sin, a["qkv"])
+            hqkv = a["qkv"] if Ckv == C else self.hqkv  # q | k | v (N, C + 2Ckv)
+            ops.matmul(N, C + 2 * Ckv, C, a["ln1"], p[pre + "attn_q+k+v"], hqkv, tb=1)
+            ops.rope_forward(N, Tp, hqkv, self.rope_cos, self.rope_sin, a["qkv"])
             drop = self._dropped(i, "attn")
             ops.attention_forward(Bp, Tp, a["qkv"], a["atty"], a["att"], drop and (*drop, a["att_d"]))
             if self._drop:
@@ -157,9 +169,8 @@ class LlamaEngine(EngineBase):
             if cfg.n_expert:
                 self._moe_forward(i, a, N, resid if resid is not None else self.zero_res, out)
             else:
-                ops.matmul(N, F, C, a["ln2"], p[pre + "ffn_gate.weight"], a["hg"], tb=1)
-                ops.matmul(N, F, C, a["ln2"], p[pre + "ffn_up.weight"], a["hu"], tb=1)
-                ops.swiglu_forward(N * F, a["hg"], a["hu"], a["act"])
+                ops.matmul(N, 2 * F, C, a["ln2"], p[pre + "ffn_gate+up"], a["hgu"], tb=1)
+                ops.swiglu_rows_forward(N, a["hgu"], a["act"])
                 ops.matmul(N, C, F, a["act"], p[pre + "ffn_down.weight"], out, tb=1, resid=resid)
             if self._drop:
                 self._residual(N * C, i, "ffn_res", a["x_mid"], self.branch, x_next)
@@ -200,14 +211,12 @@ class LlamaEngine(EngineBase):
             dy = self._branch_grad(N, C, i, "ffn_res")
             if cfg.n_expert:
                 self._moe_backward(i, a, N, scale, dy)
-            else:  # x_out = x_mid + act @ Wdown.T, act = silu(ln2 @ Wgate.T) * (ln2 @ Wup.T)
+            else:  # x_out = x_mid + act @ Wdown.T, act = silu(hgu[:, :F]) * hgu[:, F:], hgu = ln2 @ [Wg; Wu].T
                 ops.matmul(C, F, N, dy, a["act"], g[pre + "ffn_down.weight"], ta=1, accum=True)
-                ops.matmul(N, F, C, dy, p[pre + "ffn_down.weight"], self.dact)
-                ops.swiglu_backward(N * F, self.dact, a["hg"], a["hu"], self.dhg, self.dhu)
-                ops.matmul(F, C, N, self.dhg, a["ln2"], g[pre + "ffn_gate.weight"], ta=1, accum=True)
-                ops.matmul(F, C, N, self.dhu, a["ln2"], g[pre + "ffn_up.weight"], ta=1, accum=True)
-                ops.matmul(N, C, F, self.dhg, p[pre + "ffn_gate.weight"], dln)
-                ops.matmul(N, C, F, self.dhu, p[pre + "ffn_up.weight"], dln, accum=True)
+                # dact = dy @ Wdown, and in its epilogue dhgu = dgate | dup (kernels/matmul.cl EPI 3)
+                ops.matmul_epi(N, F, C, dy, p[pre + "ffn_down.weight"], self.dhgu, epi=3, E=a["hgu"], ldc=2 * F)
+                ops.matmul(2 * F, C, N, self.dhgu, a["ln2"], g[pre + "ffn_gate+up"], ta=1, accum=True)
+                ops.matmul(N, C, 2 * F, self.dhgu, p[pre + "ffn_gate+up"], dln)
             ops.rmsnorm_backward(N, dln, a["x_mid"], a["r2"], p[pre + "ffn_norm.weight"], g[pre + "ffn_norm.weight"],
                                  dx, 1)
             # attention: x_mid = x + drop(atty @ Wo.T)
@@ -217,11 +226,10 @@ class LlamaEngine(EngineBase):
             drop = self._dropped(i, "attn")
             ops.attention_backward(Bp, Tp, self.datty, a["qkv"], a["att"], self.datt, self.dqkv,
                                    drop and (*drop, a["att_d"]))
-            ops.rope_backward(N, Tp, self.dqkv, self.rope_cos, self.rope_sin, self.dq, self.dk, self.dv)
-            for j, (d, width) in enumerate(((self.dq, C), (self.dk, Ckv), (self.dv, Ckv))):
-                name = pre + f"attn_{'qkv'[j]}.weight"
-                ops.matmul(width, C, N, d, a["ln1"], g[name], ta=1, accum=True)
-                ops.matmul(N, C, width, d, p[name], dln, accum=j > 0)
+            dh = self.dqkv if Ckv == C else self.dhqkv  # the q | k | v product's gradient (N, C + 2Ckv)
+            ops.rope_backward(N, Tp, self.dqkv, self.rope_cos, self.rope_sin, dh)
+            ops.matmul(C + 2 * Ckv, C, N, dh, a["ln1"], g[pre + "attn_q+k+v"], ta=1, accum=True)
+            ops.matmul(N, C, C + 2 * Ckv, dh, p[pre + "attn_q+k+v"], dln)
             ops.rmsnorm_backward(N, dln, a["x"], a["r1"], p[pre + "attn_norm.weight"], g[pre + "attn_norm.weight"],
                                  dx, 1)
         if self._drop:

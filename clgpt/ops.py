@@ -168,10 +168,12 @@ class Ops:
         C, D, E = cfg.n_embd, cfg.head_dim, cfg.n_expert
         for kname in ("rmsnorm_forward", "rmsnorm_backward", "rmsnorm_param_backward"):
             k[kname] = dev.kernel("rmsnorm", kname, C=C, EPS=float(cfg.norm_eps))
-        for kname in ("rope_qkv_forward", "rope_qkv_backward"):
+        for kname in ("rope_forward", "rope_backward"):
             k[kname] = dev.kernel("rope", kname, C=C, D=D, G=cfg.n_head // cfg.kv_heads, CKV=cfg.kv_heads * D)
-        for kname in ("swiglu_forward", "swiglu_backward"):
+        for kname in ("swiglu_forward", "swiglu_backward"):  # mixture of experts: gate, up apart
             k[kname] = dev.kernel("swiglu", kname)
+        # dense: h = gate | up per row (the backward is the dact product's epilogue 3)
+        k["swiglu_rows_forward"] = dev.kernel("swiglu", "swiglu_rows_forward", F=cfg.n_ff)
         if self.rows:
             for kname in ("rmsnorm_param_partial", "rmsnorm_param_final"):
                 k[kname] = dev.kernel("rmsnorm", kname, C=C, EPS=float(cfg.norm_eps))
@@ -270,14 +272,18 @@ class Ops:
         kc = ceil_to(-(-K // s), mm["TSK"])
         return mm, -(-K // kc), kc
 
-    def matmul_epi(self, M, N, K, A, B, Cm, ta=0, tb=0, bias=None, resid=None, accum=False, alpha=1.0, epi=0, E=None):
-        """matmul with an epilogue: epi 1 also writes E = gelu(Cm); epi 2 multiplies Cm by gelu'(E)."""
+    def matmul_epi(self, M, N, K, A, B, Cm, ta=0, tb=0, bias=None, resid=None, accum=False, alpha=1.0, epi=0, E=None,
+                   ldc=None):
+        """matmul with an epilogue: epi 1 also writes E = gelu(Cm); epi 2 multiplies Cm by gelu'(E); epi 3 is
+        the SwiGLU backward: E (M, 2N) = gate | up, the product is dact, Cm (M, 2N) receives dgate | dup
+        (ldc = 2N: Cm's and E's rows ldc floats apart)."""
         if M <= 0 or N <= 0:
             return
-        if self.bf16 is not None:
+        # the tensor-core forms write rows N apart: a product with its own ldc (epi 3) takes the portable kernels
+        if self.bf16 is not None and ldc is None:
             self._matmul_bf16(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E)
             return
-        if self.mma is not None:
+        if self.mma is not None and ldc is None:
             self._matmul_mma(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E)
             return
         mm, _ = self._tiles(M, N)
@@ -318,7 +324,7 @@ class Ops:
                 return
         kern = self._kernel_mm(mm, ta, tb, bias is not None, resid is not None, bool(accum), epi)
         gsize, lsize = matmul_launch(mm, M, N)
-        self._launch(kern, gsize, lsize, (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm, i32(N),
+        self._launch(kern, gsize, lsize, (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm, i32(ldc or N),
                                           bias, resid, f32(alpha), E))
 
     # ---- tensor cores (kernels/matmul_mma.cl) ----
@@ -741,12 +747,34 @@ class Ops:
         self.runp("embedding_backward_wpe", (self.cfg.n_embd, Tp), i32(Bp), i32(Tp), dx, dwpe)
 
     # ---- llama pieces ----
-    def rope_forward(self, N, Tp, q, k, v, cos, sin, qkv):
-        self.runp("rope_qkv_forward", (3 * (self.cfg.n_embd // 2), N), i32(N), i32(Tp), q, k, v, cos, sin, qkv)
+    def _rope_launch(self, name, slots, N, args):
+        """(slots, N) work-items, one per (head slot, row); work-groups of about 64 (PoCL pays per group)."""
+        r = max(1, 64 // slots)
+        self.run(name, (slots, ceil_to(N, r)), *args, lsize=(slots, r))
 
-    def rope_backward(self, N, Tp, dqkv, cos, sin, dq, dk, dv):
-        Ckv = self.cfg.kv_heads * self.cfg.head_dim
-        self.runp("rope_qkv_backward", (self.cfg.n_embd // 2 + Ckv, N), i32(N), i32(Tp), dqkv, cos, sin, dq, dk, dv)
+    def rope_forward(self, N, Tp, src, cos, sin, qkv):
+        """qkv (N,3C) = RoPE'd q, k and v (kv heads repeated) from the q | k | v product src (N, C+2Ckv);
+        with n_head_kv == n_head in place (src is qkv)."""
+        H, G = self.cfg.n_head, self.cfg.n_head // self.cfg.kv_heads
+        self._rope_launch("rope_forward", 2 * H if G == 1 else 3 * H, N, (i32(N), i32(Tp), src, cos, sin, qkv))
+
+    def rope_backward(self, N, Tp, dqkv, cos, sin, dsrc):
+        """dsrc (N, C+2Ckv), the q | k | v product's gradient, from dqkv (N,3C); in place when G == 1."""
+        H, Hkv = self.cfg.n_head, self.cfg.kv_heads
+        self._rope_launch("rope_backward", 2 * H if H == Hkv else H + 2 * Hkv, N,
+                          (i32(N), i32(Tp), dqkv, cos, sin, dsrc))
+
+    def swiglu_rows_forward(self, N, h, out):
+        """out (N,F) = silu(h[:, :F]) * h[:, F:], h (N,2F) = gate | up."""
+        self._rows("swiglu_rows_forward", N, (i32(N), h, out))
+
+    def _rows(self, name, N, args):
+        """A one-work-item-per-row kernel: CPUs one row a work-group (explicit float8 loops, as kernels/cpu.cl's
+        kernels are launched), other devices the fixed 1-D local size."""
+        if self.launch.get("cpu_vec"):
+            self.run(name, (N,), *args, lsize=(1,))
+        else:
+            self.runp(name, (N,), *args)
 
     def swiglu_forward(self, n, gate, up, out):
         self.run("swiglu_forward", (ceil_to(n, 256),), i32(n), gate, up, out, lsize=(256,))

@@ -4,6 +4,11 @@ Each of parameters, grads, m, v is one flat buffer, each tensor a sub-buffer at 
 that decay first; so zero_grad is one fill, the grad norm one two-stage reduction and AdamW one launch.
 The order (decaying tensors, then the rest, each group in param_shapes order) is also the order of
 `get_grads_flat` / `set_grads_flat` (no padding: n_params floats), which MPI all-reduces.
+
+`packed` {view name: (tensor names, consecutive in that order)} lays those tensors back to back, with no
+padding between them, and adds a view of the whole run under the view name: one product can then use them
+as one matrix (llama: attn_q | attn_k | attn_v, ffn_gate | ffn_up). A member that then starts off the
+device's sub-buffer alignment has no view of its own (only the packed one).
 """
 
 from __future__ import annotations
@@ -16,11 +21,21 @@ from clgpt.ops import F32, Ops, ceil_to
 
 
 class ParamStore:
-    def __init__(self, ops: Ops, shapes: dict[str, tuple], decays):
+    def __init__(self, ops: Ops, shapes: dict[str, tuple], decays, packed: dict[str, tuple] | None = None):
         self.ops, self.queue, self.shapes = ops, ops.queue, shapes
         names = [n for n in shapes if decays(n)] + [n for n in shapes if not decays(n)]
+        self.packed = dict(packed or {})
+        follows = {}  # member -> the member before it in its packed run
+        for view, members in self.packed.items():
+            i = names.index(members[0])
+            if tuple(names[i: i + len(members)]) != tuple(members):
+                raise ValueError(f"packed view {view}: {members} are not consecutive in the store's order")
+            follows.update(zip(members[1:], members[:-1]))
         self.offsets, off, self.n_decay = {}, 0, 0
         for name in names:
+            if name in follows:  # right after the previous member
+                prev = follows[name]
+                off = self.offsets[prev] + int(np.prod(shapes[prev]))
             self.offsets[name] = off
             off = ceil_to(off + int(np.prod(shapes[name])), ops.align)
             if decays(name):
@@ -36,7 +51,13 @@ class ParamStore:
         self.t = 0
 
     def _views(self, flat: cl.Buffer) -> dict[str, cl.Buffer]:
-        return {n: flat.get_sub_region(self.offsets[n] * F32, int(np.prod(self.shapes[n])) * F32) for n in self.order}
+        base = max(1, self.ops.dev.device.mem_base_addr_align // 8)  # bytes a sub-buffer's offset must divide by
+        size = lambda n: int(np.prod(self.shapes[n])) * F32  # noqa: E731
+        views = {n: flat.get_sub_region(self.offsets[n] * F32, size(n)) for n in self.order
+                 if self.offsets[n] * F32 % base == 0}
+        for view, members in self.packed.items():
+            views[view] = flat.get_sub_region(self.offsets[members[0]] * F32, sum(size(n) for n in members))
+        return views
 
     # ---- gradients and the optimizer ----
     def zero_grad(self):

@@ -1,5 +1,7 @@
 // The matmul epilogue, shared (#include "epilogue.cl") by matmul.cl and matmul_mma.cl: one output
-// c = alpha * acc [+ bias] [+ R] [+ C], then EPI (1: also E = gelu(c); 2: c *= gelu'(E)).
+// c = alpha * acc [+ bias] [+ R] [+ C], then EPI (1: also E = gelu(c); 2: c *= gelu'(E); 3: SwiGLU backward,
+// with ldc = 2N: E's row is gate | up, c is dact, C's row gets dgate (returned, columns 0..N-1) and dup (written
+// at column N + gn)).
 // Needs BIAS, RESID, ACCUM, EPI defined first.
 #ifndef CLGPT_EPILOGUE_CL
 #define CLGPT_EPILOGUE_CL
@@ -34,6 +36,11 @@ inline float epilogue(const float acc, const int gm, const int gn, const int ldc
     E[gm * ldc + gn] = gelu_f(c);
 #elif EPI == 2
     c *= gelu_df(E[gm * ldc + gn]);
+#elif EPI == 3  // as kernels/swiglu.cl's backward, element by element; N = ldc / 2
+    const float g = E[gm * ldc + gn], u = E[gm * ldc + ldc / 2 + gn];
+    const float sg = 1.0f / (1.0f + exp(-g));
+    Cm[gm * ldc + ldc / 2 + gn] = c * g * sg;
+    c = c * u * sg * (1.0f + g * (1.0f - sg));
 #endif
     return c;
 }

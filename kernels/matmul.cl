@@ -3,14 +3,16 @@
 //   matmul, matmul_rb: C (M,N) = epi(alpha * op(A) (M,K) @ op(B) (K,N) [+ bias (N)] [+ R (M,N)] [+ C])
 //                  op(A)[m,k] = TA ? A[k*lda+m] : A[m*lda+k];  op(B)[k,n] = TB ? B[n*ldb+k] : B[k*ldb+n]
 //                  epi: EPI 0 none; 1 also writes E (M,N) = gelu(C) (C keeps the pre-activation);
-//                       2 C *= gelu'(E) (E holds the pre-activation: dh = (dy @ W) * gelu'(h))
+//                       2 C *= gelu'(E) (E holds the pre-activation: dh = (dy @ W) * gelu'(h));
+//                       3 SwiGLU backward: E (M, 2N) = gate | up rows ldc (= 2N) apart, c = dact; C's row gets
+//                         dgate = c u s (1 + g (1 - s)) at columns 0..N-1 and dup = c g s at N..2N-1 (s = sigmoid(g))
 //   transpose:     out (N,K) = in (K,N).T, both row-major and contiguous
 //   bias_backward: db (N) += sum_m dy[m*N+n]
 // A linear layer y = x @ W.T + b (W is (out,in)) is TA=0,TB=1; dx = dy @ W is TA=0,TB=0;
 // dW += dy.T @ x is TA=1,TB=0 with ACCUM=1. Every output sums over k in order: deterministic.
 // ROUND (precision.cl): 0 fp32; 1 bf16, 2 tf32 operands (rounded as loaded, fp32 sums): the portable form of
 // the tensor-core kernels in matmul_mma.cl, for every device.
-// -D: TA, TB (0/1), BIAS, RESID, ACCUM (0/1), EPI (0/1/2); matmul: tile TSM x TSN x TSK, each work-item
+// -D: TA, TB (0/1), BIAS, RESID, ACCUM (0/1), EPI (0/1/2/3); matmul: tile TSM x TSN x TSK, each work-item
 // WPTM x WPTN outputs, LDSV=1 reads the local tiles as float4 (WPTM, WPTN multiples of 4);
 // matmul_rb: RM rows x NV float8 columns per work-item.
 // Sizes need not be multiples of the tiles.
@@ -296,11 +298,11 @@ __kernel void matmul_rb(const int M, const int N, const int K,
 #pragma unroll
             for (int j = 0; j < NV; j++) acc[i][j] = 0.0f;
         __global const float* bp = B + n0;
-#if PREFETCH && (EPI == 2 || RESID || ACCUM)
+#if PREFETCH && (EPI >= 2 || RESID || ACCUM)
         // the epilogue's loads (E, R or Cm: rows ldc apart) start now, under the k loop, not after it
 #pragma unroll
         for (int i = 0; i < RM; i++) {
-#if EPI == 2
+#if EPI >= 2
             __builtin_prefetch(E + rows[i] * ldc + n0);
 #elif RESID
             __builtin_prefetch(R + rows[i] * ldc + n0);
@@ -343,6 +345,11 @@ __kernel void matmul_rb(const int M, const int N, const int K,
                 const float8 x = VLD(E + o);
                 const float8 t = 1.0f - 2.0f / (exp(2.0f * GELU_S * (x + 0.044715f * x * x * x)) + 1.0f);
                 c *= 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * GELU_S * (1.0f + 3.0f * 0.044715f * x * x);
+#elif EPI == 3
+                const float8 gv = VLD(E + o), uv = VLD(E + o + N);
+                const float8 sg = 1.0f / (1.0f + exp(-gv));
+                VST(Cm + o + N, c * gv * sg);
+                c = c * uv * sg * (1.0f + gv * (1.0f - sg));
 #endif
                 VST(Cm + o, c);
             }

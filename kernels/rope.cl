@@ -1,74 +1,95 @@
-// Rotary position embedding (llama.cpp's "normal" rope: adjacent pairs (2i, 2i+1) of each head) fused
-// with the packing of q, k, v into the qkv layout kernels/attention.cl reads, repeating the kv heads.
+// Rotary position embedding (llama.cpp's "normal" rope: adjacent pairs (2i, 2i+1) of each head) on the
+// output of the one q | k | v product, into the qkv layout kernels/attention.cl reads (kv heads repeated).
 // -D: C (= H*D), D (head dim, even), G (= H / H_kv query heads per kv head), CKV (= H_kv*D)
-// q (N,C), k (N,CKV), v (N,CKV) with rows n = b*T + t; cosb, sinb (T_max, D/2): cos/sin(t * theta_i),
-// theta_i = base^(-2i/D), computed on the host in float64; qkv (N,3C): q | k | v, head h at h*D.
+// src (N, C + 2 CKV): q | k | v rows n = b*T + t (the product's output); cosb, sinb (T_max, D/2):
+// cos/sin(t * theta_i), theta_i = base^(-2i/D), computed on the host in float64; qkv (N,3C): q | k | v,
+// head h at h*D.  With G == 1 the two layouts are one: the kernels run in place (src == qkv) and leave v.
 //   forward:  qkv_q[h,2i]   = q[h,2i] c - q[h,2i+1] s;   qkv_q[h,2i+1] = q[h,2i] s + q[h,2i+1] c
 //             qkv_k[h] = rope(k[h/G]);  qkv_v[h] = v[h/G]
-//   backward: the transposed rotation (angle -t theta_i); dk[j], dv[j] sum heads j*G..j*G+G-1 in order.
+//   backward: dsrc from dqkv: the transposed rotation (angle -t theta_i); dk[j], dv[j] sum heads
+//             j*G..j*G+G-1 in order.
+// One work-item per (row, head slot), D/2 pairs in a loop: few work-groups (PoCL's cost per group).
 #ifndef C
 #error "C must be defined"
 #endif
 #define HALF (D / 2)
 
-__kernel void rope_qkv_forward(const int N, const int T, __global const float* q, __global const float* k,
-                               __global const float* v, __global const float* cosb,
-                               __global const float* sinb, __global float* qkv)
+#define H (C / D)
+#define SW (C + 2 * CKV)  // src row width
+#if G == 1
+#define FWD_SLOTS (2 * H)  // in place: q and k heads; v already where attention reads it
+#define BWD_SLOTS (2 * H)
+#else
+#define FWD_SLOTS (3 * H)
+#define BWD_SLOTS (H + 2 * (CKV / D))
+#endif
+
+inline void rope_rotate(__global const float* s, __global float* o, __global const float* cs,
+                        __global const float* sn, const float sign)
 {
-    const int j = get_global_id(0), n = get_global_id(1);  // j: one pair of the 3C/2 pairs of a row
-    if (j >= 3 * (C / 2) || n >= N) return;
-    const int part = j / (C / 2), p = j % (C / 2);
-    const int h = p / HALF, i = p % HALF;
-    const int t = n % T;
-    const float c = cosb[t * HALF + i], s = sinb[t * HALF + i];
-    __global float* o = qkv + n * 3 * C + part * C + h * D + 2 * i;
-    if (part == 0) {
-        __global const float* src = q + n * C + h * D + 2 * i;
-        o[0] = src[0] * c - src[1] * s;
-        o[1] = src[0] * s + src[1] * c;
-    } else if (part == 1) {
-        __global const float* src = k + n * CKV + (h / G) * D + 2 * i;
-        o[0] = src[0] * c - src[1] * s;
-        o[1] = src[0] * s + src[1] * c;
-    } else {
-        __global const float* src = v + n * CKV + (h / G) * D + 2 * i;
-        o[0] = src[0];
-        o[1] = src[1];
+    for (int i = 0; i < HALF; i++) {
+        const float c = cs[i], si = sign * sn[i];
+        const float a = s[2 * i], b = s[2 * i + 1];
+        o[2 * i] = a * c - b * si;
+        o[2 * i + 1] = a * si + b * c;
     }
 }
 
-__kernel void rope_qkv_backward(const int N, const int T, __global const float* dqkv,
-                                __global const float* cosb, __global const float* sinb,
-                                __global float* dq, __global float* dk, __global float* dv)
+// 2-D launch (FWD_SLOTS, N): slot h < H rotates q head h, H <= h < 2H k head (h-H)/G, 2H <= h copies v.
+__kernel void rope_forward(const int N, const int T, __global const float* src, __global const float* cosb,
+                           __global const float* sinb, __global float* qkv)
 {
-    const int j = get_global_id(0), n = get_global_id(1);  // j: C/2 pairs of dq, then CKV/2 of dk, CKV/2 of dv
-    if (j >= C / 2 + CKV || n >= N) return;
+    const int h = get_global_id(0), n = get_global_id(1);
+    if (h >= FWD_SLOTS || n >= N) return;
     const int t = n % T;
-    __global const float* row = dqkv + n * 3 * C;
-    if (j < C / 2) {
-        const int h = j / HALF, i = j % HALF;
-        const float c = cosb[t * HALF + i], s = sinb[t * HALF + i];
-        __global const float* d = row + h * D + 2 * i;
-        dq[n * C + h * D + 2 * i] = d[0] * c + d[1] * s;
-        dq[n * C + h * D + 2 * i + 1] = -d[0] * s + d[1] * c;
+    __global const float* row = src + (size_t)n * SW;
+    __global float* o = qkv + (size_t)n * 3 * C + h * D;  // q head h at h*D, k head at C + .., v at 2C + ..
+    if (h < H) {
+        rope_rotate(row + h * D, o, cosb + t * HALF, sinb + t * HALF, 1.0f);
+    } else if (h < 2 * H) {
+        rope_rotate(row + C + ((h - H) / G) * D, o, cosb + t * HALF, sinb + t * HALF, 1.0f);
+    } else {
+        __global const float* s = row + C + CKV + ((h - 2 * H) / G) * D;
+        for (int i = 0; i < D; i++) o[i] = s[i];
+    }
+}
+
+// 2-D launch (BWD_SLOTS, N): slot h < H q head h; then H_kv k heads, then (G > 1) H_kv v heads.
+// dsrc may be dqkv when G == 1 (in place; dv is dqkv's v part as it stands).
+__kernel void rope_backward(const int N, const int T, __global const float* dqkv, __global const float* cosb,
+                            __global const float* sinb, __global float* dsrc)
+{
+    const int h = get_global_id(0), n = get_global_id(1);
+    if (h >= BWD_SLOTS || n >= N) return;
+    const int t = n % T;
+    __global const float* row = dqkv + (size_t)n * 3 * C;
+    __global float* o = dsrc + (size_t)n * SW;
+    if (h < H) {
+        rope_rotate(row + h * D, o + h * D, cosb + t * HALF, sinb + t * HALF, -1.0f);
         return;
     }
-    const int jj = j - C / 2;
-    const int is_v = jj >= CKV / 2;
-    const int p = is_v ? jj - CKV / 2 : jj;
-    const int kvh = p / HALF, i = p % HALF;
-    float a = 0.0f, b = 0.0f;
-    for (int g = 0; g < G; g++) {
-        __global const float* d = row + (is_v ? 2 * C : C) + (kvh * G + g) * D + 2 * i;
-        a += d[0];
-        b += d[1];
+#if G == 1
+    rope_rotate(row + h * D, o + h * D, cosb + t * HALF, sinb + t * HALF, -1.0f);  // k head h - H, at C + ..
+#else
+    const int hkv = CKV / D, j = h - H;
+    const int is_v = j >= hkv, kvh = is_v ? j - hkv : j;
+    __global const float* d = row + (is_v ? 2 * C : C) + kvh * G * D;
+    __global float* out = o + C + (is_v ? CKV : 0) + kvh * D;
+    __global const float* cs = cosb + t * HALF;
+    __global const float* sn = sinb + t * HALF;
+    for (int i = 0; i < HALF; i++) {
+        float a = 0.0f, b = 0.0f;
+        for (int g = 0; g < G; g++) {
+            a += d[g * D + 2 * i];
+            b += d[g * D + 2 * i + 1];
+        }
+        if (is_v) {
+            out[2 * i] = a;
+            out[2 * i + 1] = b;
+        } else {
+            out[2 * i] = a * cs[i] + b * sn[i];
+            out[2 * i + 1] = -a * sn[i] + b * cs[i];
+        }
     }
-    if (is_v) {
-        dv[n * CKV + kvh * D + 2 * i] = a;
-        dv[n * CKV + kvh * D + 2 * i + 1] = b;
-    } else {
-        const float c = cosb[t * HALF + i], s = sinb[t * HALF + i];
-        dk[n * CKV + kvh * D + 2 * i] = a * c + b * s;
-        dk[n * CKV + kvh * D + 2 * i + 1] = -a * s + b * c;
-    }
+#endif
 }

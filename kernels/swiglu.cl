@@ -22,3 +22,30 @@ __kernel void swiglu_backward(const int n, __global const float* dy, __global co
     dup[i] = d * g * sg;
     dgate[i] = d * up[i] * sg * (1.0f + g * (1.0f - sg));
 }
+
+// The dense feed-forward's form: gate and up come from one product, h (N, 2F) = gate | up per row.
+// One work-item per row (launch (N), local size 1: CPUs), F values in float8 blocks then a scalar tail;
+// the same formula as above, element by element.  -D F
+//   forward:  y (N,F) = silu(h[:, :F]) * h[:, F:]
+// (its backward, dh (N,2F) = dgate | dup, is the epilogue EPI 3 of the dact product, kernels/matmul.cl)
+#ifdef F
+typedef float float8u __attribute__((ext_vector_type(8), aligned(4)));
+#define VLD(p) (*(__global const float8u*)(p))
+#define VST(p, v) (*(__global float8u*)(p) = (v))
+
+__kernel void swiglu_rows_forward(const int N, __global const float* h, __global float* y)
+{
+    const int n = get_global_id(0);
+    if (n >= N) return;
+    __global const float* g = h + (size_t)n * 2 * F;
+    __global const float* u = g + F;
+    __global float* o = y + (size_t)n * F;
+    int f = 0;
+    for (; f + 8 <= F; f += 8) {
+        const float8 gv = VLD(g + f);
+        VST(o + f, gv / (1.0f + exp(-gv)) * VLD(u + f));
+    }
+    for (; f < F; f++) o[f] = g[f] / (1.0f + exp(-g[f])) * u[f];
+}
+
+#endif

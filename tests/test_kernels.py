@@ -1,5 +1,7 @@
 """Every OpenCL kernel against the float64 numpy reference (clgpt.reference), and every reference
-backward against central finite differences in float64."""
+backward against central finite differences in float64. The op kernels go through tests/opcheck.py's
+check_op, which also checks each backward kernel's gradients against finite differences of the float64
+forward."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import pytest
 from clgpt import reference as ref
 from clgpt.device import get_device
 from clgpt.ops import MATMUL_TILES, matmul_defines, matmul_launch
+from opcheck import FD, check_op, run_op
 
 i32, f32 = np.int32, np.float32
 
@@ -108,6 +111,29 @@ def test_matmul(dev, form, ta, tb, M, N, K):
         assert_close(from_dev(dev, cbuf, (M, N)), want, 1e-4, 1e-4, what)
 
 
+@pytest.mark.parametrize("form", sorted(MATMUL_FORMS))
+@pytest.mark.parametrize("M,N,K", [(37, 53, 29), (13, 64, 16)])
+def test_matmul_swiglu_backward_epilogue(dev, form, M, N, K):
+    """EPI 3 (llama's dense feed-forward backward): dact = dy @ W, and from h = gate | up (M, 2N) the
+    product's epilogue writes dh = dgate | dup (rows 2N floats apart): the float64 reference and finite
+    differences of silu(gate) * up."""
+    from clgpt import reference_llama as ref_llama
+
+    mm = MATMUL_FORMS[form]
+    dy, W = rng.normal(size=(M, K)).astype(f32), rng.normal(size=(K, N)).astype(f32)
+    h = (rng.normal(size=(M, 2 * N)) * 3).astype(f32)
+    h[0, :2] = [-100.0, 100.0]  # saturated sigmoid: no NaN
+    dact = dy.astype(np.float64) @ W
+    dg, du = ref_llama.swiglu_backward(dact, h[:, :N], h[:, N:])
+    gsize, lsize = matmul_launch(mm, M, N)
+    fwd = lambda h: ref_llama.swiglu_forward(h[:, :N], h[:, N:])  # noqa: E731
+    check_op(dev, "matmul", mm["kernel"], gsize, [("M", i32(M)), ("N", i32(N)), ("K", i32(K)), ("A", dy),
+             ("lda", i32(K)), ("B", W), ("ldb", i32(N)), ("dh", np.zeros_like(h)), ("ldc", i32(2 * N)),
+             ("bias", None), ("R", None), ("alpha", f32(1.0)), ("E", h)], {"dh": np.concatenate([dg, du], 1)},
+             dict(TA=0, TB=0, BIAS=0, RESID=0, ACCUM=0, EPI=3, **matmul_defines(mm)), lsize=lsize, atol=1e-4,
+             rtol=1e-4, fd=FD(fwd, {"h": h}, dact, grads={"dh": "h"}))
+
+
 def _gpu_engine(monkeypatch, launch="nvidia", **shape):
     """An Engine whose launch table row is a GPU's (split-K, batched attention, row kernels), on any device."""
     from clgpt.gpt2 import GPT2Engine as Engine
@@ -167,11 +193,9 @@ def test_transpose(dev, K, N):
 
 def test_bias_backward(dev):
     M, N = 37, 29
-    dy = rng.normal(size=(M, N)).astype(f32)
-    db0 = rng.normal(size=N).astype(f32)
-    buf = to_dev(dev, db0)
-    dev.kernel("matmul", "bias_backward")(dev.queue, (N,), None, i32(M), i32(N), to_dev(dev, dy), buf)
-    assert_close(from_dev(dev, buf, N), db0 + dy.astype(np.float64).sum(0), 1e-5, 1e-5, "bias_backward")
+    dy, db0 = rng.normal(size=(M, N)).astype(f32), rng.normal(size=N).astype(f32)
+    check_op(dev, "matmul", "bias_backward", (N,), [("M", i32(M)), ("N", i32(N)), ("dy", dy), ("db", db0)],
+             {"db": db0 + dy.astype(np.float64).sum(0)}, scaled=False)
 
 
 # ---------------- layernorm ----------------
@@ -183,21 +207,21 @@ def test_layernorm(dev):
     want, (mean, rstd) = ref.layernorm_forward(x, w, b, eps)
     dx_want, dw_want, db_want = ref.layernorm_backward(dout, x, w, mean, rstd)
     kw = dict(C=C, EPS=eps)
-    xb, wb, bb = to_dev(dev, x), to_dev(dev, w), to_dev(dev, b)
-    out, mb, rb = empty(dev, N * C), empty(dev, N), empty(dev, N)
-    dev.kernel("layernorm", "layernorm_forward", **kw)(dev.queue, (N,), None, i32(N), xb, wb, bb, out, mb, rb)
-    assert_close(from_dev(dev, out, (N, C)), want, 1e-5, 1e-5, "layernorm_forward")
-    assert_close(from_dev(dev, rb, N), rstd, 1e-5, 1e-5, "layernorm rstd")
+    out = check_op(dev, "layernorm", "layernorm_forward", (N,), [("N", i32(N)), ("x", x), ("w", w), ("b", b),
+                   ("out", np.zeros_like(x)), ("mean", np.zeros(N, f32)), ("rstd", np.zeros(N, f32))],
+                   {"out": want, "rstd": rstd}, kw, rtol=1e-5)
+    stats = [("mean", out["mean"]), ("rstd", out["rstd"])]
+    fwd = lambda x, w, b: ref.layernorm_forward(x, w, b, eps)[0]  # noqa: E731
+    at = {"x": x, "w": w, "b": b}
     dx0 = rng.normal(size=(N, C)).astype(f32)
-    dxb, dob = to_dev(dev, dx0), to_dev(dev, dout)
-    dev.kernel("layernorm", "layernorm_backward", **kw)(dev.queue, (N,), None, i32(N), i32(1), dob, xb, wb, mb, rb, dxb)
-    assert_close(from_dev(dev, dxb, (N, C)), dx0 + dx_want, 1e-4, 1e-4, "layernorm_backward (accumulate)")
-    dev.kernel("layernorm", "layernorm_backward", **kw)(dev.queue, (N,), None, i32(N), i32(0), dob, xb, wb, mb, rb, dxb)
-    assert_close(from_dev(dev, dxb, (N, C)), dx_want, 1e-4, 1e-4, "layernorm_backward (overwrite)")
-    dwb, dbb = to_dev(dev, np.ones(C, f32)), to_dev(dev, np.zeros(C, f32))
-    dev.kernel("layernorm", "layernorm_param_backward", **kw)(dev.queue, (C,), None, i32(N), dob, xb, mb, rb, dwb, dbb)
-    assert_close(from_dev(dev, dwb, C), 1 + dw_want, 1e-4, 1e-4, "layernorm dw")
-    assert_close(from_dev(dev, dbb, C), db_want, 1e-4, 1e-4, "layernorm db")
+    for accum in (1, 0):
+        base = dx0 if accum else np.zeros_like(dx0)
+        check_op(dev, "layernorm", "layernorm_backward", (N,), [("N", i32(N)), ("accum", i32(accum)), ("dout", dout),
+                 ("x", x), ("w", w), *stats, ("dx", dx0)], {"dx": base + dx_want}, kw, atol=1e-4, rtol=1e-4,
+                 fd=FD(fwd, at, dout, grads={"dx": "x"}, base={"dx": base}))
+    check_op(dev, "layernorm", "layernorm_param_backward", (C,), [("N", i32(N)), ("dout", dout), ("x", x), *stats,
+             ("dw", np.ones(C, f32)), ("db", np.zeros(C, f32))], {"dw": 1 + dw_want, "db": db_want}, kw, atol=1e-4,
+             rtol=1e-4, fd=FD(fwd, at, dout, grads={"dw": "w", "db": "b"}, base={"dw": 1.0}))
 
 
 # ---------------- gelu ----------------
@@ -205,11 +229,10 @@ def test_gelu(dev):
     n = 1000
     x = (rng.normal(size=n) * 3).astype(f32)
     dy = rng.normal(size=n).astype(f32)
-    yb, dxb = empty(dev, n), empty(dev, n)
-    dev.kernel("gelu", "gelu_forward")(dev.queue, (n,), None, i32(n), to_dev(dev, x), yb)
-    assert_close(from_dev(dev, yb, n), ref.gelu_forward(x), 1e-5, 1e-5, "gelu_forward")
-    dev.kernel("gelu", "gelu_backward")(dev.queue, (n,), None, i32(n), to_dev(dev, dy), to_dev(dev, x), dxb)
-    assert_close(from_dev(dev, dxb, n), ref.gelu_backward(dy, x), 1e-5, 1e-5, "gelu_backward")
+    check_op(dev, "gelu", "gelu_forward", (n,), [("n", i32(n)), ("x", x), ("y", np.zeros_like(x))],
+             {"y": ref.gelu_forward(x)}, scaled=False)
+    check_op(dev, "gelu", "gelu_backward", (n,), [("n", i32(n)), ("dy", dy), ("x", x), ("dx", np.zeros_like(x))],
+             {"dx": ref.gelu_backward(dy, x)}, scaled=False, fd=FD(ref.gelu_forward, {"x": x}, dy, grads={"dx": "x"}))
 
 
 # ---------------- attention ----------------
@@ -222,14 +245,15 @@ def test_attention(dev, B, T, C, H, vec):
     want, att = ref.attention_forward(qkv, H)
     dqkv_want = ref.attention_backward(dout, qkv, att, H)
     kw = dict(C=C, H=H, D=D, SCALE=1.0 / math.sqrt(D), VEC=vec)
-    qb, ob, ab = to_dev(dev, qkv), empty(dev, B * T * C), empty(dev, B * H * T * T)
-    dev.kernel("attention", "attention_forward", **kw)(dev.queue, (T, B * H), None, i32(B), i32(T), qb, ob, ab)
-    assert_close(from_dev(dev, ob, (B, T, C)), want, 1e-5, 1e-4, "attention_forward out")
-    assert_close(from_dev(dev, ab, (B, H, T, T)), att, 1e-6, 1e-4, "attention_forward att")
-    dob, datt, dq = to_dev(dev, dout), empty(dev, B * H * T * T), empty(dev, B * T * 3 * C)
-    for name in ("attention_backward_query", "attention_backward_key"):
-        dev.kernel("attention", name, **kw)(dev.queue, (T, B * H), None, i32(B), i32(T), dob, qb, ab, datt, dq)
-    assert_close(from_dev(dev, dq, (B, T, 3 * C)), dqkv_want, 1e-5, 1e-4, "attention_backward")
+    g, BT = (T, B * H), [("B", i32(B)), ("T", i32(T))]
+    out = check_op(dev, "attention", "attention_forward", g, [*BT, ("qkv", qkv), ("out", np.zeros_like(dout)),
+                   ("att", np.zeros((B, H, T, T), f32))], {"out": want, "att": att}, kw, rtol=1e-4, scaled=False)
+    # the backward is two kernels: the query side writes datt and dq, the key side dk and dv
+    q = run_op(dev, "attention", "attention_backward_query", g, [*BT, ("dout", dout), ("qkv", qkv),
+               ("att", out["att"]), ("datt", np.zeros_like(out["att"])), ("dqkv", np.zeros_like(qkv))], kw)
+    check_op(dev, "attention", "attention_backward_key", g, [*BT, ("dout", dout), ("qkv", qkv), ("att", out["att"]),
+             ("datt", q["datt"]), ("dqkv", q["dqkv"])], {"dqkv": dqkv_want}, kw, rtol=1e-4, scaled=False,
+             fd=FD(lambda qkv: ref.attention_forward(qkv, H)[0], {"qkv": qkv}, dout, grads={"dqkv": "qkv"}))
 
 
 # ---------------- softmax + cross-entropy ----------------
@@ -242,13 +266,15 @@ def test_softmax_xent(dev):
     targets[mask == 0] = -1  # ignored where the mask is 0
     loss_want, probs = ref.softmax_xent_forward(logits, targets, mask)
     dl_want = ref.softmax_xent_backward(probs, targets, mask, dloss=0.7)
-    lb, tb, mb = to_dev(dev, logits), to_dev(dev, targets), to_dev(dev, mask)
-    losses, lse, dl = empty(dev, N), empty(dev, N), empty(dev, N * V)
-    dev.kernel("xent", "xent_forward", V=V)(dev.queue, (N,), None, i32(N), lb, tb, mb, losses, lse)
-    loss = from_dev(dev, losses, N).astype(np.float64).sum() / mask.sum()
+    out = run_op(dev, "xent", "xent_forward", (N,), [("N", i32(N)), ("logits", logits), ("targets", targets),
+                 ("mask", mask), ("losses", np.zeros(N, f32)), ("lse", np.zeros(N, f32))], dict(V=V))
+    loss = out["losses"].astype(np.float64).sum() / mask.sum()
     assert abs(loss - loss_want) < 1e-5 * abs(loss_want), f"xent loss {loss} vs {loss_want}"
-    dev.kernel("xent", "xent_backward", V=V)(dev.queue, (V, N), None, i32(N), f32(0.7 / mask.sum()), lb, tb, mb, lse, dl)
-    assert_close(from_dev(dev, dl, (N, V)), dl_want, 1e-6, 1e-4, "xent_backward")
+    check_op(dev, "xent", "xent_backward", (V, N), [("N", i32(N)), ("s", f32(0.7 / mask.sum())), ("logits", logits),
+             ("targets", targets), ("mask", mask), ("lse", out["lse"]), ("dl", np.zeros_like(logits))],
+             {"dl": dl_want}, dict(V=V), atol=1e-6, rtol=1e-4, scaled=False,
+             fd=FD(lambda logits: ref.softmax_xent_forward(logits, targets, mask)[0], {"logits": logits},
+                   np.float64(0.7), grads={"dl": "logits"}))
 
 
 # ---------------- embedding ----------------
@@ -259,22 +285,23 @@ def test_embedding(dev):
     wte, wpe = rng.normal(size=(V, C)).astype(f32), rng.normal(size=(n_ctx, C)).astype(f32)
     dout = rng.normal(size=(B, T, C)).astype(f32)
     N = B * T
-    tb, ob = to_dev(dev, tokens), empty(dev, N * C)
-    dev.kernel("embedding", "embedding_forward", C=C)(dev.queue, (C, N), None, i32(N), i32(T), tb, to_dev(dev, wte),
-                                                      to_dev(dev, wpe), ob)
-    assert_close(from_dev(dev, ob, (B, T, C)), ref.embedding_forward(tokens, wte, wpe), 1e-6, 1e-6, "embedding_forward")
+    fwd = lambda wte, wpe: ref.embedding_forward(tokens, wte, wpe)  # noqa: E731
+    check_op(dev, "embedding", "embedding_forward", (C, N), [("N", i32(N)), ("T", i32(T)), ("tokens", tokens),
+             ("wte", wte), ("wpe", wpe), ("out", np.zeros((B, T, C), f32))], {"out": fwd(wte, wpe)}, dict(C=C),
+             atol=1e-6, rtol=1e-6)
     dwte_want, dwpe_want = ref.embedding_backward(dout, tokens, V, n_ctx)
     tok = tokens.reshape(-1)
     order = np.argsort(tok, kind="stable").astype(np.int32)
     rows, starts = np.unique(tok[order], return_index=True)
     starts = np.append(starts, N).astype(np.int32)
-    dwte, dwpe, dob = to_dev(dev, np.zeros((V, C), f32)), to_dev(dev, np.zeros((n_ctx, C), f32)), to_dev(dev, dout)
-    dev.kernel("embedding", "embedding_backward_wte", C=C)(
-        dev.queue, (C, len(rows)), None, i32(len(rows)), to_dev(dev, rows.astype(np.int32)), to_dev(dev, starts),
-        to_dev(dev, order), dob, dwte)
-    dev.kernel("embedding", "embedding_backward_wpe", C=C)(dev.queue, (C, T), None, i32(B), i32(T), dob, dwpe)
-    assert_close(from_dev(dev, dwte, (V, C)), dwte_want, 1e-5, 1e-5, "embedding dwte")
-    assert_close(from_dev(dev, dwpe, (n_ctx, C)), dwpe_want, 1e-5, 1e-5, "embedding dwpe")
+    at = {"wte": wte, "wpe": wpe}
+    check_op(dev, "embedding", "embedding_backward_wte", (C, len(rows)), [("n", i32(len(rows))),
+             ("rows", rows.astype(np.int32)), ("starts", starts), ("order", order), ("dout", dout),
+             ("dwte", np.zeros((V, C), f32))], {"dwte": dwte_want}, dict(C=C),
+             fd=FD(fwd, at, dout, grads={"dwte": "wte"}, n=V * C))
+    check_op(dev, "embedding", "embedding_backward_wpe", (C, T), [("B", i32(B)), ("T", i32(T)), ("dout", dout),
+             ("dwpe", np.zeros((n_ctx, C), f32))], {"dwpe": dwpe_want}, dict(C=C),
+             fd=FD(fwd, at, dout, grads={"dwpe": "wpe"}, n=n_ctx * C))
 
 
 # ---------------- grad norm + AdamW ----------------

@@ -10,7 +10,6 @@ gradients 1e-4 relative to each tensor's largest gradient; float32 finite differ
 from __future__ import annotations
 
 import numpy as np
-import pyopencl as cl
 import pytest
 
 from clgpt import reference_llama as ref
@@ -21,6 +20,7 @@ from clgpt.llama import LlamaEngine
 from clgpt.errors import ClgptError
 from clgpt.model import ModelConfig, init_params, param_shapes
 from clgpt.reference import fd_entries
+from opcheck import FD, check_op, run_op
 
 KERNEL_TOL = 1e-5
 
@@ -68,29 +68,14 @@ def max_rel(got: dict, want: dict) -> tuple[float, str]:
 
 
 class Launcher:
-    """Runs one kernel on numpy inputs: arrays become buffers, `out` names the buffers read back."""
+    """Runs one kernel on numpy inputs (tests/opcheck.py run_op); `out` names the buffers returned."""
 
     def __init__(self):
         self.dev = get_device()
 
     def __call__(self, file, name, defines, gsize, args, out):
-        k = self.dev.kernel(file, name, **defines)
-        bufs, call = {}, []
-        mf = cl.mem_flags
-        for key, a in args:
-            if isinstance(a, np.ndarray):
-                a = np.ascontiguousarray(a)
-                bufs[key] = (cl.Buffer(self.dev.ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=a), a)
-                call.append(bufs[key][0])
-            else:
-                call.append(a)
-        k(self.dev.queue, gsize, None, *call)
-        res = {}
-        for key in out:
-            buf, a = bufs[key]
-            res[key] = np.empty_like(a)
-            cl.enqueue_copy(self.dev.queue, res[key], buf, is_blocking=True)
-        return res
+        res = run_op(self.dev, file, name, gsize, args, defines)
+        return {key: res[key] for key in out}
 
 
 @pytest.fixture(scope="module")
@@ -111,50 +96,52 @@ def test_rmsnorm_kernels(launch):
     N, C = 7, 12
     x, w, dout = rnd(N, C, seed=1), rnd(C, seed=2), rnd(N, C, seed=3)
     want, rstd = ref.rmsnorm_forward(x, w)
-    d = dict(C=C, EPS=1e-5)
-    r = launch("rmsnorm", "rmsnorm_forward", d, (N,), [("N", np.int32(N)), ("x", x), ("w", w),
-               ("out", np.zeros_like(x)), ("rstd", np.zeros(N, np.float32))], ["out", "rstd"])
-    close(r["out"], want, "rmsnorm forward")
-    close(r["rstd"], rstd, "rmsnorm rstd")
+    d, dev = dict(C=C, EPS=1e-5), launch.dev
+    check_op(dev, "rmsnorm", "rmsnorm_forward", (N,), [("N", np.int32(N)), ("x", x), ("w", w),
+             ("out", np.zeros_like(x)), ("rstd", np.zeros(N, np.float32))], {"out": want, "rstd": rstd}, d,
+             atol=KERNEL_TOL)
     dx, dw = ref.rmsnorm_backward(dout, x, w, rstd)
     prev = rnd(N, C, seed=4)
-    r = launch("rmsnorm", "rmsnorm_backward", d, (N,), [("N", np.int32(N)), ("acc", np.int32(1)), ("dout", dout),
-               ("x", x), ("w", w), ("rstd", rstd.astype(np.float32)), ("dx", prev)], ["dx"])
-    close(r["dx"], dx + prev, "rmsnorm dx (accumulated)")
-    r = launch("rmsnorm", "rmsnorm_param_backward", d, (C,), [("N", np.int32(N)), ("dout", dout), ("x", x),
-               ("rstd", rstd.astype(np.float32)), ("dw", np.ones(C, np.float32))], ["dw"])
-    close(r["dw"], dw + 1, "rmsnorm dw (accumulated)")
-    # and the reference backward against finite differences
-    f = lambda a: (ref.rmsnorm_forward(a["x"], a["w"])[0] * dout).sum()  # noqa: E731
-    p = {"x": x.astype(np.float64), "w": w.astype(np.float64)}
-    for name, g in (("x", dx), ("w", dw)):
-        fd = fd_entries(f, p, name, range(0, p[name].size, 5), 1e-6)
-        assert np.abs(g.flat[::5] - fd).max() < 1e-7
+    fwd = lambda x, w: ref.rmsnorm_forward(x, w)[0]  # noqa: E731
+    check_op(dev, "rmsnorm", "rmsnorm_backward", (N,), [("N", np.int32(N)), ("acc", np.int32(1)), ("dout", dout),
+             ("x", x), ("w", w), ("rstd", rstd.astype(np.float32)), ("dx", prev)], {"dx": dx + prev}, d,
+             atol=KERNEL_TOL, fd=FD(fwd, {"x": x, "w": w}, dout, grads={"dx": "x"}, base={"dx": prev}))
+    check_op(dev, "rmsnorm", "rmsnorm_param_backward", (C,), [("N", np.int32(N)), ("dout", dout), ("x", x),
+             ("rstd", rstd.astype(np.float32)), ("dw", np.ones(C, np.float32))], {"dw": dw + 1}, d,
+             atol=KERNEL_TOL, fd=FD(fwd, {"x": x, "w": w}, dout, grads={"dw": "w"}, base={"dw": 1.0}))
 
 
 @pytest.mark.parametrize("H,Hkv", [(2, 2), (4, 2), (4, 1)])
-def test_rope_qkv_kernels(launch, H, Hkv):
+def test_rope_kernels(launch, H, Hkv):
+    """rope_forward / rope_backward on the q | k | v product (N, C + 2Ckv), into and from attention's
+    (N, 3C) layout; with Hkv == H in place (one buffer: src is qkv)."""
     B, T, D = 2, 5, 6
     C, Ckv, N = H * D, Hkv * D, B * T
-    q, k, v = rnd(B, T, C, seed=1), rnd(B, T, Ckv, seed=2), rnd(B, T, Ckv, seed=3)
+    src = rnd(N, C + 2 * Ckv, seed=1)
     cos, sin = ref.rope_tables(T + 3, D, 10000.0)  # the table may be longer than T
-    want = ref.rope_qkv_forward(q, k, v, H, Hkv, cos, sin)
-    d = dict(C=C, D=D, G=H // Hkv, CKV=Ckv)
+
+    def fwd(src):  # (N, C+2Ckv) -> (N, 3C)
+        s = src.reshape(B, T, -1)
+        return ref.rope_qkv_forward(s[..., :C], s[..., C:C + Ckv], s[..., C + Ckv:], H, Hkv, cos, sin).reshape(N, -1)
+
+    want = fwd(src.astype(np.float64))
+    d, dev = dict(C=C, D=D, G=H // Hkv, CKV=Ckv), launch.dev
     tabs = [("cos", cos.astype(np.float32)), ("sin", sin.astype(np.float32))]
-    r = launch("rope", "rope_qkv_forward", d, (3 * C // 2, N), [("N", np.int32(N)), ("T", np.int32(T)), ("q", q),
-               ("k", k), ("v", v), *tabs, ("qkv", np.zeros((N, 3 * C), np.float32))], ["qkv"])
-    close(r["qkv"].reshape(B, T, 3 * C), want, "rope_qkv forward")
-    dqkv = rnd(B, T, 3 * C, seed=4)
-    dq, dk, dv = ref.rope_qkv_backward(dqkv, H, Hkv, cos, sin)
-    r = launch("rope", "rope_qkv_backward", d, (C // 2 + Ckv, N), [("N", np.int32(N)), ("T", np.int32(T)),
-               ("dqkv", dqkv), *tabs, ("dq", np.zeros_like(q)), ("dk", np.zeros_like(k)), ("dv", np.zeros_like(v))],
-               ["dq", "dk", "dv"])
-    for key, want_d in (("dq", dq), ("dk", dk), ("dv", dv)):
-        close(r[key], want_d, f"rope_qkv backward {key}")
-    # the backward is the transpose of the forward: <dqkv, fwd(q,k,v)> = <bwd(dqkv), (q,k,v)>
-    lhs = (dqkv * want).sum()
-    rhs = sum((a * b).sum() for a, b in ((dq, q), (dk, k), (dv, v)))
-    assert abs(lhs - rhs) < 1e-9 * abs(lhs)
+    inplace = H == Hkv  # then the output is the input buffer (v stays as it was)
+    out = ("qkv", "src") if inplace else ("qkv", np.zeros((N, 3 * C), np.float32))
+    check_op(dev, "rope", "rope_forward", (2 * H if inplace else 3 * H, N), [("N", np.int32(N)),
+             ("T", np.int32(T)), ("src", src), *tabs, out], {"src" if inplace else "qkv": want}, d,
+             atol=KERNEL_TOL)
+    dqkv = rnd(N, 3 * C, seed=4)
+    dq, dk, dv = ref.rope_qkv_backward(dqkv.reshape(B, T, -1), H, Hkv, cos, sin)
+    dsrc = np.concatenate([dq, dk, dv], axis=-1).reshape(N, -1)
+    key = "dqkv" if inplace else "dsrc"
+    out = ("dsrc", "dqkv") if inplace else ("dsrc", np.zeros_like(src))
+    check_op(dev, "rope", "rope_backward", (2 * H if inplace else H + 2 * Hkv, N), [("N", np.int32(N)),
+             ("T", np.int32(T)), ("dqkv", dqkv), *tabs, out], {key: dsrc}, d, atol=KERNEL_TOL,
+             fd=FD(fwd, {"src": src}, dqkv, grads={key: "src"}))
+    # the backward is the transpose of the forward: <dqkv, fwd(src)> = <bwd(dqkv), src>
+    assert abs((dqkv * want).sum() - (dsrc * src).sum()) < 1e-9 * abs((dqkv * want).sum())
 
 
 def test_rope_is_llama_cpp_normal_layout():
@@ -166,21 +153,27 @@ def test_rope_is_llama_cpp_normal_layout():
 
 
 def test_swiglu_kernels(launch):
-    n = 50
+    """The elementwise pair (mixture of experts: gate and up apart)."""
+    n, dev = 50, launch.dev
     g, u, dy = rnd(n, seed=1, scale=3), rnd(n, seed=2), rnd(n, seed=3)
     g[:2] = [-100.0, 100.0]  # saturated sigmoid: no NaN
-    r = launch("swiglu", "swiglu_forward", {}, (n,), [("n", np.int32(n)), ("g", g), ("u", u),
-               ("y", np.zeros(n, np.float32))], ["y"])
-    close(r["y"], ref.swiglu_forward(g, u), "swiglu forward")
+    check_op(dev, "swiglu", "swiglu_forward", (n,), [("n", np.int32(n)), ("g", g), ("u", u),
+             ("y", np.zeros(n, np.float32))], {"y": ref.swiglu_forward(g, u)}, atol=KERNEL_TOL)
     dg, du = ref.swiglu_backward(dy, g, u)
-    r = launch("swiglu", "swiglu_backward", {}, (n,), [("n", np.int32(n)), ("dy", dy), ("g", g), ("u", u),
-               ("dg", np.zeros(n, np.float32)), ("du", np.zeros(n, np.float32))], ["dg", "du"])
-    close(r["dg"], dg, "swiglu dgate")
-    close(r["du"], du, "swiglu dup")
-    p = {"g": g.astype(np.float64)[2:], "u": u.astype(np.float64)[2:]}
-    f = lambda a: (ref.swiglu_forward(a["g"], a["u"]) * dy[2:]).sum()  # noqa: E731
-    for name, want in (("g", dg[2:]), ("u", du[2:])):
-        assert np.abs(fd_entries(f, p, name, range(48), 1e-6) - want).max() < 1e-7
+    check_op(dev, "swiglu", "swiglu_backward", (n,), [("n", np.int32(n)), ("dy", dy), ("g", g), ("u", u),
+             ("dg", np.zeros(n, np.float32)), ("du", np.zeros(n, np.float32))], {"dg": dg, "du": du},
+             atol=KERNEL_TOL, fd=FD(ref.swiglu_forward, {"g": g, "u": u}, dy, grads={"dg": "g", "du": "u"}))
+
+
+@pytest.mark.parametrize("N,F", [(5, 12), (3, 32), (4, 19)])
+def test_swiglu_rows_forward(launch, N, F):
+    """The dense feed-forward's form: h (N, 2F) = gate | up per row (float8 blocks and a scalar tail); its
+    backward is the matmul epilogue EPI 3 (tests/test_kernels.py)."""
+    h = rnd(N, 2 * F, seed=1, scale=3)
+    h[0, :2] = [-100.0, 100.0]
+    check_op(launch.dev, "swiglu", "swiglu_rows_forward", (N,), [("N", np.int32(N)), ("h", h),
+             ("y", np.zeros((N, F), np.float32))], {"y": ref.swiglu_forward(h[:, :F], h[:, F:])}, dict(F=F),
+             lsize=(1,), atol=KERNEL_TOL)
 
 
 @pytest.mark.parametrize("E,K", [(4, 2), (3, 1), (2, 2)])

@@ -1,0 +1,103 @@
+"""check_op: the one helper the kernel tests check kernels with.
+
+A kernel is launched once on numpy inputs (each test seeds its own), every output is compared with a float64
+numpy reference, and, for a backward kernel, its gradients also with central finite differences of a float64
+forward (so the backward kernel is checked against something it was not derived from):
+
+    out = check_op(dev, "rmsnorm", "rmsnorm_backward", (N,), [("N", i32(N)), ("dout", dout), ("dx", dx0), ...],
+                   want={"dx": dx0 + dx_ref}, defines=dict(C=C, EPS=1e-5),
+                   fd=FD(lambda x, w: ref.rmsnorm_forward(x, w)[0], {"x": x, "w": w}, dout,
+                         grads={"dx": "x"}, base={"dx": dx0}))
+
+args: (key, value) in the kernel's argument order; a numpy array becomes a device buffer (copied in, read back
+after the launch under its key), a string names an earlier array argument whose buffer is passed again (in-place
+kernels), anything else (np.int32, np.float32, None) is passed as it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyopencl as cl
+
+
+@dataclass
+class FD:
+    """Finite differences of L = sum(forward(**inputs) * dout) (all float64): the kernel output `key` of
+    grads {key: input name} must be dL/d(input) (after subtracting base[key], for kernels that accumulate).
+    n entries of each input, evenly spread, are probed; eps is the central-difference step."""
+
+    forward: callable
+    inputs: dict
+    dout: np.ndarray
+    grads: dict
+    base: dict = field(default_factory=dict)
+    n: int = 40
+    eps: float = 1e-6
+
+
+def run_op(dev, file, name, gsize, args, defines=None, lsize=None) -> dict:
+    """Launch kernels/<file>.cl `name` once -> {key: array read back} for every array argument."""
+    kern = dev.kernel(file, name, **(defines or {}))
+    mf, bufs, call = cl.mem_flags, {}, []
+    for key, a in args:
+        if isinstance(a, str):  # the buffer of an earlier argument: in-place kernels
+            call.append(bufs[a][0])
+        elif isinstance(a, np.ndarray):
+            a = np.ascontiguousarray(a)
+            bufs[key] = (cl.Buffer(dev.ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=a), a)
+            call.append(bufs[key][0])
+        else:
+            call.append(a)
+    kern(dev.queue, tuple(gsize), None if lsize is None else tuple(lsize), *call)
+    out = {}
+    for key, (buf, a) in bufs.items():
+        out[key] = np.empty_like(a)
+        cl.enqueue_copy(dev.queue, out[key], buf, is_blocking=True)
+    return out
+
+
+def assert_close(got, want, atol, rtol, what):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape, f"{what}: shape {got.shape}, reference {want.shape}"
+    diff = np.abs(got - want)
+    bad = ~(diff <= atol + rtol * np.abs(want))  # NaN counts as bad
+    assert not bad.any(), (f"{what}: {int(bad.sum())} of {want.size} values off, max abs diff {np.nanmax(diff):.3e} "
+                           f"(atol {atol:g}, rtol {rtol:g})")
+
+
+def fd_grad(forward, inputs: dict, dout, name, n, eps) -> tuple[np.ndarray, np.ndarray]:
+    """(flat indices, dL/d inputs[name] there) by central differences, L = sum(forward(**inputs) * dout)."""
+    x = {k: np.array(v, np.float64) for k, v in inputs.items()}
+    d = np.asarray(dout, np.float64)
+    size = x[name].size
+    idx = np.unique(np.linspace(0, size - 1, min(n, size)).astype(int))
+    out = np.empty(len(idx))
+    for j, i in enumerate(idx):
+        old = x[name].flat[i]
+        x[name].flat[i] = old + eps
+        fp = (np.asarray(forward(**x), np.float64) * d).sum()
+        x[name].flat[i] = old - eps
+        fm = (np.asarray(forward(**x), np.float64) * d).sum()
+        x[name].flat[i] = old
+        out[j] = (fp - fm) / (2 * eps)
+    return idx, out
+
+
+def check_op(dev, file, name, gsize, args, want, defines=None, lsize=None, atol=1e-5, rtol=1e-5,
+             fd: FD | None = None, scaled=True) -> dict:
+    """Launch the kernel, compare each output `want` names with its float64 reference (tolerances relative to
+    the reference's largest magnitude when `scaled`), and the gradients `fd` names with finite differences.
+    -> the outputs read back."""
+    out = run_op(dev, file, name, gsize, args, defines, lsize)
+    for key, ref in want.items():
+        s = max(1.0, float(np.abs(ref).max())) if scaled and np.size(ref) else 1.0
+        assert_close(out[key].reshape(np.shape(ref)), ref, atol * s, rtol, f"{name} {key}")
+    if fd is not None:
+        for key, inp in fd.grads.items():
+            got = out[key].astype(np.float64) - fd.base.get(key, 0.0)
+            idx, num = fd_grad(fd.forward, fd.inputs, fd.dout, inp, fd.n, fd.eps)
+            s = max(1.0, float(np.abs(num).max()))
+            assert_close(got.reshape(-1)[idx], num, 1e-4 * s, 1e-4, f"{name} {key} against finite differences")
+    return out
