@@ -96,17 +96,25 @@ def breakdown(eng, batches, dist, world) -> dict:
     g = eng.get_grads_flat()
     out["grads to host (get_grads_flat)"] = best(eng.get_grads_flat)[1]
     out["grads to device (set_grads_flat)"] = best(lambda: eng.set_grads_flat(g))[1]
+    store = eng.store
+    host = store.pinned(store.n_flat)
+    out["grads to host, page-locked (read_grads_async, what the overlapped reduce does)"] = best(
+        lambda: eng.read_grads_async(store.order, host).wait())[1]
+    out["grads to device, page-locked (write_grads)"] = best(lambda: (store.write_grads(host), eng.queue.finish()))[1]
     for name, kw in (("all-reduce fp32, 4 MB buckets (default)", {}),
                      ("all-reduce fp32, one message", {"bucket": g.size}),
                      ("all-reduce bf16 wire, 4 MB buckets", {"wire": "bf16"}),
                      ("all-reduce fp32, 16 MB buckets", {"bucket": 4 * BUCKET}),
                      ("all-reduce fp32 through shared memory, 4 MB buckets", {"via": "shm"}),
-                     ("all-reduce fp32 through shared memory, 16 MB buckets", {"via": "shm", "bucket": 4 * BUCKET})):
+                     ("all-reduce fp32 through shared memory, 16 MB buckets", {"via": "shm", "bucket": 4 * BUCKET}),
+                     ("all-reduce fp32 through shared memory, 16 MB buckets, 1 thread",
+                      {"via": "shm", "bucket": 4 * BUCKET, "threads": 1})):
         def reduce():
             world.barrier()
-            dist.via = kw.get("via", "mpi")
-            dist.allreduce_sum(g, **{k: v for k, v in kw.items() if k != "via"})
-            dist.via = "mpi"
+            dist.via, threads = kw.get("via", "mpi"), dist.threads
+            dist.threads = kw.get("threads", threads)
+            dist.allreduce_sum(g, **{k: v for k, v in kw.items() if k not in ("via", "threads")})
+            dist.via, dist.threads = "mpi", threads
         out[name] = best(reduce)[1]
 
     def mpi_allreduce():
@@ -208,6 +216,15 @@ def main() -> None:
                                   "tok_s_1": t1, "tok_s_n_after": tp, "tok_s_n": tn, "speedup": tn / t1,
                                   "speedup_after": tp / t1, "ms_n_shm": shm * 1e3, "tok_s_n_shm": ts,
                                   "speedup_shm": ts / t1})
+        # the overlapped reduce (engine grad hook, page-locked copies) against one reduce after backward: same bits
+        grads = []
+        for overlap in (True, False):
+            batches.i = 0
+            accumulate_grads(eng, batches, 2, dist, overlap=overlap)
+            grads.append(eng.get_grads_flat())
+        same = grads[0].tobytes() == grads[1].tobytes() and dist.overlapped(eng) is not None
+        say(f"reduce during backward == reduce after backward, bit for bit: {same}", flush=True)
+        r["overlap_bits_equal"] = same
         parts = breakdown(eng, batches, dist, world)
         for k, v in parts.items():
             say(f"  {v:9.2f} ms  {k}")
