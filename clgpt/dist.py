@@ -33,6 +33,7 @@ from clgpt.errors import ClgptError
 # plus an all-gather of BUCKET / ranks floats per rank. Host-memory MPI moves ~4 MB messages about 3x
 # faster than 100+ MB ones on the H200 host (issue 16); bench/bench_mpi.py measures the choice.
 BUCKET = 1 << 20
+SHM_BUCKET = 1 << 22  # the shared-memory sum's: 16 MB buckets beat 4 MB ones there (3 barriers a bucket)
 MIN_SLICE = 1 << 16  # floats: the smallest slice a host thread of the shared-memory sum takes
 RANK_DIR_ENV = "CLGPT_RANK_DIR"
 
@@ -60,12 +61,13 @@ class Dist:
 
             self.node = comm.Split_type(MPI.COMM_TYPE_SHARED)  # the ranks on this host
             self.local_rank = self.node.Get_rank()
-            # CLGPT_REDUCE=shm: sum through shared memory when every rank is on this host (bench_mpi.py)
+            # sum through shared memory when every rank is on this host (CLGPT_REDUCE=mpi: MPI messages anyway);
+            # the same bits either way, shared memory is ~25% faster on the H200 host (bench/RESULTS_GPU.md)
             one_host = all(comm.allgather(self.node.Get_size() == self.size))
-            self.via = "shm" if os.environ.get("CLGPT_REDUCE") == "shm" and one_host else "mpi"
-            # host threads for the shared-memory sums: the host's cores shared by its ranks (CLGPT_REDUCE_THREADS)
-            share = (os.cpu_count() or 1) // max(1, self.node.Get_size())
-            self.threads = max(1, int(os.environ.get("CLGPT_REDUCE_THREADS", min(8, share))))
+            self.via = "shm" if os.environ.get("CLGPT_REDUCE", "shm") == "shm" and one_host else "mpi"
+            # host threads for the shared-memory sums (CLGPT_REDUCE_THREADS); one measured fastest on the H200
+            # host: the copies are bound by memory bandwidth, not by one core
+            self.threads = max(1, int(os.environ.get("CLGPT_REDUCE_THREADS", 1)))
         self.root = self.rank == 0
         self.where = f"rank {self.rank} of {self.size} (pid {os.getpid()} on {socket.gethostname()})"
 
@@ -114,8 +116,8 @@ class Dist:
         if self.comm is not None:
             self.comm.Barrier()
 
-    def allreduce_sum(self, a: np.ndarray, bucket: int = BUCKET, wire: str = "fp32", out: np.ndarray | None = None
-                      ) -> np.ndarray:
+    def allreduce_sum(self, a: np.ndarray, bucket: int | None = None, wire: str = "fp32",
+                      out: np.ndarray | None = None) -> np.ndarray:
         """Sum of every rank's float32 vector `a` (same length everywhere), added in rank order; every rank
         gets the same bits, whatever the bucket size. wire="bf16" sends bfloat16 (half the bytes), adds in
         float32 and hands back the bf16-rounded sums. Writes into `out` when given."""
@@ -125,7 +127,8 @@ class Dist:
                 return out
             return a
         if self.via == "shm" and wire == "fp32":
-            return self._allreduce_shm(a, bucket, out)
+            return self._allreduce_shm(a, bucket or SHM_BUCKET, out)
+        bucket = bucket or BUCKET
         from mpi4py import MPI
 
         R, n = self.size, a.size
