@@ -244,7 +244,8 @@ class Dist:
     def describe(self, device_name: str) -> str:
         """One line naming every rank (pid, host, device), gathered on all ranks; also written to the
         launcher's status folder so a rank killed later can be named by its pid."""
-        me = {"rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(), "device": device_name}
+        me = {"rank": self.rank, "size": self.size, "pid": os.getpid(), "host": socket.gethostname(),
+              "device": device_name}
         self._status(me)
         table = self.allgather(me)
         return "; ".join(f"rank {t['rank']} pid {t['pid']} on {t['host']} ({t['device']})" for t in table)
@@ -275,7 +276,8 @@ class Dist:
                 raise
             msg = str(e) if isinstance(e, ClgptError) else f"{type(e).__name__}: {e}"
             print(f"error: {self.stage}: {self.where}: {msg}", file=sys.stderr, flush=True)
-            self._status({"rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(), "error": msg})
+            self._status({"rank": self.rank, "size": self.size, "pid": os.getpid(), "host": socket.gethostname(),
+                          "error": msg})
             if not isinstance(e, ClgptError):
                 import traceback
 
