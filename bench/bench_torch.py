@@ -3,7 +3,7 @@
     python bench/bench_torch.py [--arch gpt2|llama] [--kv-heads N] [--experts E --experts-used K]
                                 [--vocab 512 --ctx 80 --embd 64 --ffn 128 --heads 2 --layers 1 --batch 8]
                                 [--steps 20] [--warmup 3] [--gemm 1024] [--device cpu|cuda] [--threads N]
-                                [--attention sdpa|written]
+                                [--attention sdpa|written] [--nanogpt]   (--nanogpt: torch.compile + bf16 autocast + fused AdamW, as nanoGPT on a GPU)
 
 Same architectures as clgpt (ARCHITECTURE.md), as users run them in PyTorch (nanoGPT): attention through
 F.scaled_dot_product_attention (causal), AdamW fused on CUDA and foreach on CPU (betas 0.9/0.95, eps 1e-8,
@@ -238,6 +238,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch's default)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--nanogpt", action="store_true",
+                    help="as nanoGPT trains on a GPU: torch.compile, bf16 autocast, SDPA attention, fused AdamW")
     args = ap.parse_args(argv)
 
     import numpy as np
@@ -272,8 +274,13 @@ def main(argv=None) -> int:
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=3e-4, betas=(0.9, 0.95), eps=1e-8, **({"fused": True} if dev.type == "cuda" else {"foreach": True}),
+        lr=3e-4, betas=(0.9, 0.95), eps=1e-8,
+        **({"fused": True} if dev.type == "cuda" or args.nanogpt else {"foreach": True}),
     )
+    fwd = torch.compile(model) if args.nanogpt else model
+    import contextlib
+
+    autocast = (lambda: torch.autocast(device_type=dev.type, dtype=torch.bfloat16)) if args.nanogpt else contextlib.nullcontext
     rng = np.random.default_rng(args.seed)
 
     def batch():
@@ -283,14 +290,16 @@ def main(argv=None) -> int:
 
     def train_step():
         xb, yb = batch()
-        loss = model(xb, yb)
+        with autocast():
+            loss = fwd(xb, yb)
         opt.zero_grad(set_to_none=False)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         return loss
 
-    print(f"device: torch {torch.__version__} {args.device}: {dev_name}")
+    print(f"device: torch {torch.__version__} {args.device}: {dev_name}"
+          + (" (torch.compile, bf16 autocast, fused AdamW)" if args.nanogpt else ""))
     moe = f" E={args.experts} K={args.experts_used}" if args.arch == "llama" and args.experts else ""
     print(f"model: {args.arch} V={V} T={T} C={C} F={F} H={H}{moe} L={L} B={B}, attention {args.attention}, "
           f"{n_params:,} parameters")

@@ -23,6 +23,8 @@ from clgpt.errors import ClgptError
 
 WARMUP = 3
 GEMM_TOL = 1e-4  # max |C - ref| / max |ref| for float32 against float64
+# reduced-precision operands (random normal, n <= 4096): unit roundoff 2^-8 (bf16), 2^-11 (tf32) per operand
+GEMM_TOL_PRECISION = {"fp32": GEMM_TOL, "tf32": 2e-3, "bf16": 1e-2}
 PROFILE_STEPS = 3
 
 
@@ -87,7 +89,8 @@ def gemm_figure(eng, n: int, seed: int = 0) -> dict:
     t_cl = _best_time(cl_gemm, q.finish)
     t_np = _best_time(lambda: a @ b, lambda: None)
     flops = 2.0 * n**3
-    return dict(cl=flops / t_cl / 1e9, np=flops / t_np / 1e9, err=err, ok=bool(np.isfinite(err) and err <= GEMM_TOL))
+    return dict(cl=flops / t_cl / 1e9, np=flops / t_np / 1e9, err=err,
+                ok=bool(np.isfinite(err) and err <= GEMM_TOL_PRECISION[eng.precision]))
 
 
 # ---- per-kernel profile ----
@@ -135,12 +138,12 @@ def _profiling_device(dev):
     return ProfDevice(dev.device)
 
 
-def profile(cfg, params, B, T, dev, batches) -> list[str]:
+def profile(cfg, params, B, T, dev, batches, precision="fp32") -> list[str]:
     """Train PROFILE_STEPS steps with event profiling; -> report lines (device time per kernel)."""
     from clgpt.engine import make_engine
 
     pdev = _profiling_device(dev)
-    eng = make_engine(cfg, params, batch_size=B, seq_len=T, device=pdev)
+    eng = make_engine(cfg, params, batch_size=B, seq_len=T, device=pdev, precision=precision)
     for tok, tgt in batches[:2]:  # warm: first launches compile nothing, but fault in buffers
         eng.forward(tok, tgt)
         eng.zero_grad()
@@ -206,7 +209,7 @@ def run_bench(args) -> None:
 
     params = init_params(cfg, 0)
     t0 = time.perf_counter()
-    eng = make_engine(cfg, params, batch_size=B, seq_len=T, device=dev)
+    eng = make_engine(cfg, params, batch_size=B, seq_len=T, device=dev, precision=getattr(args, "precision", "fp32"))
     t_init = time.perf_counter() - t0
 
     rng = np.random.default_rng(0)
@@ -236,7 +239,7 @@ def run_bench(args) -> None:
     ms = dt / args.steps * 1e3
     tps = B * T * args.steps / dt
     print(f"train: {args.steps} steps after {WARMUP} warmup ({t_init:.2f} s engine setup, {t_warm:.2f} s warmup), "
-          f"loss {first:.4f} -> {loss:.4f}, {ms:.2f} ms/step, {cpu / args.steps * 1e3:.2f} ms CPU time/step (all threads)")
+          f"loss {first:.4f} -> {loss:.4f}, {ms:.2f} ms/step, precision {eng.precision}{' (tensor cores)' if eng.mma else ''}, {cpu / args.steps * 1e3:.2f} ms CPU time/step (all threads)")
     sys.stdout.flush()
 
     gemm_ok = True
@@ -244,12 +247,12 @@ def run_bench(args) -> None:
         n = args.gemm
         g = gemm_figure(eng, n)
         gemm_ok = g["ok"]
-        print(f"gemm {n}^2 fp32 C=A@B: OpenCL {g['cl']:.2f} GFLOP/s, numpy {g['np']:.2f} GFLOP/s "
+        print(f"gemm {n}^2 {eng.precision} C=A@B: OpenCL {g['cl']:.2f} GFLOP/s, numpy {g['np']:.2f} GFLOP/s "
               f"({_blas_info()}), OpenCL/numpy = {g['cl'] / g['np']:.3f}")
         print(f"gemm check: {'passed' if gemm_ok else 'FAILED'} (max rel err {g['err']:.2e} against float64 numpy, "
-              f"tolerance {GEMM_TOL:g})")
+              f"tolerance {GEMM_TOL_PRECISION[eng.precision]:g})")
     if os.environ.get("CLGPT_BENCH_PROFILE", "") not in ("", "0"):
-        for line in profile(cfg, params, B, T, dev, batches):
+        for line in profile(cfg, params, B, T, dev, batches, eng.precision):
             print(line)
     if not gemm_ok:
         raise ClgptError("bench: the OpenCL GEMM disagrees with numpy (see 'gemm check' above)")

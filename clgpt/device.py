@@ -125,8 +125,9 @@ class Device:
         self._programs: dict[tuple, cl.Program] = {}
         self._kernels: dict[tuple, cl.Kernel] = {}
 
-    def program(self, file_stem: str, **defines) -> cl.Program:
-        options = tuple(_define(k, v) for k, v in sorted(defines.items()))
+    def program(self, file_stem: str, build_options: tuple = (), **defines) -> cl.Program:
+        """build_options: compiler flags beyond the -D defines (e.g. NVIDIA's -cl-nv-maxrregcount=128)."""
+        options = tuple(_define(k, v) for k, v in sorted(defines.items())) + tuple(build_options)
         key = (file_stem, options)
         prg = self._programs.get(key)
         if prg is None:
@@ -141,12 +142,12 @@ class Device:
             self._programs[key] = prg
         return prg
 
-    def kernel(self, file_stem: str, name: str, **defines) -> cl.Kernel:
+    def kernel(self, file_stem: str, name: str, build_options: tuple = (), **defines) -> cl.Kernel:
         """The kernel `name` of kernels/<file_stem>.cl built with -D defines; built and fetched once."""
-        key = (file_stem, name, tuple(sorted(defines.items())))
+        key = (file_stem, name, tuple(sorted(defines.items())), tuple(build_options))
         k = self._kernels.get(key)
         if k is None:
-            k = self._kernels[key] = cl.Kernel(self.program(file_stem, **defines), name)
+            k = self._kernels[key] = cl.Kernel(self.program(file_stem, tuple(build_options), **defines), name)
         return k
 
     def __repr__(self) -> str:

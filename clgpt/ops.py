@@ -21,13 +21,17 @@ Buffers are pyopencl Buffers (or sub-buffers) of float32 (int32 for token ids), 
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pyopencl as cl
 
 from clgpt.device import Device
+from clgpt.errors import ClgptError
 from clgpt.model import ModelConfig
-from clgpt.tuning import SMALL_GROUPS, SPLIT_MIN_K, SPLIT_MIN_TOTAL_K, SPLIT_SMALL_GROUPS, launch_config
+from clgpt.precision import ROUND, matrix_path, mma_bk, mma_groups, mma_launch, mma_threads, resolve
+from clgpt.tuning import (MMA_SMALL_GROUPS, MMA_SPLIT_GROUPS, MMA_SPLIT_MIN_K, SMALL_GROUPS, SPLIT_MIN_K,
+                          SPLIT_MIN_TOTAL_K, SPLIT_SMALL_GROUPS, launch_config)
 
 F32 = 4
 # Default tiles of the local-memory matmul: TSM x TSN outputs per work-group, TSK deep, WPTM x WPTN outputs
@@ -59,13 +63,27 @@ class Ops:
     """Launchers for one device and one model's widths (C, H, D, V, eps are build options of the kernels).
 
     `seq_len` (the engine's longest T) decides whether attention runs as batched matmuls on GPUs.
+    `precision` (clgpt/precision.py): the matmuls' operands, fp32 | tf32 | bf16 | auto.
     """
 
-    def __init__(self, dev: Device, cfg: ModelConfig, seq_len: int):
+    def __init__(self, dev: Device, cfg: ModelConfig, seq_len: int, precision: str = "fp32"):
         self.dev, self.cfg = dev, cfg
         self.ctx, self.queue = dev.ctx, dev.queue
         self.launch = launch_config(dev.device)
         self.mm = self.launch["matmul"]
+        # matmul precision: ROUND for the portable kernels; the tensor-core kernel where the device has one
+        # (the big and small mma tiles), else None
+        self.precision = resolve(precision, dev.device)
+        self.round = ROUND[self.precision]
+        self.mma = None
+        if self.round and matrix_path(dev.device) == "nv_mma":
+            self.mma = (self.launch["matmul_mma"], self.launch["matmul_mma_small"])
+        # bf16: the GEMM on bf16 operand copies (kernels/matmul_bf16.cl: cp.async, ldmatrix), (big, small) tiles
+        self.bf16, self._bf16_opts = None, {}
+        self._bf16_mn = os.environ.get("CLGPT_BF16_MN", "1") != "0"  # m/n-contiguous copies (ldmatrix.trans)
+        self._b16, self._b16_size = [None, None], [0, 0]  # the bf16 copies of op(A), op(B)
+        if self.round == 1 and self.mma is not None and self.launch.get("matmul_bf16"):
+            self.bf16 = (self.launch["matmul_bf16"], self.launch["matmul_bf16_small"])
         self.align = max(64, dev.device.mem_base_addr_align // 8 // F32)  # sub-buffer alignment, in floats
         self.rows = int(self.launch.get("rows", 0))  # GPUs: one work-group of `rows` work-items per row
         self.attn_gemm = bool(self.launch.get("attn_gemm", 0)) and seq_len >= self.launch.get("attn_gemm_min_t", 0)
@@ -77,6 +95,8 @@ class Ops:
         self._mm = {}
         self.k = {}
         self._build_common()
+        if self.bf16 is not None:
+            self._bf16_setup()
 
     # ---- kernels ----
     def buf(self, nfloats: int) -> cl.Buffer:
@@ -218,6 +238,8 @@ class Ops:
                 extra["SPLITK"] = 1
             if batch:
                 extra.update(BATCH=1, CAUSAL=causal)
+            if self.round:  # tf32/bf16 operands (fp32 builds keep their options, so their binaries, unchanged)
+                extra["ROUND"] = self.round
             kern = self._mm[key] = self.dev.kernel(
                 "matmul", mm["kernel"], TA=ta, TB=tb, BIAS=int(bias), RESID=int(resid), ACCUM=int(accum), EPI=epi,
                 **extra, **matmul_defines(mm))
@@ -251,6 +273,12 @@ class Ops:
     def matmul_epi(self, M, N, K, A, B, Cm, ta=0, tb=0, bias=None, resid=None, accum=False, alpha=1.0, epi=0, E=None):
         """matmul with an epilogue: epi 1 also writes E = gelu(Cm); epi 2 multiplies Cm by gelu'(E)."""
         if M <= 0 or N <= 0:
+            return
+        if self.bf16 is not None:
+            self._matmul_bf16(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E)
+            return
+        if self.mma is not None:
+            self._matmul_mma(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E)
             return
         mm, _ = self._tiles(M, N)
         if mm["kernel"] == "matmul_rb":
@@ -293,6 +321,149 @@ class Ops:
         self._launch(kern, gsize, lsize, (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm, i32(N),
                                           bias, resid, f32(alpha), E))
 
+    # ---- tensor cores (kernels/matmul_mma.cl) ----
+    def _mma_tiles(self, M, N, nz=1):
+        """The big mma tiles, or the small ones where the big give fewer than MMA_SMALL_GROUPS work-groups."""
+        big, small = self.mma
+        return big if mma_groups(big, M, N) * nz >= MMA_SMALL_GROUPS else small
+
+    def _kernel_mma(self, mm, ta, tb, bias, resid, accum, epi, align4, split=0, batch=0, causal=0):
+        key = ("mma", ta, tb, bias, resid, accum, epi, align4, split, batch, causal, id(mm))
+        kern = self._mm.get(key)
+        if kern is None:
+            nth = mma_threads(mm)
+            if (mm["BM"] * 4) % nth or (mm["BN"] * 4) % nth or mm["BM"] % (16 * mm["WM"]) or mm["BN"] % (8 * mm["WN"]):
+                raise ClgptError(f"mma tiles {mm}: BM, BN times 4 must divide by the work-group's threads, "
+                                 "BM by 16 WM, BN by 8 WN")
+            extra = dict(SPLITK=1) if split else {}
+            if batch:
+                extra.update(BATCH=1, CAUSAL=causal)
+            if "nvidia" not in self.dev.device.vendor.lower():
+                extra["MMA_EMULATE"] = 1  # CLGPT_MMA_EMULATE on a device without tensor cores (tests)
+            # CLGPT_NV_VERBOSE=1: NVIDIA's compiler reports registers and spills in the build log (bench/gpu_tc.py)
+            build = ("-cl-nv-verbose",) if os.environ.get("CLGPT_NV_VERBOSE") and not extra.get("MMA_EMULATE") else ()
+            kern = self._mm[key] = self.dev.kernel(
+                "matmul_mma", "matmul_mma", build_options=build, TA=ta, TB=tb, BIAS=int(bias), RESID=int(resid),
+                ACCUM=int(accum), EPI=epi, ROUND=self.round, ALIGN4=int(align4), BM=mm["BM"], BN=mm["BN"],
+                WM=mm["WM"], WN=mm["WN"], **extra)
+        return kern
+
+    def _matmul_mma(self, M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E):
+        lda, ldb = (M if ta else K), (K if tb else N)
+        align4 = lda % 4 == 0 and ldb % 4 == 0
+        mm = self._mma_tiles(M, N)
+        groups = mma_groups(mm, M, N)
+        if bias is None and resid is None and epi == 0 and K >= SPLIT_MIN_TOTAL_K and groups < MMA_SPLIT_GROUPS:
+            # split-K as the fp32 kernel does: S raw partial products, then splitk_reduce adds them in order
+            S = min(-(-MMA_SPLIT_GROUPS * 2 // groups), K // MMA_SPLIT_MIN_K)
+            if S >= 2:
+                kc = ceil_to(-(-K // S), mma_bk(self.round))
+                S = -(-K // kc)
+                P = self._grow_parts(S * M * N)
+                kern = self._kernel_mma(mm, ta, tb, False, False, False, 0, align4, split=1)
+                (gx, gy), lsize = mma_launch(mm, M, N)
+                self._launch(kern, (gx, gy, S), lsize + (1,), (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), P,
+                             i32(N), None, None, f32(1.0), None, i32(kc), i32(1), *(i32(0),) * 9))
+                self.runp("splitk_reduce", (M * N,), i32(M * N), i32(S), i32(bool(accum)), f32(alpha), P, Cm)
+                return
+        kern = self._kernel_mma(mm, ta, tb, bias is not None, resid is not None, bool(accum), epi, align4)
+        gsize, lsize = mma_launch(mm, M, N)
+        self._launch(kern, gsize, lsize, (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm, i32(N),
+                                          bias, resid, f32(alpha), E))
+
+    # ---- bf16 GEMM on bf16 operand copies (kernels/matmul_bf16.cl) ----
+    def _bf16_setup(self):
+        """Build the copy kernels; on NVIDIA, find how a local pointer becomes a shared-window address for
+        cp.async / ldmatrix (its integer value, or cvta.to.shared of it): kernels/matmul_bf16.cl smem_probe.
+        Neither works -> self.bf16 = None (bf16 runs on matmul_mma.cl)."""
+        if "nvidia" not in self.dev.device.vendor.lower():
+            self._bf16_opts = dict(MMA_EMULATE=1)  # CLGPT_MMA_EMULATE (tests on PoCL)
+        else:
+            out = np.zeros(4, np.uint32)
+            d = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=out)
+            self.dev.kernel("matmul_bf16", "smem_probe")(self.queue, (64,), (64,), d)
+            cl.enqueue_copy(self.queue, out, d, is_blocking=True)
+            if out[1] == 0x5EED0003:
+                self._bf16_opts = dict(SMEM_CVTA=0)
+            elif out[2] == 0x5EED0003:
+                self._bf16_opts = dict(SMEM_CVTA=1)
+            else:
+                self.bf16 = None
+                return
+        self.k["to_bf16"] = self.dev.kernel("matmul_bf16", "to_bf16", **self._bf16_opts)
+        self.k["to_bf16_t"] = self.dev.kernel("matmul_bf16", "to_bf16_t", **self._bf16_opts)
+
+    def _kernel_bf16(self, mm, akc, bkc, bias, resid, accum, epi, split=0):
+        key = ("bf16", akc, bkc, bias, resid, accum, epi, split, id(mm))
+        kern = self._mm.get(key)
+        if kern is None:
+            nth = mma_threads(mm)
+            if (mm["BM"] % 32 or mm["BN"] % 32 or mm["BM"] % (16 * mm["WM"]) or mm["BN"] % (16 * mm["WN"])
+                    or ((mm["BM"] + mm["BN"]) * 4) % nth):
+                raise ClgptError(f"bf16 tiles {mm}: BM, BN multiples of 32, BM of 16 WM, BN of 16 WN, "
+                                 "(BM + BN) * 4 of the work-group's threads")
+            extra = dict(SPLITK=1) if split else {}
+            build = ("-cl-nv-verbose",) if os.environ.get("CLGPT_NV_VERBOSE") and "MMA_EMULATE" not in self._bf16_opts else ()
+            kern = self._mm[key] = self.dev.kernel(
+                "matmul_bf16", "matmul_bf16", build_options=build, AKC=int(akc), BKC=int(bkc), BIAS=int(bias),
+                RESID=int(resid), ACCUM=int(accum), EPI=epi, BM=mm["BM"], BN=mm["BN"], WM=mm["WM"], WN=mm["WN"],
+                STAGES=mm.get("STAGES", 2), **extra, **self._bf16_opts)
+        return kern
+
+    def to_bf16(self, slot, X, rows, cols, Rp, Cp, trans=False):
+        """-> the bf16 copy (Rp x Cp, zero-padded) of X (rows x cols, row-major), or with trans of X.T (X stored
+        (cols, rows)); scratch `slot` (0: A, 1: B). Rp and Cp multiples of 32."""
+        nbytes = Rp * Cp * 2
+        if self._b16_size[slot] < nbytes:
+            self._b16[slot], self._b16_size[slot] = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, nbytes), nbytes
+        out = self._b16[slot]
+        if trans:
+            self._launch(self.k["to_bf16_t"], (Cp, Rp // 4), (32, 8), (i32(rows), i32(cols), X, i32(rows), out, i32(Cp)))
+        else:
+            self._launch(self.k["to_bf16"], (Cp // 8, Rp), (4, 32), (i32(rows), i32(cols), X, i32(cols), out, i32(Cp)))
+        return out
+
+    def bf16_operands(self, mm, M, N, K, A, B, ta, tb):
+        """-> (A16, akc, lda, B16, bkc, ldb, Kp): bf16 copies of op(A), op(B) in the layout the fp32 buffers
+        have (akc/bkc = 1: k-contiguous rows), padded to mm's tiles and Kp = K rounded up to 32. With
+        CLGPT_BF16_MN=0 both are transposed to k-contiguous rows instead."""
+        Kp, Mp, Np = ceil_to(max(K, 1), 32), ceil_to(M, mm["BM"]), ceil_to(N, mm["BN"])
+        if self._bf16_mn:
+            A16 = self.to_bf16(0, A, K, M, Kp, Mp) if ta else self.to_bf16(0, A, M, K, Mp, Kp)
+            B16 = self.to_bf16(1, B, N, K, Np, Kp) if tb else self.to_bf16(1, B, K, N, Kp, Np)
+            return A16, not ta, (Mp if ta else Kp), B16, bool(tb), (Kp if tb else Np), Kp
+        A16 = self.to_bf16(0, A, M, K, Mp, Kp, trans=bool(ta))
+        B16 = self.to_bf16(1, B, N, K, Np, Kp, trans=not tb)
+        return A16, True, Kp, B16, True, Kp, Kp
+
+    def _matmul_bf16(self, M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E):
+        big, small = self.bf16
+        mm = big if mma_groups(big, M, N) >= MMA_SMALL_GROUPS else small
+        ops = self.bf16_operands(mm, M, N, K, A, B, ta, tb)
+        self.matmul_bf16(mm, M, N, *ops, Cm, bias, resid, accum, alpha, epi, E, split_k=K >= SPLIT_MIN_TOTAL_K)
+
+    def matmul_bf16(self, mm, M, N, A16, akc, lda, B16, bkc, ldb, Kp, Cm, bias=None, resid=None, accum=False,
+                    alpha=1.0, epi=0, E=None, split_k=True):
+        """Cm (M,N) = alpha op(A16) @ op(B16) [+ ...] on bf16 copies (bf16_operands) padded to mm's tiles and Kp."""
+        groups = mma_groups(mm, M, N)
+        if split_k and bias is None and resid is None and epi == 0 and groups < MMA_SPLIT_GROUPS:
+            # split-K as the fp32 kernel does: S raw partial products, then splitk_reduce adds them in order
+            S = min(-(-MMA_SPLIT_GROUPS * 2 // groups), Kp // MMA_SPLIT_MIN_K)
+            if S >= 2:
+                kc = ceil_to(-(-Kp // S), 32)
+                S = -(-Kp // kc)
+                P = self._grow_parts(S * M * N)
+                kern = self._kernel_bf16(mm, akc, bkc, False, False, False, 0, split=1)
+                (gx, gy), lsize = mma_launch(mm, M, N)
+                self._launch(kern, (gx, gy, S), lsize + (1,), (i32(M), i32(N), i32(Kp), A16, i32(lda), B16, i32(ldb),
+                                                              P, i32(N), None, None, f32(1.0), None, i32(kc)))
+                self.runp("splitk_reduce", (M * N,), i32(M * N), i32(S), i32(bool(accum)), f32(alpha), P, Cm)
+                return
+        kern = self._kernel_bf16(mm, akc, bkc, bias is not None, resid is not None, bool(accum), epi)
+        gsize, lsize = mma_launch(mm, M, N)
+        self._launch(kern, gsize, lsize, (i32(M), i32(N), i32(Kp), A16, i32(lda), B16, i32(ldb), Cm, i32(N), bias,
+                                          resid, f32(alpha), E))
+
     def _grow_parts(self, n):
         if self._parts_size < n:
             self._parts, self._parts_size = self.buf(n), n
@@ -307,7 +478,17 @@ class Ops:
             mm=None):
         """Batched matmul (the local-memory form): for z < nz, (zb, zh) = divmod(z, hb), Cm_z (M,N) =
         alpha op(A_z) @ op(B_z) where X_z = X + o + zb * s_b + zh * s_h and x_off = (o, s_b, s_h); causal: see
-        kernels/matmul.cl. `mm` overrides the tiles (CPUs, whose table row has none of this form)."""
+        kernels/matmul.cl. `mm` overrides the tiles (CPUs, whose table row has none of this form).
+        With tensor cores (self.mma) the batched mma kernel runs instead."""
+        if self.mma is not None:
+            mm = self._mma_tiles(M, N, nz)
+            align4 = all(v % 4 == 0 for v in (lda, ldb, *a_off, *b_off))
+            kern = self._kernel_mma(mm, ta, tb, False, False, False, 0, align4, batch=1, causal=causal)
+            (gx, gy), lsize = mma_launch(mm, M, N)
+            self._launch(kern, (gx, gy, nz), lsize + (1,), (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm,
+                         i32(ldc), None, None, f32(alpha), None, i32(0), i32(hb),
+                         *(i32(v) for v in (*a_off, *b_off, *c_off))))
+            return
         if mm is None:
             mm, _ = self._tiles(M, N, nz)
         kern = self._kernel_mm(mm, ta, tb, False, False, False, 0, batch=1, causal=causal)

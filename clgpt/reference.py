@@ -307,3 +307,23 @@ def fd_entries(f, params, name, idxs, eps):
         params[name].flat[i] = old
         out.append((fp - fm) / (2 * eps))
     return np.array(out)
+
+
+# ---- reduced-precision matmul operands (kernels/precision.cl) ----
+def round_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 x rounded to bf16 (nearest, ties to even), as float32; inf/NaN truncated."""
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    r = ((u.astype(np.uint64) + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
+    special = (u & 0x7F800000) == 0x7F800000
+    return np.where(special, u & 0xFFFF0000, r).astype(np.uint32).view(np.float32)
+
+
+def round_tf32(x: np.ndarray) -> np.ndarray:
+    """float32 x rounded to tf32 (10 mantissa bits, nearest, ties away from zero: cvt.rna.tf32.f32)."""
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    r = ((u.astype(np.uint64) + 0x1000) & 0xFFFFE000).astype(np.uint32)
+    special = (u & 0x7F800000) == 0x7F800000
+    return np.where(special, u, r).astype(np.uint32).view(np.float32)
+
+
+ROUNDERS = {"fp32": lambda x: np.asarray(x, np.float32), "bf16": round_bf16, "tf32": round_tf32}

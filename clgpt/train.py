@@ -422,7 +422,8 @@ def _run_stage(stage, encoded, s, ckpt_out, log_csv, dist, *, model, init_ckpt, 
 
     # the engine holds the most rows of a micro-batch one rank gets (all of them with one rank)
     dev = dist.device(device, devices) if dist.size > 1 else _resolve_device(device)
-    eng = make_engine(cfg, inp.params, batch_size=-(-B // dist.size), seq_len=T, device=dev, dropout=s["dropout"])
+    eng = make_engine(cfg, inp.params, batch_size=-(-B // dist.size), seq_len=T, device=dev, dropout=s["dropout"],
+                      precision=s["precision"])
     if dist.size > 1:
         share_rows = [(r + 1) * B // dist.size - r * B // dist.size for r in range(dist.size)]
         table = dist.describe(dev.name)  # collective: every rank calls it

@@ -5,6 +5,9 @@ each row are in bench/RESULTS_GPU.md (GPUs) and the engine's commit notes (PoCL)
 
 CLGPT_MATMUL overrides the matmul choice for experiments, e.g.
 `CLGPT_MATMUL=kernel=matmul,TSM=128,TSN=128,TSK=16,WPTM=8,WPTN=8,LDSV=1`.
+CLGPT_MMA and CLGPT_MMA_SMALL override the big and small tensor-core tiles, e.g. `CLGPT_MMA=BM=128,BN=128,WM=2,WN=2`.
+CLGPT_BF16 and CLGPT_BF16_SMALL do so for the bf16 GEMM (kernels/matmul_bf16.cl), e.g.
+`CLGPT_BF16=BM=128,BN=256,WM=2,WN=4,STAGES=2`; CLGPT_BF16=off sends bf16 to matmul_mma.cl instead.
 CLGPT_LAUNCH=cpu|nvidia|gpu takes that table row whatever the device (tests run the GPU paths on PoCL).
 """
 
@@ -26,6 +29,20 @@ _GPU = dict(kernel="matmul", TSM=64, TSN=64, TSK=32, WPTM=8, WPTN=8, LDSV=0)
 _GPU_SMALL = dict(kernel="matmul", TSM=32, TSN=32, TSK=16, WPTM=4, WPTN=4, LDSV=0)
 _NVIDIA_SMALL = dict(_GPU_SMALL, PREF=1)
 SMALL_GROUPS = 264  # fewer work-groups than this (2 per SM of an H200) with the big tiles -> small tiles
+# Tensor cores (kernels/matmul_mma.cl, NVIDIA sm_80+, precision tf32/bf16): BM x BN outputs per work-group
+# of WM x WN warps. Outputs giving fewer than MMA_SMALL_GROUPS work-groups of the big tiles take the small
+# ones; products without an epilogue whose output still gives fewer than MMA_SPLIT_GROUPS are split along K
+# (chunks >= MMA_SPLIT_MIN_K deep) as the fp32 kernel's are. Measured on the H200 (bench/RESULTS_GPU.md):
+# 128x128 with 2x4 warps (156-186 registers, no spills) trains fastest; 2x2 warps (64x64 a warp) spill.
+_NVIDIA_MMA = dict(kernel="matmul_mma", BM=128, BN=128, WM=2, WN=4)
+_NVIDIA_MMA_SMALL = dict(kernel="matmul_mma", BM=64, BN=64, WM=2, WN=2)
+MMA_SMALL_GROUPS = 132
+# bf16 (kernels/matmul_bf16.cl): bf16 operand copies, cp.async STAGES deep, ldmatrix; BK = 32. Local memory
+# per work-group: STAGES * (BM + BN) * 64 bytes (48 KB without opting in on NVIDIA's OpenCL).
+_NVIDIA_BF16 = dict(kernel="matmul_bf16", BM=128, BN=128, WM=2, WN=4, STAGES=3)
+_NVIDIA_BF16_SMALL = dict(kernel="matmul_bf16", BM=64, BN=64, WM=2, WN=2, STAGES=4)
+MMA_SPLIT_GROUPS = 264
+MMA_SPLIT_MIN_K = 256
 # Split-K (GPUs, products with no bias/residual/epilogue whose output gives too few work-groups, chiefly the
 # weight gradients dW = dy.T @ x with K = B*T): the K range is cut into S chunks, each work-group stores its
 # part, a second kernel adds the S parts in a fixed order. Chunks stay >= SPLIT_MIN_K[tile] deep; the
@@ -62,7 +79,8 @@ _CPU_ROWS = dict(xent_fused=1, cpu_bias=1, ta_direct=3 << 17, cpu_attn=1, cpu_ve
 # (device type, vendor substring or "" for any) -> matmul config, local size of 1-D and 2-D launches.
 TABLE = [
     (cl.device_type.CPU, "", dict(matmul=_CPU, local_1d=16, local_2d=(16, 1), vec=1, norm_parts=256, **_CPU_ROWS)),
-    (cl.device_type.GPU, "nvidia", dict(matmul=_NVIDIA, matmul_small=_NVIDIA_SMALL, matmul_narrow=_NVIDIA_NARROW, local_1d=128, local_2d=(32, 4), vec=0,
+    (cl.device_type.GPU, "nvidia", dict(matmul=_NVIDIA, matmul_small=_NVIDIA_SMALL, matmul_narrow=_NVIDIA_NARROW,
+                                        matmul_mma=_NVIDIA_MMA, matmul_mma_small=_NVIDIA_MMA_SMALL, local_1d=128, local_2d=(32, 4), vec=0,
                                         norm_parts=8192, **_GPU_ROWS)),
     (cl.device_type.GPU, "", dict(matmul=_GPU, matmul_small=_GPU_SMALL, local_1d=128, local_2d=(32, 4), vec=0, norm_parts=8192,
                                   **_GPU_ROWS)),
@@ -105,6 +123,17 @@ def launch_config(device: cl.Device) -> dict:
         if os.environ.get("CLGPT_MATMUL_KEEP_SMALL", "") in ("", "0"):
             cfg.pop("matmul_small", None)
             cfg.pop("matmul_narrow", None)
+    cfg.setdefault("matmul_mma", _NVIDIA_MMA)  # used only where clgpt.precision.matrix_path says so
+    cfg.setdefault("matmul_mma_small", _NVIDIA_MMA_SMALL)
+    cfg.setdefault("matmul_bf16", _NVIDIA_BF16)
+    cfg.setdefault("matmul_bf16_small", _NVIDIA_BF16_SMALL)
+    for key, var in (("matmul_mma", "CLGPT_MMA"), ("matmul_mma_small", "CLGPT_MMA_SMALL"),
+                     ("matmul_bf16", "CLGPT_BF16"), ("matmul_bf16_small", "CLGPT_BF16_SMALL")):
+        spec = os.environ.get(var, "").strip()  # e.g. CLGPT_MMA=BM=128,BN=128,WM=2,WN=2
+        if spec == "off" and key == "matmul_bf16":
+            cfg[key] = None
+        elif spec and spec != "off":
+            cfg[key] = dict(_parse(spec), kernel=key.replace("_small", ""))
     if os.environ.get("CLGPT_PRESET", "") in ("0", "1"):
         cfg["preset"] = int(os.environ["CLGPT_PRESET"])
     return cfg

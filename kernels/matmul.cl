@@ -8,6 +8,8 @@
 //   bias_backward: db (N) += sum_m dy[m*N+n]
 // A linear layer y = x @ W.T + b (W is (out,in)) is TA=0,TB=1; dx = dy @ W is TA=0,TB=0;
 // dW += dy.T @ x is TA=1,TB=0 with ACCUM=1. Every output sums over k in order: deterministic.
+// ROUND (precision.cl): 0 fp32; 1 bf16, 2 tf32 operands (rounded as loaded, fp32 sums): the portable form of
+// the tensor-core kernels in matmul_mma.cl, for every device.
 // -D: TA, TB (0/1), BIAS, RESID, ACCUM (0/1), EPI (0/1/2); matmul: tile TSM x TSN x TSK, each work-item
 // WPTM x WPTN outputs, LDSV=1 reads the local tiles as float4 (WPTM, WPTN multiples of 4);
 // matmul_rb: RM rows x NV float8 columns per work-item.
@@ -51,40 +53,8 @@
 #define RTSM (TSM / WPTM)
 #define RTSN (TSN / WPTN)
 #define NTHREADS (RTSM * RTSN)
-#define GELU_S 0.7978845608028654f
-
-// gelu(x) and gelu'(x), tanh form, tanh u = 1 - 2 / (exp(2u) + 1) as in gelu.cl
-inline float gelu_f(const float x)
-{
-    return x - x / (exp(2.0f * GELU_S * (x + 0.044715f * x * x * x)) + 1.0f);
-}
-inline float gelu_df(const float x)
-{
-    const float t = 1.0f - 2.0f / (exp(2.0f * GELU_S * (x + 0.044715f * x * x * x)) + 1.0f);
-    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * GELU_S * (1.0f + 3.0f * 0.044715f * x * x);
-}
-
-// The epilogue of one output: c = alpha * acc [+ bias] [+ R] [+ C], then EPI.
-inline float epilogue(const float acc, const int gm, const int gn, const int ldc, __global float* Cm,
-                      __global const float* bias, __global const float* R, __global float* E, const float alpha)
-{
-    float c = alpha * acc;
-#if BIAS
-    c += bias[gn];
-#endif
-#if RESID
-    c += R[gm * ldc + gn];
-#endif
-#if ACCUM
-    c += Cm[gm * ldc + gn];
-#endif
-#if EPI == 1
-    E[gm * ldc + gn] = gelu_f(c);
-#elif EPI == 2
-    c *= gelu_df(E[gm * ldc + gn]);
-#endif
-    return c;
-}
+#include "epilogue.cl"
+#include "precision.cl"
 
 // Tile loads: element e (0 .. TSK*TSM-1) of the A tile at k0 -> (k, m), coalesced along A's rows in memory.
 #if TA == 0
@@ -180,13 +150,13 @@ void matmul(const int M, const int N, const int K,
         const int e = tid + i * NTHREADS;                                               \
         A_KM(e, k, m);                                                                  \
         const int gm = m0 + m, gk = (k0) + k;                                           \
-        ra[i] = (e < TSK * TSM && gm < M && gk < kend) ? A_AT(gm, gk) : 0.0f;          \
+        ra[i] = (e < TSK * TSM && gm < M && gk < kend) ? ROUND_OP(A_AT(gm, gk)) : 0.0f;\
     }                                                                                   \
     for (int i = 0; i < LB; i++) {                                                      \
         const int e = tid + i * NTHREADS;                                               \
         B_KN(e, k, n);                                                                  \
         const int gn = n0 + n, gk = (k0) + k;                                           \
-        rb[i] = (e < TSK * TSN && gn < N && gk < kend) ? B_AT(gn, gk) : 0.0f;          \
+        rb[i] = (e < TSK * TSN && gn < N && gk < kend) ? ROUND_OP(B_AT(gn, gk)) : 0.0f;\
     }
 #define STORE_TILE(buf)                                                                 \
     for (int i = 0; i < LA; i++) {                                                      \
@@ -342,10 +312,10 @@ __kernel void matmul_rb(const int M, const int N, const int K,
         for (int k = 0; k < K; k++, bp += ldb) {
             float8 b[NV];
 #pragma unroll
-            for (int j = 0; j < NV; j++) b[j] = VLD(bp + 8 * j);
+            for (int j = 0; j < NV; j++) b[j] = ROUND_OP8(VLD(bp + 8 * j));
 #pragma unroll
             for (int i = 0; i < RM; i++) {
-                const float a = AT(rows[i], k);
+                const float a = ROUND_OP(AT(rows[i], k));
 #pragma unroll
                 for (int j = 0; j < NV; j++) acc[i][j] += a * b[j];
             }
@@ -385,8 +355,8 @@ __kernel void matmul_rb(const int M, const int N, const int K,
         for (int k = 0; k < K; k++) {
             __global const float* bp = B + k * ldb + n0;
             for (int i = 0; i < RM; i++) {
-                const float a = AT(rows[i], k);
-                for (int j = 0; j < nn; j++) acc[i][j] += a * bp[j];
+                const float a = ROUND_OP(AT(rows[i], k));
+                for (int j = 0; j < nn; j++) acc[i][j] += a * ROUND_OP(bp[j]);
             }
         }
         for (int i = 0; i < RM; i++) {

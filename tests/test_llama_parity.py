@@ -57,15 +57,15 @@ F32_TOL = 1e-3  # of max|logit|: fp16 GELU table and fp16 KV cache in llama.cpp
 Q8_TOL = 3e-2  # of max|logit|: llama.cpp also quantizes activations to q8_0 in its matmuls
 
 
-def train_tiny():
+def train_tiny(precision="fp32"):
     """Tokenizer (~360 tokens) + a 2-layer model memorising the lines and dialogs above (100 AdamW
-    steps on the engine, a few seconds)."""
+    steps on the engine, a few seconds); precision: the matmuls' (clgpt/precision.py)."""
     tok = Tokenizer.train(PRETRAIN + [f"{u} {a}" for u, a in DIALOGS], 360)
     cfg = ModelConfig(vocab_size=tok.vocab_size, n_ctx=N_CTX, n_embd=64, n_head=2, n_layer=2, n_ff=128)
     rows = [([tok.bos_id, *tok.encode(s), tok.eos_id], 0) for s in PRETRAIN]  # text: every target counts
     rows += [encode_dialog(tok, u, a) for u, a in DIALOGS]  # dialogs: the reply's targets count
     tokens, targets, mask, _ = pad_dialogs(rows, N_CTX)
-    eng = Engine(cfg, init_params(cfg, 0), batch_size=tokens.shape[0], seq_len=tokens.shape[1])
+    eng = Engine(cfg, init_params(cfg, 0), batch_size=tokens.shape[0], seq_len=tokens.shape[1], precision=precision)
     for _ in range(100):
         loss = eng.forward(tokens, targets, mask)
         eng.zero_grad()
@@ -276,3 +276,20 @@ def test_generator_forced_past_eos_fills_context(tiny, generators):
         prompt, max_tokens=100000, greedy=True, stop_ids=[tok.im_end_id], suppress_ids=[tok.im_end_id])
     assert len(prompt) + len(out) == N_CTX
     assert tok.im_end_id not in [t for t, _ in out]
+
+
+def test_bf16_trained_model_matches_llama_cpp(tmp_path):
+    """A model trained with bf16 matmuls (fp32 master weights) exports as any other: llama.cpp's f32 logits
+    match the float64 reference of the exported weights, and greedy completions match our engine's."""
+    tok, cfg, params = train_tiny(precision="bf16")
+    path = str(tmp_path / "bf16.gguf")
+    export_gguf(path, cfg, params, tok, ftype="f32", name="clgpt-bf16")
+    llm = load_llama(path)
+    gen = Generator(*read_gguf(path)[:2])
+    for ids in prompt_ids(tok):
+        ref = reference.gpt_logits(params, cfg, np.array([ids]))[0]
+        scale = np.abs(ref).max()
+        diff = np.abs(llama_logits(llm, ids) - ref).max()
+        assert diff <= F32_TOL * scale, f"llama.cpp vs reference on {ids}: max diff {diff:.3g}, logit scale {scale:.3g}"
+        ours = [t for t, _ in gen.generate(ids, max_tokens=24, greedy=True)]
+        assert ours == llama_greedy(llm, ids, 24), f"bf16-trained, prompt {tok.decode(ids)!r}"

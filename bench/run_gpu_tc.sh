@@ -1,0 +1,32 @@
+#!/bin/bash
+# One device call for the tensor-core work (issue 15): kernel checks, GEMM vs torch, training tokens/s at M,
+# 6 layers x 384 and L (clgpt bf16 / tf32 vs PyTorch torch.compile + bf16 autocast + fused AdamW, same call),
+# 200-step curves fp32 / tf32 / bf16 and a bf16 rerun. Run from the worktree root with the wheels in ../../.whl.
+W=${WHL:-../../.whl}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $W/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+mkdir -p /tmp/icd && echo /usr/lib/libnvidia-opencl.so.1 >/tmp/icd/nvidia.icd && export OCL_ICD_VENDORS=/tmp/icd
+[ -e /usr/lib/libnvidia-opencl.so.1 ] || echo /usr/lib/x86_64-linux-gnu/libnvidia-opencl.so.1 >/tmp/icd/nvidia.icd
+export PYOPENCL_CTX=0
+O=${OUT:-/tmp/out}; mkdir -p $O
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+timeout 90 python3 bench/gpu_tc.py check 2>&1 | grep -v Warn | tee $O/check.txt
+grep -q "check: passed" $O/check.txt || { echo "kernel check failed: stopping"; exit 1; }
+timeout 80 python3 bench/gpu_tc.py gemm 2>&1 | grep -v Warn | tee $O/gemm.txt
+M="--vocab 4096 --ctx 256 --embd 256 --ffn 1024 --heads 4 --layers 4 --batch 8"
+M6="--vocab 4096 --ctx 256 --embd 384 --ffn 1536 --heads 6 --layers 6 --batch 64"
+L="--vocab 8192 --ctx 512 --embd 768 --ffn 3072 --heads 12 --layers 12 --batch 16"
+bench() {  # shape precision
+  eval args=\$$1; steps=30; [ $1 = L ] && steps=10
+  echo "== $1 clgpt $2" | tee -a $O/train.txt
+  timeout 60 python3 -m clgpt bench $args --steps $steps --gemm 0 --precision $2 2>&1 | grep -v "^  \|Warn" | tail -2 | tee -a $O/train.txt
+}
+for shape in M M6 L; do
+  bench $shape bf16
+  eval args=\$$shape; steps=30; [ $shape = L ] && steps=10
+  echo "== $shape torch nanogpt (compile, bf16 autocast, SDPA, fused AdamW)" | tee -a $O/train.txt
+  timeout 120 python3 bench/bench_torch.py $args --steps $steps --warmup 5 --device cuda --nanogpt 2>&1 | tail -2 | tee -a $O/train.txt
+done
+timeout 100 python3 bench/gpu_tc.py curve 2>&1 | grep -v Warn | tee $O/curve.txt
+for shape in M M6 L; do bench $shape tf32; done
+bench M fp32
