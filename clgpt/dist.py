@@ -33,6 +33,8 @@ from clgpt.errors import ClgptError
 # plus an all-gather of BUCKET / ranks floats per rank. Host-memory MPI moves ~4 MB messages about 3x
 # faster than 100+ MB ones on the H200 host (issue 16); bench/bench_mpi.py measures the choice.
 BUCKET = 1 << 20
+SHM_BUCKET = 1 << 22  # the shared-memory sum's: 16 MB buckets beat 4 MB ones there (3 barriers a bucket)
+MIN_SLICE = 1 << 16  # floats: the smallest slice a host thread of the shared-memory sum takes
 RANK_DIR_ENV = "CLGPT_RANK_DIR"
 
 
@@ -53,15 +55,19 @@ class Dist:
         self.comm, self.stage = comm, stage
         self.rank = comm.Get_rank() if comm is not None else 0
         self.size = comm.Get_size() if comm is not None else 1
-        self.local_rank, self.node, self.via = 0, None, "mpi"
+        self.local_rank, self.node, self.via, self.threads = 0, None, "mpi", 1
         if comm is not None:
             from mpi4py import MPI
 
             self.node = comm.Split_type(MPI.COMM_TYPE_SHARED)  # the ranks on this host
             self.local_rank = self.node.Get_rank()
-            # CLGPT_REDUCE=shm: sum through shared memory when every rank is on this host (bench_mpi.py)
+            # sum through shared memory when every rank is on this host (CLGPT_REDUCE=mpi: MPI messages anyway);
+            # the same bits either way, shared memory is ~25% faster on the H200 host (bench/RESULTS_GPU.md)
             one_host = all(comm.allgather(self.node.Get_size() == self.size))
-            self.via = "shm" if os.environ.get("CLGPT_REDUCE") == "shm" and one_host else "mpi"
+            self.via = "shm" if os.environ.get("CLGPT_REDUCE", "shm") == "shm" and one_host else "mpi"
+            # host threads for the shared-memory sums (CLGPT_REDUCE_THREADS); one measured fastest on the H200
+            # host: the copies are bound by memory bandwidth, not by one core
+            self.threads = max(1, int(os.environ.get("CLGPT_REDUCE_THREADS", 1)))
         self.root = self.rank == 0
         self.where = f"rank {self.rank} of {self.size} (pid {os.getpid()} on {socket.gethostname()})"
 
@@ -110,8 +116,8 @@ class Dist:
         if self.comm is not None:
             self.comm.Barrier()
 
-    def allreduce_sum(self, a: np.ndarray, bucket: int = BUCKET, wire: str = "fp32", out: np.ndarray | None = None
-                      ) -> np.ndarray:
+    def allreduce_sum(self, a: np.ndarray, bucket: int | None = None, wire: str = "fp32",
+                      out: np.ndarray | None = None) -> np.ndarray:
         """Sum of every rank's float32 vector `a` (same length everywhere), added in rank order; every rank
         gets the same bits, whatever the bucket size. wire="bf16" sends bfloat16 (half the bytes), adds in
         float32 and hands back the bf16-rounded sums. Writes into `out` when given."""
@@ -121,7 +127,8 @@ class Dist:
                 return out
             return a
         if self.via == "shm" and wire == "fp32":
-            return self._allreduce_shm(a, bucket, out)
+            return self._allreduce_shm(a, bucket or SHM_BUCKET, out)
+        bucket = bucket or BUCKET
         from mpi4py import MPI
 
         R, n = self.size, a.size
@@ -171,25 +178,43 @@ class Dist:
             for r in range(R):
                 buf, _ = self._win.Shared_query(r)
                 self._slots.append(np.frombuffer(buf, np.float32, count=need))
-        mine = self._slots[self.rank]
+        mine, par = self._slots[self.rank], self._parallel
         for s in range(0, n, bucket):
             m = min(bucket, n - s)
             lo, hi = self.rank * m // R, (self.rank + 1) * m // R
             self.node.Barrier()  # the others are done reading my window (last bucket, last call)
-            np.copyto(mine[:m], a[s: s + m])
+            par(lambda i, j: np.copyto(mine[i:j], a[s + i: s + j]), 0, m)
             self.node.Barrier()  # every window holds its rank's bucket
             if hi > lo:
-                acc = out[s + lo: s + hi]
-                np.add(self._slots[0][lo:hi], self._slots[1][lo:hi], out=acc)
-                for i in range(2, R):  # rank order, as the MPI path adds
-                    acc += self._slots[i][lo:hi]
-                mine[lo:hi] = acc  # piece r's sum, where the others read it
+                def add(i, j):
+                    acc = out[s + i: s + j]
+                    np.add(self._slots[0][i:j], self._slots[1][i:j], out=acc)
+                    for r in range(2, R):  # rank order, as the MPI path adds
+                        acc += self._slots[r][i:j]
+                    mine[i:j] = acc  # piece r's sum, where the others read it
+                par(add, lo, hi)
             self.node.Barrier()  # every piece is summed
             for r in range(R):
                 if r != self.rank:
                     rl, rh = r * m // R, (r + 1) * m // R
-                    out[s + rl: s + rh] = self._slots[r][rl:rh]
+                    par(lambda i, j: np.copyto(out[s + i: s + j], self._slots[r][i:j]), rl, rh)
         return out
+
+    def _parallel(self, fn, lo: int, hi: int) -> None:
+        """fn(i, j) over [lo, hi) in slices on `threads` threads (numpy releases the GIL in copies and adds;
+        one thread moves host memory at a few GB/s, a host's cores together several times that). The
+        slices are elementwise, so the bits do not depend on the thread count."""
+        k = min(self.threads, (hi - lo) // MIN_SLICE)
+        if k <= 1:
+            fn(lo, hi)
+            return
+        if getattr(self, "_pool", None) is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="reduce")
+        cuts = [lo + (hi - lo) * t // k for t in range(k + 1)]
+        for f in [self._pool.submit(fn, cuts[t], cuts[t + 1]) for t in range(k)]:
+            f.result()
 
     def _scratch(self, n: int, dtype) -> np.ndarray:
         """A receive buffer reused from call to call (fresh pages cost page faults at every step)."""
@@ -219,7 +244,8 @@ class Dist:
     def describe(self, device_name: str) -> str:
         """One line naming every rank (pid, host, device), gathered on all ranks; also written to the
         launcher's status folder so a rank killed later can be named by its pid."""
-        me = {"rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(), "device": device_name}
+        me = {"rank": self.rank, "size": self.size, "pid": os.getpid(), "host": socket.gethostname(),
+              "device": device_name}
         self._status(me)
         table = self.allgather(me)
         return "; ".join(f"rank {t['rank']} pid {t['pid']} on {t['host']} ({t['device']})" for t in table)
@@ -250,7 +276,8 @@ class Dist:
                 raise
             msg = str(e) if isinstance(e, ClgptError) else f"{type(e).__name__}: {e}"
             print(f"error: {self.stage}: {self.where}: {msg}", file=sys.stderr, flush=True)
-            self._status({"rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(), "error": msg})
+            self._status({"rank": self.rank, "size": self.size, "pid": os.getpid(), "host": socket.gethostname(),
+                          "error": msg})
             if not isinstance(e, ClgptError):
                 import traceback
 
@@ -263,34 +290,24 @@ class OverlappedReduce:
     """Sums the gradients while the backward pass still runs, a layer at a time, as DDP's buckets do.
 
     begin() sets the engine's grad_hook: when backward has enqueued layer i's gradient kernels, the hook
-    enqueues copies of blk.i.*'s gradients to host memory behind them and hands them to a worker thread,
-    which waits for the copies and all-reduces them (Dist.allreduce_sum; MPI releases the GIL) while the
-    device goes on with layer i-1. end() adds what is left (embeddings, final norm), waits for the worker
-    and writes the sums back. Each element is still summed in rank order, so the result is the same bits
-    as Dist.allreduce_sum over the whole vector."""
+    enqueues copies of blk.i.*'s gradients into page-locked host memory behind them (ParamStore.pinned,
+    read_grads_async) and hands them to a worker thread, which waits for the copies and all-reduces them
+    (Dist.allreduce_sum; MPI and numpy release the GIL) while the device goes on with layer i-1. end() adds
+    what is left (embeddings, final norm), waits for the worker and writes the sums back in one copy from
+    page-locked memory. The vectors are the store's padded layout (n_flat floats; the padding is zero on
+    every rank, so its sum is too). Each element is still summed in rank order: the same bits as
+    Dist.allreduce_sum over get_grads_flat()."""
 
     def __init__(self, dist: Dist, eng):
-        self.dist, self.eng = dist, eng
-        self.slots = eng.flat_slots()
-        n = sum(size for _, size in self.slots.values())
-        self.host = np.empty(n, np.float32)  # the local gradients as they arrive
-        self.summed = np.empty(n, np.float32)  # their sums over the ranks
+        self.dist, self.eng, store = dist, eng, eng.store
+        self.host = store.pinned(store.n_flat)  # the local gradients as they arrive
+        self.summed = store.pinned(store.n_flat)  # their sums over the ranks
+        self.order = list(store.order)
         self.layers: dict[int, list[str]] = {}
-        for name in eng.order:
+        for name in self.order:
             if name.startswith("blk."):
                 self.layers.setdefault(int(name.split(".")[1]), []).append(name)
         self.thread = None
-
-    def _ranges(self, names) -> list[tuple[int, int]]:
-        """[start, end) spans of the names' slots, neighbours merged."""
-        spans = sorted((self.slots[n][0], self.slots[n][0] + self.slots[n][1]) for n in names)
-        merged = []
-        for a, b in spans:
-            if merged and merged[-1][1] == a:
-                merged[-1] = (merged[-1][0], b)
-            else:
-                merged.append((a, b))
-        return merged
 
     def begin(self) -> None:
         import queue
@@ -307,7 +324,7 @@ class OverlappedReduce:
         names = [n for n in names if n not in self.sent]
         if names:
             self.sent.update(names)
-            self.jobs.put((self.eng.read_grads_async(names, self.host), self._ranges(names)))
+            self.jobs.put((self.eng.read_grads_async(names, self.host), self.eng.store.padded_spans(names)))
 
     def _layer_done(self, i: int) -> None:
         self._send(self.layers.get(i, []))
@@ -320,9 +337,9 @@ class OverlappedReduce:
             if self.error is not None:
                 continue
             try:
-                event, ranges = job
+                event, spans = job
                 event.wait()
-                for a, b in ranges:
+                for a, b in spans:
                     self.dist.allreduce_sum(self.host[a:b], out=self.summed[a:b])
             except BaseException as e:  # noqa: BLE001 - re-raised by end() in the main thread
                 self.error = e
@@ -330,10 +347,10 @@ class OverlappedReduce:
     def end(self) -> None:
         """After backward: reduce the rest, wait for the worker, put the sums into the engine."""
         self.eng.grad_hook = None
-        self._send(self.eng.order)
+        self._send(self.order)
         self.jobs.put(None)
         self.thread.join()
         self.thread = None
         if self.error is not None:
             raise self.error
-        self.eng.set_grads_flat(self.summed)
+        self.eng.store.write_grads(self.summed)

@@ -47,6 +47,10 @@ def __getattr__(name):  # `from clgpt.engine import Engine`: the GPT-2 engine, a
 
 class EngineBase:
     arch = ""
+    # grad_hook(i), when set, is called inside backward() right after layer i's gradient kernels are enqueued
+    # (layers n_layer-1 .. 0): from then on blk.i.*'s gradients of this backward are final, so data-parallel
+    # ranks can start summing them while the layers below still run (clgpt.dist.OverlappedReduce).
+    grad_hook = None
 
     def __init__(self, cfg: ModelConfig, params: dict, batch_size: int, seq_len: int,
                  device: Device | str | None = None, dropout: float = 0.0, precision: str = "fp32"):
@@ -185,6 +189,10 @@ class EngineBase:
         self.ops.matmul(N, C, V, self.dlogits, self._w_out(), self.dln, alpha=alpha)
         self._backward_body(Bp, Tp, scale)
 
+    def _layer_done(self, i: int):
+        if self.grad_hook is not None:
+            self.grad_hook(i)
+
     def _token_embd_backward(self, N, dx):
         """dwte += dx rows by token: distinct tokens and their rows, sorted on the host (which holds the
         tokens), so each dwte row sums in a fixed order: deterministic, no float atomics."""
@@ -248,6 +256,9 @@ class EngineBase:
 
     def set_grads_flat(self, a):
         self.store.set_grads_flat(a)
+
+    def read_grads_async(self, names, host):
+        return self.store.read_grads_async(names, host)
 
     def get_optimizer_state(self) -> dict:
         return self.store.get_optimizer_state()

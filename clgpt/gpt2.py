@@ -104,6 +104,7 @@ class GPT2Engine(EngineBase):
             ops.matmul(N, C, 3 * C, self.dqkv, p[pre + "attn_qkv.weight"], dln)
             ops.layernorm_backward(N, dln, a["x"], a["ln1_mean"], a["ln1_rstd"], p[pre + "attn_norm.weight"],
                                    g[pre + "attn_norm.weight"], g[pre + "attn_norm.bias"], dx, accum=1)
+            self._layer_done(i)  # blk.i.* gradients final: data-parallel ranks may sum them now
         if self._drop:
             ops.dropout_backward(N * C, *self._dropped(-1, "embd"), dx)
         self._token_embd_backward(N, dx)

@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         ranks = _ranks(folder)
         rank, why = culprit(tail, ranks)
-        n = len(ranks) or "?"
+        n = max((int(rec.get("size", 0)) for rec in ranks.values()), default=0) or len(ranks) or "?"  # world size
         if rank is None:
             who = "an MPI rank"
         else:

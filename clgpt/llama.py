@@ -232,6 +232,7 @@ class LlamaEngine(EngineBase):
             ops.matmul(N, C, C + 2 * Ckv, dh, p[pre + "attn_q+k+v"], dln)
             ops.rmsnorm_backward(N, dln, a["x"], a["r1"], p[pre + "attn_norm.weight"], g[pre + "attn_norm.weight"],
                                  dx, 1)
+            self._layer_done(i)  # blk.i.* gradients final: data-parallel ranks may sum them now
         if self._drop:
             ops.dropout_backward(N * C, *self._dropped(-1, "embd"), dx)
         self._token_embd_backward(N, dx)

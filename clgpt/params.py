@@ -3,7 +3,10 @@
 Each of parameters, grads, m, v is one flat buffer, each tensor a sub-buffer at an aligned offset, tensors
 that decay first; so zero_grad is one fill, the grad norm one two-stage reduction and AdamW one launch.
 The order (decaying tensors, then the rest, each group in param_shapes order) is also the order of
-`get_grads_flat` / `set_grads_flat` (no padding: n_params floats), which MPI all-reduces.
+`get_grads_flat` / `set_grads_flat` (no padding: n_params floats). Data-parallel ranks sum the padded
+layout itself (n_flat floats, padding zero on every rank) a layer at a time during the backward pass:
+`read_grads_async` copies tensors' gradients into page-locked host memory (`pinned`) behind the kernels
+that made them, and `write_grads` puts the sums back in one copy (clgpt.dist.OverlappedReduce).
 
 `packed` {view name: (tensor names, consecutive in that order)} lays those tensors back to back, with no
 padding between them, and adds a view of the whole run under the view name: one product can then use them
@@ -133,6 +136,43 @@ class ParamStore:
             flat[self.offsets[n]: self.offsets[n] + size] = a[i: i + size]
             i += size
         cl.enqueue_copy(self.queue, self.flat_g, flat, is_blocking=True)
+
+    # ---- the padded layout, for data-parallel ranks (clgpt.dist.OverlappedReduce) ----
+    def pinned(self, n: int) -> np.ndarray:
+        """float32 (n,) host array in page-locked memory (a mapped CL_MEM_ALLOC_HOST_PTR buffer, kept mapped):
+        device copies to and from it run at DMA speed on a GPU, where pageable numpy memory is copied through
+        a staging buffer (several times slower); on a CPU device it is plain host memory."""
+        mf = cl.mem_flags
+        buf = cl.Buffer(self.ops.ctx, mf.READ_WRITE | mf.ALLOC_HOST_PTR, max(1, n) * F32)
+        arr, _ = cl.enqueue_map_buffer(self.queue, buf, cl.map_flags.READ | cl.map_flags.WRITE, 0, (max(1, n),),
+                                       np.float32, is_blocking=True)
+        self.__dict__.setdefault("_pinned", []).append((buf, arr))  # the buffer lives as long as the store
+        return arr[:n]
+
+    def padded_spans(self, names) -> list[tuple[int, int]]:
+        """[start, end) of the named tensors in the padded layout, each with the padding behind it (zero in
+        the gradients), neighbours merged."""
+        ends = {n: (self.offsets[m] if k + 1 < len(self.order) else self.n_flat)
+                for k, (n, m) in enumerate(zip(self.order, self.order[1:] + [None]))}
+        spans = []
+        for a, b in sorted((self.offsets[n], ends[n]) for n in names):
+            if spans and spans[-1][1] == a:
+                spans[-1] = (spans[-1][0], b)
+            else:
+                spans.append((a, b))
+        return spans
+
+    def read_grads_async(self, names, host: np.ndarray) -> cl.Event:
+        """Enqueue copies of the named tensors' gradients into their spans of `host` (n_flat floats, the
+        padded layout) behind the kernels already enqueued; -> an event that completes when they are there."""
+        for a, b in self.padded_spans(names):
+            cl.enqueue_copy(self.queue, host[a:b], self.flat_g, src_offset=a * F32, is_blocking=False)
+        return cl.enqueue_marker(self.queue)
+
+    def write_grads(self, host: np.ndarray):
+        """Replace every gradient by `host` (n_flat floats, the padded layout) in one copy; the caller keeps
+        `host` unchanged until the queue has run it (the next blocking read, e.g. step's norm)."""
+        cl.enqueue_copy(self.queue, self.flat_g, host[: self.n_flat], is_blocking=False)
 
     def get_optimizer_state(self) -> dict:
         return {"m": self._read_flat(self.flat_m), "v": self._read_flat(self.flat_v), "t": self.t}

@@ -40,6 +40,7 @@ def grads(spec: dict) -> None:
 
     inp = inputs()
     eng = make_engine(inp.cfg, inp.params, batch_size=-(-s["batch_size"] // dist.size), seq_len=s["seq_len"])
+    overlapped = dist.overlapped(eng) is not None  # the engine offers the grad hook: the reduce runs during backward
     loss, _, _ = accumulate_grads(eng, inp.batches, s["accum_steps"], dist)  # overlapped with backward
     g_ranks = eng.get_grads_flat()
     again = inputs()
@@ -51,6 +52,7 @@ def grads(spec: dict) -> None:
         eng1 = make_engine(one.cfg, one.params, batch_size=s["batch_size"], seq_len=s["seq_len"])
         loss1, _, _ = accumulate_grads(eng1, one.batches, s["accum_steps"], Dist(None))
         np.savez(spec["out"], ranks=g_ranks, plain=g_plain, one=eng1.get_grads_flat(), loss=loss, loss1=loss1,
+                 overlapped=overlapped,
                  same_on_all_ranks=all(b == everywhere[0] for b in everywhere))
     dist.barrier()
 

@@ -1,6 +1,7 @@
 """The tiny pipeline and a 2-point sweep through `--profile profiles/slurm` on a real SLURM (single node, started by
 `.ci/slurm.sh start`, which CI runs first): every stage is a SLURM job that sacct lists with its rule and resources,
-and the models and the sweep summary are byte for byte those of a local `snakemake --cores 2` run. Without a running
+and the models and the sweep summary are byte for byte those of a local `snakemake --cores 2` run. Pretraining runs as
+2 MPI ranks: under the profile they start through `srun` (a 2-task job step), locally through mpiexec. Without a running
 SLURM this test fails: it is never skipped."""
 
 import copy
@@ -20,6 +21,7 @@ CONFIG["sweep"] = {"pretrain.lr": [0.003, 0.001]}  # run lr-0.003 is the main pi
 CONFIG["resources"] = {stage: {"threads": 1, "mem_mb": 1000, "runtime": 20}
                        for stage in ("train_tokenizer", "encode", "pretrain", "tune", "evaluate", "export")}
 CONFIG["resources"]["pretrain"]["mem_mb"] = 1500
+CONFIG["pretrain"]["ranks"] = 2  # MPI through the profile's `srun --mpi=pmi2`: one job, a 2-task srun step, 1 CPU each
 
 
 def slurm_is_up() -> str:
@@ -77,10 +79,26 @@ def test_every_stage_ran_as_a_slurm_job_with_its_resources(runs):
                             *["sweep_pretrain", "sweep_tune", "sweep_evaluate", "sweep_export"] * 2,
                             "sweep_summary"]), rules  # one tokenizer, one encode for everything
     for rule, cpus, mem, limit in jobs.values():
-        if rule.endswith("pretrain"):
-            assert (cpus, mem, limit) == ("1", "1500M", "00:20:00"), (rule, cpus, mem, limit)
+        if rule.endswith("pretrain"):  # 2 ranks of 1 CPU
+            assert (cpus, mem, limit) == ("2", "1500M", "00:20:00"), (rule, cpus, mem, limit)
         if rule.endswith("evaluate"):
             assert (cpus, mem, limit) == ("1", "1000M", "00:20:00"), (rule, cpus, mem, limit)
+
+
+def test_mpi_stages_ran_their_ranks_through_srun(runs):
+    _, cluster, out = runs
+    job_ids = re.findall(r"has been submitted with SLURM jobid (\d+)", out)
+    r = subprocess.run(["sacct", "-n", "-P", "-j", ",".join(job_ids), "--format=JobID,JobName,NTasks,State,Comment"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    rows = [line.split("|") for line in r.stdout.splitlines()]
+    pretrain_jobs = {job for job, _, _, _, comment in rows if re.match(r"rule_(sweep_)?pretrain", comment)}
+    assert len(pretrain_jobs) == 3, r.stdout  # the pipeline's and each sweep run's
+    for job in pretrain_jobs:  # each job has one srun step of 2 tasks: the ranks
+        steps = [(name, ntasks, state) for jid, name, ntasks, state, _ in rows if re.fullmatch(job + r"\.\d+", jid)]
+        assert steps == [("python", "2", "COMPLETED")], (job, r.stdout)
+    log = (cluster / "logs" / "pretrain.log").read_text()
+    assert "pretrain: 2 ranks (MPI)" in log and "rank 1 pid" in log, log[-2000:]
 
 
 def test_cluster_results_equal_the_local_run(runs):
