@@ -95,7 +95,9 @@ def test_mpi_stages_ran_their_ranks_through_srun(runs):
     pretrain_jobs = {job for job, _, _, _, comment in rows if re.match(r"rule_(sweep_)?pretrain", comment)}
     assert len(pretrain_jobs) == 3, r.stdout  # the pipeline's and each sweep run's
     for job in pretrain_jobs:  # each job has one srun step of 2 tasks: the ranks
-        steps = [(name, ntasks, state) for jid, name, ntasks, state, _ in rows if re.fullmatch(job + r"\.\d+", jid)]
+        # the step is named after the interpreter the rule's shell runs (python, python3, python3.11, ...)
+        steps = [(re.sub(r"^python[\d.]*$", "python", name), ntasks, state)
+                 for jid, name, ntasks, state, _ in rows if re.fullmatch(job + r"\.\d+", jid)]
         assert steps == [("python", "2", "COMPLETED")], (job, r.stdout)
     log = (cluster / "logs" / "pretrain.log").read_text()
     assert "pretrain: 2 ranks (MPI)" in log and "rank 1 pid" in log, log[-2000:]
