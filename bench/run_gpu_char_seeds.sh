@@ -10,10 +10,7 @@
 # Needs results/encoded + results/tokenizer of configs/shakespeare_char_cpu.yaml (encode on the CPU first), text/ and
 # .nanogpt/ (as bench/run_gpu_char.sh):  run(carry=[".whl", "results", ".nanogpt"], command="bash bench/run_gpu_char_seeds.sh")
 SEEDS=${SEEDS:-1337 1338 1339}  # SKIP_CLGPT=1: nanoGPT's runs only
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-mkdir -p /tmp/icd && echo /usr/lib/libnvidia-opencl.so.1 >/tmp/icd/nvidia.icd && export OCL_ICD_VENDORS=/tmp/icd
-[ -e /usr/lib/libnvidia-opencl.so.1 ] || echo /usr/lib/x86_64-linux-gnu/libnvidia-opencl.so.1 >/tmp/icd/nvidia.icd
+source "$(dirname "$0")/gpu_env.sh"  # wheels into /tmp/site, NVIDIA's OpenCL
 export PYOPENCL_CTX=0
 ( cd .nanogpt
   sed -e 's/torch.manual_seed(1337 + seed_offset)/torch.manual_seed(int(os.environ.get("NANOGPT_SEED", "1337")) + seed_offset)/' \
