@@ -8,6 +8,8 @@ Programs are built once per (device, kernel file, build options); kernels are fe
 from __future__ import annotations
 
 import os
+import re
+from pathlib import Path
 
 import pyopencl as cl
 
@@ -15,6 +17,28 @@ from clgpt.errors import ClgptError
 from clgpt.paths import data_path
 
 KERNEL_DIR = data_path("kernels")  # beside the package in a checkout, inside it in a wheel
+
+_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"[ \t]*$', re.M)
+
+
+def kernel_source(path: Path, _seen: tuple = ()) -> str:
+    """The text of a kernel file with each `#include "x.cl"` replaced by kernels/x.cl's text (recursively),
+    `#line` directives keeping compiler messages' files and line numbers. Inlined here rather than built
+    with `-I KERNEL_DIR`: the build options then name no folder, so the compile caches (PoCL's, a driver's)
+    hit across checkouts and workflow copies; with -I every new folder compiled every program afresh."""
+    text = path.read_text()
+    out, last, line = [], 0, 1
+    for m in _INCLUDE.finditer(text):
+        line += text.count("\n", last, m.start())
+        included = KERNEL_DIR / m.group(1)
+        if not included.is_file() or m.group(1) in _seen:
+            raise ClgptError(f"{path}:{line}: #include \"{m.group(1)}\": no such kernel file in {KERNEL_DIR}"
+                             if not included.is_file() else f"{path}: #include cycle through {m.group(1)}")
+        out += [text[last:m.start()], f'#line 1 "{m.group(1)}"\n',
+                kernel_source(included, (*_seen, path.name)).rstrip("\n"), f'\n#line {line + 1} "{path.name}"']
+        last = m.end()
+    return "".join(out) + text[last:]
+
 
 _NO_PLATFORM = "no OpenCL platform found; install PoCL: pip install pocl-binary-distribution"
 
@@ -135,8 +159,8 @@ class Device:
             if not path.exists():
                 raise ClgptError(f"kernel file {path} not found")
             try:
-                # -I: kernels share pieces through #include "reduce.cl" (pyopencl's cache hashes included files)
-                prg = cl.Program(self.ctx, path.read_text()).build(options=[*options, "-I", str(KERNEL_DIR)])
+                # kernels share pieces through #include "reduce.cl": kernel_source inlines them
+                prg = cl.Program(self.ctx, kernel_source(path)).build(options=list(options))
             except cl.RuntimeError as e:
                 raise ClgptError(f"building {path} with {' '.join(options)} failed on {self.name}:\n{e}") from e
             self._programs[key] = prg

@@ -1,7 +1,97 @@
+"""Shared test setup: the repository as working folder, and the suite's longest workflow runs started in the
+background at the session's start, so the rest of the suite runs while they do.
+
+The tiny pipeline + 2-point sweep (test_pipeline.SWEEP) runs once locally, feeding tests/test_sweep.py,
+tests/test_mpi.py and tests/test_slurm.py, and once through the SLURM profile for tests/test_slurm.py (which
+spends most of its minutes waiting on SLURM's status checks, the CPU idle). Each starts only when a selected
+test needs its fixture (`local_sweep`, `slurm_sweep`), and is stopped when the session ends."""
+
 import os
+import shutil
+import signal
+import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 os.chdir(ROOT)  # tests read config.yaml, data/ and kernels/ relative to the repository
 sys.path.insert(0, str(ROOT))
+
+
+class Background:
+    """`python -m snakemake ARGS` in the workflow copy `path`, started now in its own process group; its
+    output (stdout and stderr) goes to PATH.out beside the folder."""
+
+    def __init__(self, path: Path, *args: str):
+        self.path, self.log, self.rc = path, path.with_name(path.name + ".out"), None
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "snakemake", *args], cwd=path, stdout=out,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait(self, timeout: float = 1800) -> str:
+        """Its output, once it has ended with exit code 0 (the test fails otherwise)."""
+        if self.rc is None:
+            try:
+                self.rc = self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.stop()
+                pytest.fail(f"snakemake in {self.path} still running after {timeout} s")
+        out = self.log.read_text(errors="replace")
+        assert self.rc == 0, out[-6000:]
+        return out
+
+    def stop(self) -> None:
+        """Ends it if it still runs (SIGTERM: Snakemake cancels its SLURM jobs on the way out)."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(120)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _background_runs(request, tmp_path_factory):
+    """{name: Background} of the runs the selected tests need, started before the first test."""
+    wanted = {name for item in request.session.items for name in getattr(item, "fixturenames", ())}
+    runs = {}
+    if wanted & {"local_sweep", "slurm_sweep"}:
+        from test_pipeline import SWEEP, make_workdir
+
+        base = tmp_path_factory.mktemp("sweep")
+        runs["local"] = Background(make_workdir(base / "local", SWEEP), "--cores", "2", "model.gguf", "sweep")
+        if "slurm_sweep" in wanted:
+            from test_slurm import slurm_is_up
+
+            missing = slurm_is_up()
+            if missing:  # the test fails (never skips) and says how to start one
+                runs["slurm"] = missing
+            else:
+                cluster = make_workdir(base / "cluster", SWEEP)
+                shutil.copytree(ROOT / "profiles", cluster / "profiles")
+                runs["slurm"] = Background(cluster, "--profile", "profiles/slurm",
+                                           "--slurm-init-seconds-before-status-checks", "2", "model.gguf", "sweep")
+    yield runs
+    for run in runs.values():
+        if isinstance(run, Background):
+            run.stop()
+
+
+@pytest.fixture(scope="session")
+def local_sweep(_background_runs) -> Path:
+    """The workflow folder where `snakemake --cores 2 model.gguf sweep` ran test_pipeline.SWEEP."""
+    run = _background_runs["local"]
+    run.wait()
+    return run.path
+
+
+@pytest.fixture(scope="session")
+def slurm_sweep(_background_runs) -> tuple[Path, str]:
+    """(folder, output) of the same run through `--profile profiles/slurm`."""
+    run = _background_runs["slurm"]
+    if isinstance(run, str):
+        pytest.fail(f"this test needs a running SLURM: {run}; start one with `bash .ci/slurm.sh start` (as root)")
+    return run.path, run.wait()

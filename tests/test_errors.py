@@ -395,8 +395,8 @@ def test_read_only_output_is_one_line(tmp_path):
 
 
 def test_ctrl_c_gives_no_traceback(tmp_path):
-    proc = _run_script_in_child("time.sleep(60)", tmp_path / "log")
-    time.sleep(1.5)
+    proc = _run_script_in_child("print('ready', flush=True); time.sleep(60)", tmp_path / "log")
+    assert proc.stdout.readline() == "ready\n"  # in main(): run_script's handlers are in place
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "interrupted" in one_line_error(err)
@@ -411,6 +411,7 @@ def test_stage_stops_when_snakemake_is_killed(tmp_path):
         import time
         from clgpt.stage import run_script
         def main():
+            print("ready", flush=True)
             while True:
                 time.sleep(0.05)
         run_script(main, None)
@@ -425,7 +426,7 @@ def test_stage_stops_when_snakemake_is_killed(tmp_path):
     fake_proc = subprocess.Popen([sys.executable, str(fake)], stdout=subprocess.PIPE, text=True,
                                  env={**os.environ, "PYTHONPATH": str(ROOT)})
     child_pid = int(fake_proc.stdout.readline())
-    time.sleep(2.0)
+    assert fake_proc.stdout.readline() == "ready\n"  # the stage's watchdog runs: main() has started
     fake_proc.kill()
     fake_proc.wait()
     deadline = time.monotonic() + 30

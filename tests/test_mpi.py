@@ -183,16 +183,14 @@ def test_launcher_names_the_failed_rank(output, pid_of_1, want):
     assert culprit(output, {0: {"rank": 0, "pid": 1}, 1: {"rank": 1, "pid": 2, "error": "boom"}}) == (1, "boom")
 
 
-def test_two_rank_pipeline_runs_through_snakemakes_mpi_launch(tmp_path):
-    """The rules' `{resources.mpi} -n {resources.tasks}` line, end to end on the tiny workflow."""
-    from test_pipeline import TINY as TINY_WF, make_workdir, snakemake
+def test_two_rank_pipeline_runs_through_snakemakes_mpi_launch(local_sweep):
+    """The rules' `{resources.mpi} -n {resources.tasks}` line, end to end on the tiny workflow: test_pipeline.SWEEP
+    (pretrain and tune on 2 ranks, with a sweep) run by `snakemake --cores 2 model.gguf sweep` (tests/conftest.py)."""
+    from test_pipeline import SWEEP
 
-    cfg = {**TINY_WF, "pretrain": {**TINY_WF["pretrain"], "ranks": 2}, "tune": {**TINY_WF["tune"], "ranks": 2}}
-    path = make_workdir(tmp_path / "wf", cfg)
-    r = snakemake(path, "model.gguf")
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
+    assert SWEEP["pretrain"]["ranks"] == SWEEP["tune"]["ranks"] == 2
     for stage in ("pretrain", "tune"):
-        log = (path / "logs" / f"{stage}.log").read_text()
+        log = (local_sweep / "logs" / f"{stage}.log").read_text()
         assert f"{stage}: 2 ranks (MPI), rows per rank [2, 2] of 4: rank 0 pid" in log
-    assert (path / "model.gguf").stat().st_size > 0
-    assert not list((path / "results").rglob("*.partial"))
+    assert (local_sweep / "model.gguf").stat().st_size > 0
+    assert not list((local_sweep / "results").rglob("*.partial"))

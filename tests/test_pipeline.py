@@ -1,6 +1,7 @@
 """The whole workflow, end to end, on a tiny config: it runs, re-runs nothing when nothing changed, re-runs
 only what a change touches, stops early on bad input, and gives the same bytes twice."""
 
+import copy
 import json
 import re
 import shutil
@@ -25,6 +26,18 @@ TINY = {
     "evaluate": {"max_tokens": 6},
     "export": {"type": "f32", "name": "tiny"},
 }
+
+# TINY + a 2-point sweep, pretrain and tune on 2 MPI ranks: run once locally and once through the SLURM profile
+# (tests/conftest.py starts both at the session's start) for tests/test_sweep.py, tests/test_mpi.py and
+# tests/test_slurm.py. lr-0.003 is the main pipeline's model again.
+SWEEP = copy.deepcopy(TINY)
+SWEEP["pretrain"].update(lr=0.003, ranks=2)
+SWEEP["tune"]["ranks"] = 2
+SWEEP["sweep"] = {"pretrain.lr": [0.003, 0.001]}
+# small asks, so the 2-CPU SLURM test node runs the two sweep runs side by side
+SWEEP["resources"] = {stage: {"threads": 1, "mem_mb": 1000, "runtime": 20}
+                      for stage in ("train_tokenizer", "encode", "pretrain", "tune", "evaluate", "export")}
+SWEEP["resources"]["pretrain"]["mem_mb"] = SWEEP["resources"]["tune"]["mem_mb"] = 1500  # 2 ranks
 
 
 def make_workdir(path: Path, config: dict = TINY) -> Path:
@@ -66,11 +79,25 @@ def planned_rules(path: Path, *args: str) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    path = make_workdir(tmp_path_factory.mktemp("wf") / "run")
-    r = snakemake(path, "model.gguf")
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
-    return path
+def runs(tmp_path_factory):
+    """Two copies of the tiny workflow, each run by `snakemake model.gguf`, side by side (each stage is mostly one
+    thread: the two runs share the CPU's cores). The first is the `workdir` the tests look at and change; the
+    second is there for test_same_config_gives_same_bytes."""
+    base = tmp_path_factory.mktemp("wf")
+    paths = [make_workdir(base / name) for name in ("run", "again")]
+    procs = []
+    for path in paths:
+        with open(path.with_name(path.name + ".out"), "w") as out:
+            procs.append(subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "1", "model.gguf"],
+                                          cwd=path, stdout=out, stderr=subprocess.STDOUT))
+    for path, proc in zip(paths, procs):
+        assert proc.wait(timeout=900) == 0, path.with_name(path.name + ".out").read_text()[-6000:]
+    return paths
+
+
+@pytest.fixture(scope="module")
+def workdir(runs):
+    return runs[0]
 
 
 def test_pipeline_writes_every_output(workdir):
@@ -139,10 +166,8 @@ def test_module_edit_reruns_the_stages_that_import_it(workdir, module, rules):
         path.write_bytes(original)
 
 
-def test_same_config_gives_same_bytes(workdir, tmp_path):
-    again = make_workdir(tmp_path / "again")
-    r = snakemake(again, "model.gguf")
-    assert r.returncode == 0, r.stderr[-4000:]
+def test_same_config_gives_same_bytes(runs):
+    workdir, again = runs
     for f in ("model.gguf", "results/tokenizer/tokenizer.json", "results/pretrain/model.ckpt",
               "results/tune/model.ckpt"):
         assert (again / f).read_bytes() == (workdir / f).read_bytes(), f

@@ -2,26 +2,14 @@
 `.ci/slurm.sh start`, which CI runs first): every stage is a SLURM job that sacct lists with its rule and resources,
 and the models and the sweep summary are byte for byte those of a local `snakemake --cores 2` run. Pretraining runs as
 2 MPI ranks: under the profile they start through `srun` (a 2-task job step), locally through mpiexec. Without a running
-SLURM this test fails: it is never skipped."""
+SLURM this test fails: it is never skipped. Both runs (test_pipeline.SWEEP: pretrain and tune on 2 ranks) start at
+the session's start (tests/conftest.py): the rest of the suite runs while SLURM's status checks wait."""
 
-import copy
 import re
 import shutil
 import subprocess
-import sys
 
 import pytest
-
-from test_pipeline import ROOT, TINY, make_workdir
-
-CONFIG = copy.deepcopy(TINY)
-CONFIG["pretrain"]["lr"] = 0.003
-CONFIG["sweep"] = {"pretrain.lr": [0.003, 0.001]}  # run lr-0.003 is the main pipeline's model again
-# small asks, so the 2-CPU test node runs the two sweep runs side by side
-CONFIG["resources"] = {stage: {"threads": 1, "mem_mb": 1000, "runtime": 20}
-                       for stage in ("train_tokenizer", "encode", "pretrain", "tune", "evaluate", "export")}
-CONFIG["resources"]["pretrain"]["mem_mb"] = 1500
-CONFIG["pretrain"]["ranks"] = 2  # MPI through the profile's `srun --mpi=pmi2`: one job, a 2-task srun step, 1 CPU each
 
 
 def slurm_is_up() -> str:
@@ -38,26 +26,12 @@ def slurm_is_up() -> str:
     return ""
 
 
-def snakemake(path, *args, timeout=1800):
-    r = subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=path, capture_output=True, text=True,
-                       timeout=timeout)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
-    return r.stdout + r.stderr
-
-
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    missing = slurm_is_up()
-    if missing:
-        pytest.fail(f"this test needs a running SLURM: {missing}; start one with `bash .ci/slurm.sh start` (as root)")
-    base = tmp_path_factory.mktemp("slurm")
-    local = make_workdir(base / "local", CONFIG)
-    snakemake(local, "--cores", "2", "model.gguf", "sweep")
-    cluster = make_workdir(base / "cluster", CONFIG)
-    shutil.copytree(ROOT / "profiles", cluster / "profiles")
-    out = snakemake(cluster, "--profile", "profiles/slurm", "--slurm-init-seconds-before-status-checks", "2",
-                    "model.gguf", "sweep")
-    return local, cluster, out
+def runs(local_sweep, slurm_sweep):
+    """(local folder, cluster folder, the cluster run's output): both runs of test_pipeline.SWEEP, which
+    tests/conftest.py starts at the session's start."""
+    cluster, out = slurm_sweep
+    return local_sweep, cluster, out
 
 
 def test_every_stage_ran_as_a_slurm_job_with_its_resources(runs):
@@ -79,7 +53,7 @@ def test_every_stage_ran_as_a_slurm_job_with_its_resources(runs):
                             *["sweep_pretrain", "sweep_tune", "sweep_evaluate", "sweep_export"] * 2,
                             "sweep_summary"]), rules  # one tokenizer, one encode for everything
     for rule, cpus, mem, limit in jobs.values():
-        if rule.endswith("pretrain"):  # 2 ranks of 1 CPU
+        if rule.endswith("pretrain") or rule.endswith("tune"):  # 2 ranks of 1 CPU
             assert (cpus, mem, limit) == ("2", "1500M", "00:20:00"), (rule, cpus, mem, limit)
         if rule.endswith("evaluate"):
             assert (cpus, mem, limit) == ("1", "1000M", "00:20:00"), (rule, cpus, mem, limit)
@@ -92,15 +66,16 @@ def test_mpi_stages_ran_their_ranks_through_srun(runs):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     rows = [line.split("|") for line in r.stdout.splitlines()]
-    pretrain_jobs = {job for job, _, _, _, comment in rows if re.match(r"rule_(sweep_)?pretrain", comment)}
-    assert len(pretrain_jobs) == 3, r.stdout  # the pipeline's and each sweep run's
-    for job in pretrain_jobs:  # each job has one srun step of 2 tasks: the ranks
+    mpi_jobs = {job for job, _, _, _, comment in rows if re.match(r"rule_(sweep_)?(pretrain|tune)", comment)}
+    assert len(mpi_jobs) == 6, r.stdout  # pretrain and tune: the pipeline's and each sweep run's
+    for job in mpi_jobs:  # each job has one srun step of 2 tasks: the ranks
         # the step is named after the interpreter the rule's shell runs (python, python3, python3.11, ...)
         steps = [(re.sub(r"^python[\d.]*$", "python", name), ntasks, state)
                  for jid, name, ntasks, state, _ in rows if re.fullmatch(job + r"\.\d+", jid)]
         assert steps == [("python", "2", "COMPLETED")], (job, r.stdout)
-    log = (cluster / "logs" / "pretrain.log").read_text()
-    assert "pretrain: 2 ranks (MPI)" in log and "rank 1 pid" in log, log[-2000:]
+    for stage in ("pretrain", "tune"):
+        log = (cluster / "logs" / f"{stage}.log").read_text()
+        assert f"{stage}: 2 ranks (MPI)" in log and "rank 1 pid" in log, log[-2000:]
 
 
 def test_cluster_results_equal_the_local_run(runs):

@@ -1,6 +1,6 @@
 """Sweeps and per-rule resources, without a cluster: the sweep's runs, names and shared stages, its one-line errors,
-the ranking, and that config.yaml's `resources:` is what each planned job asks for. (tests/test_slurm.py runs a
-sweep for real, locally and through SLURM.)"""
+the ranking, and that config.yaml's `resources:` is what each planned job asks for. (tests/test_slurm.py runs the
+same sweep through SLURM.)"""
 
 import copy
 import json
@@ -13,7 +13,7 @@ import pytest
 from clgpt.config import validate_config
 from clgpt.errors import ClgptError
 from clgpt.sweep import run_name, summarize, sweep_runs, varied_stages
-from test_pipeline import TINY, make_workdir, write_config
+from test_pipeline import SWEEP, TINY, make_workdir, write_config
 
 
 def planned_jobs(path, *targets):
@@ -146,17 +146,11 @@ def test_sweep_target_without_a_sweep_section_says_what_to_add():
         summarize({}, {}, {}, "a.csv", "a.md", "a.png")
 
 
-def test_a_local_sweep_runs_every_stage_and_its_default_run_is_the_pipelines_model(tmp_path):
+def test_a_local_sweep_runs_every_stage_and_its_default_run_is_the_pipelines_model(local_sweep):
     # a real run, not a plan: the sweep rules must hand each stage script every input it reads
-    path = make_workdir(tmp_path / "wf")
-    base = copy.deepcopy(TINY)
-    base["pretrain"]["lr"] = 0.003
-    config = with_sweep({"pretrain.lr": [0.003, 0.001]}, base)  # the first run is the pipeline's own model
-    write_config(path, config)
-    r = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", "model.gguf", "sweep"], cwd=path,
-                       capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
-    names = list(sweep_runs(config))
-    assert sorted(p.name for p in (path / "models").glob("*.gguf")) == sorted(f"{n}.gguf" for n in names)
-    assert (path / "models" / f"{names[0]}.gguf").read_bytes() == (path / "model.gguf").read_bytes()
-    assert (path / "results" / "sweep" / "summary.csv").exists()
+    # (`snakemake --cores 2 model.gguf sweep` on test_pipeline.SWEEP, started by tests/conftest.py)
+    names = list(sweep_runs(SWEEP))
+    assert names[0] == "lr-0.003" and SWEEP["pretrain"]["lr"] == 0.003  # the first run is the pipeline's own model
+    assert sorted(p.name for p in (local_sweep / "models").glob("*.gguf")) == sorted(f"{n}.gguf" for n in names)
+    assert (local_sweep / "models" / f"{names[0]}.gguf").read_bytes() == (local_sweep / "model.gguf").read_bytes()
+    assert (local_sweep / "results" / "sweep" / "summary.csv").exists()
