@@ -9,6 +9,7 @@ Buffers are pyopencl Buffers (or sub-buffers) of float32 (int32 for token ids), 
 
     matmul / matmul_epi   Cm (M,N) = alpha op(A) op(B) [+ bias] [+ resid] [+ Cm], GELU epilogues
     bias_backward         db += column sums of dy
+    matmul_grouped_rows / matmul_grouped_k     mixture of experts: all experts' products in one launch
     layernorm[_backward], rmsnorm[_backward]
     attention_forward / attention_backward     causal attention over qkv (N, 3C), att (B,H,T,T)
     xent_forward / xent_backward               fused softmax + cross-entropy (masked)
