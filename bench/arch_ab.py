@@ -39,7 +39,9 @@ def _run(cmd, env) -> tuple[float, float]:
     import subprocess
 
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
-    m = re.search(r", ([0-9.]+) ms/step, ([0-9.]+) ms CPU time/step", out)
+    m = re.search(r", ([0-9.]+) ms/step, (?:precision \w+, )?([0-9.]+) ms CPU time/step", out)  # clgpt names its precision
+    if m is None:
+        raise RuntimeError(f"no train: line with ms/step in the output of {' '.join(cmd)}:\n{out[-2000:]}")
     return float(m.group(1)), float(m.group(2))
 
 

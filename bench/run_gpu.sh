@@ -1,9 +1,6 @@
 #!/bin/bash
 # One device call: tests on NVIDIA OpenCL, GEMM sweep, training S/M/L vs PyTorch CUDA, profiles, pipeline.
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
-mkdir -p /tmp/icd && echo /usr/lib/libnvidia-opencl.so.1 >/tmp/icd/nvidia.icd && export OCL_ICD_VENDORS=/tmp/icd
-[ -e /usr/lib/libnvidia-opencl.so.1 ] || echo /usr/lib/x86_64-linux-gnu/libnvidia-opencl.so.1 >/tmp/icd/nvidia.icd
+source "$(dirname "$0")/gpu_env.sh"  # wheels into /tmp/site, NVIDIA's OpenCL
 export PYOPENCL_CTX=0
 MODE=${1:-full}   # full: everything; bench: no profiles; quick: no profiles, no GEMM sweep
 nvidia-smi --query-gpu=name,driver_version --format=csv

@@ -3,10 +3,7 @@
 # peer (SDPA, fused AdamW, eager fp32), at M and at the nanoGPT GPU recipe's shape (6 layers, 384 channels,
 # batch 64, context 256, byte vocabulary), all in the same call; a few NVIDIA OpenCL correctness tests first.
 # PROFILE=1: then per-kernel device times (CLGPT_BENCH_PROFILE) of MoE at M and G and of dense llama at G.
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $( [ -d .whl ] && echo .whl || echo ../../.whl )/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
-mkdir -p /tmp/icd && echo /usr/lib/libnvidia-opencl.so.1 >/tmp/icd/nvidia.icd && export OCL_ICD_VENDORS=/tmp/icd
-[ -e /usr/lib/libnvidia-opencl.so.1 ] || echo /usr/lib/x86_64-linux-gnu/libnvidia-opencl.so.1 >/tmp/icd/nvidia.icd
+source "$(dirname "$0")/gpu_env.sh"  # wheels into /tmp/site, NVIDIA's OpenCL
 export PYOPENCL_CTX=0
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $OUT/train.txt
 timeout 150 python3 -m pytest tests/test_llama_engine.py tests/test_dropout.py -q -x -p no:cacheprovider -W ignore \

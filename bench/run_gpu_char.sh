@@ -5,10 +5,7 @@
 # Needs text/austen.txt (bench/austen_text.py) and .nanogpt/ (nanoGPT's train.py, model.py, configurator.py,
 # config/train_shakespeare_char.py, data/austen_char/{train,val}.bin + meta.pkl from its prepare.py, and
 # /work/nanogpt/heldout_loss.py), both carried:  run(carry=[".whl", "text", ".nanogpt"], command="bash bench/run_gpu_char.sh")
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
-mkdir -p /tmp/icd && echo /usr/lib/libnvidia-opencl.so.1 >/tmp/icd/nvidia.icd && export OCL_ICD_VENDORS=/tmp/icd
-[ -e /usr/lib/libnvidia-opencl.so.1 ] || echo /usr/lib/x86_64-linux-gnu/libnvidia-opencl.so.1 >/tmp/icd/nvidia.icd
+source "$(dirname "$0")/gpu_env.sh"  # wheels into /tmp/site, NVIDIA's OpenCL
 export PYOPENCL_CTX=0
 nvidia-smi --query-gpu=name,driver_version --format=csv
 ( cd .nanogpt && t0=$(date +%s); PYTHONPATH= python3 train.py config/train_shakespeare_char.py \

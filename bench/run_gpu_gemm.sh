@@ -2,12 +2,8 @@
 # One device call for the bf16 GEMM rewrite (issue 15, kernels/matmul_bf16.cl): GEMM variants vs torch.matmul
 # bf16 (bench/gemm_tc.py), the tensor-core checks (bench/gpu_tc.py check), training tokens/s at M, M6 and L with
 # clgpt bf16 (and bf16 on the previous kernel, CLGPT_BF16=off, at M6) vs PyTorch torch.compile + bf16 autocast +
-# fused AdamW in the same call, and a per-kernel profile of M6. From the worktree root: WHL=../../.whl bash bench/run_gpu_gemm.sh
-W=${WHL:-../../.whl}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $W/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-mkdir -p /tmp/icd && echo /usr/lib/libnvidia-opencl.so.1 >/tmp/icd/nvidia.icd && export OCL_ICD_VENDORS=/tmp/icd
-[ -e /usr/lib/libnvidia-opencl.so.1 ] || echo /usr/lib/x86_64-linux-gnu/libnvidia-opencl.so.1 >/tmp/icd/nvidia.icd
+# fused AdamW in the same call, and a per-kernel profile of M6. From the repository root: bash bench/run_gpu_gemm.sh (carry .whl)
+source "$(dirname "$0")/gpu_env.sh"  # wheels into /tmp/site, NVIDIA's OpenCL
 export PYOPENCL_CTX=0
 O=${OUT:-/tmp/out}; mkdir -p $O
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader

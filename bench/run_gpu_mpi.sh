@@ -1,11 +1,8 @@
 #!/bin/bash
 # One device call on nvidia-h200-x2 (issue 16): 1 GPU vs 2 GPUs over MPI at S6 and L, the loss curve, the
-# breakdown. From the repository root on the device machine, `cd .wt/mpi && bash bench/run_gpu_mpi.sh`
-# (carry .wt/mpi and .whl). PYOPENCL_CTX stays unset so rank i takes the i-th GPU.
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site ../../.whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-mkdir -p /tmp/icd && echo /usr/lib/libnvidia-opencl.so.1 >/tmp/icd/nvidia.icd && export OCL_ICD_VENDORS=/tmp/icd
-[ -e /usr/lib/libnvidia-opencl.so.1 ] || echo /usr/lib/x86_64-linux-gnu/libnvidia-opencl.so.1 >/tmp/icd/nvidia.icd
+# breakdown. From the repository root on the device machine: `bash bench/run_gpu_mpi.sh`
+# (carry .whl). PYOPENCL_CTX stays unset so rank i takes the i-th GPU.
+source "$(dirname "$0")/gpu_env.sh"  # wheels into /tmp/site, NVIDIA's OpenCL
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 OUT=${OUT:-/tmp}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader

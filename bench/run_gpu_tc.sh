@@ -1,12 +1,8 @@
 #!/bin/bash
 # One device call for the tensor-core work (issue 15): kernel checks, GEMM vs torch, training tokens/s at M,
 # 6 layers x 384 and L (clgpt bf16 / tf32 vs PyTorch torch.compile + bf16 autocast + fused AdamW, same call),
-# 200-step curves fp32 / tf32 / bf16 and a bf16 rerun. Run from the worktree root with the wheels in ../../.whl.
-W=${WHL:-../../.whl}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $W/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-mkdir -p /tmp/icd && echo /usr/lib/libnvidia-opencl.so.1 >/tmp/icd/nvidia.icd && export OCL_ICD_VENDORS=/tmp/icd
-[ -e /usr/lib/libnvidia-opencl.so.1 ] || echo /usr/lib/x86_64-linux-gnu/libnvidia-opencl.so.1 >/tmp/icd/nvidia.icd
+# 200-step curves fp32 / tf32 / bf16 and a bf16 rerun. Run from the repository root (carry .whl).
+source "$(dirname "$0")/gpu_env.sh"  # wheels into /tmp/site, NVIDIA's OpenCL
 export PYOPENCL_CTX=0
 O=${OUT:-/tmp/out}; mkdir -p $O
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader

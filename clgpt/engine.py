@@ -18,7 +18,7 @@ import pyopencl as cl
 
 from clgpt.device import Device, resolve_device
 from clgpt.errors import ClgptError
-from clgpt.model import ModelConfig, decays, param_shapes
+from clgpt.model import ModelConfig, decays, param_shapes, trains
 from clgpt.ops import Ops
 from clgpt.params import ParamStore
 
@@ -69,7 +69,7 @@ class EngineBase:
         # the matmuls' precision, resolved ("auto" -> the device's best), its ROUND and tensor-core tiles
         self.precision, self.round, self.mma = self.ops.precision, self.ops.round, self.ops.mma
         self.shapes = param_shapes(cfg)
-        self.store = ParamStore(self.ops, self.shapes, decays, self._packed())
+        self.store = ParamStore(self.ops, self.shapes, decays, self._packed(), trains=trains(cfg))
         self.p, self.g = self.store.p, self.store.g
         self._alloc_common()
         self._alloc()

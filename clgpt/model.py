@@ -27,6 +27,7 @@ class ModelConfig:
     n_layer: int = 1  # L
     n_ff: int = 256  # F
     tied: bool = True  # output head shares token_embd.weight
+    bias: bool = True  # gpt2: False keeps every *.bias at zero and out of training (nanoGPT's bias=False)
     norm_eps: float = 1e-5  # LayerNorm epsilon (gpt2), RMSNorm epsilon (llama)
     # llama only: RMSNorm, RoPE (adjacent pairs), SwiGLU, no biases, separate Q/K/V; n_ctx is then the
     # context it was trained for (no position table), not a hard limit.
@@ -83,7 +84,10 @@ class ModelConfig:
             raise ClgptError(f"{where}.moe_aux_loss: must be >= 0, got {self.moe_aux_loss}")
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+        d = dataclasses.asdict(self)
+        if d["bias"]:  # written only when off: models from before the setting keep their bytes
+            del d["bias"]
+        return json.dumps(d, sort_keys=True)
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelConfig":
@@ -166,6 +170,13 @@ def init_params(cfg: ModelConfig, seed: int) -> dict[str, np.ndarray]:
             w = rng.normal(0.0, std, size=shape)
         params[name] = w.astype(np.float32)
     return params
+
+
+def trains(cfg: ModelConfig):
+    """-> the predicate of the tensors training updates: all, or (gpt2 with bias off) all but the biases."""
+    if cfg.bias or cfg.arch != "gpt2":
+        return lambda name: True
+    return lambda name: not name.endswith(".bias")
 
 
 def decays(name: str) -> bool:

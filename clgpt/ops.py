@@ -50,7 +50,7 @@ def matmul_launch(mm: dict, M: int, N: int) -> tuple[tuple[int, int], tuple[int,
     """-> (global size, local size) of the matmul form `mm` (a clgpt.tuning matmul config) for C (M,N)."""
     if mm["kernel"] == "matmul_rb":
         lsize = tuple(mm.get("lsize", (1, 4)))
-        return (ceil_to(-(-M // mm["RM"]), lsize[0]), ceil_to(-(-N // (8 * mm["NV"])), lsize[1])), lsize
+        return (ceil_to(-(-M // mm["RM"]), lsize[0]), ceil_to(-(-N // (mm.get("VW", 8) * mm["NV"])), lsize[1])), lsize
     lsize = (mm["TSN"] // mm["WPTN"], mm["TSM"] // mm["WPTM"])
     return (-(-N // mm["TSN"]) * lsize[0], -(-M // mm["TSM"]) * lsize[1]), lsize
 
@@ -94,6 +94,7 @@ class Ops:
         self._parts, self._parts_size = None, 0  # split-K partial products (GPUs)
         self._cparts, self._cparts_size = None, 0  # column-sum partials (GPUs)
         self._mm = {}
+        self._rb_variants = {}  # matmul_rb tiles with fewer vectors per work-item, by NV (_rb_tiles)
         self.k = {}
         self._build_common()
         if self.bf16 is not None:
@@ -221,6 +222,8 @@ class Ops:
         """-> (config, work-groups) for an (M,N) output (times nz batches): the big tiles, or the small ones
         where the big give fewer than SMALL_GROUPS work-groups."""
         mm = self.mm
+        if mm["kernel"] == "matmul_rb":
+            return self._rb_tiles(N), 0
         if mm["kernel"] != "matmul":
             return mm, 0
         groups = -(-M // mm["TSM"]) * -(-N // mm["TSN"]) * nz
@@ -231,6 +234,20 @@ class Ops:
         if narrow is not None and N <= narrow["TSN"] < mm["TSN"]:
             return narrow, -(-M // narrow["TSM"]) * -(-N // narrow["TSN"]) * nz
         return mm, groups
+
+    def _rb_tiles(self, N):
+        """matmul_rb's tiles for an output N columns wide: the table's NV vectors of VW columns, or fewer where
+        that leaves a shorter last partial block (the slow scalar path), e.g. N = 96 takes 2 blocks of 3 x 16.
+        The sums are the same whatever the tiles (each output sums over k in order), and the tail is always the
+        last N mod 16 columns (NV = 1 leaves that much), whose scalar epilogue math is what it was before."""
+        mm = self.mm
+        width = mm.get("VW", 8)
+        nv = min(range(mm["NV"], 0, -1), key=lambda v: (N % (width * v), -v))
+        if nv == mm["NV"]:
+            return mm
+        if nv not in self._rb_variants:  # one dict per NV: kernels are cached by the dict's id
+            self._rb_variants[nv] = dict(mm, NV=nv)
+        return self._rb_variants[nv]
 
     def _kernel_mm(self, mm, ta, tb, bias, resid, accum, epi, split=0, batch=0, causal=0):
         key = (ta, tb, bias, resid, accum, epi, split, batch, causal, id(mm))
@@ -519,13 +536,13 @@ class Ops:
             tiles = [self.launch.get(k) for k in ("matmul", "matmul_small", "matmul_narrow")]
             return dict(RM=max(t["TSM"] for t in tiles if t is not None and t["kernel"] == "matmul"))
         if self.mm["kernel"] == "matmul_rb":
-            return dict(RM=self.mm["RM"], NV=self.mm["NV"], lsize=tuple(self.mm.get("lsize", (1, 4))))
-        return dict(RM=6, NV=2, lsize=(1, 16))
+            return dict(RM=self.mm["RM"], NV=self.mm["NV"], VW=self.mm.get("VW", 8), lsize=tuple(self.mm.get("lsize", (1, 4))))
+        return dict(RM=6, NV=2, VW=8, lsize=(1, 16))
 
     def _grouped_kernel(self, group, E, ta, accum):
         g = self.grouped_tiles()
         return self.dev.kernel("matmul", "matmul_rb_grouped", GROUP=group, NGROUPS=E, TA=ta, TB=0,
-                               ACCUM=int(accum), RM=g["RM"], NV=g["NV"]), g
+                               ACCUM=int(accum), RM=g["RM"], NV=g["NV"], VW=g["VW"]), g
 
     def _grouped_kernel_local(self, mm, group, E, ta, tb, accum, split=0):
         key = ("grouped", group, E, ta, tb, accum, split, id(mm))
@@ -557,7 +574,7 @@ class Ops:
             bstride = N
         kern, g = self._grouped_kernel(1, E, 0, accum)
         ls = g["lsize"]
-        gsize = (ceil_to(max_tiles, ls[0]), ceil_to(-(-N // (8 * g["NV"])), ls[1]))
+        gsize = (ceil_to(max_tiles, ls[0]), ceil_to(-(-N // (g["VW"] * g["NV"])), ls[1]))
         self._launch(kern, gsize, ls, (i32(0), i32(N), i32(K), A, i32(lda), B, i32(ldb), i32(bstride), Cm, i32(ldc),
                                        i32(0), f32(alpha), counts, offs, tiles))
 
@@ -594,7 +611,7 @@ class Ops:
             return
         kern, g = self._grouped_kernel(2, E, ta, accum)
         ls = g["lsize"]
-        gsize = (ceil_to(-(-M // g["RM"]), ls[0]), ceil_to(-(-N // (8 * g["NV"])), ls[1]), E)
+        gsize = (ceil_to(-(-M // g["RM"]), ls[0]), ceil_to(-(-N // (g["VW"] * g["NV"])), ls[1]), E)
         self._launch(kern, gsize, ls + (1,), (i32(M), i32(N), i32(0), A, i32(lda), B, i32(ldb), i32(0), Cm, i32(ldc),
                                               i32(cstride), f32(alpha), counts, offs, counts))
 

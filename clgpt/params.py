@@ -8,6 +8,9 @@ layout itself (n_flat floats, padding zero on every rank) a layer at a time duri
 `read_grads_async` copies tensors' gradients into page-locked host memory (`pinned`) behind the kernels
 that made them, and `write_grads` puts the sums back in one copy (clgpt.dist.OverlappedReduce).
 
+`trains` (a predicate; default all): tensors it rejects come last, from n_train on, where the grad norm and
+AdamW never reach: they keep their values (gpt2 with model.bias off: biases stay zero, as if absent).
+
 `packed` {view name: (tensor names, consecutive in that order)} lays those tensors back to back, with no
 padding between them, and adds a view of the whole run under the view name: one product can then use them
 as one matrix (llama: attn_q | attn_k | attn_v, ffn_gate | ffn_up). A member that then starts off the
@@ -24,9 +27,11 @@ from clgpt.ops import F32, Ops, ceil_to
 
 
 class ParamStore:
-    def __init__(self, ops: Ops, shapes: dict[str, tuple], decays, packed: dict[str, tuple] | None = None):
+    def __init__(self, ops: Ops, shapes: dict[str, tuple], decays, packed: dict[str, tuple] | None = None,
+                 trains=lambda name: True):
         self.ops, self.queue, self.shapes = ops, ops.queue, shapes
-        names = [n for n in shapes if decays(n)] + [n for n in shapes if not decays(n)]
+        names = ([n for n in shapes if trains(n) and decays(n)] + [n for n in shapes if trains(n) and not decays(n)]
+                 + [n for n in shapes if not trains(n)])
         self.packed = dict(packed or {})
         follows = {}  # member -> the member before it in its packed run
         for view, members in self.packed.items():
@@ -34,22 +39,24 @@ class ParamStore:
             if tuple(names[i: i + len(members)]) != tuple(members):
                 raise ValueError(f"packed view {view}: {members} are not consecutive in the store's order")
             follows.update(zip(members[1:], members[:-1]))
-        self.offsets, off, self.n_decay = {}, 0, 0
+        self.offsets, off, self.n_decay, self.n_train = {}, 0, 0, 0
         for name in names:
             if name in follows:  # right after the previous member
                 prev = follows[name]
                 off = self.offsets[prev] + int(np.prod(shapes[prev]))
             self.offsets[name] = off
             off = ceil_to(off + int(np.prod(shapes[name])), ops.align)
-            if decays(name):
+            if decays(name) and trains(name):
                 self.n_decay = off
+            if trains(name):
+                self.n_train = off
         self.n_flat, self.order = off, names
         self.n_params = sum(int(np.prod(shapes[n])) for n in names)
         self.flat_p, self.flat_g = ops.buf(self.n_flat), ops.buf(self.n_flat)
         self.flat_m, self.flat_v = ops.buf(self.n_flat), ops.buf(self.n_flat)
         self.p, self.g = self._views(self.flat_p), self._views(self.flat_g)
-        self.n_parts = min(ops.launch["norm_parts"], max(1, self.n_flat // 1024))
-        self.chunk = -(-self.n_flat // self.n_parts)
+        self.n_parts = min(ops.launch["norm_parts"], max(1, self.n_train // 1024))
+        self.chunk = -(-self.n_train // self.n_parts)
         self.partials, self.norm_buf = ops.buf(self.n_parts), ops.buf(2)
         self.t = 0
 
@@ -67,7 +74,7 @@ class ParamStore:
         cl.enqueue_fill_buffer(self.queue, self.flat_g, np.float32(0), 0, self.n_flat * F32)
 
     def _norm(self, clip: float):
-        self.ops.grad_norm(self.n_flat, self.chunk, self.n_parts, self.flat_g, self.partials, clip, self.norm_buf)
+        self.ops.grad_norm(self.n_train, self.chunk, self.n_parts, self.flat_g, self.partials, clip, self.norm_buf)
 
     def grad_norm(self) -> float:
         self._norm(0.0)
@@ -80,7 +87,7 @@ class ParamStore:
         self._norm(float(clip))
         self.t += 1
         bc1, bc2 = 1.0 - beta1**self.t, 1.0 - beta2**self.t
-        self.ops.adamw(self.n_flat, self.n_decay, self.flat_p, self.flat_g, self.flat_m, self.flat_v, self.norm_buf,
+        self.ops.adamw(self.n_train, self.n_decay, self.flat_p, self.flat_g, self.flat_m, self.flat_v, self.norm_buf,
                        lr, beta1, beta2, bc1, bc2, eps, weight_decay)
         out = np.empty(2, np.float32)
         cl.enqueue_copy(self.queue, out, self.norm_buf, is_blocking=True)

@@ -14,7 +14,7 @@
 // the tensor-core kernels in matmul_mma.cl, for every device.
 // -D: TA, TB (0/1), BIAS, RESID, ACCUM (0/1), EPI (0/1/2/3); matmul: tile TSM x TSN x TSK, each work-item
 // WPTM x WPTN outputs, LDSV=1 reads the local tiles as float4 (WPTM, WPTN multiples of 4);
-// matmul_rb: RM rows x NV float8 columns per work-item.
+// matmul_rb: RM rows x NV vectors of VW (8 or 16) columns per work-item.
 // Sizes need not be multiples of the tiles.
 #ifndef TA
 #define TA 0
@@ -311,7 +311,7 @@ __kernel void splitk_reduce_grouped(const int MN, const int kc, const int accum,
 #endif
 
 // CPU form: no local memory (the caches hold the operands), each work-item RM rows x NV*8 columns held
-// as float8 accumulators, k innermost, one op(A) value broadcast against NV float8 loads of op(B).
+// as VW-float vector accumulators, k innermost, one op(A) value broadcast against NV vector loads of op(B).
 // Needs op(B) rows contiguous: TB == 0 (the host transposes B first otherwise).
 // Global size (ceil(M/RM), ceil(N/(8 NV))); the last column block may be partial (scalar path).
 #ifndef RM
@@ -320,6 +320,9 @@ __kernel void splitk_reduce_grouped(const int MN, const int kc, const int accum,
 #ifndef NV
 #define NV 2
 #endif
+#ifndef VW  // floats per vector: NV vectors of VW columns per work-item
+#define VW 8
+#endif
 #ifndef PREFETCH  // 1: the epilogue's operand lines are prefetched before the k loop (EPI 2, RESID, ACCUM)
 #define PREFETCH 0
 #endif
@@ -327,10 +330,19 @@ __kernel void splitk_reduce_grouped(const int MN, const int kc, const int accum,
 #undef PREFETCH
 #define PREFETCH 0
 #endif
-// float8 loads/stores with 4-byte alignment: plain vector access, inlined (PoCL calls vload8 out of line)
-typedef float float8u __attribute__((ext_vector_type(8), aligned(4)));
-#define VLD(p) (*(__global const float8u*)(p))
-#define VST(p, v) (*(__global float8u*)(p) = (v))
+// VW-float vectors (VW 8 or 16; 16 fills an AVX-512 register) with 4-byte alignment: plain vector access,
+// inlined (PoCL calls vload8 out of line)
+#if VW == 16
+typedef float16 floatv;
+typedef float floatvu __attribute__((ext_vector_type(16), aligned(4)));
+#define ROUND_OPV(x) ROUND_OP16(x)
+#else
+typedef float8 floatv;
+typedef float floatvu __attribute__((ext_vector_type(8), aligned(4)));
+#define ROUND_OPV(x) ROUND_OP8(x)
+#endif
+#define VLD(p) (*(__global const floatvu*)(p))
+#define VST(p, v) (*(__global floatvu*)(p) = (v))
 #if TA == 0
 #define AT(m, k) A[(m) * lda + (k)]
 #else
@@ -345,13 +357,13 @@ __kernel void matmul_rb(const int M, const int N, const int K,
                         __global const float* R,
                         const float alpha, __global float* E)
 {
-    const int m0 = get_global_id(0) * RM, n0 = get_global_id(1) * (8 * NV);
+    const int m0 = get_global_id(0) * RM, n0 = get_global_id(1) * (VW * NV);
     if (m0 >= M || n0 >= N) return;
     int rows[RM];  // rows past M repeat the last one; their results are not stored
 #pragma unroll
     for (int i = 0; i < RM; i++) rows[i] = min(m0 + i, M - 1);
-    if (n0 + 8 * NV <= N) {
-        float8 acc[RM][NV];
+    if (n0 + VW * NV <= N) {
+        floatv acc[RM][NV];
 #pragma unroll
         for (int i = 0; i < RM; i++)
 #pragma unroll
@@ -371,9 +383,9 @@ __kernel void matmul_rb(const int M, const int N, const int K,
         }
 #endif
         for (int k = 0; k < K; k++, bp += ldb) {
-            float8 b[NV];
+            floatv b[NV];
 #pragma unroll
-            for (int j = 0; j < NV; j++) b[j] = ROUND_OP8(VLD(bp + 8 * j));
+            for (int j = 0; j < NV; j++) b[j] = ROUND_OPV(VLD(bp + VW * j));
 #pragma unroll
             for (int i = 0; i < RM; i++) {
                 const float a = ROUND_OP(AT(rows[i], k));
@@ -387,10 +399,10 @@ __kernel void matmul_rb(const int M, const int N, const int K,
             if (gm >= M) break;
 #pragma unroll
             for (int j = 0; j < NV; j++) {
-                const int o = gm * ldc + n0 + 8 * j;
-                float8 c = alpha * acc[i][j];
+                const int o = gm * ldc + n0 + VW * j;
+                floatv c = alpha * acc[i][j];
 #if BIAS
-                c += VLD(bias + n0 + 8 * j);
+                c += VLD(bias + n0 + VW * j);
 #endif
 #if RESID
                 c += VLD(R + o);
@@ -401,12 +413,12 @@ __kernel void matmul_rb(const int M, const int N, const int K,
 #if EPI == 1
                 VST(E + o, c - c / (exp(2.0f * GELU_S * (c + 0.044715f * c * c * c)) + 1.0f));
 #elif EPI == 2
-                const float8 x = VLD(E + o);
-                const float8 t = 1.0f - 2.0f / (exp(2.0f * GELU_S * (x + 0.044715f * x * x * x)) + 1.0f);
+                const floatv x = VLD(E + o);
+                const floatv t = 1.0f - 2.0f / (exp(2.0f * GELU_S * (x + 0.044715f * x * x * x)) + 1.0f);
                 c *= 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * GELU_S * (1.0f + 3.0f * 0.044715f * x * x);
 #elif EPI == 3
-                const float8 gv = VLD(E + o), uv = VLD(E + o + N);
-                const float8 sg = 1.0f / (1.0f + exp(-gv));
+                const floatv gv = VLD(E + o), uv = VLD(E + o + N);
+                const floatv sg = 1.0f / (1.0f + exp(-gv));
                 VST(Cm + o + N, c * gv * sg);
                 c = c * uv * sg * (1.0f + gv * (1.0f - sg));
 #endif
@@ -415,9 +427,9 @@ __kernel void matmul_rb(const int M, const int N, const int K,
         }
     } else {  // the last, partial column block: scalar, same order of summation over k
         const int nn = N - n0;
-        float acc[RM][8 * NV];
+        float acc[RM][VW * NV];
         for (int i = 0; i < RM; i++)
-            for (int j = 0; j < 8 * NV; j++) acc[i][j] = 0.0f;
+            for (int j = 0; j < VW * NV; j++) acc[i][j] = 0.0f;
         for (int k = 0; k < K; k++) {
             __global const float* bp = B + k * ldb + n0;
             for (int i = 0; i < RM; i++) {
@@ -449,7 +461,7 @@ __kernel void matmul_rb_grouped(const int M, const int N, const int KG, __global
                                 __global float* Cm, const int ldc, const int cstride, const float alpha,
                                 __global const int* counts, __global const int* offs, __global const int* tiles)
 {
-    const int n0 = get_global_id(1) * (8 * NV);
+    const int n0 = get_global_id(1) * (VW * NV);
     if (n0 >= N) return;
 #if GROUP == 1
     const int t = get_global_id(0);
@@ -472,17 +484,17 @@ __kernel void matmul_rb_grouped(const int M, const int N, const int KG, __global
     int rows[RM];  // rows past the group's end repeat its last one; their results are not stored
 #pragma unroll
     for (int i = 0; i < RM; i++) rows[i] = min(m0 + i, mend - 1);
-    if (n0 + 8 * NV <= N) {
-        float8 acc[RM][NV];
+    if (n0 + VW * NV <= N) {
+        floatv acc[RM][NV];
 #pragma unroll
         for (int i = 0; i < RM; i++)
 #pragma unroll
             for (int j = 0; j < NV; j++) acc[i][j] = 0.0f;
         __global const float* bp = B + n0;
         for (int k = 0; k < K; k++, bp += ldb) {
-            float8 b[NV];
+            floatv b[NV];
 #pragma unroll
-            for (int j = 0; j < NV; j++) b[j] = VLD(bp + 8 * j);
+            for (int j = 0; j < NV; j++) b[j] = VLD(bp + VW * j);
 #pragma unroll
             for (int i = 0; i < RM; i++) {
                 const float a = AT(rows[i], k);
@@ -495,8 +507,8 @@ __kernel void matmul_rb_grouped(const int M, const int N, const int KG, __global
             if (m0 + i >= mend) break;
 #pragma unroll
             for (int j = 0; j < NV; j++) {
-                const int o = (m0 + i) * ldc + n0 + 8 * j;
-                float8 c = alpha * acc[i][j];
+                const int o = (m0 + i) * ldc + n0 + VW * j;
+                floatv c = alpha * acc[i][j];
 #if ACCUM
                 c += VLD(Cm + o);
 #endif
@@ -505,9 +517,9 @@ __kernel void matmul_rb_grouped(const int M, const int N, const int KG, __global
         }
     } else {
         const int nn = N - n0;
-        float acc[RM][8 * NV];
+        float acc[RM][VW * NV];
         for (int i = 0; i < RM; i++)
-            for (int j = 0; j < 8 * NV; j++) acc[i][j] = 0.0f;
+            for (int j = 0; j < VW * NV; j++) acc[i][j] = 0.0f;
         for (int k = 0; k < K; k++) {
             __global const float* bp = B + k * ldb + n0;
             for (int i = 0; i < RM; i++) {

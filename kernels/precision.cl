@@ -43,14 +43,31 @@ inline float8 round8_tf32(const float8 x)
     return as_float8(select((u + 0x1000u) & 0xFFFFE000u, u, (u & 0x7F800000u) == 0x7F800000u));
 }
 
+// float16 forms (matmul_rb with VW 16), the same lane by lane
+inline float16 round16_bf16(const float16 x)
+{
+    const uint16 u = as_uint16(x);
+    const uint16 r = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+    return as_float16(select(r, u & 0xFFFF0000u, (u & 0x7F800000u) == 0x7F800000u));
+}
+
+inline float16 round16_tf32(const float16 x)
+{
+    const uint16 u = as_uint16(x);
+    return as_float16(select((u + 0x1000u) & 0xFFFFE000u, u, (u & 0x7F800000u) == 0x7F800000u));
+}
+
 #if ROUND == 1
 #define ROUND_OP(x) round_bf16(x)
 #define ROUND_OP8(x) round8_bf16(x)
+#define ROUND_OP16(x) round16_bf16(x)
 #elif ROUND == 2
 #define ROUND_OP(x) round_tf32(x)
 #define ROUND_OP8(x) round8_tf32(x)
+#define ROUND_OP16(x) round16_tf32(x)
 #else
 #define ROUND_OP(x) (x)
 #define ROUND_OP8(x) (x)
+#define ROUND_OP16(x) (x)
 #endif
 #endif

@@ -148,6 +148,34 @@ def test_training_follows_reference(tied):
     assert st["t"] == 20 and set(st["m"]) == set(p)
 
 
+def test_bias_off_trains_like_the_reference_without_biases():
+    """model.bias false: the engine follows the float64 reference model whose biases are zero and not trained
+    (nanoGPT's bias=False): the same losses, the pre-clip norm over the other gradients only, and the biases
+    exactly zero after 10 AdamW steps with weight decay."""
+    cfg = ModelConfig(vocab_size=29, n_ctx=8, n_embd=16, n_head=2, n_layer=2, n_ff=24, bias=False)
+    p = init_params(cfg, 1)
+    eng = Engine(cfg, p, batch_size=4, seq_len=8)
+    biases = {k: np.zeros(v.shape) for k, v in p.items() if k.endswith(".bias")}
+    ref_w = {k: v.astype(np.float64) for k, v in p.items() if k not in biases}
+    state: dict = {}
+    hp = dict(lr=3e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, clip=1.0)
+    for it in range(10):
+        tokens, targets, mask = batch(cfg, 4, 8, seed=it)
+        loss = eng.forward(tokens, targets, mask)
+        eng.zero_grad()
+        eng.backward()
+        norm = eng.step(**hp)
+        loss_ref, cache = ref.gpt_forward({**ref_w, **biases}, cfg, tokens, targets, mask)
+        grads = {k: v for k, v in ref.gpt_backward(cache).items() if k not in biases}
+        ref_w, norm_ref = ref.adamw_step(ref_w, grads, state, **hp)
+        assert abs(loss - loss_ref) < 1e-4 * abs(loss_ref), f"step {it}: loss {loss} vs reference {loss_ref}"
+        assert abs(norm - norm_ref) < 1e-3 * norm_ref, f"step {it}: norm {norm} vs reference {norm_ref}"
+    got = eng.get_params()
+    assert all(not got[k].any() for k in biases), "a bias moved off zero"
+    worst, where = max_rel({k: got[k] for k in ref_w}, ref_w)
+    assert worst < 1e-3, f"params after 10 steps: max relative diff {worst:.3e} in {where}"
+
+
 def test_clipping_scales_the_update():
     cfg = tiny_cfg(True)
     p = noisy_params(cfg)

@@ -73,7 +73,9 @@ MATMUL_FORMS = {
     "tiled_f4": dict(kernel="matmul", TSM=32, TSN=32, TSK=8, WPTM=4, WPTN=4, LDSV=1),
     "tiled_pref": dict(kernel="matmul", TSM=32, TSN=32, TSK=8, WPTM=4, WPTN=4, LDSV=0, PREF=1),
     "rb": dict(kernel="matmul_rb", RM=6, NV=2, lsize=(1, 4)),
-    "rb_pf": dict(kernel="matmul_rb", RM=6, NV=2, PREFETCH=1, lsize=(1, 4)),  # the CPU row's (prefetches)
+    "rb_pf": dict(kernel="matmul_rb", RM=6, NV=2, PREFETCH=1, lsize=(1, 4)),
+    "rb16": dict(kernel="matmul_rb", RM=6, NV=4, VW=16, PREFETCH=1, lsize=(1, 1)),  # the CPU row's
+    "rb16_nv1": dict(kernel="matmul_rb", RM=6, NV=1, VW=16, lsize=(1, 2)),  # ops' narrowest for ragged N
 }
 
 
@@ -109,6 +111,49 @@ def test_matmul(dev, form, ta, tb, M, N, K):
         if epi == 2:
             want = ref.gelu_backward(want, E0.astype(np.float64))
         assert_close(from_dev(dev, cbuf, (M, N)), want, 1e-4, 1e-4, what)
+
+
+@pytest.mark.parametrize("ta", [0, 1])
+def test_matmul_rb_tiles_same_bits(dev, ta):
+    """matmul_rb sums each output over k in order whatever its tiles (RM, NV vectors of VW floats, local size):
+    the same bits, every epilogue, so the tuning row never changes a model's bytes. (The partial last block's
+    scalar epilogue may differ from the vector lanes' by an ulp, PoCL's scalar exp not being its vector one:
+    Ops._rb_tiles keeps that tail to the last N mod 16 columns whatever it picks, test_rb_tiles_for_ragged_widths.)"""
+    M, N, K = 50, 160, 70
+    A = rng.normal(size=(K, M) if ta else (M, K)).astype(f32)
+    B, bias = rng.normal(size=(K, N)).astype(f32), rng.normal(size=N).astype(f32)
+    R, C0, E0 = (rng.normal(size=(M, N)).astype(f32) for _ in range(3))
+    forms = [dict(kernel="matmul_rb", RM=rm, NV=nv, VW=vw, PREFETCH=pf, lsize=ls)
+             for rm, nv, vw, pf, ls in [(6, 2, 8, 0, (1, 4)), (6, 5, 16, 1, (1, 1)), (6, 2, 16, 0, (1, 2)),
+                                        (6, 1, 16, 1, (1, 1)), (4, 5, 8, 0, (2, 1))]]
+    for use_bias, use_r, accum, epi in [(0, 0, 0, 0), (1, 1, 0, 1), (0, 0, 1, 2)]:
+        outs = []
+        for mm in forms:
+            k = dev.kernel("matmul", "matmul_rb", TA=ta, TB=0, BIAS=use_bias, RESID=use_r, ACCUM=accum, EPI=epi,
+                           **matmul_defines(mm))
+            cbuf, ebuf = to_dev(dev, C0), to_dev(dev, E0)
+            gsize, lsize = matmul_launch(mm, M, N)
+            k(dev.queue, gsize, lsize, i32(M), i32(N), i32(K), to_dev(dev, A), i32(M if ta else K), to_dev(dev, B),
+              i32(N), cbuf, i32(N), to_dev(dev, bias) if use_bias else None, to_dev(dev, R) if use_r else None,
+              f32(0.5), ebuf)
+            outs.append((from_dev(dev, cbuf, (M, N)), from_dev(dev, ebuf, (M, N))))
+        for mm, (c, e) in zip(forms[1:], outs[1:]):
+            assert np.array_equal(c.view(np.uint32), outs[0][0].view(np.uint32)), f"epi {epi} {mm}"
+            assert np.array_equal(e.view(np.uint32), outs[0][1].view(np.uint32)), f"epi {epi} {mm} E"
+
+
+def test_rb_tiles_for_ragged_widths(dev):
+    """Ops._rb_tiles: the CPU row's 4 vectors of 16 columns, fewer where that shortens the scalar tail (N = 96: 2 x 48)."""
+    from clgpt.model import ModelConfig
+    from clgpt.ops import Ops
+
+    ops = Ops(dev, ModelConfig(), 16)
+    ops.mm = dict(kernel="matmul_rb", RM=6, NV=4, VW=16, PREFETCH=1, lsize=(1, 1))  # the AVX-512 CPU row's
+    got = {N: ops._rb_tiles(N)["NV"] for N in (64, 128, 96, 160, 32, 16, 48, 260, 7)}
+    assert got == {64: 4, 128: 4, 96: 3, 160: 2, 32: 2, 16: 1, 48: 3, 260: 4, 7: 4}, got
+    assert ops._rb_tiles(96) is ops._rb_tiles(96)  # one dict per NV (kernels are cached by its id)
+    for N in range(1, 400):  # the scalar tail is always the last N mod 16 columns (what 16-column tiles leave)
+        assert N % (16 * ops._rb_tiles(N)["NV"]) == N % 16, N
 
 
 @pytest.mark.parametrize("form", sorted(MATMUL_FORMS))

@@ -57,11 +57,11 @@ F32_TOL = 1e-3  # of max|logit|: fp16 GELU table and fp16 KV cache in llama.cpp
 Q8_TOL = 3e-2  # of max|logit|: llama.cpp also quantizes activations to q8_0 in its matmuls
 
 
-def train_tiny(precision="fp32"):
+def train_tiny(precision="fp32", **model):
     """Tokenizer (~360 tokens) + a 2-layer model memorising the lines and dialogs above (100 AdamW
-    steps on the engine, a few seconds); precision: the matmuls' (clgpt/precision.py)."""
+    steps on the engine, a few seconds); precision: the matmuls' (clgpt/precision.py); model: ModelConfig keys."""
     tok = Tokenizer.train(PRETRAIN + [f"{u} {a}" for u, a in DIALOGS], 360)
-    cfg = ModelConfig(vocab_size=tok.vocab_size, n_ctx=N_CTX, n_embd=64, n_head=2, n_layer=2, n_ff=128)
+    cfg = ModelConfig(vocab_size=tok.vocab_size, n_ctx=N_CTX, n_embd=64, n_head=2, n_layer=2, n_ff=128, **model)
     rows = [([tok.bos_id, *tok.encode(s), tok.eos_id], 0) for s in PRETRAIN]  # text: every target counts
     rows += [encode_dialog(tok, u, a) for u, a in DIALOGS]  # dialogs: the reply's targets count
     tokens, targets, mask, _ = pad_dialogs(rows, N_CTX)
@@ -293,3 +293,24 @@ def test_bf16_trained_model_matches_llama_cpp(tmp_path):
         assert diff <= F32_TOL * scale, f"llama.cpp vs reference on {ids}: max diff {diff:.3g}, logit scale {scale:.3g}"
         ours = [t for t, _ in gen.generate(ids, max_tokens=24, greedy=True)]
         assert ours == llama_greedy(llm, ids, 24), f"bf16-trained, prompt {tok.decode(ids)!r}"
+
+
+def test_bias_off_model_matches_llama_cpp(tmp_path):
+    """model.bias false (nanoGPT's bias=False): training leaves every bias tensor exactly zero, the export
+    carries them as zeros (llama.cpp's gpt2 loader requires them), and llama.cpp's logits match the float64
+    reference of the exported weights; greedy completions match our engine's."""
+    tok, cfg, params = train_tiny(bias=False)
+    biases = [n for n in params if n.endswith(".bias")]
+    assert biases and all(not params[n].any() for n in biases), "a bias moved off zero"
+    assert all(params[n].std() > 0 for n in params if n.endswith(".weight")), "a weight did not train"
+    path = str(tmp_path / "nobias.gguf")
+    export_gguf(path, cfg, params, tok, ftype="f32", name="clgpt-nobias")
+    llm = load_llama(path)
+    gen = Generator(*read_gguf(path)[:2])
+    for ids in prompt_ids(tok):
+        ref = reference.gpt_logits(params, cfg, np.array([ids]))[0]
+        scale = np.abs(ref).max()
+        diff = np.abs(llama_logits(llm, ids) - ref).max()
+        assert diff <= F32_TOL * scale, f"llama.cpp vs reference on {ids}: max diff {diff:.3g}, logit scale {scale:.3g}"
+        ours = [t for t, _ in gen.generate(ids, max_tokens=24, greedy=True)]
+        assert ours == llama_greedy(llm, ids, 24), f"bias off, prompt {tok.decode(ids)!r}"
