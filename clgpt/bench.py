@@ -131,7 +131,7 @@ def _profiling_device(dev):
             label = name
             if name.startswith("matmul"):
                 flags = [f if defines.get(f) == 1 else f"{f}{defines.get(f)}"
-                         for f in ("TA", "TB", "BIAS", "RESID", "ACCUM", "EPI") if defines.get(f)]
+                         for f in ("TA", "TB", "BIAS", "RESID", "ACCUM", "EPI", "GROUP", "SPLITK") if defines.get(f)]
                 label = f"{name}[" + (",".join(flags) or "NN") + "]"
             return _Recorder(k, label, self.log)
 

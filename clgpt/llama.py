@@ -10,7 +10,8 @@ attention and row kernels, fused cross-entropy, preset launches).
     logits = rms(x, output_norm) @ (output.weight or token_embd.weight).T      (head: clgpt.engine)
 
 Shapes: B batch, T time, N = B*T rows, C n_embd, H heads, Hkv kv heads, D = C // H, F n_ff, E experts,
-K experts used, R = N*K + E*(RM-1) rows of the packed expert operands (RM: the grouped products' tile rows).
+K experts used, R = N*K + E*(RM-1) rows of the packed expert operands (RM: the row alignment of the grouped
+products, Ops.grouped_tiles: 6 on CPUs, the largest tile height, 128, on NVIDIA).
 
 The parameter store lays attn_q | attn_k | attn_v back to back (and, dense, ffn_gate | ffn_up), so each is
 one product: (N, C + 2 Ckv) = h @ [Wq; Wk; Wv].T, (N, 2F) = h @ [Wg; Wu].T, and one weight-gradient and one
@@ -21,11 +22,12 @@ kernel reads gate | up rows; the backward's dgate | dup is the epilogue of the d
 
 Mixture of experts as grouped work, deterministic, all on the device: the router kernel picks each token's
 top-k; one work-item per expert packs its tokens in increasing order at a tile-aligned offset (tokens sorted
-by expert); a gather copies the rows there; each projection is one grouped launch over all experts
-(kernels/matmul.cl matmul_rb_grouped: a tile of rows finds its expert, whose matrix is a slice of the stacked
-(E, F, C) tensor; weight gradients sum each expert's rows in order straight into its slice); a combine
-kernel sums the k weighted outputs per token in order. Nothing comes back to the host within a step (the
-expert counts are copied back without waiting, for expert_usage and aux_loss). The load-balancing loss `cfg.moe_aux_loss * E * sum_e f_e P_e` (per
+by expert; GPUs: one work-group, moe_route_packed_wg); a gather copies the rows there; each projection is one
+grouped launch over all experts (kernels/matmul.cl, Ops.matmul_grouped_rows / matmul_grouped_k: a tile of rows
+finds its expert, whose matrix is a slice of the stacked (E, F, C) tensor; weight gradients sum each expert's
+rows in order straight into its slice; CPUs the register-blocked form, GPUs the tiled one); a combine kernel
+sums the k weighted outputs per token in order. Nothing comes back to the host within a step (the expert
+counts and mean probabilities are read only when expert_usage or aux_loss ask). The load-balancing loss `cfg.moe_aux_loss * E * sum_e f_e P_e` (per
 layer, f_e = share of the N*K assignments on expert e, P_e = mean router probability, over all B'*T' rows)
 enters the backward only: `forward` returns the cross-entropy alone, `aux_loss()` the last forward's aux.
 
@@ -82,6 +84,18 @@ class LlamaEngine(EngineBase):
                           "moe_combine_backward", "moe_weight_backward", "moe_router_backward",
                           "moe_scatter_backward"):
                 self.ops.k[kname] = dev.kernel("moe", kname, E=E, K=K, C=C, RM=RM)
+            # GPUs: the routing by one work-group (its local counts: 2 LW E words), dw one work-group a row
+            self.route_lw = 0
+            if self.ops.rows:
+                lw = min(256, dev.device.max_work_group_size)
+                while lw > 1 and lw * E > 4096:
+                    lw //= 2
+                if lw >= E:
+                    self.route_lw = lw
+                    self.ops.k["moe_route_packed_wg"] = dev.kernel("moe", "moe_route_packed_wg", E=E, K=K, C=C,
+                                                                   RM=RM, LW=lw)
+                self.ops.k["moe_weight_backward_wg"] = dev.kernel("moe", "moe_weight_backward_wg", E=E, K=K, C=C,
+                                                                  RM=RM, LW=64)
         self.acts = []
         for _ in range(L):
             a = dict(x=buf(N * C), ln1=buf(N * C), r1=buf(N), qkv=buf(N * 3 * C), att=buf(B * H * T * T),
@@ -127,15 +141,23 @@ class LlamaEngine(EngineBase):
             raise ClgptError("expert_usage: this model has no experts (model.n_expert is 0)")
         if not self._n_routed:
             raise ClgptError("expert_usage: run forward() first")
-        self.queue.finish()  # the counts were copied back without waiting
+        self._read_routing()
         return self._counts.astype(np.float64) / self._n_routed
+
+    def _read_routing(self):
+        """The last forward's expert counts and mean router probabilities, per layer, from the device (read
+        only when asked: a copy within the step would stall the queue on a GPU)."""
+        for i, a in enumerate(self.acts):
+            cl.enqueue_copy(self.queue, self._counts[i], a["counts"], is_blocking=False)
+            cl.enqueue_copy(self.queue, self._pmean[i], a["pmean"], is_blocking=False)
+        self.queue.finish()
 
     def aux_loss(self) -> float:
         """The last forward's load-balancing loss, sum over layers of E * sum_e f_e P_e (0 when dense)."""
         cfg = self.cfg
         if not cfg.n_expert or not self._n_routed:
             return 0.0
-        self.queue.finish()
+        self._read_routing()
         f = self._counts.astype(np.float64) / (self._n_routed * cfg.n_expert_used)
         return float(cfg.n_expert * (f * self._pmean.astype(np.float64)).sum())
 
@@ -183,19 +205,20 @@ class LlamaEngine(EngineBase):
         ops.matmul(N, E, C, a["ln2"], p[pre + "ffn_gate_inp.weight"], self.rlogits, tb=1)
         ops.runp("moe_router_forward", (N,), i32(N), i32(self._fixed_routing), self.rlogits, a["probs"], a["sel"],
                  a["w"])
-        ops.run("moe_route_packed", (E,), i32(N), a["probs"], a["sel"], a["pos"], a["counts"], a["offs"], a["tiles"],
-                a["pmean"], lsize=(1,))
-        cl.enqueue_copy(self.queue, self._counts[i], a["counts"], is_blocking=False)
-        cl.enqueue_copy(self.queue, self._pmean[i], a["pmean"], is_blocking=False)
-        self._n_routed = N
+        route_args = (i32(N), a["probs"], a["sel"], a["pos"], a["counts"], a["offs"], a["tiles"], a["pmean"])
+        if self.route_lw:
+            ops.run("moe_route_packed_wg", (self.route_lw,), *route_args, lsize=(self.route_lw,))
+        else:
+            ops.run("moe_route_packed", (E,), *route_args, lsize=(1,))
+        self._n_routed = N  # counts and pmean stay on the device until expert_usage / aux_loss ask
         ops.runp("moe_gather_packed", (C, N * cfg.n_expert_used), i32(N), a["pos"], a["ln2"], a["xg"])
         route = (a["counts"], a["offs"], a["tiles"])
         for name, h in (("ffn_gate_exps", a["hg"]), ("ffn_up_exps", a["hu"])):  # h (R,F) = xg @ W_e.T
-            wt, ld = ops.transposed_b(p[pre + name + ".weight"], E * F, C)  # (C, E*F): W_e.T at column e*F
-            ops.matmul_grouped_rows(E, self.max_tiles, F, C, a["xg"], C, wt, ld, F, h, F, *route)
+            ops.matmul_grouped_rows(E, self.max_tiles, F, C, a["xg"], C, p[pre + name + ".weight"], C, F * C, h, F,
+                                    *route, tb=1)
         ops.swiglu_forward(self.R * F, a["hg"], a["hu"], a["act"])
-        wt, ld = ops.transposed_b(p[pre + "ffn_down_exps.weight"], E * C, F)  # (F, E*C)
-        ops.matmul_grouped_rows(E, self.max_tiles, C, F, a["act"], F, wt, ld, C, a["ye"], C, *route)
+        ops.matmul_grouped_rows(E, self.max_tiles, C, F, a["act"], F, p[pre + "ffn_down_exps.weight"], F, C * F,
+                                a["ye"], C, *route, tb=1)
         ops.runp("moe_combine_forward", (C, N), i32(N), resid, a["w"], a["pos"], a["ye"], out)
 
     # ---- backward ----
@@ -244,16 +267,21 @@ class LlamaEngine(EngineBase):
         dln, mt = self.dln, self.max_tiles
         route = (a["counts"], a["offs"], a["tiles"])
         ops.runp("moe_combine_backward", (C, N * K), i32(N), dy, a["w"], a["pos"], self.dye)
-        ops.runp("moe_weight_backward", (N * K,), i32(N), dy, a["pos"], a["ye"], self.dwsel)
+        if "moe_weight_backward_wg" in ops.k:
+            ops.run("moe_weight_backward_wg", (N * K * 64,), i32(N), dy, a["pos"], a["ye"], self.dwsel, lsize=(64,))
+        else:
+            ops.runp("moe_weight_backward", (N * K,), i32(N), dy, a["pos"], a["ye"], self.dwsel)
         w = {name: p[f"{pre}{name}.weight"] for name in _EXPERT_MATS}
         gw = {name: g[f"{pre}{name}.weight"] for name in _EXPERT_MATS}
         # ye = act @ Wd_e.T:  dWd_e (C,F) += dye_e.T @ act_e;  dact = dye @ Wd_e
-        ops.matmul_grouped_k(E, C, F, self.dye, C, a["act"], F, gw["ffn_down_exps"], F, C * F, a["counts"], a["offs"])
+        rows = dict(max_rows=N, total_rows=N * K)  # top-k picks distinct experts: at most N rows each
+        ops.matmul_grouped_k(E, C, F, self.dye, C, a["act"], F, gw["ffn_down_exps"], F, C * F, a["counts"], a["offs"],
+                             **rows)
         ops.matmul_grouped_rows(E, mt, F, C, self.dye, C, w["ffn_down_exps"], F, C * F, self.dact, F, *route)
         ops.swiglu_backward(self.R * F, self.dact, a["hg"], a["hu"], self.dhg, self.dhu)
         # hg = xg @ Wg_e.T, hu = xg @ Wu_e.T:  dW_e (F,C) += dh_e.T @ xg_e;  dxg = dhg @ Wg_e + dhu @ Wu_e
         for j, (name, dh) in enumerate((("ffn_gate_exps", self.dhg), ("ffn_up_exps", self.dhu))):
-            ops.matmul_grouped_k(E, F, C, dh, F, a["xg"], C, gw[name], C, F * C, a["counts"], a["offs"])
+            ops.matmul_grouped_k(E, F, C, dh, F, a["xg"], C, gw[name], C, F * C, a["counts"], a["offs"], **rows)
             ops.matmul_grouped_rows(E, mt, C, F, dh, F, w[name], C, F * C, self.dxg, C, *route, accum=j > 0)
         aux_scale = scale * cfg.moe_aux_loss * E / (float(N) * N * K)
         ops.runp("moe_router_backward", (N,), i32(N), f32(aux_scale), self.dwsel, a["probs"], a["sel"], a["w"],

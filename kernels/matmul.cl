@@ -96,7 +96,19 @@
 //   3 starts k at the diagonal (op(A)[m,k] = 0 for k < m). Only zero terms are skipped.
 // PREF=1: double-buffered local tiles, the next tile's global loads issued before the current tile's
 //   products; one barrier a tile. Same order of summation either way.
-#if SPLITK || BATCH
+// GROUP (mixture of experts, -DNGROUPS=E): the local-memory form of matmul_rb_grouped below (GPUs), the same
+//   packed operands. Group e's rows are offs[e] .. offs[e]+counts[e]-1, offs[e] a multiple of TSM (kernels/moe.cl
+//   packs them so), so a row tile never straddles two groups.
+//   GROUP 1: C[rows of e] (= alpha op(A)[rows of e] @ B_e) [+ C], B_e = B + e*bstride: row tile
+//            get_group_id(1) covers rows m0 .. m0+TSM-1 and finds its group (tiles in padding exit); M unused.
+//   GROUP 2: work-group z = e*GS + s of dimension 2: C_e (M,N) (= alpha op(A_e) @ B_e) [+ C_e], C_e = Cm +
+//            e*cstride, summing k in [s*kc, min(counts[e], (s+1)*kc)) of group e's rows (weight gradients:
+//            op(A) = dY.T, TA=1). GS = 1: all of them. With SPLITK the raw sums of chunk s go to
+//            Cm + (s*NGROUPS + e)*M*ldc instead (empty chunks write nothing; splitk_reduce_grouped adds them).
+#if defined(GROUP)
+#define EXTRA_ARGS , const int kc, const int GS, const int bstride, const int cstride, \
+    __global const int* counts, __global const int* offs
+#elif SPLITK || BATCH
 #define EXTRA_ARGS , const int kc, const int HB, const int oA, const int sAb, const int sAh, const int oB, \
     const int sBb, const int sBh, const int oC, const int sCb, const int sCh
 #else
@@ -115,8 +127,38 @@ void matmul(const int M, const int N, const int K,
     const int tn = get_local_id(0), tm = get_local_id(1);
     const int n0 = get_group_id(0) * TSN, m0 = get_group_id(1) * TSM;
     const int tid = tm * RTSN + tn;
-    int kbeg = 0, kend = K;
+    int kbeg = 0, kend = K, mend = M;  // rows m < mend of the output exist (GROUP 1: the group's)
+#if defined(GROUP) && GROUP == 1
+    {
+        int e = 0;  // the last group starting at or before m0 (empty groups share the next one's offset)
+        while (e + 1 < NGROUPS && offs[e + 1] <= m0) e++;
+        mend = offs[e] + counts[e];
+        if (m0 >= mend) return;  // padding between groups, or past the last: the whole work-group leaves
+        B += (size_t)e * bstride;
+    }
+#elif defined(GROUP)
+    {
+        const int z = get_group_id(2), e = z / GS, s = z % GS;
+        kbeg = s * kc;
+        kend = min(counts[e], kbeg + kc);
+#if TA == 0
+        A += offs[e];
+#else
+        A += (size_t)offs[e] * lda;
+#endif
+#if TB == 0
+        B += (size_t)offs[e] * ldb;
+#else
+        B += offs[e];
+#endif
 #if SPLITK
+        if (kbeg >= kend) return;
+        Cm += ((size_t)s * NGROUPS + e) * M * ldc;
+#else
+        Cm += (size_t)e * cstride;
+#endif
+    }
+#elif SPLITK
     {
         const int z = get_group_id(2);
         kbeg = z * kc;
@@ -152,7 +194,7 @@ void matmul(const int M, const int N, const int K,
         const int e = tid + i * NTHREADS;                                               \
         A_KM(e, k, m);                                                                  \
         const int gm = m0 + m, gk = (k0) + k;                                           \
-        ra[i] = (e < TSK * TSM && gm < M && gk < kend) ? ROUND_OP(A_AT(gm, gk)) : 0.0f;\
+        ra[i] = (e < TSK * TSM && gm < mend && gk < kend) ? ROUND_OP(A_AT(gm, gk)) : 0.0f;\
     }                                                                                   \
     for (int i = 0; i < LB; i++) {                                                      \
         const int e = tid + i * NTHREADS;                                               \
@@ -225,7 +267,7 @@ void matmul(const int M, const int N, const int K,
 #endif
     for (int i = 0; i < WPTM; i++) {
         const int gm = ROW_OF(i);
-        if (gm >= M) continue;
+        if (gm >= mend) continue;
         for (int j = 0; j < WPTN; j++) {
             const int gn = COL_OF(j);
             if (gn >= N) continue;
@@ -250,6 +292,23 @@ __kernel void splitk_reduce(const int MN, const int S, const int accum, const fl
     if (accum) c += Cm[i];
     Cm[i] = c;
 }
+
+#ifdef GROUP
+// The second stage of GROUP 2 with SPLITK: C_e (MN) = alpha * sum_{s < ceil(counts[e] / kc)} P[(s*NGROUPS + e)*MN + i]
+// (in order of s) [+ C_e], C_e = Cm + e*MN; one work-item per (i, e).
+__kernel void splitk_reduce_grouped(const int MN, const int kc, const int accum, const float alpha,
+                                    __global const int* counts, __global const float* P, __global float* Cm)
+{
+    const int i = get_global_id(0), e = get_global_id(1);
+    if (i >= MN || e >= NGROUPS) return;
+    const int S = (counts[e] + kc - 1) / kc;
+    float s = 0.0f;
+    for (int z = 0; z < S; z++) s += P[((size_t)z * NGROUPS + e) * MN + i];
+    float c = alpha * s;
+    if (accum) c += Cm[(size_t)e * MN + i];
+    Cm[(size_t)e * MN + i] = c;
+}
+#endif
 
 // CPU form: no local memory (the caches hold the operands), each work-item RM rows x NV*8 columns held
 // as VW-float vector accumulators, k innermost, one op(A) value broadcast against NV vector loads of op(B).

@@ -75,6 +75,64 @@ __kernel void moe_route_packed(const int N, __global const float* probs, __globa
 }
 #endif
 
+// The same routing as moe_route_packed by one work-group of LW work-items (GPUs, -D LW; a GPU runs one
+// work-item's serial loop over all N*K assignments slowly): work-item j takes the assignments
+// [j*ch, (j+1)*ch) (ch = ceil(N*K / LW)) and the tokens [j*cn, (j+1)*cn); its per-expert counts, prefixed over
+// j in order, place its rows; pmean sums the per-item partial sums in order of j. Same pos, counts, offs,
+// tiles as moe_route_packed; pmean in another (fixed) order of summation.
+#ifdef LW
+#include "reduce.cl"
+
+__kernel __attribute__((reqd_work_group_size(LW, 1, 1)))
+void moe_route_packed_wg(const int N, __global const float* probs, __global const int* sel,
+                         __global int* pos, __global int* counts, __global int* offs,
+                         __global int* tiles, __global float* pmean)
+{
+    __local int cnt[LW * E];    // cnt[j*E + e]: item j's count of expert e, then the rows before it in e
+    __local float ps[LW * E];  // item j's sum of p[n,e] over its tokens
+    __local int base[E];
+    const int j = get_local_id(0), NK = N * K;
+    const int ch = (NK + LW - 1) / LW, a0 = min(NK, j * ch), a1 = min(NK, a0 + ch);
+    const int cn = (N + LW - 1) / LW, n0 = min(N, j * cn), n1 = min(N, n0 + cn);
+    int c[E];
+    float p[E];
+    for (int e = 0; e < E; e++) { c[e] = 0; p[e] = 0.0f; }
+    for (int a = a0; a < a1; a++) c[sel[a]]++;
+    for (int n = n0; n < n1; n++)
+        for (int e = 0; e < E; e++) p[e] += probs[n * E + e];
+    for (int e = 0; e < E; e++) { cnt[j * E + e] = c[e]; ps[j * E + e] = p[e]; }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (j < E) {  // item e: exclusive prefix of expert e's counts over the items, its total, its pmean
+        int run = 0;
+        float s = 0.0f;
+        for (int i = 0; i < LW; i++) {
+            const int v = cnt[i * E + j];
+            cnt[i * E + j] = run;
+            run += v;
+            s += ps[i * E + j];
+        }
+        counts[j] = run;
+        base[j] = run;
+        pmean[j] = s / N;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (j == 0) {  // tile-aligned offsets, in order of e
+        int off = 0;
+        for (int e = 0; e < E; e++) {
+            const int n = base[e];
+            base[e] = off;
+            offs[e] = off;
+            tiles[e] = off / RM;
+            off += (n + RM - 1) / RM * RM;
+        }
+        tiles[E] = off / RM;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int e = 0; e < E; e++) c[e] = base[e] + cnt[j * E + e];
+    for (int a = a0; a < a1; a++) pos[a] = c[sel[a]]++;
+}
+#endif
+
 // xg[pos[a]] = x[a / K]: one work-item per (channel, assignment a = n*K + k).
 __kernel void moe_gather_packed(const int N, __global const int* pos, __global const float* x, __global float* xg)
 {
@@ -113,6 +171,25 @@ __kernel void moe_weight_backward(const int N, __global const float* dout, __glo
     for (int c = 0; c < C; c++) s += d[c] * y[c];
     dw[a] = s;
 }
+
+#ifdef LW
+// moe_weight_backward with one work-group of LW work-items per assignment a (GPUs: coalesced rows), the
+// channel sums in wg_sum's fixed tree order.
+__kernel __attribute__((reqd_work_group_size(LW, 1, 1)))
+void moe_weight_backward_wg(const int N, __global const float* dout, __global const int* pos,
+                            __global const float* ye, __global float* dw)
+{
+    __local float red[LW];
+    const int a = get_group_id(0), l = get_local_id(0);
+    if (a >= N * K) return;
+    __global const float* d = dout + (a / K) * C;
+    __global const float* y = ye + pos[a] * C;
+    float s = 0.0f;
+    for (int c = l; c < C; c += LW) s += d[c] * y[c];
+    s = wg_sum(red, s);
+    if (l == 0) dw[a] = s;
+}
+#endif
 
 // drlogits (N,E) from dw (N,K); aux_scale = scale * coef * E / (N^2 K), so that aux_scale * counts[e]
 // is d(scale * coef * aux)/dp[n,e].

@@ -228,6 +228,18 @@ def test_moe_kernels(launch, E, K):
                ("dw", dw.astype(np.float32)), ("probs", probs32), ("sel", sel32), ("w", w32), ("counts", counts),
                ("drl", np.zeros((N, E), np.float32))], ["drl"])
     close(r["drl"], want, "router backward")
+    # the GPU forms: routing by one work-group (same rows; pmean summed in another order), dw a work-group a row
+    for lw in (E, 8):
+        r = run_op(launch.dev, "moe", "moe_route_packed_wg", (lw,), [
+            ("N", np.int32(N)), ("probs", probs32), ("sel", sel32), ("pos", np.zeros(N * K, np.int32)),
+            ("counts", np.zeros(E, np.int32)), ("offs", np.zeros(E, np.int32)), ("tiles", np.zeros(E + 1, np.int32)),
+            ("pmean", np.zeros(E, np.float32))], dict(d, LW=lw), (lw,))
+        for key, v in (("pos", pos), ("counts", counts), ("offs", offs), ("tiles", tiles)):
+            assert np.array_equal(r[key], v), f"moe_route_packed_wg LW {lw}: {key}"
+        close(r["pmean"], probs.mean(axis=0), f"pmean LW {lw}")
+    r = run_op(launch.dev, "moe", "moe_weight_backward_wg", (N * K * 4,), [("N", np.int32(N)), ("dout", dout),
+               ("pos", pos), ("ye", ye), ("dw", np.zeros((N, K), np.float32))], dict(d, LW=4), (4,))
+    close(r["dw"], dw, "combine backward dw (work-group form)")
     dxg, dx0 = rnd(R, C, seed=8), rnd(N, C, seed=9)
     r = launch("moe", "moe_scatter_backward", d, (C, N), [("N", np.int32(N)), ("pos", pos), ("dxg", dxg),
                ("dx", dx0)], ["dx"])
@@ -277,6 +289,114 @@ def test_grouped_matmuls(launch, ta_rows):
         close(r["C"][e], g0[e] + dy[rows].T.astype(np.float64) @ x[rows], f"GROUP 2 expert {e}")
 
 
+GROUPED_COUNTS = np.array([7, 0, 21, 1], np.int32)  # ragged, an empty expert, one over two row tiles
+
+
+def grouped_layout(counts, RM):
+    """(offs, R): each group's rows from a multiple of RM (kernels/moe.cl), the rows in all."""
+    offs = np.concatenate([[0], np.cumsum(-(-counts // RM) * RM)]).astype(np.int32)
+    return offs[:-1].copy(), int(offs[-1])
+
+
+@pytest.mark.parametrize("mm", [dict(TSM=16, TSN=8, TSK=4, WPTM=4, WPTN=4, LDSV=1, PREF=1),
+                                dict(TSM=8, TSN=8, TSK=8, WPTM=2, WPTN=2)], ids=["ldsv_pref", "plain"])
+@pytest.mark.parametrize("tb", [0, 1])
+def test_grouped_matmul_tiled_rows(launch, mm, tb):
+    """The tiled `matmul` with GROUP 1 (GPUs): each expert's packed rows times op(B_e), B_e read in place from
+    the stacked (E, C, F) or, tb, (E, F, C) tensor; rows aligned to 16 (TSM 8: tiles in the padding exit)."""
+    from clgpt.ops import matmul_launch
+    E, C, F = 4, 21, 19  # partial k and column tiles
+    counts = GROUPED_COUNTS
+    offs, R = grouped_layout(counts, 16)
+    x, W = rnd(R, C, seed=1), rnd(E, F, C, seed=2) if tb else rnd(E, C, F, seed=2)
+    c0 = rnd(R, F, seed=3)
+    want = c0.astype(np.float64)
+    for e in range(E):
+        rows = slice(offs[e], offs[e] + counts[e])
+        want[rows] += 0.5 * x[rows].astype(np.float64) @ (W[e].T if tb else W[e])
+    gsize, lsize = matmul_launch(dict(mm, kernel="matmul"), R, F)
+    check_op(launch.dev, "matmul", "matmul", gsize, [
+        ("M", np.int32(R)), ("N", np.int32(F)), ("K", np.int32(C)), ("A", x), ("lda", np.int32(C)), ("B", W),
+        ("ldb", np.int32(C if tb else F)), ("C", c0), ("ldc", np.int32(F)), ("bias", None), ("R", None),
+        ("alpha", np.float32(0.5)), ("E", None), ("kc", np.int32(0)), ("GS", np.int32(1)),
+        ("bstride", np.int32(C * F)), ("cstride", np.int32(0)), ("counts", counts), ("offs", offs)],
+        want={"C": want}, defines=dict(GROUP=1, NGROUPS=E, TA=0, TB=tb, ACCUM=1, **mm), lsize=lsize)
+
+
+@pytest.mark.parametrize("ta", [0, 1])
+@pytest.mark.parametrize("kc", [0, 5], ids=["whole", "split"])
+def test_grouped_matmul_tiled_k(launch, ta, kc):
+    """The tiled `matmul` with GROUP 2 (GPUs): each expert's weight gradient over its K = counts[e] rows; split:
+    chunks of kc rows (raw sums, empty chunks skipped), then splitk_reduce_grouped adds them in order."""
+    from clgpt.ops import matmul_launch
+    mm = dict(TSM=8, TSN=8, TSK=4, WPTM=2, WPTN=2)
+    E, C, F = 4, 13, 19
+    counts = GROUPED_COUNTS
+    offs, R = grouped_layout(counts, 8)
+    dy, x, g0 = rnd(R, F, seed=4), rnd(R, C, seed=5), rnd(E, F, C, seed=6)
+    want = g0.astype(np.float64)
+    for e in range(E):
+        rows = slice(offs[e], offs[e] + counts[e])
+        want[e] += 2.0 * dy[rows].T.astype(np.float64) @ x[rows]
+    A = dy if ta else np.ascontiguousarray(dy.T)  # TA=1 reads dy (R,F) in place; TA=0 an (F,R) copy
+    (gx, gy), lsize = matmul_launch(dict(mm, kernel="matmul"), F, C)
+    GS = -(-int(counts.max()) // kc) if kc else 1
+    d = dict(GROUP=2, NGROUPS=E, TA=ta, TB=0, ACCUM=1, SPLITK=int(kc > 0), **mm)
+    P = np.full((GS, E, F, C), np.nan, np.float32)  # chunks past a count stay unwritten
+    args = [("M", np.int32(F)), ("N", np.int32(C)), ("K", np.int32(0)), ("A", A), ("lda", np.int32(F if ta else R)),
+            ("B", x), ("ldb", np.int32(C)), ("C", P if kc else g0), ("ldc", np.int32(C)), ("bias", None),
+            ("R", None), ("alpha", np.float32(1.0 if kc else 2.0)), ("E", None), ("kc", np.int32(kc or 1 << 30)),
+            ("GS", np.int32(GS)), ("bstride", np.int32(0)), ("cstride", np.int32(F * C)), ("counts", counts),
+            ("offs", offs)]
+    if not kc:
+        check_op(launch.dev, "matmul", "matmul", (gx, gy, E), args, want={"C": want}, defines=d, lsize=lsize + (1,))
+        return
+    P = run_op(launch.dev, "matmul", "matmul", (gx, gy, E * GS), args, d, lsize + (1,))["C"]
+    for e in range(E):
+        assert np.isnan(P[-(-counts[e] // kc):, e]).all(), f"expert {e}: an empty chunk was written"
+    check_op(launch.dev, "matmul", "splitk_reduce_grouped", (F * C, E), [
+        ("MN", np.int32(F * C)), ("kc", np.int32(kc)), ("accum", np.int32(1)), ("alpha", np.float32(2.0)),
+        ("counts", counts), ("P", P), ("C", g0)], want={"C": want}, defines=dict(GROUP=2, NGROUPS=E))
+
+
+@pytest.mark.parametrize("launch_row", ["gpu", "nvidia"])
+def test_grouped_ops_gpu_row(monkeypatch, launch_row):
+    """Ops' grouped launchers on a GPU table row (the tiled form, its tile choice, split-K of the weight
+    gradients with the thresholds lowered so that small shapes split) against float64 per-expert products."""
+    import pyopencl as cl
+    from clgpt import ops as ops_mod
+    monkeypatch.setenv("CLGPT_LAUNCH", launch_row)
+    monkeypatch.setattr(ops_mod, "SPLIT_MIN_TOTAL_K", 8)
+    monkeypatch.setattr(ops_mod, "SPLIT_MIN_K", {"big": 8, "small": 4})
+    dev = get_device()
+    o = ops_mod.Ops(dev, llama_cfg(), 6)
+    assert o.grouped_local()
+    E, C, F, RM = 4, 24, 40, o.grouped_tiles()["RM"]
+    counts = np.array([30, 0, 70, 5], np.int32)
+    offs, R = grouped_layout(counts, RM)
+    max_tiles = R // RM
+    mf = cl.mem_flags
+    dbuf = lambda a: cl.Buffer(dev.ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(a))  # noqa
+    x, W, c0 = rnd(R, C, seed=1), rnd(E, F, C, seed=2), rnd(R, F, seed=3)
+    bx, bW, bc, bn, bo = dbuf(x), dbuf(W), dbuf(c0), dbuf(counts), dbuf(offs)
+    o.matmul_grouped_rows(E, max_tiles, F, C, bx, C, bW, C, F * C, bc, F, bn, bo, None, accum=True, tb=1)
+    g0 = rnd(E, F, C, seed=4)
+    bg = dbuf(g0)
+    o.matmul_grouped_k(E, F, C, bc, F, bx, C, bg, C, F * C, bn, bo, max_rows=80, total_rows=int(counts.sum()))
+    got_c, got_g = np.empty_like(c0), np.empty_like(g0)
+    cl.enqueue_copy(dev.queue, got_c, bc)
+    cl.enqueue_copy(dev.queue, got_g, bg, is_blocking=True)
+    want_c, want_g = c0.astype(np.float64), g0.astype(np.float64)
+    for e in range(E):
+        rows = slice(offs[e], offs[e] + counts[e])
+        want_c[rows] += x[rows].astype(np.float64) @ W[e].T.astype(np.float64)
+        want_g[e] += want_c[rows].T @ x[rows]
+    close(got_c, want_c, "grouped rows (tiled)")
+    close(got_g, want_g, "grouped weight gradients (tiled, split)")
+    mm, S, kc = o.split_plan(F * E, C, int(counts.sum()) // E)
+    assert S > 1, "the lowered thresholds should split these weight gradients"
+
+
 # ---- the reference model against finite differences ---------------------------------------------
 
 
@@ -300,8 +420,11 @@ def test_reference_grads_vs_finite_differences(kind):
 # ---- the engine ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", list(CFGS))
-def test_engine_loss_logits_and_grads_vs_reference(kind):
+@pytest.mark.parametrize("kind,launch_row", [(k, "") for k in CFGS] + [("moe", "gpu"), ("moe_k1", "nvidia")])
+def test_engine_loss_logits_and_grads_vs_reference(monkeypatch, kind, launch_row):
+    """On this device's table row, and MoE on the GPU rows too (tiled grouped products, one-work-group routing)."""
+    if launch_row:
+        monkeypatch.setenv("CLGPT_LAUNCH", launch_row)
     cfg = CFGS[kind]
     p = noisy_params(cfg)
     eng = LlamaEngine(cfg, p, batch_size=3, seq_len=6)
