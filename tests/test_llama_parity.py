@@ -278,12 +278,10 @@ def test_generator_forced_past_eos_fills_context(tiny, generators):
     assert tok.im_end_id not in [t for t, _ in out]
 
 
-def test_bf16_trained_model_matches_llama_cpp(tmp_path):
-    """A model trained with bf16 matmuls (fp32 master weights) exports as any other: llama.cpp's f32 logits
-    match the float64 reference of the exported weights, and greedy completions match our engine's."""
-    tok, cfg, params = train_tiny(precision="bf16")
-    path = str(tmp_path / "bf16.gguf")
-    export_gguf(path, cfg, params, tok, ftype="f32", name="clgpt-bf16")
+def assert_export_matches_llama_cpp(path, tok, cfg, params, name, what):
+    """Export (f32) to `path`, load it in llama.cpp: its logits match the float64 reference of the exported
+    weights on every prompt, and greedy completions match our engine's."""
+    export_gguf(path, cfg, params, tok, ftype="f32", name=name)
     llm = load_llama(path)
     gen = Generator(*read_gguf(path)[:2])
     for ids in prompt_ids(tok):
@@ -292,7 +290,14 @@ def test_bf16_trained_model_matches_llama_cpp(tmp_path):
         diff = np.abs(llama_logits(llm, ids) - ref).max()
         assert diff <= F32_TOL * scale, f"llama.cpp vs reference on {ids}: max diff {diff:.3g}, logit scale {scale:.3g}"
         ours = [t for t, _ in gen.generate(ids, max_tokens=24, greedy=True)]
-        assert ours == llama_greedy(llm, ids, 24), f"bf16-trained, prompt {tok.decode(ids)!r}"
+        assert ours == llama_greedy(llm, ids, 24), f"{what}, prompt {tok.decode(ids)!r}"
+
+
+def test_bf16_trained_model_matches_llama_cpp(tmp_path):
+    """A model trained with bf16 matmuls (fp32 master weights) exports as any other: llama.cpp's f32 logits
+    match the float64 reference of the exported weights, and greedy completions match our engine's."""
+    tok, cfg, params = train_tiny(precision="bf16")
+    assert_export_matches_llama_cpp(str(tmp_path / "bf16.gguf"), tok, cfg, params, "clgpt-bf16", "bf16-trained")
 
 
 def test_bias_off_model_matches_llama_cpp(tmp_path):
@@ -303,14 +308,4 @@ def test_bias_off_model_matches_llama_cpp(tmp_path):
     biases = [n for n in params if n.endswith(".bias")]
     assert biases and all(not params[n].any() for n in biases), "a bias moved off zero"
     assert all(params[n].std() > 0 for n in params if n.endswith(".weight")), "a weight did not train"
-    path = str(tmp_path / "nobias.gguf")
-    export_gguf(path, cfg, params, tok, ftype="f32", name="clgpt-nobias")
-    llm = load_llama(path)
-    gen = Generator(*read_gguf(path)[:2])
-    for ids in prompt_ids(tok):
-        ref = reference.gpt_logits(params, cfg, np.array([ids]))[0]
-        scale = np.abs(ref).max()
-        diff = np.abs(llama_logits(llm, ids) - ref).max()
-        assert diff <= F32_TOL * scale, f"llama.cpp vs reference on {ids}: max diff {diff:.3g}, logit scale {scale:.3g}"
-        ours = [t for t, _ in gen.generate(ids, max_tokens=24, greedy=True)]
-        assert ours == llama_greedy(llm, ids, 24), f"bias off, prompt {tok.decode(ids)!r}"
+    assert_export_matches_llama_cpp(str(tmp_path / "nobias.gguf"), tok, cfg, params, "clgpt-nobias", "bias off")
