@@ -95,6 +95,7 @@ class Ops:
         self._cparts, self._cparts_size = None, 0  # column-sum partials (GPUs)
         self._mm = {}
         self._rb_variants = {}  # matmul_rb tiles with fewer vectors per work-item, by NV (_rb_tiles)
+        self._rb_plans = {}  # matmul_rb launches by product shape (_rb_plan)
         self.k = {}
         self._build_common()
         if self.bf16 is not None:
@@ -304,32 +305,12 @@ class Ops:
         if self.mma is not None and ldc is None:
             self._matmul_mma(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E)
             return
+        if self.mm["kernel"] == "matmul_rb":
+            self._matmul_rb(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E, ldc)
+            return
         mm, _ = self._tiles(M, N)
-        if mm["kernel"] == "matmul_rb":
-            # The CPU form wants op(B) rows and op(A) rows contiguous: a transposed copy costs far less than
-            # the strided (and, for wide A, TLB-missing) reads it saves.
-            # ld_pad: op(B) rows whose stride is a multiple of 64 floats (256 bytes: 1024, 4096 floats here) map
-            # a work-item's K loads down a column strip onto a few cache sets; rows padded by ld_pad floats
-            # spread them (1.2-1.4x on M's 2048x4096x256 and K = 2048 weight gradients). A transposed B is
-            # written padded at no extra cost; a plain one is copied (once per product) where it holds at
-            # least ld_pad_copy floats.
-            pad = self.launch.get("ld_pad", 0)
-            if tb:
-                ldb = N + pad if pad and N % 64 == 0 else N
-                B, tb = self._transposed(0, B, N, K, ldb), 0
-            else:
-                ldb = N
-                if pad and N % 64 == 0 and K * N >= self.launch.get("ld_pad_copy", 1 << 62):
-                    ldb = N + pad
-                    B = self._padded(0, B, K, N, ldb)
-            # A small op(A) (M*K <= ta_direct floats: S's weight gradients) is read in place (matmul_rb's TA=1):
-            # measured 25-30% under transpose + NN there, and one launch fewer.
-            lda = M if ta else K
-            if ta and M * K > self.launch.get("ta_direct", 0):
-                A, ta, lda = self._transposed(1, A, K, M), 0, K  # (padding its rows measured no gain)
-        else:
-            ldb = K if tb else N
-            lda = M if ta else K
+        ldb = K if tb else N
+        lda = M if ta else K
         if mm["kernel"] == "matmul" and bias is None and resid is None and epi == 0 and K > 0:
             mm, S, kc = self.split_plan(M, N, K)
             if S > 1:
@@ -344,6 +325,47 @@ class Ops:
         gsize, lsize = matmul_launch(mm, M, N)
         self._launch(kern, gsize, lsize, (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm, i32(ldc or N),
                                           bias, resid, f32(alpha), E))
+
+    def _rb_plan(self, M, N, K, ta, tb, bias, resid, accum, epi, ldc):
+        """matmul_rb's launch for one product shape: which operands go through scratch, the kernel, its sizes
+        and integer arguments. Worked out once per shape (the same few shapes every step): the host's Python
+        runs on the cores that compute.
+        The CPU form wants op(B) rows and op(A) rows contiguous: a transposed copy costs far less than the
+        strided (and, for wide A, TLB-missing) reads it saves.
+        ld_pad: op(B) rows whose stride is a multiple of 64 floats (256 bytes: 1024, 4096 floats here) map a
+        work-item's K loads down a column strip onto a few cache sets; rows padded by ld_pad floats spread them
+        (1.2-1.4x on M's 2048x4096x256 and K = 2048 weight gradients). A transposed B is written padded at no
+        extra cost; a plain one is copied (once per product) where it holds at least ld_pad_copy floats.
+        A small op(A) (M*K <= ta_direct floats: S's weight gradients) is read in place (matmul_rb's TA=1):
+        measured 25-30% under transpose + NN there, and one launch fewer."""
+        mm = self._rb_tiles(N)
+        pad = self.launch.get("ld_pad", 0)
+        if tb:
+            b_op, ldb = "transpose", (N + pad if pad and N % 64 == 0 else N)
+        elif pad and N % 64 == 0 and K * N >= self.launch.get("ld_pad_copy", 1 << 62):
+            b_op, ldb = "pad", N + pad
+        else:
+            b_op, ldb = None, N
+        a_transpose = bool(ta) and M * K > self.launch.get("ta_direct", 0)  # (padding its rows measured no gain)
+        ta = 0 if a_transpose else ta
+        lda = M if ta else K
+        kern = self._kernel_mm(mm, ta, 0, bias, resid, accum, epi)
+        gsize, lsize = matmul_launch(mm, M, N)
+        return b_op, ldb, a_transpose, kern, gsize, lsize, (i32(M), i32(N), i32(K), i32(lda), i32(ldb), i32(ldc or N))
+
+    def _matmul_rb(self, M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E, ldc):
+        key = (M, N, K, ta, tb, bias is not None, resid is not None, bool(accum), epi, ldc)
+        plan = self._rb_plans.get(key)
+        if plan is None:
+            plan = self._rb_plans[key] = self._rb_plan(*key)
+        b_op, ldb, a_transpose, kern, gsize, lsize, (iM, iN, iK, ilda, ildb, ildc) = plan
+        if b_op == "transpose":
+            B = self._transposed(0, B, N, K, ldb)
+        elif b_op == "pad":
+            B = self._padded(0, B, K, N, ldb)
+        if a_transpose:
+            A = self._transposed(1, A, K, M)
+        self._launch(kern, gsize, lsize, (iM, iN, iK, A, ilda, B, ildb, Cm, ildc, bias, resid, f32(alpha), E))
 
     # ---- tensor cores (kernels/matmul_mma.cl) ----
     def _mma_tiles(self, M, N, nz=1):
