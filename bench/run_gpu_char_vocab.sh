@@ -11,8 +11,13 @@
 # Run from the repository root or from a worktree under .wt/ (results/ and .nanogpt/ are then two folders up):
 #   run(carry=[".whl", "results", ".nanogpt", ".wt/natsgap"],
 #       command="cd .wt/natsgap && bash bench/run_gpu_char_vocab.sh")
+# Seeds per group (defaults: the first call); FINAL=1 scores the step-2000 weights of every run instead of the best
+# evaluation's (nanoGPT --always_save_checkpoint=True, clgpt keep: last), taking checkpoint choice out of it.
 SEEDS=${SEEDS:-1337 1338 1339}
-SEEDS2=${SEEDS2:-1337 1338}  # the two side variants (ng260b, ng77tanh)
+SEEDS2=${SEEDS2:-1337 1338}
+NG77=${NG77-$SEEDS} NG260=${NG260-$SEEDS} CLGPT=${CLGPT-$SEEDS} NG260B=${NG260B-$SEEDS2} NG77TANH=${NG77TANH-$SEEDS2}
+NG77B=${NG77B-}  # ng77b: nanoGPT bias=True at 77 (run_gpu_char_seeds.sh's bias=True row)
+KEEP=best SAVE_ALL=False; [ -n "$FINAL" ] && KEEP=last SAVE_ALL=True
 source "$(dirname "$0")/gpu_env.sh"  # wheels into /tmp/site, NVIDIA's OpenCL
 export PYOPENCL_CTX=0
 RES=results; [ -d $RES ] || RES=../../results
@@ -44,18 +49,17 @@ nanogpt() {  # NAME COPY DATASET BIAS SEED: train, then score the best checkpoin
   ( cd /tmp/ng_$2 && PYTHONPATH= NANOGPT_SEED=$5 timeout 330 python3 train.py config/train_shakespeare_char.py \
       --device=cuda --compile=False --dtype=float32 --eval_iters=20 --log_interval=100 --block_size=64 \
       --batch_size=12 --n_layer=4 --n_head=4 --n_embd=128 --max_iters=2000 --lr_decay_iters=2000 --dropout=0.0 \
-      --bias=$4 --dataset=$3 --out_dir=$out > /tmp/logs/$1_seed$5.log 2>&1
+      --bias=$4 --dataset=$3 --always_save_checkpoint=$SAVE_ALL --out_dir=$out > /tmp/logs/$1_seed$5.log 2>&1
     echo "$1 seed=$5 $(PYTHONPATH= python3 $HELDOUT $out data/$3 2>&1 | tail -1)" > /tmp/heldout_$1_$5.txt )
 }
-for seed in $SEEDS; do
-  nanogpt ng77 base austen_char False $seed & nanogpt ng260 base austen_char260 False $seed &
-done
-for seed in $SEEDS2; do
-  nanogpt ng260b base austen_char260 True $seed & nanogpt ng77tanh tanh austen_char False $seed &
-done
-for seed in $SEEDS; do
+for seed in $NG77; do nanogpt ng77 base austen_char False $seed & done
+for seed in $NG260; do nanogpt ng260 base austen_char260 False $seed & done
+for seed in $NG77B; do nanogpt ng77b base austen_char True $seed & done
+for seed in $NG260B; do nanogpt ng260b base austen_char260 True $seed & done
+for seed in $NG77TANH; do nanogpt ng77tanh tanh austen_char False $seed & done
+for seed in $CLGPT; do
   mkdir -p /tmp/clgpt_$seed
-  timeout 330 python3 - $seed $RES > /tmp/logs/clgpt_seed$seed.log 2>&1 <<'PY' &
+  timeout 330 python3 - $seed $RES $KEEP > /tmp/logs/clgpt_seed$seed.log 2>&1 <<'PY' &
 import runpy, sys
 from clgpt.checkpoint import load_checkpoint
 from clgpt.config import load_workflow_config
@@ -64,9 +68,9 @@ from clgpt.device import get_device
 from clgpt.engine import make_engine
 from clgpt.evaluate import mean_loss, text_bytes, token_byte_lengths
 from clgpt.tokenizer import Tokenizer
-seed, res = int(sys.argv[1]), sys.argv[2]
+seed, res, keep = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 cfg = load_workflow_config("config.yaml", configfiles=["configs/shakespeare_char_cpu.yaml"])
-settings = dict(cfg["pretrain"], seed=seed)
+settings = dict(cfg["pretrain"], seed=seed, keep=keep)
 ckpt = f"/tmp/clgpt_{seed}/model.ckpt"
 runpy.run_path("scripts/pretrain.py")["main"](
     encoded=f"{res}/encoded/pretrain.bin", heldout=f"{res}/encoded/pretrain_heldout.bin",
@@ -84,10 +88,10 @@ print(f"clgpt seed={seed} bias={ck['cfg'].bias} vocab={ck['cfg'].vocab_size} hel
 PY
 done
 wait
-for seed in $SEEDS; do tail -1 /tmp/logs/clgpt_seed$seed.log; done | tee $OUT/clgpt_heldout.txt
+for seed in $CLGPT; do tail -1 /tmp/logs/clgpt_seed$seed.log; done | tee $OUT/clgpt_heldout.txt
 cat /tmp/heldout_*.txt | sort | tee $OUT/nanogpt_heldout.txt
 for f in /tmp/logs/*.log; do echo "== $f"; tail -25 $f; done > $OUT/logs.txt  # 3 files come back in all
-grep -H "step 2000" /tmp/logs/ng*_seed*.log
+grep -H "step 2000" /tmp/logs/ng*_seed*.log 2>/dev/null
 python3 - $OUT/nanogpt_heldout.txt $OUT/clgpt_heldout.txt <<'PY'
 import re, sys, collections
 runs = collections.defaultdict(list)
