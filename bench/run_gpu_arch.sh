@@ -2,6 +2,8 @@
 # One device call: llama vs gpt2, MoE (4 experts, top-2) vs dense llama, and each against its PyTorch CUDA
 # peer (SDPA, fused AdamW, eager fp32), at M and at the nanoGPT GPU recipe's shape (6 layers, 384 channels,
 # batch 64, context 256, byte vocabulary), all in the same call; a few NVIDIA OpenCL correctness tests first.
+# EQUAL_PARAMS=1: also llama with n_ff = 2/3 of gpt2's (M 688, G 1024), llama's usual width: its three FFN
+# matrices then hold what gpt2's two do, so the two models have the same parameters and matmul FLOPs.
 # PROFILE=1: then per-kernel device times (CLGPT_BENCH_PROFILE) of MoE at M and G and of dense llama at G.
 source "$(dirname "$0")/gpu_env.sh"  # wheels into /tmp/site, NVIDIA's OpenCL
 export PYOPENCL_CTX=0
@@ -14,11 +16,13 @@ MOE="--arch llama --experts 4 --experts-used 2"
 for shape in M G; do
   eval args=\$$shape
   steps=20; [ $shape = G ] && steps=10
-  for a in "--arch gpt2" "--arch llama" "$MOE"; do
+  runs=("--arch gpt2" "--arch llama" "$MOE")
+  if [ -n "$EQUAL_PARAMS" ]; then ffn=688; [ $shape = G ] && ffn=1024; runs+=("--arch llama --ffn $ffn"); fi
+  for a in "${runs[@]}"; do
     echo "== $shape clgpt $a" | tee -a $OUT/train.txt
     timeout 60 python3 -m clgpt bench $args $a --steps $steps --gemm 0 2>&1 | grep "train:" | tee -a $OUT/train.txt
   done
-  for a in "--arch gpt2" "--arch llama" "$MOE"; do
+  for a in "${runs[@]}"; do
     echo "== $shape torch cuda $a" | tee -a $OUT/train.txt
     timeout 60 python3 bench/bench_torch.py $args $a --steps $steps --device cuda 2>&1 | grep "train:" | tee -a $OUT/train.txt
   done
