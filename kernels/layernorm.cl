@@ -9,24 +9,42 @@
 #define EPS 1e-5f
 #endif
 
+// The one-work-item forms (CPUs): RB rows a work-item (forward, backward) or CB channels (dw, db). Each row's (or
+// channel's) sums run over c (or n) in order as with one a work-item; RB or CB of them side by side are independent
+// chains, which a CPU overlaps (one alone waits out each add's latency). The same bits whatever RB and CB.
+#ifndef RB
+#define RB 1
+#endif
+#ifndef CB
+#define CB 1
+#endif
+
 __kernel void layernorm_forward(const int N, __global const float* x, __global const float* w,
                                 __global const float* b, __global float* out,
                                 __global float* mean, __global float* rstd)
 {
-    const int n = get_global_id(0);
-    if (n >= N) return;
-    __global const float* xr = x + n * C;
-    float m = 0.0f;
-    for (int c = 0; c < C; c++) m += xr[c];
-    m /= C;
-    float v = 0.0f;
-    for (int c = 0; c < C; c++) { const float d = xr[c] - m; v += d * d; }
-    v /= C;
-    const float s = 1.0f / sqrt(v + EPS);
-    __global float* o = out + n * C;
-    for (int c = 0; c < C; c++) o[c] = (xr[c] - m) * s * w[c] + b[c];
-    mean[n] = m;
-    rstd[n] = s;
+    const int n0 = get_global_id(0) * RB;
+    if (n0 >= N) return;
+    int row[RB];  // rows past N repeat the last one; their results are not stored
+    float m[RB], v[RB];
+#pragma unroll
+    for (int i = 0; i < RB; i++) { row[i] = min(n0 + i, N - 1) * C; m[i] = 0.0f; v[i] = 0.0f; }
+    for (int c = 0; c < C; c++)
+#pragma unroll
+        for (int i = 0; i < RB; i++) m[i] += x[row[i] + c];
+#pragma unroll
+    for (int i = 0; i < RB; i++) m[i] /= C;
+    for (int c = 0; c < C; c++)
+#pragma unroll
+        for (int i = 0; i < RB; i++) { const float d = x[row[i] + c] - m[i]; v[i] += d * d; }
+    for (int i = 0; i < RB && n0 + i < N; i++) {
+        const float s = 1.0f / sqrt(v[i] / C + EPS);
+        __global const float* xr = x + row[i];
+        __global float* o = out + row[i];
+        for (int c = 0; c < C; c++) o[c] = (xr[c] - m[i]) * s * w[c] + b[c];
+        mean[n0 + i] = m[i];
+        rstd[n0 + i] = s;
+    }
 }
 
 // dx overwrite (accum == 0) or accumulate (accum != 0): the residual stream's gradient adds up.
@@ -35,42 +53,59 @@ __kernel void layernorm_backward(const int N, const int accum, __global const fl
                                  __global const float* mean, __global const float* rstd,
                                  __global float* dx)
 {
-    const int n = get_global_id(0);
-    if (n >= N) return;
-    __global const float* xr = x + n * C;
-    __global const float* dr = dout + n * C;
-    const float m = mean[n], s = rstd[n];
-    float dsum = 0.0f, dxsum = 0.0f;
-    for (int c = 0; c < C; c++) {
-        const float dn = dr[c] * w[c];
-        dsum += dn;
-        dxsum += dn * (xr[c] - m) * s;
+    const int n0 = get_global_id(0) * RB;
+    if (n0 >= N) return;
+    int row[RB];
+    float m[RB], s[RB], dsum[RB], dxsum[RB];
+#pragma unroll
+    for (int i = 0; i < RB; i++) {
+        const int n = min(n0 + i, N - 1);
+        row[i] = n * C; m[i] = mean[n]; s[i] = rstd[n]; dsum[i] = 0.0f; dxsum[i] = 0.0f;
     }
-    dsum /= C;
-    dxsum /= C;
-    __global float* o = dx + n * C;
-    for (int c = 0; c < C; c++) {
-        const float xhat = (xr[c] - m) * s;
-        const float g = s * (dr[c] * w[c] - dsum - xhat * dxsum);
-        o[c] = accum ? o[c] + g : g;
+    for (int c = 0; c < C; c++)
+#pragma unroll
+        for (int i = 0; i < RB; i++) {
+            const float dn = dout[row[i] + c] * w[c];
+            dsum[i] += dn;
+            dxsum[i] += dn * (x[row[i] + c] - m[i]) * s[i];
+        }
+    for (int i = 0; i < RB && n0 + i < N; i++) {
+        const float ds = dsum[i] / C, dxs = dxsum[i] / C;
+        __global const float* xr = x + row[i];
+        __global const float* dr = dout + row[i];
+        __global float* o = dx + row[i];
+        for (int c = 0; c < C; c++) {
+            const float xhat = (xr[c] - m[i]) * s[i];
+            const float g = s[i] * (dr[c] * w[c] - ds - xhat * dxs);
+            o[c] = accum ? o[c] + g : g;
+        }
     }
 }
 
-// One work-item per channel, rows in order: deterministic.
+// CB channels a work-item, rows in order: deterministic.
 __kernel void layernorm_param_backward(const int N, __global const float* dout, __global const float* x,
                                        __global const float* mean, __global const float* rstd,
                                        __global float* dw, __global float* db)
 {
-    const int c = get_global_id(0);
-    if (c >= C) return;
-    float sw = 0.0f, sb = 0.0f;
+    const int c0 = get_global_id(0) * CB;
+    if (c0 >= C) return;
+    float sw[CB], sb[CB];
+#pragma unroll
+    for (int j = 0; j < CB; j++) { sw[j] = 0.0f; sb[j] = 0.0f; }
     for (int n = 0; n < N; n++) {
-        const float d = dout[n * C + c];
-        sw += d * (x[n * C + c] - mean[n]) * rstd[n];
-        sb += d;
+        const float m = mean[n], s = rstd[n];
+#pragma unroll
+        for (int j = 0; j < CB; j++) {
+            const int c = min(c0 + j, C - 1);
+            const float d = dout[n * C + c];
+            sw[j] += d * (x[n * C + c] - m) * s;
+            sb[j] += d;
+        }
     }
-    dw[c] += sw;
-    db[c] += sb;
+    for (int j = 0; j < CB && c0 + j < C; j++) {
+        dw[c0 + j] += sw[j];
+        db[c0 + j] += sb[j];
+    }
 }
 
 // ---- GPUs: one work-group of LW work-items per row, fixed-order tree reductions (deterministic) ----

@@ -29,33 +29,21 @@ inline float round_tf32(const float x)
     return as_float((u + 0x1000u) & 0xFFFFE000u);
 }
 
-// float8 forms (matmul_rb), same bits as the scalar ones lane by lane
-inline float8 round8_bf16(const float8 x)
-{
-    const uint8 u = as_uint8(x);
-    const uint8 r = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
-    return as_float8(select(r, u & 0xFFFF0000u, (u & 0x7F800000u) == 0x7F800000u));
-}
-
-inline float8 round8_tf32(const float8 x)
-{
-    const uint8 u = as_uint8(x);
-    return as_float8(select((u + 0x1000u) & 0xFFFFE000u, u, (u & 0x7F800000u) == 0x7F800000u));
-}
-
-// float16 forms (matmul_rb with VW 16), the same lane by lane
-inline float16 round16_bf16(const float16 x)
-{
-    const uint16 u = as_uint16(x);
-    const uint16 r = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
-    return as_float16(select(r, u & 0xFFFF0000u, (u & 0x7F800000u) == 0x7F800000u));
-}
-
-inline float16 round16_tf32(const float16 x)
-{
-    const uint16 u = as_uint16(x);
-    return as_float16(select((u + 0x1000u) & 0xFFFFE000u, u, (u & 0x7F800000u) == 0x7F800000u));
-}
+// Vector forms for matmul_rb (W = 8 or 16 floats a vector), the same bits as the scalar ones lane by lane
+#define CLGPT_ROUND_VEC(W)                                                                        \
+    inline float##W round##W##_bf16(const float##W x)                                             \
+    {                                                                                             \
+        const uint##W u = as_uint##W(x);                                                          \
+        const uint##W r = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;                          \
+        return as_float##W(select(r, u & 0xFFFF0000u, (u & 0x7F800000u) == 0x7F800000u));         \
+    }                                                                                             \
+    inline float##W round##W##_tf32(const float##W x)                                             \
+    {                                                                                             \
+        const uint##W u = as_uint##W(x);                                                          \
+        return as_float##W(select((u + 0x1000u) & 0xFFFFE000u, u, (u & 0x7F800000u) == 0x7F800000u)); \
+    }
+CLGPT_ROUND_VEC(8)
+CLGPT_ROUND_VEC(16)
 
 #if ROUND == 1
 #define ROUND_OP(x) round_bf16(x)
