@@ -30,33 +30,7 @@ export PYOPENCL_CTX=0
 NANO=$!
 for seed in $SEEDS; do
   [ -n "$SKIP_CLGPT" ] && break
-  timeout 300 python3 - $seed > $OUT/clgpt_seed$seed.log 2>&1 <<'PY'
-import runpy, sys
-from clgpt.checkpoint import load_checkpoint
-from clgpt.config import load_workflow_config
-from clgpt.data import load_encoded, text_batches
-from clgpt.device import get_device
-from clgpt.engine import make_engine
-from clgpt.evaluate import mean_loss, text_bytes, token_byte_lengths
-from clgpt.tokenizer import Tokenizer
-seed = int(sys.argv[1])
-cfg = load_workflow_config("config.yaml", configfiles=["configs/shakespeare_char_cpu.yaml"])
-settings = dict(cfg["pretrain"], seed=seed)
-ckpt = f"/tmp/clgpt_{seed}/model.ckpt"
-runpy.run_path("scripts/pretrain.py")["main"](
-    encoded="results/encoded/pretrain.bin", heldout="results/encoded/pretrain_heldout.bin",
-    tokenizer="results/tokenizer/tokenizer.json", model=cfg["model"], settings=settings, device=cfg["device"],
-    checkpoint=ckpt, log_csv=f"/tmp/clgpt_{seed}/log.csv")
-ck = load_checkpoint(ckpt)
-ids, _ = load_encoded("results/encoded/pretrain_heldout.bin")
-tok = Tokenizer.load("results/tokenizer/tokenizer.json")
-T, B = settings["seq_len"], 16
-eng = make_engine(ck["cfg"], ck["params"], batch_size=B, seq_len=T, device=get_device(None))
-loss, n = mean_loss(eng, text_batches(ids, T, B))
-nbytes = text_bytes(ids, token_byte_lengths(tok))
-print(f"clgpt seed={seed} heldout {loss:.4f} nats/token over {n} tokens, {loss * n / nbytes:.4f} nats/byte "
-      f"(step {ck['step']})")
-PY
+  timeout 300 python3 "$(dirname "$0")/clgpt_char_seed.py" $seed > $OUT/clgpt_seed$seed.log 2>&1
   tail -1 $OUT/clgpt_seed$seed.log
 done | tee $OUT/clgpt_heldout.txt
 wait $NANO

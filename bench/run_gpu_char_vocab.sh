@@ -59,33 +59,7 @@ for seed in $NG260B; do nanogpt ng260b base austen_char260 True $seed & done
 for seed in $NG77TANH; do nanogpt ng77tanh tanh austen_char False $seed & done
 for seed in $CLGPT; do
   mkdir -p /tmp/clgpt_$seed
-  timeout 330 python3 - $seed $RES $KEEP > /tmp/logs/clgpt_seed$seed.log 2>&1 <<'PY' &
-import runpy, sys
-from clgpt.checkpoint import load_checkpoint
-from clgpt.config import load_workflow_config
-from clgpt.data import load_encoded, text_batches
-from clgpt.device import get_device
-from clgpt.engine import make_engine
-from clgpt.evaluate import mean_loss, text_bytes, token_byte_lengths
-from clgpt.tokenizer import Tokenizer
-seed, res, keep = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-cfg = load_workflow_config("config.yaml", configfiles=["configs/shakespeare_char_cpu.yaml"])
-settings = dict(cfg["pretrain"], seed=seed, keep=keep)
-ckpt = f"/tmp/clgpt_{seed}/model.ckpt"
-runpy.run_path("scripts/pretrain.py")["main"](
-    encoded=f"{res}/encoded/pretrain.bin", heldout=f"{res}/encoded/pretrain_heldout.bin",
-    tokenizer=f"{res}/tokenizer/tokenizer.json", model=cfg["model"], settings=settings, device=cfg["device"],
-    checkpoint=ckpt, log_csv=f"/tmp/clgpt_{seed}/log.csv")
-ck = load_checkpoint(ckpt)
-ids, _ = load_encoded(f"{res}/encoded/pretrain_heldout.bin")
-tok = Tokenizer.load(f"{res}/tokenizer/tokenizer.json")
-T, B = settings["seq_len"], 16
-eng = make_engine(ck["cfg"], ck["params"], batch_size=B, seq_len=T, device=get_device(None))
-loss, n = mean_loss(eng, text_batches(ids, T, B))
-nbytes = text_bytes(ids, token_byte_lengths(tok))
-print(f"clgpt seed={seed} bias={ck['cfg'].bias} vocab={ck['cfg'].vocab_size} heldout {loss:.4f} nats/token "
-      f"over {n} tokens, {loss * n / nbytes:.4f} nats/byte (step {ck['step']})")
-PY
+  timeout 330 python3 "$(dirname "$0")/clgpt_char_seed.py" $seed $RES $KEEP > /tmp/logs/clgpt_seed$seed.log 2>&1 &
 done
 wait
 for seed in $CLGPT; do tail -1 /tmp/logs/clgpt_seed$seed.log; done | tee $OUT/clgpt_heldout.txt
