@@ -96,6 +96,8 @@ class Ops:
         self._mm = {}
         self._rb_variants = {}  # matmul_rb tiles with fewer vectors per work-item, by NV (_rb_tiles)
         self._rb_plans = {}  # matmul_rb launches by product shape (_rb_plan)
+        # LayerNorm's one-work-item kernels: rows (forward, backward) and channels (dw, db) a work-item
+        self.norm_rb, self.norm_cb = self.launch.get("norm_rb", 1), self.launch.get("norm_cb", 1)
         self.k = {}
         self._build_common()
         if self.bf16 is not None:
@@ -158,7 +160,7 @@ class Ops:
         cfg, dev, k = self.cfg, self.dev, self.k
         C = cfg.n_embd
         k["embedding_backward_wpe"] = dev.kernel("embedding", "embedding_backward_wpe", C=C)
-        rb, cb = self.launch.get("norm_rb", 1), self.launch.get("norm_cb", 1)
+        rb, cb = self.norm_rb, self.norm_cb
         for kname in ("layernorm_forward", "layernorm_backward", "layernorm_param_backward"):
             # RB rows / CB channels a work-item only where the table asks (CPUs): other builds keep their bytes
             k[kname] = dev.kernel("layernorm", kname, C=C, EPS=float(cfg.norm_eps),
@@ -701,7 +703,7 @@ class Ops:
         if self.rows:
             self.run("layernorm_forward_wg", (N * self.rows,), i32(N), x, w, b, out, mean, rstd, lsize=(self.rows,))
             return
-        self.runp("layernorm_forward", (-(-N // self.launch.get("norm_rb", 1)),), i32(N), x, w, b, out, mean, rstd)
+        self.runp("layernorm_forward", (-(-N // self.norm_rb),), i32(N), x, w, b, out, mean, rstd)
 
     def layernorm_backward(self, N, dout, x, mean, rstd, w, dw, db, dx, accum):
         C = self.cfg.n_embd
@@ -711,16 +713,14 @@ class Ops:
             rc = self.launch["colsum_rows"]
             R = -(-N // rc)
             if R < self.launch["colsum_min_parts"]:
-                self.runp("layernorm_param_backward", (-(-C // self.launch.get("norm_cb", 1)),), i32(N), dout, x,
-                          mean, rstd, dw, db)
+                self.runp("layernorm_param_backward", (-(-C // self.norm_cb),), i32(N), dout, x, mean, rstd, dw, db)
                 return
             part = self._grow_cparts(2 * R * C)
             self.runp("layernorm_param_partial", (C, R), i32(N), i32(rc), dout, x, mean, rstd, part)
             self.runp("layernorm_param_final", (C,), i32(R), part, dw, db)
             return
-        rb, cb = self.launch.get("norm_rb", 1), self.launch.get("norm_cb", 1)
-        self.runp("layernorm_backward", (-(-N // rb),), i32(N), i32(accum), dout, x, w, mean, rstd, dx)
-        self.runp("layernorm_param_backward", (-(-C // cb),), i32(N), dout, x, mean, rstd, dw, db)
+        self.runp("layernorm_backward", (-(-N // self.norm_rb),), i32(N), i32(accum), dout, x, w, mean, rstd, dx)
+        self.runp("layernorm_param_backward", (-(-C // self.norm_cb),), i32(N), dout, x, mean, rstd, dw, db)
 
     def rmsnorm(self, N, x, w, out, rstd):
         self.runp("rmsnorm_forward", (N,), i32(N), x, w, out, rstd)
