@@ -174,8 +174,11 @@ class Ops:
         """Llama's own kernels: RMSNorm, RoPE with the q | k | v packing, SwiGLU, the MoE routing."""
         cfg, dev, k = self.cfg, self.dev, self.k
         C, D, E = cfg.n_embd, cfg.head_dim, cfg.n_expert
+        rb, cb = self.norm_rb, self.norm_cb
         for kname in ("rmsnorm_forward", "rmsnorm_backward", "rmsnorm_param_backward"):
-            k[kname] = dev.kernel("rmsnorm", kname, C=C, EPS=float(cfg.norm_eps))
+            # as LayerNorm's: RB rows / CB channels a work-item only where the table asks (CPUs)
+            k[kname] = dev.kernel("rmsnorm", kname, C=C, EPS=float(cfg.norm_eps),
+                                  **({"RB": rb} if rb > 1 else {}), **({"CB": cb} if cb > 1 else {}))
         for kname in ("rope_forward", "rope_backward"):
             k[kname] = dev.kernel("rope", kname, C=C, D=D, G=cfg.n_head // cfg.kv_heads, CKV=cfg.kv_heads * D)
         for kname in ("swiglu_forward", "swiglu_backward"):  # mixture of experts: gate, up apart
@@ -703,7 +706,7 @@ class Ops:
         if self.rows:
             self.run("layernorm_forward_wg", (N * self.rows,), i32(N), x, w, b, out, mean, rstd, lsize=(self.rows,))
             return
-        self.runp("layernorm_forward", (-(-N // self.norm_rb),), i32(N), x, w, b, out, mean, rstd)
+        self._norm_run("layernorm_forward", -(-N // self.norm_rb), i32(N), x, w, b, out, mean, rstd)
 
     def layernorm_backward(self, N, dout, x, mean, rstd, w, dw, db, dx, accum):
         C = self.cfg.n_embd
@@ -719,14 +722,22 @@ class Ops:
             self.runp("layernorm_param_partial", (C, R), i32(N), i32(rc), dout, x, mean, rstd, part)
             self.runp("layernorm_param_final", (C,), i32(R), part, dw, db)
             return
-        self.runp("layernorm_backward", (-(-N // self.norm_rb),), i32(N), i32(accum), dout, x, w, mean, rstd, dx)
-        self.runp("layernorm_param_backward", (-(-C // self.norm_cb),), i32(N), dout, x, mean, rstd, dw, db)
+        self._norm_run("layernorm_backward", -(-N // self.norm_rb), i32(N), i32(accum), dout, x, w, mean, rstd, dx)
+        self._norm_run("layernorm_param_backward", -(-C // self.norm_cb), i32(N), dout, x, mean, rstd, dw, db)
+
+    def _norm_run(self, name, n, *args):
+        """A one-work-item LayerNorm or RMSNorm kernel over n work-items: with rows (channels) blocked (norm_rb,
+        CPUs), one work-item a work-group, so that a few (dw, db: C / norm_cb) still spread over the cores."""
+        if self.norm_rb > 1:
+            self.run(name, (n,), *args, lsize=(1,))
+        else:
+            self.runp(name, (n,), *args)
 
     def rmsnorm(self, N, x, w, out, rstd):
-        self.runp("rmsnorm_forward", (N,), i32(N), x, w, out, rstd)
+        self._norm_run("rmsnorm_forward", -(-N // self.norm_rb), i32(N), x, w, out, rstd)
 
     def rmsnorm_backward(self, N, dout, x, rstd, w, dw, dx, accum):
-        self.runp("rmsnorm_backward", (N,), i32(N), i32(accum), dout, x, w, rstd, dx)
+        self._norm_run("rmsnorm_backward", -(-N // self.norm_rb), i32(N), i32(accum), dout, x, w, rstd, dx)
         if self.rows:  # GPUs: column sums in two stages over row chunks, as LayerNorm's
             rc = self.launch["colsum_rows"]
             R = -(-N // rc)
@@ -735,7 +746,7 @@ class Ops:
                 self.runp("rmsnorm_param_partial", (self.cfg.n_embd, R), i32(N), i32(rc), dout, x, rstd, part)
                 self.runp("rmsnorm_param_final", (self.cfg.n_embd,), i32(R), part, dw)
                 return
-        self.runp("rmsnorm_param_backward", (self.cfg.n_embd,), i32(N), dout, x, rstd, dw)
+        self._norm_run("rmsnorm_param_backward", -(-self.cfg.n_embd // self.norm_cb), i32(N), dout, x, rstd, dw)
 
     # ---- attention ----
     def attention_forward(self, Bp, Tp, qkv, out, att, drop=None):

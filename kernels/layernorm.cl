@@ -18,6 +18,26 @@
 #ifndef CB
 #define CB 1
 #endif
+// RB == 8 with C % 8 == 0 (CPUs): the rows' sums as one float8 of 8 rows, 8x8 blocks turned in registers
+// (LN_TR); CB == 8 or 16 with C % CB == 0: CB channels a work-item as one vector (LN_CV). Each lane sums in the
+// order one row (channel) alone does, with the same operations: the same bits.
+#if RB == 8 && C % 8 == 0
+#define LN_TR 1
+#endif
+#if (CB == 8 || CB == 16) && C % CB == 0
+#define LN_CV 1
+#endif
+#if defined(LN_TR) || defined(LN_CV)
+typedef float float8u __attribute__((ext_vector_type(8), aligned(4)));
+typedef float float16u __attribute__((ext_vector_type(16), aligned(4)));
+#define VLD8(p) (*(__global const float8u*)(p))
+#define VST8(p, v) (*(__global float8u*)(p) = (v))
+#define VLD16(p) (*(__global const float16u*)(p))
+#define VST16(p, v) (*(__global float16u*)(p) = (v))
+#endif
+#ifdef LN_TR
+#include "transpose8.cl"
+#endif
 
 __kernel void layernorm_forward(const int N, __global const float* x, __global const float* w,
                                 __global const float* b, __global float* out,
@@ -25,6 +45,37 @@ __kernel void layernorm_forward(const int N, __global const float* x, __global c
 {
     const int n0 = get_global_id(0) * RB;
     if (n0 >= N) return;
+#ifdef LN_TR
+    __global const float* xr[8];  // rows past N repeat the last one; their results are not stored
+#pragma unroll
+    for (int i = 0; i < 8; i++) xr[i] = x + min(n0 + i, N - 1) * C;
+    float8 mv = 0.0f, vv = 0.0f, r[8];
+    for (int c = 0; c < C; c += 8) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) r[i] = VLD8(xr[i] + c);
+        tr8_rows(r);
+#pragma unroll
+        for (int j = 0; j < 8; j++) mv += r[j];
+    }
+    mv /= C;
+    for (int c = 0; c < C; c += 8) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) r[i] = VLD8(xr[i] + c);
+        tr8_rows(r);
+#pragma unroll
+        for (int j = 0; j < 8; j++) { const float8 d = r[j] - mv; vv += d * d; }
+    }
+    float8 sv = 1.0f / sqrt(vv / C + EPS);
+    const float* ml = (const float*)&mv;
+    const float* sl = (const float*)&sv;
+    for (int i = 0; i < 8 && n0 + i < N; i++) {
+        const float m = ml[i], s = sl[i];
+        __global float* o = out + (n0 + i) * C;
+        for (int c = 0; c < C; c += 8) VST8(o + c, (VLD8(xr[i] + c) - m) * s * VLD8(w + c) + VLD8(b + c));
+        mean[n0 + i] = m;
+        rstd[n0 + i] = s;
+    }
+#else
     int row[RB];  // rows past N repeat the last one; their results are not stored
     float m[RB], v[RB];
 #pragma unroll
@@ -45,6 +96,7 @@ __kernel void layernorm_forward(const int N, __global const float* x, __global c
         mean[n0 + i] = m[i];
         rstd[n0 + i] = s;
     }
+#endif
 }
 
 // dx overwrite (accum == 0) or accumulate (accum != 0): the residual stream's gradient adds up.
@@ -55,6 +107,42 @@ __kernel void layernorm_backward(const int N, const int accum, __global const fl
 {
     const int n0 = get_global_id(0) * RB;
     if (n0 >= N) return;
+#ifdef LN_TR
+    __global const float* xr[8];
+    __global const float* dr[8];
+    float ma[8], sa[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int n = min(n0 + i, N - 1);
+        xr[i] = x + n * C; dr[i] = dout + n * C; ma[i] = mean[n]; sa[i] = rstd[n];
+    }
+    const float8 mv = (float8)(ma[0], ma[1], ma[2], ma[3], ma[4], ma[5], ma[6], ma[7]);
+    const float8 sv = (float8)(sa[0], sa[1], sa[2], sa[3], sa[4], sa[5], sa[6], sa[7]);
+    float8 dsum = 0.0f, dxsum = 0.0f, rx[8], rd[8];
+    for (int c = 0; c < C; c += 8) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) { rx[i] = VLD8(xr[i] + c); rd[i] = VLD8(dr[i] + c); }
+        tr8_rows(rx);
+        tr8_rows(rd);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const float8 dn = rd[j] * w[c + j];
+            dsum += dn;
+            dxsum += dn * (rx[j] - mv) * sv;
+        }
+    }
+    const float* dsl = (const float*)&dsum;
+    const float* dxl = (const float*)&dxsum;
+    for (int i = 0; i < 8 && n0 + i < N; i++) {
+        const float ds = dsl[i] / C, dxs = dxl[i] / C, m = ma[i], s = sa[i];
+        __global float* o = dx + (n0 + i) * C;
+        for (int c = 0; c < C; c += 8) {
+            const float8 xhat = (VLD8(xr[i] + c) - m) * s;
+            const float8 g = s * (VLD8(dr[i] + c) * VLD8(w + c) - ds - xhat * dxs);
+            VST8(o + c, accum ? VLD8(o + c) + g : g);
+        }
+    }
+#else
     int row[RB];
     float m[RB], s[RB], dsum[RB], dxsum[RB];
 #pragma unroll
@@ -80,6 +168,7 @@ __kernel void layernorm_backward(const int N, const int accum, __global const fl
             o[c] = accum ? o[c] + g : g;
         }
     }
+#endif
 }
 
 // CB channels a work-item, rows in order: deterministic.
@@ -89,6 +178,26 @@ __kernel void layernorm_param_backward(const int N, __global const float* dout, 
 {
     const int c0 = get_global_id(0) * CB;
     if (c0 >= C) return;
+#ifdef LN_CV
+#if CB == 16
+#define VLDC VLD16
+#define VSTC VST16
+    float16 sw = 0.0f, sb = 0.0f;
+#else
+#define VLDC VLD8
+#define VSTC VST8
+    float8 sw = 0.0f, sb = 0.0f;
+#endif
+    for (int n = 0; n < N; n++) {
+        const float m = mean[n], s = rstd[n];
+        const __global float* dp = dout + n * C + c0;
+        const __global float* xp = x + n * C + c0;
+        sw += VLDC(dp) * (VLDC(xp) - m) * s;
+        sb += VLDC(dp);
+    }
+    VSTC(dw + c0, VLDC(dw + c0) + sw);
+    VSTC(db + c0, VLDC(db + c0) + sb);
+#else
     float sw[CB], sb[CB];
 #pragma unroll
     for (int j = 0; j < CB; j++) { sw[j] = 0.0f; sb[j] = 0.0f; }
@@ -106,6 +215,7 @@ __kernel void layernorm_param_backward(const int N, __global const float* dout, 
         dw[c0 + j] += sw[j];
         db[c0 + j] += sb[j];
     }
+#endif
 }
 
 // ---- GPUs: one work-group of LW work-items per row, fixed-order tree reductions (deterministic) ----

@@ -9,10 +9,59 @@
 #ifndef EPS
 #define EPS 1e-5f
 #endif
+// CPUs (-DRB=8 -DCB=16, clgpt/tuning.py's norm_rb, norm_cb): the rows' sums of 8 rows a work-item as one float8,
+// 8x8 blocks turned in registers (RMS_TR, C % 8 == 0); dw 16 channels a work-item as one float16 (RMS_CV,
+// C % 16 == 0). Each lane sums in the order of the one-row (one-channel) form, with the same operations: the
+// same bits.
+#ifndef RB
+#define RB 1
+#endif
+#ifndef CB
+#define CB 1
+#endif
+#if RB == 8 && C % 8 == 0
+#define RMS_TR 1
+#endif
+#if CB == 16 && C % 16 == 0
+#define RMS_CV 1
+#endif
+#if defined(RMS_TR) || defined(RMS_CV)
+typedef float float8u __attribute__((ext_vector_type(8), aligned(4)));
+typedef float float16u __attribute__((ext_vector_type(16), aligned(4)));
+#define VLD8(p) (*(__global const float8u*)(p))
+#define VST8(p, v) (*(__global float8u*)(p) = (v))
+#define VLD16(p) (*(__global const float16u*)(p))
+#endif
+#ifdef RMS_TR
+#include "transpose8.cl"
+#endif
 
 __kernel void rmsnorm_forward(const int N, __global const float* x, __global const float* w,
                               __global float* out, __global float* rstd)
 {
+#ifdef RMS_TR
+    const int n0 = get_global_id(0) * 8;
+    if (n0 >= N) return;
+    __global const float* xr[8];  // rows past N repeat the last one; their results are not stored
+#pragma unroll
+    for (int i = 0; i < 8; i++) xr[i] = x + min(n0 + i, N - 1) * C;
+    float8 ss = 0.0f, r[8];
+    for (int c = 0; c < C; c += 8) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) r[i] = VLD8(xr[i] + c);
+        tr8_rows(r);
+#pragma unroll
+        for (int j = 0; j < 8; j++) ss += r[j] * r[j];
+    }
+    const float8 sv = 1.0f / sqrt(ss / C + EPS);
+    const float* sl = (const float*)&sv;
+    for (int i = 0; i < 8 && n0 + i < N; i++) {
+        const float s = sl[i];
+        __global float* o = out + (n0 + i) * C;
+        for (int c = 0; c < C; c += 8) VST8(o + c, VLD8(xr[i] + c) * s * VLD8(w + c));
+        rstd[n0 + i] = s;
+    }
+#else
     const int n = get_global_id(0);
     if (n >= N) return;
     __global const float* xr = x + n * C;
@@ -22,6 +71,7 @@ __kernel void rmsnorm_forward(const int N, __global const float* x, __global con
     __global float* o = out + n * C;
     for (int c = 0; c < C; c++) o[c] = xr[c] * s * w[c];
     rstd[n] = s;
+#endif
 }
 
 // dx overwrite (accum == 0) or accumulate (accum != 0): the residual stream's gradient adds up.
@@ -29,6 +79,38 @@ __kernel void rmsnorm_backward(const int N, const int accum, __global const floa
                                __global const float* x, __global const float* w,
                                __global const float* rstd, __global float* dx)
 {
+#ifdef RMS_TR
+    const int n0 = get_global_id(0) * 8;
+    if (n0 >= N) return;
+    __global const float* xr[8];
+    __global const float* dr[8];
+    float sa[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int n = min(n0 + i, N - 1);
+        xr[i] = x + n * C; dr[i] = dout + n * C; sa[i] = rstd[n];
+    }
+    const float8 sv = (float8)(sa[0], sa[1], sa[2], sa[3], sa[4], sa[5], sa[6], sa[7]);
+    float8 dot = 0.0f, rx[8], rd[8];
+    for (int c = 0; c < C; c += 8) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) { rx[i] = VLD8(xr[i] + c); rd[i] = VLD8(dr[i] + c); }
+        tr8_rows(rx);
+        tr8_rows(rd);
+#pragma unroll
+        for (int j = 0; j < 8; j++) dot += rd[j] * w[c + j] * rx[j] * sv;
+    }
+    dot /= C;
+    const float* dl = (const float*)&dot;
+    for (int i = 0; i < 8 && n0 + i < N; i++) {
+        const float s = sa[i], d = dl[i];
+        __global float* o = dx + (n0 + i) * C;
+        for (int c = 0; c < C; c += 8) {
+            const float8 g = s * (VLD8(dr[i] + c) * VLD8(w + c) - VLD8(xr[i] + c) * s * d);
+            VST8(o + c, accum ? VLD8(o + c) + g : g);
+        }
+    }
+#else
     const int n = get_global_id(0);
     if (n >= N) return;
     __global const float* xr = x + n * C;
@@ -42,16 +124,28 @@ __kernel void rmsnorm_backward(const int N, const int accum, __global const floa
         const float g = s * (dr[c] * w[c] - xr[c] * s * dot);
         o[c] = accum ? o[c] + g : g;
     }
+#endif
 }
 
 __kernel void rmsnorm_param_backward(const int N, __global const float* dout, __global const float* x,
                                      __global const float* rstd, __global float* dw)
 {
-    const int c = get_global_id(0);
+#ifdef RMS_CV
+    const int c0 = get_global_id(0) * 16;
+    if (c0 >= C) return;
+    float16 sw = 0.0f;
+    for (int n = 0; n < N; n++) sw += VLD16(dout + n * C + c0) * VLD16(x + n * C + c0) * rstd[n];
+    const float16 total = VLD16(dw + c0) + sw;
+    *(__global float16u*)(dw + c0) = total;
+#else
+    const int c = get_global_id(0) * CB;  // CB > 1 without RMS_CV: channel c only (C % 16 != 0)
     if (c >= C) return;
-    float sw = 0.0f;
-    for (int n = 0; n < N; n++) sw += dout[n * C + c] * x[n * C + c] * rstd[n];
-    dw[c] += sw;
+    for (int j = c; j < min(c + CB, C); j++) {
+        float sw = 0.0f;
+        for (int n = 0; n < N; n++) sw += dout[n * C + j] * x[n * C + j] * rstd[n];
+        dw[j] += sw;
+    }
+#endif
 }
 
 // GPUs: dw in two stages with fixed orders: part[r*C + c] = the sum over rows [r*rc, (r+1)*rc) (2-D launch

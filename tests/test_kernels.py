@@ -269,6 +269,41 @@ def test_layernorm(dev):
              rtol=1e-4, fd=FD(fwd, at, dout, grads={"dw": "w", "db": "b"}, base={"dw": 1.0}))
 
 
+
+@pytest.mark.parametrize("N,C", [(19, 32), (8, 16), (5, 24)])
+def test_layernorm_blocked(dev, N, C):
+    """The CPU forms (tuning's norm_rb = 8 rows, norm_cb = 16 channels a work-item, one work-item a work-group:
+    8x8 register transposes, float16 column sums; C % 16 != 0 keeps the scalar loops) against the float64
+    reference and finite differences, and bit for bit against the one-row, one-channel forms."""
+    eps = 1e-5
+    x = (rng.normal(size=(N, C)) * 2 + 0.5).astype(f32)
+    w, b = rng.normal(size=C).astype(f32), rng.normal(size=C).astype(f32)
+    dout, dx0 = rng.normal(size=(N, C)).astype(f32), rng.normal(size=(N, C)).astype(f32)
+    want, (mean, rstd) = ref.layernorm_forward(x, w, b, eps)
+    dx_want, dw_want, db_want = ref.layernorm_backward(dout, x, w, mean, rstd)
+    fwd = lambda x, w, b: ref.layernorm_forward(x, w, b, eps)[0]  # noqa: E731
+    at = {"x": x, "w": w, "b": b}
+    plain, blocked = dict(C=C, EPS=eps), dict(C=C, EPS=eps, RB=8, CB=16)
+    rows, chans = (-(-N // 8),), (-(-C // 16),)
+    fargs = [("N", i32(N)), ("x", x), ("w", w), ("b", b), ("out", np.zeros_like(x)), ("mean", np.zeros(N, f32)),
+             ("rstd", np.zeros(N, f32))]
+    out = check_op(dev, "layernorm", "layernorm_forward", rows, fargs, {"out": want, "rstd": rstd}, blocked,
+                   lsize=(1,), rtol=1e-5)
+    one = run_op(dev, "layernorm", "layernorm_forward", (N,), fargs, plain)
+    for key in ("out", "mean", "rstd"):
+        assert np.array_equal(out[key], one[key]), f"layernorm_forward {key}: blocked form differs from one row"
+    stats = [("mean", out["mean"]), ("rstd", out["rstd"])]
+    bargs = [("N", i32(N)), ("accum", i32(1)), ("dout", dout), ("x", x), ("w", w), *stats, ("dx", dx0)]
+    got = check_op(dev, "layernorm", "layernorm_backward", rows, bargs, {"dx": dx0 + dx_want}, blocked, lsize=(1,),
+                   atol=1e-4, rtol=1e-4, fd=FD(fwd, at, dout, grads={"dx": "x"}, base={"dx": dx0}))
+    assert np.array_equal(got["dx"], run_op(dev, "layernorm", "layernorm_backward", (N,), bargs, plain)["dx"])
+    pargs = [("N", i32(N)), ("dout", dout), ("x", x), *stats, ("dw", np.ones(C, f32)), ("db", np.zeros(C, f32))]
+    got = check_op(dev, "layernorm", "layernorm_param_backward", chans, pargs, {"dw": 1 + dw_want, "db": db_want},
+                   blocked, lsize=(1,), atol=1e-4, rtol=1e-4,
+                   fd=FD(fwd, at, dout, grads={"dw": "w", "db": "b"}, base={"dw": 1.0}))
+    one = run_op(dev, "layernorm", "layernorm_param_backward", (C,), pargs, plain)
+    assert np.array_equal(got["dw"], one["dw"]) and np.array_equal(got["db"], one["db"])
+
 # ---------------- gelu ----------------
 def test_gelu(dev):
     n = 1000

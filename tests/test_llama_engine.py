@@ -111,6 +111,32 @@ def test_rmsnorm_kernels(launch):
              atol=KERNEL_TOL, fd=FD(fwd, {"x": x, "w": w}, dout, grads={"dw": "w"}, base={"dw": 1.0}))
 
 
+@pytest.mark.parametrize("N,C", [(19, 32), (5, 24)])
+def test_rmsnorm_kernels_blocked(launch, N, C):
+    """The CPU forms (8 rows a work-item through 8x8 register transposes, dw 16 channels as a float16; C % 16 != 0
+    keeps the scalar dw loop) against the float64 reference and finite differences, and bit for bit against the
+    one-row, one-channel forms."""
+    x, w, dout, prev = rnd(N, C, seed=1), rnd(C, seed=2), rnd(N, C, seed=3), rnd(N, C, seed=4)
+    want, rstd = ref.rmsnorm_forward(x, w)
+    dx, dw = ref.rmsnorm_backward(dout, x, w, rstd)
+    dev, plain, blocked = launch.dev, dict(C=C, EPS=1e-5), dict(C=C, EPS=1e-5, RB=8, CB=16)
+    rows, chans = (-(-N // 8),), (-(-C // 16),)
+    fwd = lambda x, w: ref.rmsnorm_forward(x, w)[0]  # noqa: E731
+    fargs = [("N", np.int32(N)), ("x", x), ("w", w), ("out", np.zeros_like(x)), ("rstd", np.zeros(N, np.float32))]
+    out = check_op(dev, "rmsnorm", "rmsnorm_forward", rows, fargs, {"out": want, "rstd": rstd}, blocked, lsize=(1,),
+                   atol=KERNEL_TOL)
+    one = run_op(dev, "rmsnorm", "rmsnorm_forward", (N,), fargs, plain)
+    assert np.array_equal(out["out"], one["out"]) and np.array_equal(out["rstd"], one["rstd"])
+    bargs = [("N", np.int32(N)), ("acc", np.int32(1)), ("dout", dout), ("x", x), ("w", w),
+             ("rstd", out["rstd"]), ("dx", prev)]
+    got = check_op(dev, "rmsnorm", "rmsnorm_backward", rows, bargs, {"dx": dx + prev}, blocked, lsize=(1,),
+                   atol=KERNEL_TOL, fd=FD(fwd, {"x": x, "w": w}, dout, grads={"dx": "x"}, base={"dx": prev}))
+    assert np.array_equal(got["dx"], run_op(dev, "rmsnorm", "rmsnorm_backward", (N,), bargs, plain)["dx"])
+    pargs = [("N", np.int32(N)), ("dout", dout), ("x", x), ("rstd", out["rstd"]), ("dw", np.ones(C, np.float32))]
+    got = check_op(dev, "rmsnorm", "rmsnorm_param_backward", chans, pargs, {"dw": dw + 1}, blocked, lsize=(1,),
+                   atol=KERNEL_TOL, fd=FD(fwd, {"x": x, "w": w}, dout, grads={"dw": "w"}, base={"dw": 1.0}))
+    assert np.array_equal(got["dw"], run_op(dev, "rmsnorm", "rmsnorm_param_backward", (C,), pargs, plain)["dw"])
+
 @pytest.mark.parametrize("H,Hkv", [(2, 2), (4, 2), (4, 1)])
 def test_rope_kernels(launch, H, Hkv):
     """rope_forward / rope_backward on the q | k | v product (N, C + 2Ckv), into and from attention's
