@@ -188,9 +188,9 @@ __kernel void attention_rows_rb(const int B, const int T, __global const float* 
     const int col = h * D + cb * 16;
     __global const float* Ab = A + (size_t)bh * T * T;
     __global const float* bp = Bm + boff + (size_t)b * T * ldb + col;
-    int rows[6];
+    __global const float* ar[6];  // each row through its own pointer: scalar addressing (as matmul_rb's)
 #pragma unroll
-    for (int i = 0; i < 6; i++) rows[i] = min(t0 + i, T - 1) * T;
+    for (int i = 0; i < 6; i++) ar[i] = Ab + min(t0 + i, T - 1) * T;
     float8 acc[6][2];
 #pragma unroll
     for (int i = 0; i < 6; i++) { acc[i][0] = 0.0f; acc[i][1] = 0.0f; }
@@ -199,7 +199,7 @@ __kernel void attention_rows_rb(const int B, const int T, __global const float* 
         const float8 b0 = VLD(bp), b1 = VLD(bp + 8);
 #pragma unroll
         for (int i = 0; i < 6; i++) {
-            const float a = Ab[rows[i] + t2];
+            const float a = ar[i][t2];
             acc[i][0] += a * b0;
             acc[i][1] += a * b1;
         }
@@ -210,7 +210,7 @@ __kernel void attention_rows_rb(const int B, const int T, __global const float* 
 #pragma unroll
         for (int i = 0; i < 6; i++) {
             if (t2 <= t0 + i) {
-                const float a = Ab[rows[i] + t2];
+                const float a = ar[i][t2];
                 acc[i][0] += a * b0;
                 acc[i][1] += a * b1;
             }
