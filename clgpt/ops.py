@@ -113,6 +113,8 @@ class Ops:
         C, H, D = cfg.n_embd, cfg.n_head, cfg.head_dim
         scale = float(1.0 / math.sqrt(D))
         k["embedding_forward"] = dev.kernel("embedding", "embedding_forward", C=C)
+        if launch.get("cpu_vec"):  # CPUs: a row a work-item, float8
+            k["embedding_forward_rows"] = dev.kernel("embedding", "embedding_forward_rows", C=C)
         k["embedding_backward_wte"] = dev.kernel("embedding", "embedding_backward_wte", C=C)
         for kname in ("attention_forward", "attention_backward_query", "attention_backward_key"):
             k[kname] = dev.kernel("attention", kname, C=C, H=H, D=D, SCALE=scale, VEC=launch["vec"])
@@ -856,6 +858,9 @@ class Ops:
     # ---- embedding ----
     def embedding_forward(self, N, Tp, tokens, wte, wpe, out):
         """out (N,C) = wte[tokens] + wpe[n % T'] (llama passes a zero position table)."""
+        if "embedding_forward_rows" in self.k:
+            self.runp("embedding_forward_rows", (N,), i32(N), i32(Tp), tokens, wte, wpe, out)
+            return
         self.runp("embedding_forward", (self.cfg.n_embd, N), i32(N), i32(Tp), tokens, wte, wpe, out)
 
     def token_embd_backward(self, n_rows, rows, starts, order, dx, dwte):

@@ -18,6 +18,23 @@ __kernel void embedding_forward(const int N, const int T, __global const int* to
     out[n * C + c] = wte[tokens[n] * C + c] + wpe[(n % T) * C + c];
 }
 
+// CPUs (tuning's cpu_vec): the same sums a row a work-item, float8 where whole (the 2-D form's one-float
+// work-items cost more than the adds there). Global size (N).
+typedef float float8u __attribute__((ext_vector_type(8), aligned(4)));
+__kernel void embedding_forward_rows(const int N, const int T, __global const int* tokens,
+                                     __global const float* wte, __global const float* wpe, __global float* out)
+{
+    const int n = get_global_id(0);
+    if (n >= N) return;
+    __global const float* e = wte + tokens[n] * C;
+    __global const float* p = wpe + (n % T) * C;
+    __global float* o = out + n * C;
+    int c = 0;
+    for (; c + 8 <= C; c += 8)
+        *(__global float8u*)(o + c) = *(__global const float8u*)(e + c) + *(__global const float8u*)(p + c);
+    for (; c < C; c++) o[c] = e[c] + p[c];
+}
+
 __kernel void embedding_backward_wte(const int n_rows, __global const int* rows, __global const int* starts,
                                      __global const int* order, __global const float* dout,
                                      __global float* dwte)

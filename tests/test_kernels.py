@@ -369,6 +369,11 @@ def test_embedding(dev):
     check_op(dev, "embedding", "embedding_forward", (C, N), [("N", i32(N)), ("T", i32(T)), ("tokens", tokens),
              ("wte", wte), ("wpe", wpe), ("out", np.zeros((B, T, C), f32))], {"out": fwd(wte, wpe)}, dict(C=C),
              atol=1e-6, rtol=1e-6)
+    for Cr in (C, 16, 19):  # the CPU form, a row a work-item: float8 and scalar tails
+        wte_r, wpe_r = rng.normal(size=(V, Cr)).astype(f32), rng.normal(size=(n_ctx, Cr)).astype(f32)
+        check_op(dev, "embedding", "embedding_forward_rows", (N,), [("N", i32(N)), ("T", i32(T)), ("tokens", tokens),
+                 ("wte", wte_r), ("wpe", wpe_r), ("out", np.zeros((B, T, Cr), f32))],
+                 {"out": ref.embedding_forward(tokens, wte_r, wpe_r)}, dict(C=Cr), atol=1e-6, rtol=1e-6)
     dwte_want, dwpe_want = ref.embedding_backward(dout, tokens, V, n_ctx)
     tok = tokens.reshape(-1)
     order = np.argsort(tok, kind="stable").astype(np.int32)
