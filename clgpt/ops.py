@@ -96,6 +96,7 @@ class Ops:
         self._mm = {}
         self._rb_variants = {}  # matmul_rb tiles with fewer vectors per work-item, by NV (_rb_tiles)
         self._rb_plans = {}  # matmul_rb launches by product shape (_rb_plan)
+        self._subs = {}  # sub-buffers by (buffer, offset): the K chunks of split products (_sub)
         # LayerNorm's one-work-item kernels: rows (forward, backward) and channels (dw, db) a work-item
         self.norm_rb, self.norm_cb = self.launch.get("norm_rb", 1), self.launch.get("norm_cb", 1)
         self.k = {}
@@ -260,13 +261,15 @@ class Ops:
             self._rb_variants[nv] = dict(mm, NV=nv)
         return self._rb_variants[nv]
 
-    def _kernel_mm(self, mm, ta, tb, bias, resid, accum, epi, split=0, batch=0, causal=0):
-        key = (ta, tb, bias, resid, accum, epi, split, batch, causal, id(mm))
+    def _kernel_mm(self, mm, ta, tb, bias, resid, accum, epi, split=0, batch=0, causal=0, init=0):
+        key = (ta, tb, bias, resid, accum, epi, split, batch, causal, id(mm), init)
         kern = self._mm.get(key)
         if kern is None:
             extra = {}
             if split:
                 extra["SPLITK"] = 1
+            if init:  # matmul_rb continuing the raw sums of an earlier launch (a product split along K)
+                extra["INIT"] = 1
             if batch:
                 extra.update(BATCH=1, CAUSAL=causal)
             if self.round:  # tf32/bf16 operands (fp32 builds keep their options, so their binaries, unchanged)
@@ -359,9 +362,21 @@ class Ops:
         a_transpose = bool(ta) and M * K > self.launch.get("ta_direct", 0)  # (padding its rows measured no gain)
         ta = 0 if a_transpose else ta
         lda = M if ta else K
-        kern = self._kernel_mm(mm, ta, 0, bias, resid, accum, epi)
         gsize, lsize = matmul_launch(mm, M, N)
-        return b_op, ldb, a_transpose, kern, gsize, lsize, (i32(M), i32(N), i32(K), i32(lda), i32(ldb), i32(ldc or N))
+        ints = (i32(M), i32(N), i32(K), i32(lda), i32(ldb), i32(ldc or N))
+        kmax = self.launch.get("rb_kmax", 0)
+        if kmax and K > kmax and not (bias or resid or epi):
+            # K-long op(B) strips outgrow the caches (2048x256x4096: 57 GFLOP/s, at K = 2048 110): chunks of K
+            n = -(-K // kmax)
+            kc = ceil_to(-(-K // n), self.align)  # sub-buffers start at aligned offsets
+            chunks = [(k0, min(kc, K - k0)) for k0 in range(0, K, kc)]
+            if len(chunks) > 1:
+                kerns = (self._kernel_mm(mm, ta, 0, False, False, False, 0),
+                         self._kernel_mm(mm, ta, 0, False, False, False, 0, init=1),
+                         self._kernel_mm(mm, ta, 0, False, False, accum, 0, init=1))
+                return b_op, ldb, a_transpose, (kerns, chunks, ta), gsize, lsize, ints
+        kern = self._kernel_mm(mm, ta, 0, bias, resid, accum, epi)
+        return b_op, ldb, a_transpose, kern, gsize, lsize, ints
 
     def _matmul_rb(self, M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E, ldc):
         key = (M, N, K, ta, tb, bias is not None, resid is not None, bool(accum), epi, ldc)
@@ -375,7 +390,40 @@ class Ops:
             B = self._padded(0, B, K, N, ldb)
         if a_transpose:
             A = self._transposed(1, A, K, M)
+        if isinstance(kern, tuple):  # split along K (_rb_plan)
+            self._matmul_rb_chunks(kern, gsize, lsize, plan[-1], A, B, Cm, accum, alpha)
+            return
         self._launch(kern, gsize, lsize, (iM, iN, iK, A, ilda, B, ildb, Cm, ildc, bias, resid, f32(alpha), E))
+
+    def _matmul_rb_chunks(self, kerns, gsize, lsize, ints, A, B, Cm, accum, alpha):
+        """A product split along K into chunks (_rb_plan's rb_kmax): the first launch writes its raw sums (alpha 1,
+        no epilogue), each next one starts its accumulators from them (INIT) and goes on with the next k, the last
+        applies alpha [+ Cm]. Per output the same chain of sums as one launch, bit for bit. The raw sums go to Cm
+        itself, or to a scratch where Cm accumulates."""
+        (first, mid, last), chunks, ta = kerns
+        iM, iN, _, ilda, ildb, ildc = ints
+        P, ldp = (self._grow_parts(int(iM) * int(iN)), iN) if accum else (Cm, ildc)
+        for c, (k0, kc) in enumerate(chunks):
+            a = self._sub(A, k0 * (int(ilda) if ta else 1))
+            b = self._sub(B, k0 * int(ildb))
+            if c == 0:
+                self._launch(first, gsize, lsize, (iM, iN, i32(kc), a, ilda, b, ildb, P, ldp, None, None, f32(1.0), None))
+            elif c < len(chunks) - 1:
+                self._launch(mid, gsize, lsize, (iM, iN, i32(kc), a, ilda, b, ildb, P, ldp, None, P, f32(1.0), None))
+            else:
+                self._launch(last, gsize, lsize, (iM, iN, i32(kc), a, ilda, b, ildb, Cm, ildc, None, P, f32(alpha), None))
+
+    def _sub(self, buf, off):
+        """The sub-buffer of buf from float `off` on (kept: the same few every step, so preset launches hit)."""
+        if off == 0:
+            return buf
+        key = (buf.int_ptr, off)
+        sub = self._subs.get(key)
+        if sub is None:
+            parent = buf.get_info(cl.mem_info.ASSOCIATED_MEMOBJECT)  # a sub-buffer's: regions of the parent
+            base = buf.get_info(cl.mem_info.OFFSET) if parent is not None else 0
+            sub = self._subs[key] = (parent or buf).get_sub_region(base + off * F32, buf.size - off * F32)
+        return sub
 
     # ---- tensor cores (kernels/matmul_mma.cl) ----
     def _mma_tiles(self, M, N, nz=1):

@@ -87,7 +87,10 @@ _GPU_ROWS = dict(rows=128, attn_gemm=1, attn_gemm_min_t=128, split_k=1, colsum_r
 # one work-item a work-group. 8 rows are one float8 of in-order sums, 8x8 blocks turned in registers; 16 channels
 # one float16 (kernels/layernorm.cl). The same bits; at 768 x 128 the forward, backward and dw, db launches went
 # from 0.20, 0.14, 0.20 to 0.07, 0.08, 0.04 ms.
-_CPU_ROWS = dict(preset=1, norm_rb=8, norm_cb=16, xent_fused=1, cpu_bias=1, ta_direct=3 << 17, cpu_attn=1, cpu_vec=1, ld_pad=16, ld_pad_copy=1 << 17)
+# rb_kmax: matmul_rb products with K above this run as launches of at most rb_kmax k each, every launch going on
+# with the raw sums of the one before (INIT in kernels/matmul.cl; the same bits): a longer op(B) strip outgrows
+# the caches (M's 2048x256x4096 LM-head product: 57 GFLOP/s in one launch, 110 at K = 2048).
+_CPU_ROWS = dict(preset=1, rb_kmax=2048, norm_rb=8, norm_cb=16, xent_fused=1, cpu_bias=1, ta_direct=3 << 17, cpu_attn=1, cpu_vec=1, ld_pad=16, ld_pad_copy=1 << 17)
 
 # (device type, vendor substring or "" for any) -> matmul config, local size of 1-D and 2-D launches.
 TABLE = [

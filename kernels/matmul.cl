@@ -326,6 +326,12 @@ __kernel void splitk_reduce_grouped(const int MN, const int kc, const int accum,
 #ifndef PREFETCH  // 1: the epilogue's operand lines are prefetched before the k loop (EPI 2, RESID, ACCUM)
 #define PREFETCH 0
 #endif
+#ifndef INIT  // 1: the accumulators start from R (M,N; rows ldc apart): the raw sums of the k before this launch's
+#define INIT 0  // (a product split along K, Ops._matmul_rb: the same chain of sums as one launch; RESID must be 0)
+#endif
+#if INIT && RESID
+#error "INIT reads its partial sums through R: RESID must be 0"
+#endif
 #if PREFETCH && !defined(__x86_64__)  // __builtin_prefetch is a CPU (x86) compiler's; elsewhere (NVIDIA) none
 #undef PREFETCH
 #define PREFETCH 0
@@ -367,7 +373,7 @@ __kernel void matmul_rb(const int M, const int N, const int K,
 #pragma unroll
         for (int i = 0; i < RM; i++)
 #pragma unroll
-            for (int j = 0; j < NV; j++) acc[i][j] = 0.0f;
+            for (int j = 0; j < NV; j++) acc[i][j] = INIT ? VLD(R + rows[i] * ldc + n0 + VW * j) : 0.0f;
         __global const float* bp = B + n0;
 #if PREFETCH && (EPI >= 2 || RESID || ACCUM)
         // the epilogue's loads (E, R or Cm: rows ldc apart) start now, under the k loop, not after it
@@ -440,7 +446,7 @@ __kernel void matmul_rb(const int M, const int N, const int K,
         const int nn = N - n0;
         float acc[RM][VW * NV];
         for (int i = 0; i < RM; i++)
-            for (int j = 0; j < VW * NV; j++) acc[i][j] = 0.0f;
+            for (int j = 0; j < VW * NV; j++) acc[i][j] = INIT && j < nn ? R[rows[i] * ldc + n0 + j] : 0.0f;
         for (int k = 0; k < K; k++) {
             __global const float* bp = B + k * ldb + n0;
             for (int i = 0; i < RM; i++) {

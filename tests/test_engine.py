@@ -253,6 +253,55 @@ def test_gpu_launch_path_vs_reference_and_determinism(monkeypatch, launch):
         assert np.array_equal(runs[0][1][k], runs[1][1][k]), f"{k} differs between two identical runs"
 
 
+
+@pytest.mark.parametrize("M,N,K,ta,accum,kmax", [(37, 40, 300, 0, 0, 128), (37, 40, 300, 1, 1, 128),
+                                                 (50, 33, 500, 0, 1, 64), (19, 64, 200, 0, 0, 64)])
+def test_matmul_split_along_k_is_one_chain(monkeypatch, M, N, K, ta, accum, kmax):
+    """The CPU row's products with K above rb_kmax run as several launches, each going on with the raw sums of
+    the one before (INIT): bit for bit what one launch gives, and the float64 product within fp32 rounding."""
+    import pyopencl as cl
+
+    monkeypatch.setenv("CLGPT_LAUNCH", "cpu")
+    cfg = ModelConfig(vocab_size=64, n_ctx=8, n_embd=16, n_ff=32, n_head=2, n_layer=1)
+    ops = Engine(cfg, init_params(cfg, 0), 1, 8).ops
+    rng = np.random.default_rng(M + K)
+    A = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
+    B, C0 = rng.standard_normal((K, N)).astype(np.float32), rng.standard_normal((M, N)).astype(np.float32)
+    mf, out = cl.mem_flags, []
+    for km in (0, kmax):
+        ops.launch["rb_kmax"] = km
+        ops._rb_plans.clear()
+        bufs = [cl.Buffer(ops.ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=x) for x in (A, B, C0)]
+        ops.matmul(M, N, K, *bufs, ta=ta, accum=accum, alpha=0.37)
+        C = np.empty((M, N), np.float32)
+        cl.enqueue_copy(ops.queue, C, bufs[2], is_blocking=True)
+        out.append(C)
+    assert -(-K // kmax) > 1 and isinstance(ops._rb_plans[next(iter(ops._rb_plans))][3], tuple), "not split"
+    assert np.array_equal(out[0], out[1])
+    want = 0.37 * ((A.T if ta else A).astype(np.float64) @ B) + (C0 if accum else 0.0)
+    assert np.abs(out[1] - want).max() < 1e-4 * np.abs(want).max()
+
+
+def test_engine_lm_head_split_along_k_same_grads(monkeypatch):
+    """A vocabulary above rb_kmax: the LM head's dx product (K = V) splits; the loss and every gradient are the
+    bits of the unsplit run."""
+    monkeypatch.setenv("CLGPT_LAUNCH", "cpu")
+    cfg = ModelConfig(vocab_size=200, n_ctx=16, n_embd=16, n_head=2, n_layer=1, n_ff=32)
+    p = noisy_params(cfg, seed=4)
+    tokens, targets, mask = batch(cfg, 3, 16, seed=6)
+    runs = []
+    for km in (0, 64):
+        eng = Engine(cfg, p, batch_size=3, seq_len=16)
+        eng.ops.launch["rb_kmax"] = km
+        loss = eng.forward(tokens, targets, mask)
+        eng.zero_grad()
+        eng.backward()
+        runs.append((loss, eng.get_grads()))
+    assert any(isinstance(plan[3], tuple) for plan in eng.ops._rb_plans.values()), "no product was split"
+    assert runs[0][0] == runs[1][0]
+    for k in runs[0][1]:
+        assert np.array_equal(runs[0][1][k], runs[1][1][k]), f"{k} differs with the split products"
+
 def test_engine_input_errors():
     cfg = tiny_cfg(True)
     eng = Engine(cfg, init_params(cfg, 0), batch_size=2, seq_len=5)
