@@ -182,12 +182,15 @@ class Ops:
             # as LayerNorm's: RB rows / CB channels a work-item only where the table asks (CPUs)
             k[kname] = dev.kernel("rmsnorm", kname, C=C, EPS=float(cfg.norm_eps),
                                   **({"RB": rb} if rb > 1 else {}), **({"CB": cb} if cb > 1 else {}))
-        for kname in ("rope_forward", "rope_backward"):
-            k[kname] = dev.kernel("rope", kname, C=C, D=D, G=cfg.n_head // cfg.kv_heads, CKV=cfg.kv_heads * D)
+        for kname in ("rope_forward", "rope_backward"):  # CPUs: 4 pairs a step (ROPE_VEC), the same bits
+            k[kname] = dev.kernel("rope", kname, C=C, D=D, G=cfg.n_head // cfg.kv_heads, CKV=cfg.kv_heads * D,
+                                  **({"ROPE_VEC": 1} if self.launch.get("cpu_vec") and D % 8 == 0 else {}))
         for kname in ("swiglu_forward", "swiglu_backward"):  # mixture of experts: gate, up apart
             k[kname] = dev.kernel("swiglu", kname)
         # dense: h = gate | up per row (the backward is the dact product's epilogue 3)
-        k["swiglu_rows_forward"] = dev.kernel("swiglu", "swiglu_rows_forward", F=cfg.n_ff)
+        # CPUs with 16-float vectors (the matmul row's VW 16: AVX-512) take float16 blocks, the same bits
+        wide = {"SW": 16} if self.mm.get("kernel") == "matmul_rb" and self.mm.get("VW") == 16 else {}
+        k["swiglu_rows_forward"] = dev.kernel("swiglu", "swiglu_rows_forward", F=cfg.n_ff, **wide)
         if self.rows:
             for kname in ("rmsnorm_param_partial", "rmsnorm_param_final"):
                 k[kname] = dev.kernel("rmsnorm", kname, C=C, EPS=float(cfg.norm_eps))

@@ -24,6 +24,23 @@
 #define BWD_SLOTS (H + 2 * (CKV / D))
 #endif
 
+#if defined(ROPE_VEC) && D % 8 == 0
+// CPUs (-DROPE_VEC=1): 4 pairs at a time, split into even (a) and odd (b) lanes and interleaved back; the same
+// operations pair by pair as the loop below, so the same bits.
+typedef float float8u __attribute__((ext_vector_type(8), aligned(4)));
+typedef float float4u __attribute__((ext_vector_type(4), aligned(4)));
+inline void rope_rotate(__global const float* s, __global float* o, __global const float* cs,
+                        __global const float* sn, const float sign)
+{
+    for (int i = 0; i < HALF; i += 4) {
+        const float4 c = *(__global const float4u*)(cs + i), si = sign * *(__global const float4u*)(sn + i);
+        const float8 v = *(__global const float8u*)(s + 2 * i);
+        const float4 a = v.even, b = v.odd;
+        const float4 x = a * c - b * si, y = a * si + b * c;
+        *(__global float8u*)(o + 2 * i) = __builtin_shufflevector(x, y, 0, 4, 1, 5, 2, 6, 3, 7);
+    }
+}
+#else
 inline void rope_rotate(__global const float* s, __global float* o, __global const float* cs,
                         __global const float* sn, const float sign)
 {
@@ -34,6 +51,7 @@ inline void rope_rotate(__global const float* s, __global float* o, __global con
         o[2 * i + 1] = a * si + b * c;
     }
 }
+#endif
 
 // 2-D launch (FWD_SLOTS, N): slot h < H rotates q head h, H <= h < 2H k head (h-H)/G, 2H <= h copies v.
 __kernel void rope_forward(const int N, const int T, __global const float* src, __global const float* cosb,

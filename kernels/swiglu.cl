@@ -29,9 +29,13 @@ __kernel void swiglu_backward(const int n, __global const float* dy, __global co
 //   forward:  y (N,F) = silu(h[:, :F]) * h[:, F:]
 // (its backward, dh (N,2F) = dgate | dup, is the epilogue EPI 3 of the dact product, kernels/matmul.cl)
 #ifdef F
-typedef float float8u __attribute__((ext_vector_type(8), aligned(4)));
-#define VLD(p) (*(__global const float8u*)(p))
-#define VST(p, v) (*(__global float8u*)(p) = (v))
+#ifndef SW  // floats a vector: 16 on CPUs with AVX-512 (clgpt/ops.py), else 8; the same formula lane by lane
+#define SW 8
+#endif
+typedef float floatsw __attribute__((ext_vector_type(SW)));
+typedef float floatswu __attribute__((ext_vector_type(SW), aligned(4)));
+#define VLD(p) (*(__global const floatswu*)(p))
+#define VST(p, v) (*(__global floatswu*)(p) = (v))
 
 __kernel void swiglu_rows_forward(const int N, __global const float* h, __global float* y)
 {
@@ -41,8 +45,8 @@ __kernel void swiglu_rows_forward(const int N, __global const float* h, __global
     __global const float* u = g + F;
     __global float* o = y + (size_t)n * F;
     int f = 0;
-    for (; f + 8 <= F; f += 8) {
-        const float8 gv = VLD(g + f);
+    for (; f + SW <= F; f += SW) {
+        const floatsw gv = VLD(g + f);
         VST(o + f, gv / (1.0f + exp(-gv)) * VLD(u + f));
     }
     for (; f < F; f++) o[f] = g[f] / (1.0f + exp(-g[f])) * u[f];

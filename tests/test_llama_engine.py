@@ -137,11 +137,13 @@ def test_rmsnorm_kernels_blocked(launch, N, C):
                    atol=KERNEL_TOL, fd=FD(fwd, {"x": x, "w": w}, dout, grads={"dw": "w"}, base={"dw": 1.0}))
     assert np.array_equal(got["dw"], run_op(dev, "rmsnorm", "rmsnorm_param_backward", (C,), pargs, plain)["dw"])
 
+@pytest.mark.parametrize("D,vec", [(6, 0), (16, 0), (16, 1)])
 @pytest.mark.parametrize("H,Hkv", [(2, 2), (4, 2), (4, 1)])
-def test_rope_kernels(launch, H, Hkv):
+def test_rope_kernels(launch, H, Hkv, D, vec):
     """rope_forward / rope_backward on the q | k | v product (N, C + 2Ckv), into and from attention's
-    (N, 3C) layout; with Hkv == H in place (one buffer: src is qkv)."""
-    B, T, D = 2, 5, 6
+    (N, 3C) layout; with Hkv == H in place (one buffer: src is qkv). vec: the CPU form (ROPE_VEC, 4 pairs a
+    step), which must also give the pair-by-pair loop's bits."""
+    B, T = 2, 5
     C, Ckv, N = H * D, Hkv * D, B * T
     src = rnd(N, C + 2 * Ckv, seed=1)
     cos, sin = ref.rope_tables(T + 3, D, 10000.0)  # the table may be longer than T
@@ -152,20 +154,30 @@ def test_rope_kernels(launch, H, Hkv):
 
     want = fwd(src.astype(np.float64))
     d, dev = dict(C=C, D=D, G=H // Hkv, CKV=Ckv), launch.dev
+    plain = dict(d)
+    if vec:
+        d["ROPE_VEC"] = 1
     tabs = [("cos", cos.astype(np.float32)), ("sin", sin.astype(np.float32))]
     inplace = H == Hkv  # then the output is the input buffer (v stays as it was)
     out = ("qkv", "src") if inplace else ("qkv", np.zeros((N, 3 * C), np.float32))
-    check_op(dev, "rope", "rope_forward", (2 * H if inplace else 3 * H, N), [("N", np.int32(N)),
-             ("T", np.int32(T)), ("src", src), *tabs, out], {"src" if inplace else "qkv": want}, d,
-             atol=KERNEL_TOL)
+    fargs = [("N", np.int32(N)), ("T", np.int32(T)), ("src", src), *tabs, out]
+    fkey = "src" if inplace else "qkv"
+    got = check_op(dev, "rope", "rope_forward", (2 * H if inplace else 3 * H, N), fargs, {fkey: want}, d,
+                   atol=KERNEL_TOL)
+    if vec:
+        one = run_op(dev, "rope", "rope_forward", (2 * H if inplace else 3 * H, N), fargs, plain)
+        assert np.array_equal(got[fkey], one[fkey])
     dqkv = rnd(N, 3 * C, seed=4)
     dq, dk, dv = ref.rope_qkv_backward(dqkv.reshape(B, T, -1), H, Hkv, cos, sin)
     dsrc = np.concatenate([dq, dk, dv], axis=-1).reshape(N, -1)
     key = "dqkv" if inplace else "dsrc"
     out = ("dsrc", "dqkv") if inplace else ("dsrc", np.zeros_like(src))
-    check_op(dev, "rope", "rope_backward", (2 * H if inplace else H + 2 * Hkv, N), [("N", np.int32(N)),
-             ("T", np.int32(T)), ("dqkv", dqkv), *tabs, out], {key: dsrc}, d, atol=KERNEL_TOL,
-             fd=FD(fwd, {"src": src}, dqkv, grads={key: "src"}))
+    bargs = [("N", np.int32(N)), ("T", np.int32(T)), ("dqkv", dqkv), *tabs, out]
+    got = check_op(dev, "rope", "rope_backward", (2 * H if inplace else H + 2 * Hkv, N), bargs, {key: dsrc}, d,
+                   atol=KERNEL_TOL, fd=FD(fwd, {"src": src}, dqkv, grads={key: "src"}))
+    if vec:
+        one = run_op(dev, "rope", "rope_backward", (2 * H if inplace else H + 2 * Hkv, N), bargs, plain)
+        assert np.array_equal(got[key], one[key])
     # the backward is the transpose of the forward: <dqkv, fwd(src)> = <bwd(dqkv), src>
     assert abs((dqkv * want).sum() - (dsrc * src).sum()) < 1e-9 * abs((dqkv * want).sum())
 
@@ -191,15 +203,18 @@ def test_swiglu_kernels(launch):
              atol=KERNEL_TOL, fd=FD(ref.swiglu_forward, {"g": g, "u": u}, dy, grads={"dg": "g", "du": "u"}))
 
 
-@pytest.mark.parametrize("N,F", [(5, 12), (3, 32), (4, 19)])
+@pytest.mark.parametrize("N,F", [(5, 12), (3, 32), (4, 19), (3, 40)])
 def test_swiglu_rows_forward(launch, N, F):
-    """The dense feed-forward's form: h (N, 2F) = gate | up per row (float8 blocks and a scalar tail); its
-    backward is the matmul epilogue EPI 3 (tests/test_kernels.py)."""
+    """The dense feed-forward's form: h (N, 2F) = gate | up per row (float8 or float16 blocks and a scalar tail);
+    its backward is the matmul epilogue EPI 3 (tests/test_kernels.py). The float16 form gives the float8 one's bits."""
     h = rnd(N, 2 * F, seed=1, scale=3)
     h[0, :2] = [-100.0, 100.0]
-    check_op(launch.dev, "swiglu", "swiglu_rows_forward", (N,), [("N", np.int32(N)), ("h", h),
-             ("y", np.zeros((N, F), np.float32))], {"y": ref.swiglu_forward(h[:, :F], h[:, F:])}, dict(F=F),
-             lsize=(1,), atol=KERNEL_TOL)
+    args = [("N", np.int32(N)), ("h", h), ("y", np.zeros((N, F), np.float32))]
+    want = {"y": ref.swiglu_forward(h[:, :F], h[:, F:])}
+    y8 = check_op(launch.dev, "swiglu", "swiglu_rows_forward", (N,), args, want, dict(F=F), lsize=(1,), atol=KERNEL_TOL)
+    y16 = check_op(launch.dev, "swiglu", "swiglu_rows_forward", (N,), args, want, dict(F=F, SW=16), lsize=(1,),
+                   atol=KERNEL_TOL)
+    assert np.array_equal(y8["y"], y16["y"])
 
 
 @pytest.mark.parametrize("E,K", [(4, 2), (3, 1), (2, 2)])
