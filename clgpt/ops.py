@@ -194,6 +194,10 @@ class Ops:
         if self.rows:
             for kname in ("rmsnorm_param_partial", "rmsnorm_param_final"):
                 k[kname] = dev.kernel("rmsnorm", kname, C=C, EPS=float(cfg.norm_eps))
+            # one work-group per row (as LayerNorm's): one work-item a row left most of a GPU idle
+            for kname in ("rmsnorm_forward_wg", "rmsnorm_backward_wg"):
+                k[kname] = dev.kernel("rmsnorm", kname, C=C, EPS=float(cfg.norm_eps), LW=self.rows)
+            k["swiglu_rows_forward_el"] = dev.kernel("swiglu", "swiglu_rows_forward_el", F=cfg.n_ff)
         return k
 
     # ---- launch helpers ----
@@ -787,10 +791,17 @@ class Ops:
             self.runp(name, (n,), *args)
 
     def rmsnorm(self, N, x, w, out, rstd):
+        if self.rows:
+            self.run("rmsnorm_forward_wg", (N * self.rows,), i32(N), x, w, out, rstd, lsize=(self.rows,))
+            return
         self._norm_run("rmsnorm_forward", -(-N // self.norm_rb), i32(N), x, w, out, rstd)
 
     def rmsnorm_backward(self, N, dout, x, rstd, w, dw, dx, accum):
-        self._norm_run("rmsnorm_backward", -(-N // self.norm_rb), i32(N), i32(accum), dout, x, w, rstd, dx)
+        if self.rows:
+            self.run("rmsnorm_backward_wg", (N * self.rows,), i32(N), i32(accum), dout, x, w, rstd, dx,
+                     lsize=(self.rows,))
+        else:
+            self._norm_run("rmsnorm_backward", -(-N // self.norm_rb), i32(N), i32(accum), dout, x, w, rstd, dx)
         if self.rows:  # GPUs: column sums in two stages over row chunks, as LayerNorm's
             rc = self.launch["colsum_rows"]
             R = -(-N // rc)
@@ -941,6 +952,10 @@ class Ops:
 
     def swiglu_rows_forward(self, N, h, out):
         """out (N,F) = silu(h[:, :F]) * h[:, F:], h (N,2F) = gate | up."""
+        if "swiglu_rows_forward_el" in self.k:  # GPUs: one work-item per output
+            F = self.cfg.n_ff
+            self.run("swiglu_rows_forward_el", (ceil_to(F, 64), N), i32(N), h, out, lsize=(64, 1))
+            return
         self._rows("swiglu_rows_forward", N, (i32(N), h, out))
 
     def _rows(self, name, N, args):

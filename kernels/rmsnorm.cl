@@ -148,6 +148,47 @@ __kernel void rmsnorm_param_backward(const int N, __global const float* dout, __
 #endif
 }
 
+// ---- GPUs: one work-group of LW work-items per row (-DLW), fixed-order tree reductions (deterministic; another
+// order of summation than the one-work-item forms above, as layernorm.cl's _wg kernels) ----
+#ifdef LW
+#include "reduce.cl"
+
+__kernel __attribute__((reqd_work_group_size(LW, 1, 1)))
+void rmsnorm_forward_wg(const int N, __global const float* x, __global const float* w, __global float* out,
+                        __global float* rstd)
+{
+    const int n = get_group_id(0), l = get_local_id(0);
+    __local float red[LW];
+    __global const float* xr = x + (size_t)n * C;
+    float ss = 0.0f;
+    for (int c = l; c < C; c += LW) ss += xr[c] * xr[c];
+    ss = wg_sum(red, ss);
+    const float s = 1.0f / sqrt(ss / C + EPS);
+    __global float* o = out + (size_t)n * C;
+    for (int c = l; c < C; c += LW) o[c] = xr[c] * s * w[c];
+    if (l == 0) rstd[n] = s;
+}
+
+__kernel __attribute__((reqd_work_group_size(LW, 1, 1)))
+void rmsnorm_backward_wg(const int N, const int accum, __global const float* dout, __global const float* x,
+                         __global const float* w, __global const float* rstd, __global float* dx)
+{
+    const int n = get_group_id(0), l = get_local_id(0);
+    __local float red[LW];
+    __global const float* xr = x + (size_t)n * C;
+    __global const float* dr = dout + (size_t)n * C;
+    const float s = rstd[n];
+    float dot = 0.0f;
+    for (int c = l; c < C; c += LW) dot += dr[c] * w[c] * xr[c] * s;
+    dot = wg_sum(red, dot) / C;
+    __global float* o = dx + (size_t)n * C;
+    for (int c = l; c < C; c += LW) {
+        const float g = s * (dr[c] * w[c] - xr[c] * s * dot);
+        o[c] = accum ? o[c] + g : g;
+    }
+}
+#endif
+
 // GPUs: dw in two stages with fixed orders: part[r*C + c] = the sum over rows [r*rc, (r+1)*rc) (2-D launch
 // (c, r)); then dw[c] += sum_r in order.
 __kernel void rmsnorm_param_partial(const int N, const int rc, __global const float* dout,

@@ -52,4 +52,13 @@ __kernel void swiglu_rows_forward(const int N, __global const float* h, __global
     for (; f < F; f++) o[f] = g[f] / (1.0f + exp(-g[f])) * u[f];
 }
 
+// GPUs: one work-item per output, 2-D launch (F, N) (a row's F values in one work-item left most of a GPU idle).
+__kernel void swiglu_rows_forward_el(const int N, __global const float* h, __global float* y)
+{
+    const int f = get_global_id(0), n = get_global_id(1);
+    if (f >= F || n >= N) return;
+    const float g = h[(size_t)n * 2 * F + f];
+    y[(size_t)n * F + f] = g / (1.0f + exp(-g)) * h[(size_t)n * 2 * F + F + f];
+}
+
 #endif

@@ -111,6 +111,22 @@ def test_rmsnorm_kernels(launch):
              atol=KERNEL_TOL, fd=FD(fwd, {"x": x, "w": w}, dout, grads={"dw": "w"}, base={"dw": 1.0}))
 
 
+@pytest.mark.parametrize("N,C,LW", [(7, 12, 8), (5, 40, 16)])
+def test_rmsnorm_kernels_workgroup_per_row(launch, N, C, LW):
+    """The GPU forms (one work-group of LW work-items a row, tree sums) against the float64 reference and
+    finite differences."""
+    x, w, dout, prev = rnd(N, C, seed=1), rnd(C, seed=2), rnd(N, C, seed=3), rnd(N, C, seed=4)
+    want, rstd = ref.rmsnorm_forward(x, w)
+    dx, _ = ref.rmsnorm_backward(dout, x, w, rstd)
+    d, dev = dict(C=C, EPS=1e-5, LW=LW), launch.dev
+    fwd = lambda x, w: ref.rmsnorm_forward(x, w)[0]  # noqa: E731
+    out = check_op(dev, "rmsnorm", "rmsnorm_forward_wg", (N * LW,), [("N", np.int32(N)), ("x", x), ("w", w),
+                   ("out", np.zeros_like(x)), ("rstd", np.zeros(N, np.float32))], {"out": want, "rstd": rstd}, d,
+                   lsize=(LW,), atol=KERNEL_TOL)
+    check_op(dev, "rmsnorm", "rmsnorm_backward_wg", (N * LW,), [("N", np.int32(N)), ("acc", np.int32(1)),
+             ("dout", dout), ("x", x), ("w", w), ("rstd", out["rstd"]), ("dx", prev)], {"dx": dx + prev}, d,
+             lsize=(LW,), atol=KERNEL_TOL, fd=FD(fwd, {"x": x, "w": w}, dout, grads={"dx": "x"}, base={"dx": prev}))
+
 @pytest.mark.parametrize("N,C", [(19, 32), (5, 24)])
 def test_rmsnorm_kernels_blocked(launch, N, C):
     """The CPU forms (8 rows a work-item through 8x8 register transposes, dw 16 channels as a float16; C % 16 != 0
@@ -215,6 +231,8 @@ def test_swiglu_rows_forward(launch, N, F):
     y16 = check_op(launch.dev, "swiglu", "swiglu_rows_forward", (N,), args, want, dict(F=F, SW=16), lsize=(1,),
                    atol=KERNEL_TOL)
     assert np.array_equal(y8["y"], y16["y"])
+    # the GPU form, one work-item per output
+    check_op(launch.dev, "swiglu", "swiglu_rows_forward_el", (F, N), args, want, dict(F=F), atol=KERNEL_TOL)
 
 
 @pytest.mark.parametrize("E,K", [(4, 2), (3, 1), (2, 2)])
