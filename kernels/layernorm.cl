@@ -28,14 +28,6 @@
 #define LN_CV 1
 #endif
 #if defined(LN_TR) || defined(LN_CV)
-typedef float float8u __attribute__((ext_vector_type(8), aligned(4)));
-typedef float float16u __attribute__((ext_vector_type(16), aligned(4)));
-#define VLD8(p) (*(__global const float8u*)(p))
-#define VST8(p, v) (*(__global float8u*)(p) = (v))
-#define VLD16(p) (*(__global const float16u*)(p))
-#define VST16(p, v) (*(__global float16u*)(p) = (v))
-#endif
-#ifdef LN_TR
 #include "transpose8.cl"
 #endif
 

@@ -26,13 +26,6 @@
 #define RMS_CV 1
 #endif
 #if defined(RMS_TR) || defined(RMS_CV)
-typedef float float8u __attribute__((ext_vector_type(8), aligned(4)));
-typedef float float16u __attribute__((ext_vector_type(16), aligned(4)));
-#define VLD8(p) (*(__global const float8u*)(p))
-#define VST8(p, v) (*(__global float8u*)(p) = (v))
-#define VLD16(p) (*(__global const float16u*)(p))
-#endif
-#ifdef RMS_TR
 #include "transpose8.cl"
 #endif
 
@@ -135,8 +128,7 @@ __kernel void rmsnorm_param_backward(const int N, __global const float* dout, __
     if (c0 >= C) return;
     float16 sw = 0.0f;
     for (int n = 0; n < N; n++) sw += VLD16(dout + n * C + c0) * VLD16(x + n * C + c0) * rstd[n];
-    const float16 total = VLD16(dw + c0) + sw;
-    *(__global float16u*)(dw + c0) = total;
+    VST16(dw + c0, VLD16(dw + c0) + sw);
 #else
     const int c = get_global_id(0) * CB;  // CB > 1 without RMS_CV: channel c only (C % 16 != 0)
     if (c >= C) return;

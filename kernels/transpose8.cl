@@ -1,7 +1,14 @@
-// tr8_rows: 8 rows of 8 floats turned in registers (unpack, shuffle, 128-bit lane swaps), shared by the CPU forms
-// of layernorm.cl and rmsnorm.cl (#include "transpose8.cl"), whose 8 rows' in-order sums then run as one float8.
+// CPU helpers shared by the CPU forms of layernorm.cl and rmsnorm.cl (#include "transpose8.cl"): float8 and
+// float16 access at 4-byte alignment (plain vector loads, inlined), and tr8_rows, 8 rows of 8 floats turned in
+// registers (unpack, shuffle, 128-bit lane swaps), after which 8 rows' in-order sums run as one float8.
 #ifndef CLGPT_TRANSPOSE8_CL
 #define CLGPT_TRANSPOSE8_CL
+typedef float float8u __attribute__((ext_vector_type(8), aligned(4)));
+typedef float float16u __attribute__((ext_vector_type(16), aligned(4)));
+#define VLD8(p) (*(__global const float8u*)(p))
+#define VST8(p, v) (*(__global float8u*)(p) = (v))
+#define VLD16(p) (*(__global const float16u*)(p))
+#define VST16(p, v) (*(__global float16u*)(p) = (v))
 #define SHUF(a, b, ...) __builtin_shufflevector((a), (b), __VA_ARGS__)
 // r[0..7] (8 rows of 8 floats) -> its transpose in place: r[j] = column j, lane i = row i
 inline void tr8_rows(float8* r)
