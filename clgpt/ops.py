@@ -410,15 +410,14 @@ class Ops:
         (first, mid, last), chunks, ta = kerns
         iM, iN, _, ilda, ildb, ildc = ints
         P, ldp = (self._grow_parts(int(iM) * int(iN)), iN) if accum else (Cm, ildc)
+        end = len(chunks) - 1
         for c, (k0, kc) in enumerate(chunks):
             a = self._sub(A, k0 * (int(ilda) if ta else 1))
             b = self._sub(B, k0 * int(ildb))
-            if c == 0:
-                self._launch(first, gsize, lsize, (iM, iN, i32(kc), a, ilda, b, ildb, P, ldp, None, None, f32(1.0), None))
-            elif c < len(chunks) - 1:
-                self._launch(mid, gsize, lsize, (iM, iN, i32(kc), a, ilda, b, ildb, P, ldp, None, P, f32(1.0), None))
-            else:
-                self._launch(last, gsize, lsize, (iM, iN, i32(kc), a, ilda, b, ildb, Cm, ildc, None, P, f32(alpha), None))
+            kern = first if c == 0 else last if c == end else mid
+            out, ldo, scale = (Cm, ildc, alpha) if c == end else (P, ldp, 1.0)
+            self._launch(kern, gsize, lsize, (iM, iN, i32(kc), a, ilda, b, ildb, out, ldo, None, P if c else None,
+                                              f32(scale), None))
 
     def _sub(self, buf, off):
         """The sub-buffer of buf from float `off` on (kept: the same few every step, so preset launches hit)."""
@@ -763,7 +762,7 @@ class Ops:
         if self.rows:
             self.run("layernorm_forward_wg", (N * self.rows,), i32(N), x, w, b, out, mean, rstd, lsize=(self.rows,))
             return
-        self._norm_run("layernorm_forward", -(-N // self.norm_rb), i32(N), x, w, b, out, mean, rstd)
+        self._rows("layernorm_forward", -(-N // self.norm_rb), (i32(N), x, w, b, out, mean, rstd))
 
     def layernorm_backward(self, N, dout, x, mean, rstd, w, dw, db, dx, accum):
         C = self.cfg.n_embd
@@ -779,29 +778,22 @@ class Ops:
             self.runp("layernorm_param_partial", (C, R), i32(N), i32(rc), dout, x, mean, rstd, part)
             self.runp("layernorm_param_final", (C,), i32(R), part, dw, db)
             return
-        self._norm_run("layernorm_backward", -(-N // self.norm_rb), i32(N), i32(accum), dout, x, w, mean, rstd, dx)
-        self._norm_run("layernorm_param_backward", -(-C // self.norm_cb), i32(N), dout, x, mean, rstd, dw, db)
+        self._rows("layernorm_backward", -(-N // self.norm_rb), (i32(N), i32(accum), dout, x, w, mean, rstd, dx))
+        self._rows("layernorm_param_backward", -(-C // self.norm_cb), (i32(N), dout, x, mean, rstd, dw, db))
 
-    def _norm_run(self, name, n, *args):
-        """A one-work-item LayerNorm or RMSNorm kernel over n work-items: with rows (channels) blocked (norm_rb,
-        CPUs), one work-item a work-group, so that a few (dw, db: C / norm_cb) still spread over the cores."""
-        if self.norm_rb > 1:
-            self.run(name, (n,), *args, lsize=(1,))
-        else:
-            self.runp(name, (n,), *args)
 
     def rmsnorm(self, N, x, w, out, rstd):
         if self.rows:
             self.run("rmsnorm_forward_wg", (N * self.rows,), i32(N), x, w, out, rstd, lsize=(self.rows,))
             return
-        self._norm_run("rmsnorm_forward", -(-N // self.norm_rb), i32(N), x, w, out, rstd)
+        self._rows("rmsnorm_forward", -(-N // self.norm_rb), (i32(N), x, w, out, rstd))
 
     def rmsnorm_backward(self, N, dout, x, rstd, w, dw, dx, accum):
         if self.rows:
             self.run("rmsnorm_backward_wg", (N * self.rows,), i32(N), i32(accum), dout, x, w, rstd, dx,
                      lsize=(self.rows,))
         else:
-            self._norm_run("rmsnorm_backward", -(-N // self.norm_rb), i32(N), i32(accum), dout, x, w, rstd, dx)
+            self._rows("rmsnorm_backward", -(-N // self.norm_rb), (i32(N), i32(accum), dout, x, w, rstd, dx))
         if self.rows:  # GPUs: column sums in two stages over row chunks, as LayerNorm's
             rc = self.launch["colsum_rows"]
             R = -(-N // rc)
@@ -810,7 +802,7 @@ class Ops:
                 self.runp("rmsnorm_param_partial", (self.cfg.n_embd, R), i32(N), i32(rc), dout, x, rstd, part)
                 self.runp("rmsnorm_param_final", (self.cfg.n_embd,), i32(R), part, dw)
                 return
-        self._norm_run("rmsnorm_param_backward", -(-self.cfg.n_embd // self.norm_cb), i32(N), dout, x, rstd, dw)
+        self._rows("rmsnorm_param_backward", -(-self.cfg.n_embd // self.norm_cb), (i32(N), dout, x, rstd, dw))
 
     # ---- attention ----
     def attention_forward(self, Bp, Tp, qkv, out, att, drop=None):
@@ -959,8 +951,9 @@ class Ops:
         self._rows("swiglu_rows_forward", N, (i32(N), h, out))
 
     def _rows(self, name, N, args):
-        """A one-work-item-per-row kernel: CPUs one row a work-group (explicit float8 loops, as kernels/cpu.cl's
-        kernels are launched), other devices the fixed 1-D local size."""
+        """A one-work-item-per-row kernel over N work-items: CPUs one work-item a work-group (explicit vector loops,
+        as kernels/cpu.cl's kernels are launched; so that a few, LayerNorm's dw, db at C / norm_cb, still spread
+        over the cores), other devices the fixed 1-D local size."""
         if self.launch.get("cpu_vec"):
             self.run(name, (N,), *args, lsize=(1,))
         else:
