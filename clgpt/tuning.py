@@ -83,10 +83,10 @@ _GPU_ROWS = dict(rows=128, attn_gemm=1, attn_gemm_min_t=128, split_k=1, colsum_r
 # written so by transpose_ld_v8, a plain one of >= ld_pad_copy floats copied by copy_ld_v8; kernels/cpu.cl):
 # such strides map a column strip onto a few cache sets (M: kernels 883 -> 835 ms/step, with PREFETCH).
 # preset = 1 here too: on 2 cores the host's Python per launch competes with PoCL's workers (character recipe step
-# 100 -> 84 ms). norm_rb / norm_cb: LayerNorm's one-work-item kernels take 8 rows (dw, db: 16 channels) a work-item,
-# one work-item a work-group. 8 rows are one float8 of in-order sums, 8x8 blocks turned in registers; 16 channels
-# one float16 (kernels/layernorm.cl). The same bits; at 768 x 128 the forward, backward and dw, db launches went
-# from 0.20, 0.14, 0.20 to 0.07, 0.08, 0.04 ms.
+# 100 -> 84 ms). norm_rb / norm_cb: LayerNorm's and RMSNorm's one-work-item kernels take 8 rows (dw, db: 16
+# channels) a work-item, one work-item a work-group. 8 rows are one float8 of in-order sums, 8x8 blocks turned in
+# registers; 16 channels one float16 (kernels/layernorm.cl, rmsnorm.cl). The same bits; at 768 x 128 LayerNorm's
+# forward, backward and dw, db launches went from 0.20, 0.14, 0.20 to 0.07, 0.08, 0.04 ms.
 # rb_kmax: matmul_rb products with K above this run as launches of at most rb_kmax k each, every launch going on
 # with the raw sums of the one before (INIT in kernels/matmul.cl; the same bits): a longer op(B) strip outgrows
 # the caches (M's 2048x256x4096 LM-head product: 57 GFLOP/s in one launch, 110 at K = 2048).
