@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pyopencl as cl
 
+from clgpt import sm90a
 from clgpt.errors import ClgptError
 from clgpt.paths import data_path
 
@@ -160,7 +161,10 @@ class Device:
                 raise ClgptError(f"kernel file {path} not found")
             try:
                 # kernels share pieces through #include "reduce.cl": kernel_source inlines them
-                prg = cl.Program(self.ctx, kernel_source(path)).build(options=list(options))
+                source = kernel_source(path)
+                prg = cl.Program(self.ctx, source).build(options=list(options))
+                if sm90a.MARK in source:  # wgmma and the like, written as PTX comments (clgpt/sm90a.py)
+                    prg = sm90a.retarget(self.ctx, self.device, prg, defines.get("SMEM_BYTES"))
             except cl.RuntimeError as e:
                 raise ClgptError(f"building {path} with {' '.join(options)} failed on {self.name}:\n{e}") from e
             self._programs[key] = prg

@@ -1,0 +1,50 @@
+"""Hopper's sm_90a instructions (wgmma) from OpenCL C.
+
+NVIDIA's OpenCL compiles to PTX for `.target sm_90`, where wgmma does not exist, and ptxas rejects it when the
+program is built (also with -cl-nv-arch sm_90a). A program's binary on NVIDIA is its PTX text, though, and the
+driver builds PTX for sm_90a from a binary. So a kernel writes each such instruction as a PTX comment,
+`asm volatile("// @sm90a@ wgmma... %0, %1 ...;" : operands)`: the compiler fills in the operands' registers as
+it does for any inline asm and passes the comment through; `retarget` then turns the PTX's target to sm_90a,
+drops the marks and builds the result from binary. bench/probe_sm90a.py is the smallest proof (a 64x16x8
+product); kernels/matmul_wgmma.cl the GEMM.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pyopencl as cl
+
+from clgpt.errors import ClgptError
+
+MARK = "// @sm90a@ "
+
+
+def retarget(ctx: cl.Context, device: cl.Device, prg: cl.Program, smem_bytes: int | None = None) -> cl.Program:
+    """The built program `prg` (whose source carries MARK comments) rebuilt for sm_90a from its own PTX.
+
+    smem_bytes: the size of the kernel's local array named `smem`. OpenCL C may declare at most 48 KB
+    (CL_DEVICE_LOCAL_MEM_SIZE); Hopper gives a block up to 227 KB, and a larger static array in the PTX runs
+    (bench/probe_local_size.py), so the kernel declares 48 KB and its PTX array is set to smem_bytes."""
+    ptx = prg.get_info(cl.program_info.BINARIES)[0].decode()
+    ptx, n = re.subn(r"^(\s*\.target\s+)sm_90\b", r"\1sm_90a", ptx, flags=re.M)
+    if n != 1:
+        raise ClgptError("sm90a: the program's PTX names no .target sm_90 (not an sm_90 device?)")
+    if smem_bytes:
+        ptx, n = re.subn(r"(\.shared\s+\.align\s+\d+\s+\.b8\s+\S*smem)\[\d+\]", rf"\g<1>[{int(smem_bytes)}]", ptx)
+        if n != 1:
+            raise ClgptError("sm90a: no local array named smem in the PTX to give SMEM_BYTES")
+    verbose = bool(os.environ.get("CLGPT_SM90A_VERBOSE"))  # print ptxas's registers, spills and wgmma warnings
+    out = cl.Program(ctx, [device], [ptx.replace(MARK, "").encode()]).build(
+        options=["-cl-nv-verbose"] if verbose else [])
+    if verbose:
+        print(out.get_build_info(device, cl.program_build_info.LOG), flush=True)
+    return out
+
+
+def supported(device: cl.Device) -> bool:
+    """An NVIDIA device of compute capability 9.0 (H100, H200, GH200): the one target that has sm_90a."""
+    from clgpt.precision import nvidia_compute_capability
+
+    return nvidia_compute_capability(device) == (9, 0)
