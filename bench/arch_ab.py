@@ -1,11 +1,11 @@
 """Same-process A/B timing: clgpt gpt2 against clgpt llama, and clgpt llama against its PyTorch peer.
 
     python bench/arch_ab.py [--shape default|S|M] [--rounds 5] [--steps 4] [--threads 0|1]
-                            [--what arch,torch] [--profile]
+                            [--what arch,moe,torch] [--same-ffn] [--profile]
 
 On a machine shared with other work only ratios measured in the same run mean anything.
---what arch: gpt2 against llama, both engines built once in this one process, then the runs alternate (gpt2,
-llama, gpt2, llama, ...) for --rounds rounds of --steps training steps each (forward, zero_grad, backward,
+--what arch: gpt2 against llama (moe: and 4 experts top-2 against dense llama), the engines built once in this
+one process, then the runs alternate (gpt2, llama, moe, gpt2, llama, ...) for --rounds rounds of --steps training steps each (forward, zero_grad, backward,
 clip + AdamW on random tokens, after 3 warmup steps). Per round it prints wall and process CPU ms per step of
 each and the time ratio; at the end the median ratio over the rounds (and the ratio of the least times).
 --what torch: clgpt llama against the PyTorch llama peer (bench/bench_torch.py's model: SDPA, foreach AdamW,
@@ -15,7 +15,9 @@ warmup steps), printing the speed ratio (torch time / clgpt time) per round and 
 --profile: per-kernel device time of gpt2 and llama (clgpt.bench.profile) before the timing.
 
 Shapes (clgpt bench / bench/compare.sh flags): default = the default model's widths (V 1024, T 64, C 128, H 4,
-L 2, F 512, B 16); S and M as bench/compare.sh.
+L 2, B 16); S and M as bench/compare.sh. F is gpt2's (4 C); llama (its peer, and each expert) takes llama's
+usual width (clgpt.model.usual_n_ff: 2/3 of that, up to a multiple of 32: the same parameters and matmul
+FLOPs), or gpt2's F with --same-ffn.
 """
 
 from __future__ import annotations
@@ -45,10 +47,18 @@ def _run(cmd, env) -> tuple[float, float]:
     return float(m.group(1)), float(m.group(2))
 
 
+def llama_ffn(args) -> int:
+    from clgpt.model import usual_n_ff
+
+    V, T, C, F, H, L, B = SHAPES[args.shape]
+    return F if args.same_ffn else usual_n_ff("llama", C)
+
+
 def torch_rounds(args):
     """clgpt llama against the PyTorch llama peer: separate processes (PoCL's worker threads and torch's OpenMP
     ones in one process slow torch down up to 10x), alternating clgpt, torch, clgpt, torch, ... in this call."""
     V, T, C, F, H, L, B = SHAPES[args.shape]
+    F = llama_ffn(args)
     here = os.path.dirname(os.path.abspath(__file__))
     flags = (f"--vocab {V} --ctx {T} --embd {C} --ffn {F} --heads {H} --layers {L} --batch {B} "
              f"--steps {args.steps} --arch llama --gemm 0").split()
@@ -81,6 +91,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--what", default="arch,torch")
+    ap.add_argument("--same-ffn", action="store_true")
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args(argv)
     if args.threads > 0:  # before PoCL starts
@@ -100,12 +111,15 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
     batches = [(rng.integers(0, V, (B, T), dtype=np.int32), rng.integers(0, V, (B, T), dtype=np.int32))
                for _ in range(8)]
-    if "torch" in what and "arch" not in what:
+    if "torch" in what and not what & {"arch", "moe"}:
         torch_rounds(args)
         return 0
     runners = {}
-    for arch in ["gpt2", "llama"] if "arch" in what else []:
-        cfg = ModelConfig(arch=arch, vocab_size=V, n_ctx=T, n_embd=C, n_head=H, n_layer=L, n_ff=F)
+    archs = (["gpt2", "llama"] if "arch" in what else []) + (["moe"] if "moe" in what else [])
+    for arch in archs:
+        moe = dict(n_expert=4, n_expert_used=2) if arch == "moe" else {}
+        cfg = ModelConfig(arch="gpt2" if arch == "gpt2" else "llama", vocab_size=V, n_ctx=T, n_embd=C, n_head=H,
+                          n_layer=L, n_ff=F if arch == "gpt2" else llama_ffn(args), **moe)
         params = init_params(cfg, 0)
         eng = make_engine(cfg, params, batch_size=B, seq_len=T, device=dev)
         if args.profile:
@@ -120,13 +134,14 @@ def main(argv=None) -> int:
             eng.step(3e-4, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, clip=1.0)
 
         runners[f"clgpt-{arch}"] = (step, eng.queue.finish)
-    print(f"device: {dev.name}; shape {args.shape}: V={V} T={T} C={C} F={F} H={H} L={L} B={B}; "
+    print(f"device: {dev.name}; shape {args.shape}: V={V} T={T} C={C} F={F} (llama {llama_ffn(args)}) H={H} L={L} "
+          f"B={B}; "
           f"threads {args.threads or 'default'}; load average {open('/proc/loadavg').read().split()[:3]}")
     for name, (fn, sync) in runners.items():  # warmup
         for i in range(3):
             fn(i)
         sync()
-    pairs = [("clgpt-llama", "clgpt-gpt2")]
+    pairs = [p for p in (("clgpt-llama", "clgpt-gpt2"), ("clgpt-moe", "clgpt-llama")) if all(n in runners for n in p)]
     times = {name: [] for name in runners}
     for r in range(args.rounds):
         row = []

@@ -346,10 +346,13 @@ def check_config(config: dict, where: _Where | None = None) -> None:
             )
     qtype = config["export"]["type"]
     if qtype in ("q8_0", "q4_0"):
+        from clgpt.model import ModelConfig
+
+        resolved = {"n_embd": m["n_embd"], "n_ff": ModelConfig.from_dict(m).n_ff}  # n_ff 0: the usual width
         for key in ("n_embd", "n_ff"):
-            if m[key] % 32:
+            if resolved[key] % 32:
                 raise ClgptError(
-                    f"{where(['model', key])}: model.{key}={m[key]} is not a multiple of 32, which export.type={qtype} "
+                    f"{where(['model', key])}: model.{key}={resolved[key]} is not a multiple of 32, which export.type={qtype} "
                     "needs (rows are quantized in blocks of 32); use f32/f16 or change the shape"
                 )
 

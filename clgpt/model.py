@@ -17,6 +17,15 @@ import numpy as np
 from clgpt.errors import ClgptError
 
 
+def usual_n_ff(arch: str, n_embd: int) -> int:
+    """The feed-forward width each architecture is usually built with: gpt2 4 C; llama 2/3 of that, rounded up to
+    a multiple of 32 (llama2.c's rule), so that its three SwiGLU matrices hold what gpt2's two do: the same
+    parameters and matmul FLOPs at the same n_embd."""
+    if arch == "llama":
+        return -(-8 * n_embd // (3 * 32)) * 32
+    return 4 * n_embd
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     arch: str = "gpt2"  # GGUF architecture: gpt2 (LayerNorm, GELU, position table) or llama (see below)
@@ -25,7 +34,7 @@ class ModelConfig:
     n_embd: int = 64  # C
     n_head: int = 2  # H; head dim D = C // H
     n_layer: int = 1  # L
-    n_ff: int = 256  # F
+    n_ff: int = 256  # F; 0 = the architecture's usual width (usual_n_ff)
     tied: bool = True  # output head shares token_embd.weight
     bias: bool = True  # gpt2: False keeps every *.bias at zero and out of training (nanoGPT's bias=False)
     norm_eps: float = 1e-5  # LayerNorm epsilon (gpt2), RMSNorm epsilon (llama)
@@ -36,6 +45,10 @@ class ModelConfig:
     n_expert: int = 0  # E: experts per feed-forward (mixture of experts); 0 = one dense SwiGLU
     n_expert_used: int = 0  # k: experts each token routes to (top-k of the router softmax)
     moe_aux_loss: float = 0.01  # coefficient of the load-balancing loss E * sum_e f_e P_e (0 = off)
+
+    def __post_init__(self):
+        if self.n_ff == 0:
+            object.__setattr__(self, "n_ff", usual_n_ff(self.arch, self.n_embd))
 
     @property
     def kv_heads(self) -> int:

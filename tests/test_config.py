@@ -1,5 +1,6 @@
 """config.yaml validation: defaults, misspelt keys, out-of-range values, shapes that cannot work."""
 
+import numpy as np
 import pytest
 import yaml
 
@@ -19,6 +20,26 @@ def test_empty_config_is_all_defaults():
     assert cfg["model"]["n_ctx"] == 256 and cfg["export"]["type"] == "f32"
 
 
+@pytest.mark.parametrize("arch,n_embd,want", [("llama", 128, 352), ("llama", 384, 1024), ("llama", 256, 704),
+                                              ("llama", 64, 192), ("gpt2", 128, 512), ("gpt2", 384, 1536)])
+def test_n_ff_zero_is_the_architectures_usual_width(arch, n_embd, want):
+    """model.n_ff 0 (the schema's default): gpt2 4 n_embd; llama 2/3 of that up to a multiple of 32, so its three
+    SwiGLU matrices hold what gpt2's two do; an explicit n_ff stays; llama is the default architecture."""
+    from clgpt.model import ModelConfig, param_shapes
+
+    m = validate_config({"model": {"arch": arch, "n_embd": n_embd, "n_head": 4}})["model"]
+    assert m["n_ff"] == 0
+    cfg = ModelConfig.from_dict(m)
+    assert cfg.n_ff == want
+    assert ModelConfig.from_dict({**m, "n_ff": 100}).n_ff == 100
+    if arch == "llama":
+        ffn = lambda c: sum(int(np.prod(s)) for k, s in param_shapes(c).items() if "ffn" in k and len(s) == 2)
+        ratio = ffn(cfg) / ffn(ModelConfig.from_dict({**m, "arch": "gpt2"}))
+        assert 1 <= ratio < 1 + 3 * 32 / (8 * n_embd)  # rounding up to 32 columns adds less than 32
+    assert validate_config({})["model"]["arch"] == "llama"
+    assert ModelConfig.from_dict(load_config("config.yaml")["model"]).n_ff == 352
+
+
 @pytest.mark.parametrize(
     "override, message",
     [
@@ -28,7 +49,7 @@ def test_empty_config_is_all_defaults():
         ({"pretrain": {"steps": 0}}, "pretrain.steps"),
         ({"export": {"type": "q5_k"}}, "export.type"),
         ({"model": {"n_embd": 66, "n_head": 4}}, "model.n_embd=66 is not divisible by model.n_head=4"),
-        ({"model": {"n_ctx": 300}}, "model.n_ctx=300 is not a multiple of 256"),
+        ({"model": {"arch": "gpt2", "n_ctx": 300}}, "model.n_ctx=300 is not a multiple of 256"),
         ({"tokenizer": {"vocab_size": 100}}, "tokenizer.vocab_size"),
         ({"pretrain": {"seq_len": 512}}, "pretrain.seq_len=512 is longer than model.n_ctx=256"),
         ({"model": {"n_embd": 48, "n_head": 4}, "export": {"type": "q8_0"}}, "model.n_embd=48 is not a multiple of 32"),
