@@ -1,5 +1,6 @@
-"""The wgmma GEMM (kernels/matmul_wgmma.cl, sm_90a through clgpt/sm90a.py) against torch.matmul bf16 and
-against clgpt's mma.sync GEMM (kernels/matmul_bf16.cl), in one process on an H100/H200 (issue 15).
+"""The wgmma GEMM (kernels/matmul_wgmma.cl, sm_90a through clgpt/sm90a.py) against torch.matmul bf16, in one
+process on an H100/H200 (issue 15): the kernel alone, on operands already in its tiled layout (as torch.matmul
+gets bf16 tensors); bench/gemm_tc.py times the engine's whole product (copies included).
 
     python bench/gemm_wgmma.py            # PYOPENCL_CTX picks the NVIDIA device
 
@@ -20,9 +21,9 @@ from clgpt.device import get_device  # noqa: E402
 dev = get_device()
 mf = cl.mem_flags
 print("device:", dev.name, flush=True)
-KEYS = ("BM", "BN", "BK", "STAGES", "PIPE", "BULK", "NOLOAD")
-VARIANTS = "128,256,64,4,0,0;128,256,64,4,1,1;128,256,64,4,0,1;128,256,64,3,1,1;256,128,64,4,1,1;128,128,64,4,1,1"
-if os.environ.get("WGMMA_VARIANTS"):  # e.g. "128,256,64,4,1,1;128,128,32,3,0,0,1": KEYS, NOLOAD optional
+KEYS = ("BM", "BN", "STAGES", "PIPE")
+VARIANTS = "128,256,4,1;128,256,3,1;128,256,4,0;256,128,4,1;128,128,4,1"
+if os.environ.get("WGMMA_VARIANTS"):  # e.g. "128,256,4,1;128,128,4,1": KEYS
     VARIANTS = os.environ["WGMMA_VARIANTS"]
 VARIANTS = [dict(zip(KEYS, map(int, c.split(",")))) for c in VARIANTS.split(";")]
 SHAPES = [("4096^2 NT", 4096, 4096, 4096), ("M6 qkv", 16384, 1152, 384), ("M6 fc", 16384, 1536, 384),
@@ -70,35 +71,32 @@ def main():
         flops = 2.0 * M * N * K
         tiles = {}
 
-        def tiled(X, bk):
-            """X (R, K) as the BULK kernels read it: K/bk x R/8 blocks of 8 rows x bk, each 16-byte chunks
-            (8 rows, then k chunks) in order: what kernels/matmul_wgmma.cl's local layout is."""
-            key = (id(X), bk)
-            if key not in tiles:
+        def tiled(X):
+            """X (R, K) as kernels/matmul_wgmma.cl reads it (matmul_bf16.cl's to_bf16 with TILED 1 writes it):
+            K/64 x R/8 atoms of 8 rows x 64 k, row r's 16-byte chunk c at c ^ r."""
+            if id(X) not in tiles:
                 R = X.shape[0]
-                T = np.ascontiguousarray(X.reshape(R // 8, 8, K // bk, bk // 8, 8).transpose(2, 0, 3, 1, 4))
-                tiles[key] = cl.Buffer(dev.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=T)
-            return tiles[key]
+                r = np.arange(8)[:, None]
+                T = X.reshape(R // 8, 8, K // 64, 8, 8).transpose(2, 0, 1, 3, 4)[:, :, r, r ^ np.arange(8)[None, :], :]
+                tiles[id(X)] = cl.Buffer(dev.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(T))
+            return tiles[id(X)]
+
         ta = torch.from_numpy(Af).cuda().to(torch.bfloat16)
         tb = torch.from_numpy(Bf).cuda().to(torch.bfloat16)
         t_torch = best(lambda: ta @ tb.T, torch.cuda.synchronize)
         line = [f"{name} {M}x{N}x{K}", f"torch {flops / t_torch / 1e12:6.1f}"]
         for v in VARIANTS:
-            tag = (f"{v['BM']}x{v['BN']}x{v['BK']}/S{v['STAGES']}{'p' if v['PIPE'] else ''}"
-                   f"{' bulk' if v['BULK'] else ''}{' noload' if v.get('NOLOAD') else ''}")
+            tag = f"{v['BM']}x{v['BN']}/S{v['STAGES']}{'p' if v['PIPE'] else ''}"
             if N % v["BN"] or M % v["BM"]:
                 line.append(f"{tag} -")
                 continue
             try:
-                k = dev.kernel("matmul_wgmma", "matmul_wgmma", **v,
-                               SMEM_BYTES=v["STAGES"] * (v["BM"] + v["BN"]) * v["BK"] * 2 + 64 * v["BULK"])
+                k = dev.kernel("matmul_wgmma", "matmul_wgmma", **v, SMEM_BYTES=v["STAGES"] * (v["BM"] + v["BN"]) * 128 + 64)
             except Exception as e:
                 line.append(f"{tag} build failed: {str(e).strip().splitlines()[-1][:200]}")
                 continue
-            if v["BULK"]:
-                k.set_args(np.int32(M), np.int32(N), np.int32(K), tiled(A, v["BK"]), tiled(B, v["BK"]), c)
-            else:
-                k.set_args(np.int32(M), np.int32(N), np.int32(K), a, b, c)
+            k.set_args(np.int32(M), np.int32(N), np.int32(M), np.int32(N), np.int32(K), tiled(A), tiled(B), c,
+                       np.int32(N), None, None, np.float32(1.0), None)
             nt = 2 * v["BM"]
             run = lambda: cl.enqueue_nd_range_kernel(q, k, (N // v["BN"] * nt, M // v["BM"]), (nt, 1))
             run()
@@ -107,7 +105,7 @@ def main():
             q.finish()
             err = float(np.max(np.abs(C[pick] - want) / (scale + 1e-30)))
             t = best(run, q.finish)
-            ok = "ok" if err < 1e-5 else ("n/a" if v.get("NOLOAD") else f"WRONG {err:.1e}")
+            ok = "ok" if err < 1e-5 else f"WRONG {err:.1e}"
             line.append(f"{tag} {flops / t / 1e12:6.1f} ({t_torch / t:.3f}x, {ok})")
         print(" | ".join(line), flush=True)
         rows.append(line)

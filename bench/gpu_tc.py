@@ -49,12 +49,13 @@ def engine(precision, mma=None):
 
 
 def check():
+    os.environ.setdefault("CLGPT_WGMMA_MIN_MNK", "0")  # on sm_90 every bf16 product on wgmma, however small
     rng = np.random.default_rng(0)
     bad = 0
     for precision in ("bf16", "tf32"):
         tc, port = engine(precision), engine(precision)
         assert tc.mma is not None, "no tensor-core path on this device"
-        port.mma = None  # the portable kernels (matmul.cl, -D ROUND) on the same GPU
+        port.ops.mma = port.ops.bf16 = port.ops.wgmma = None  # the portable kernels (matmul.cl, -D ROUND), same GPU
         rnd = ref.ROUNDERS[precision]
         # rounding: A @ I is exact on either path
         M, K = (256, 128) if not SMALL else (16, 8)

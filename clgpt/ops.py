@@ -27,12 +27,14 @@ import os
 import numpy as np
 import pyopencl as cl
 
+from clgpt import sm90a
 from clgpt.device import Device
 from clgpt.errors import ClgptError
 from clgpt.model import ModelConfig
 from clgpt.precision import ROUND, matrix_path, mma_bk, mma_groups, mma_launch, mma_threads, resolve
 from clgpt.tuning import (MMA_SMALL_GROUPS, MMA_SPLIT_GROUPS, MMA_SPLIT_MIN_K, SMALL_GROUPS, SPLIT_MIN_K,
-                          SPLIT_MIN_TOTAL_K, SPLIT_SMALL_GROUPS, launch_config)
+                          SPLIT_MIN_TOTAL_K, SPLIT_SMALL_GROUPS, WGMMA_MIN_MNK, WGMMA_SPLIT_GROUPS, WGMMA_SPLIT_MIN_K,
+                          launch_config)
 
 F32 = 4
 # Default tiles of the local-memory matmul: TSM x TSN outputs per work-group, TSK deep, WPTM x WPTN outputs
@@ -85,6 +87,11 @@ class Ops:
         self._b16, self._b16_size = [None, None], [0, 0]  # the bf16 copies of op(A), op(B)
         if self.round == 1 and self.mma is not None and self.launch.get("matmul_bf16"):
             self.bf16 = (self.launch["matmul_bf16"], self.launch["matmul_bf16_small"])
+        # bf16 on sm_90 (H100, H200): wgmma (kernels/matmul_wgmma.cl) on tiled copies, (wide, narrow) tiles
+        self.wgmma = None
+        if self.bf16 is not None and self.launch.get("matmul_wgmma") and sm90a.supported(dev.device):
+            self.wgmma = (self.launch["matmul_wgmma"], self.launch["matmul_wgmma_narrow"])
+        self.wgmma_min = int(os.environ.get("CLGPT_WGMMA_MIN_MNK", WGMMA_MIN_MNK))  # 0: every product (checks)
         self.align = max(64, dev.device.mem_base_addr_align // 8 // F32)  # sub-buffer alignment, in floats
         self.rows = int(self.launch.get("rows", 0))  # GPUs: one work-group of `rows` work-items per row
         self.attn_gemm = bool(self.launch.get("attn_gemm", 0)) and seq_len >= self.launch.get("attn_gemm_min_t", 0)
@@ -498,10 +505,13 @@ class Ops:
             elif out[2] == 0x5EED0003:
                 self._bf16_opts = dict(SMEM_CVTA=1)
             else:
-                self.bf16 = None
+                self.bf16 = self.wgmma = None
                 return
         self.k["to_bf16"] = self.dev.kernel("matmul_bf16", "to_bf16", **self._bf16_opts)
         self.k["to_bf16_t"] = self.dev.kernel("matmul_bf16", "to_bf16_t", **self._bf16_opts)
+        if self.wgmma is not None:
+            self.k["to_bf16_tiled"] = self.dev.kernel("matmul_bf16", "to_bf16", TILED=1, **self._bf16_opts)
+            self.k["to_bf16_t_tiled"] = self.dev.kernel("matmul_bf16", "to_bf16_t", TILED=1, **self._bf16_opts)
 
     def _kernel_bf16(self, mm, akc, bkc, bias, resid, accum, epi, split=0):
         key = ("bf16", akc, bkc, bias, resid, accum, epi, split, id(mm))
@@ -520,17 +530,21 @@ class Ops:
                 STAGES=mm.get("STAGES", 2), **extra, **self._bf16_opts)
         return kern
 
-    def to_bf16(self, slot, X, rows, cols, Rp, Cp, trans=False):
+    def to_bf16(self, slot, X, rows, cols, Rp, Cp, trans=False, tiled=False):
         """-> the bf16 copy (Rp x Cp, zero-padded) of X (rows x cols, row-major), or with trans of X.T (X stored
-        (cols, rows)); scratch `slot` (0: A, 1: B). Rp and Cp multiples of 32."""
+        (cols, rows)); scratch `slot` (0: A, 1: B). Rp and Cp multiples of 32. tiled: in matmul_wgmma.cl's
+        layout (matmul_bf16.cl TILED; Rp a multiple of 8, Cp of 64)."""
         nbytes = Rp * Cp * 2
         if self._b16_size[slot] < nbytes:
             self._b16[slot], self._b16_size[slot] = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, nbytes), nbytes
         out = self._b16[slot]
+        suffix = "_tiled" if tiled else ""
         if trans:
-            self._launch(self.k["to_bf16_t"], (Cp, Rp // 4), (32, 8), (i32(rows), i32(cols), X, i32(rows), out, i32(Cp)))
+            self._launch(self.k["to_bf16_t" + suffix], (Cp, Rp // 4), (32, 8),
+                         (i32(rows), i32(cols), X, i32(rows), out, i32(Cp)))
         else:
-            self._launch(self.k["to_bf16"], (Cp // 8, Rp), (4, 32), (i32(rows), i32(cols), X, i32(cols), out, i32(Cp)))
+            self._launch(self.k["to_bf16" + suffix], (Cp // 8, Rp), (4, 32),
+                         (i32(rows), i32(cols), X, i32(cols), out, i32(Cp)))
         return out
 
     def bf16_operands(self, mm, M, N, K, A, B, ta, tb):
@@ -547,6 +561,9 @@ class Ops:
         return A16, True, Kp, B16, True, Kp, Kp
 
     def _matmul_bf16(self, M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E):
+        if self.wgmma is not None and epi != 2 and M * N * K >= self.wgmma_min:
+            self._matmul_wgmma(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E)
+            return
         big, small = self.bf16
         mm = big if mma_groups(big, M, N) >= MMA_SMALL_GROUPS else small
         ops = self.bf16_operands(mm, M, N, K, A, B, ta, tb)
@@ -572,6 +589,43 @@ class Ops:
         kern = self._kernel_bf16(mm, akc, bkc, bias is not None, resid is not None, bool(accum), epi)
         gsize, lsize = mma_launch(mm, M, N)
         self._launch(kern, gsize, lsize, (i32(M), i32(N), i32(Kp), A16, i32(lda), B16, i32(ldb), Cm, i32(N), bias,
+                                          resid, f32(alpha), E))
+
+    # ---- bf16 GEMM on Hopper's wgmma (kernels/matmul_wgmma.cl) ----
+    def _kernel_wgmma(self, mm, bias, resid, accum, epi, split=0):
+        key = ("wgmma", bias, resid, accum, epi, split, id(mm))
+        kern = self._mm.get(key)
+        if kern is None:
+            kern = self._mm[key] = self.dev.kernel(
+                "matmul_wgmma", "matmul_wgmma", BM=mm["BM"], BN=mm["BN"], STAGES=mm["STAGES"], PIPE=mm["PIPE"],
+                BIAS=int(bias), RESID=int(resid), ACCUM=int(accum), EPI=epi, SPLITK=int(bool(split)),
+                SMEM_BYTES=mm["STAGES"] * (mm["BM"] + mm["BN"]) * 128 + 64)
+        return kern
+
+    def _matmul_wgmma(self, M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E):
+        """Cm (M,N) = alpha op(A) @ op(B) [+ ...] on tiled bf16 copies: wgmma, split along K when the output
+        gives too few work-groups (raw parts, then splitk_reduce adds them in order, as the fp32 path does)."""
+        wide, narrow = self.wgmma
+        mm = wide if ceil_to(N, wide["BN"]) * 8 <= ceil_to(N, narrow["BN"]) * 9 else narrow
+        BM, BN = mm["BM"], mm["BN"]
+        Mp, Np, Kp = ceil_to(M, BM), ceil_to(N, BN), ceil_to(max(K, 1), 64)
+        A16 = self.to_bf16(0, A, M, K, Mp, Kp, trans=bool(ta), tiled=True)
+        B16 = self.to_bf16(1, B, N, K, Np, Kp, trans=not tb, tiled=True)
+        groups, gsize, lsize = (Np // BN) * (Mp // BM), (Np // BN * 2 * BM, Mp // BM), (2 * BM, 1)
+        if (K >= SPLIT_MIN_TOTAL_K and bias is None and resid is None and epi == 0
+                and groups < WGMMA_SPLIT_GROUPS):
+            S = min(-(-2 * WGMMA_SPLIT_GROUPS // groups), Kp // WGMMA_SPLIT_MIN_K)
+            if S >= 2:
+                kc = ceil_to(-(-Kp // S), 64)
+                S = -(-Kp // kc)
+                P = self._grow_parts(S * M * N)
+                self._launch(self._kernel_wgmma(mm, False, False, False, 0, split=1), gsize + (S,), lsize + (1,),
+                             (i32(M), i32(N), i32(Mp), i32(Np), i32(Kp), A16, B16, P, i32(N), None, None, f32(1.0),
+                              None, i32(kc)))
+                self.runp("splitk_reduce", (M * N,), i32(M * N), i32(S), i32(bool(accum)), f32(alpha), P, Cm)
+                return
+        kern = self._kernel_wgmma(mm, bias is not None, resid is not None, bool(accum), epi)
+        self._launch(kern, gsize, lsize, (i32(M), i32(N), i32(Mp), i32(Np), i32(Kp), A16, B16, Cm, i32(N), bias,
                                           resid, f32(alpha), E))
 
     def _grow_parts(self, n):

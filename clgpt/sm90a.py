@@ -21,23 +21,29 @@ from clgpt.errors import ClgptError
 MARK = "// @sm90a@ "
 
 
+def patch_ptx(ptx: str, smem_bytes: int | None = None) -> str:
+    """The PTX text for sm_90a: target sm_90 -> sm_90a, MARK comments -> the instructions they carry, and with
+    smem_bytes the local array named `smem` that size and 1024-aligned (wgmma's swizzle atoms)."""
+    ptx, n = re.subn(r"^(\s*\.target\s+)sm_90\b", r"\1sm_90a", ptx, flags=re.M)
+    if n != 1:
+        raise ClgptError("sm90a: the program's PTX names no .target sm_90 (not an sm_90 device?)")
+    if smem_bytes:
+        ptx, n = re.subn(r"\.shared\s+\.align\s+\d+\s+\.b8\s+(\S*smem)\[\d+\]",
+                         rf".shared .align 1024 .b8 \g<1>[{int(smem_bytes)}]", ptx)
+        if n != 1:
+            raise ClgptError("sm90a: no local array named smem in the PTX to give SMEM_BYTES")
+    return ptx.replace(MARK, "")
+
+
 def retarget(ctx: cl.Context, device: cl.Device, prg: cl.Program, smem_bytes: int | None = None) -> cl.Program:
     """The built program `prg` (whose source carries MARK comments) rebuilt for sm_90a from its own PTX.
 
     smem_bytes: the size of the kernel's local array named `smem`. OpenCL C may declare at most 48 KB
     (CL_DEVICE_LOCAL_MEM_SIZE); Hopper gives a block up to 227 KB, and a larger static array in the PTX runs
     (bench/probe_local_size.py), so the kernel declares 48 KB and its PTX array is set to smem_bytes."""
-    ptx = prg.get_info(cl.program_info.BINARIES)[0].decode()
-    ptx, n = re.subn(r"^(\s*\.target\s+)sm_90\b", r"\1sm_90a", ptx, flags=re.M)
-    if n != 1:
-        raise ClgptError("sm90a: the program's PTX names no .target sm_90 (not an sm_90 device?)")
-    if smem_bytes:
-        ptx, n = re.subn(r"(\.shared\s+\.align\s+\d+\s+\.b8\s+\S*smem)\[\d+\]", rf"\g<1>[{int(smem_bytes)}]", ptx)
-        if n != 1:
-            raise ClgptError("sm90a: no local array named smem in the PTX to give SMEM_BYTES")
+    ptx = patch_ptx(prg.get_info(cl.program_info.BINARIES)[0].decode(), smem_bytes)
     verbose = bool(os.environ.get("CLGPT_SM90A_VERBOSE"))  # print ptxas's registers, spills and wgmma warnings
-    out = cl.Program(ctx, [device], [ptx.replace(MARK, "").encode()]).build(
-        options=["-cl-nv-verbose"] if verbose else [])
+    out = cl.Program(ctx, [device], [ptx.encode()]).build(options=["-cl-nv-verbose"] if verbose else [])
     if verbose:
         print(out.get_build_info(device, cl.program_build_info.LOG), flush=True)
     return out

@@ -49,6 +49,19 @@ MMA_SMALL_GROUPS = 132
 # per work-group: STAGES * (BM + BN) * 64 bytes (48 KB without opting in on NVIDIA's OpenCL).
 _NVIDIA_BF16 = dict(kernel="matmul_bf16", BM=128, BN=128, WM=2, WN=4, STAGES=3)
 _NVIDIA_BF16_SMALL = dict(kernel="matmul_bf16", BM=64, BN=64, WM=2, WN=2, STAGES=4)
+# bf16 on Hopper (sm_90a: kernels/matmul_wgmma.cl, clgpt/sm90a.py): wgmma on tiled, swizzled bf16 copies fetched
+# by bulk copies, 128 x 256 outputs per work-group of 2 warpgroups, 4 stages of 64 k (192 KB local memory);
+# outputs narrower than that (N rounded to 256 wasting over 1/8) take 128 x 128. bench/gemm_wgmma.py: 4096^2
+# at 0.82x torch.matmul bf16 on an H200. Products without an epilogue giving fewer than WGMMA_SPLIT_GROUPS
+# work-groups are split along K (chunks >= WGMMA_SPLIT_MIN_K deep).
+_NVIDIA_WGMMA = dict(kernel="matmul_wgmma", BM=128, BN=256, STAGES=4, PIPE=1)
+_NVIDIA_WGMMA_NARROW = dict(kernel="matmul_wgmma", BM=128, BN=128, STAGES=4, PIPE=1)
+WGMMA_SPLIT_GROUPS = 132
+WGMMA_SPLIT_MIN_K = 512
+# Smaller products (M*N*K below this: shape M's, whose work-groups do not fill the device and whose 4 k tiles do
+# not fill the pipeline) and the GELU' epilogue (which reads E: 1 work-group an SM hides its loads poorly)
+# measured faster on the mma.sync kernel (bench/RESULTS_GPU.md), so they stay there.
+WGMMA_MIN_MNK = 2**32
 MMA_SPLIT_GROUPS = 264
 MMA_SPLIT_MIN_K = 256
 # Split-K (GPUs, products with no bias/residual/epilogue whose output gives too few work-groups, chiefly the
@@ -145,13 +158,16 @@ def launch_config(device: cl.Device) -> dict:
     cfg.setdefault("matmul_mma_small", _NVIDIA_MMA_SMALL)
     cfg.setdefault("matmul_bf16", _NVIDIA_BF16)
     cfg.setdefault("matmul_bf16_small", _NVIDIA_BF16_SMALL)
+    cfg.setdefault("matmul_wgmma", _NVIDIA_WGMMA)  # used only on sm_90 devices (clgpt.sm90a.supported)
+    cfg.setdefault("matmul_wgmma_narrow", _NVIDIA_WGMMA_NARROW)
     for key, var in (("matmul_mma", "CLGPT_MMA"), ("matmul_mma_small", "CLGPT_MMA_SMALL"),
-                     ("matmul_bf16", "CLGPT_BF16"), ("matmul_bf16_small", "CLGPT_BF16_SMALL")):
+                     ("matmul_bf16", "CLGPT_BF16"), ("matmul_bf16_small", "CLGPT_BF16_SMALL"),
+                     ("matmul_wgmma", "CLGPT_WGMMA"), ("matmul_wgmma_narrow", "CLGPT_WGMMA_NARROW")):
         spec = os.environ.get(var, "").strip()  # e.g. CLGPT_MMA=BM=128,BN=128,WM=2,WN=2
-        if spec == "off" and key == "matmul_bf16":
+        if spec == "off" and key in ("matmul_bf16", "matmul_wgmma"):
             cfg[key] = None
         elif spec and spec != "off":
-            cfg[key] = dict(_parse(spec), kernel=key.replace("_small", ""))
+            cfg[key] = dict(_parse(spec), kernel=key.replace("_small", "").replace("_narrow", ""))
     if os.environ.get("CLGPT_PRESET", "") in ("0", "1"):
         cfg["preset"] = int(os.environ["CLGPT_PRESET"])
     return cfg

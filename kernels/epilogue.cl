@@ -1,4 +1,5 @@
-// The matmul epilogue, shared (#include "epilogue.cl") by matmul.cl and matmul_mma.cl: one output
+// The matmul epilogue, shared (#include "epilogue.cl") by matmul.cl, matmul_mma.cl, matmul_bf16.cl and
+// matmul_wgmma.cl: one output
 // c = alpha * acc [+ bias] [+ R] [+ C], then EPI (1: also E = gelu(c); 2: c *= gelu'(E); 3: SwiGLU backward,
 // with ldc = 2N: E's row is gate | up, c is dact, C's row gets dgate (returned, columns 0..N-1) and dup (written
 // at column N + gn)).
@@ -41,6 +42,32 @@ inline float epilogue(const float acc, const int gm, const int gn, const int ldc
     const float sg = 1.0f / (1.0f + exp(-g));
     Cm[gm * ldc + ldc / 2 + gn] = c * g * sg;
     c = c * u * sg * (1.0f + g * (1.0f - sg));
+#endif
+    return c;
+}
+
+// The epilogue of two adjacent outputs (gn even, ldc even: 8-byte aligned pairs), the same
+// operations in the same order per output
+inline float2 epilogue2(const float2 acc, const int gm, const int gn, const int ldc, __global float* Cm,
+                        __global const float* bias, __global const float* R, __global float* E, const float alpha)
+{
+    const size_t o = (size_t)gm * ldc + gn;
+    float2 c = alpha * acc;
+#if BIAS
+    c += *(__global const float2*)(bias + gn);
+#endif
+#if RESID
+    c += *(__global const float2*)(R + o);
+#endif
+#if ACCUM
+    c += *(__global const float2*)(Cm + o);
+#endif
+#if EPI == 1
+    *(__global float2*)(E + o) = (float2)(gelu_f(c.x), gelu_f(c.y));
+#elif EPI == 2
+    const float2 e = *(__global const float2*)(E + o);
+    c.x *= gelu_df(e.x);
+    c.y *= gelu_df(e.y);
 #endif
     return c;
 }

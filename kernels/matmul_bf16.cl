@@ -66,32 +66,6 @@
 #include "epilogue.cl"
 #include "precision.cl"
 
-// epilogue.cl's epilogue for two adjacent outputs (gn even, ldc even: 8-byte aligned pairs), the same
-// operations in the same order per output
-inline float2 epilogue2(const float2 acc, const int gm, const int gn, const int ldc, __global float* Cm,
-                        __global const float* bias, __global const float* R, __global float* E, const float alpha)
-{
-    const size_t o = (size_t)gm * ldc + gn;
-    float2 c = alpha * acc;
-#if BIAS
-    c += *(__global const float2*)(bias + gn);
-#endif
-#if RESID
-    c += *(__global const float2*)(R + o);
-#endif
-#if ACCUM
-    c += *(__global const float2*)(Cm + o);
-#endif
-#if EPI == 1
-    *(__global float2*)(E + o) = (float2)(gelu_f(c.x), gelu_f(c.y));
-#elif EPI == 2
-    const float2 e = *(__global const float2*)(E + o);
-    c.x *= gelu_df(e.x);
-    c.y *= gelu_df(e.y);
-#endif
-    return c;
-}
-
 #define NTH (WM * WN * 32)
 #define WTM (BM / WM)  // warp tile rows
 #define WTN (BN / WN)  // warp tile columns
@@ -107,6 +81,17 @@ inline float2 epilogue2(const float2 acc, const int gm, const int gn, const int 
 #define SWZ_MN(k, c, W, MASK) ((k) * (W) * 2 + (((c) ^ ((k) & (MASK))) << 4))  // m/n-contiguous rows, W wide
 
 // ---- fp32 -> bf16 operand copies ----
+#ifndef TILED
+#define TILED 0
+#endif
+// TILED 1: the copies in kernels/matmul_wgmma.cl's operand layout instead of row-major: Kp/64 x Rp/8 atoms of
+// 8 rows x 64 k (1 KB, atoms of one k tile back to back), row r of an atom 128 bytes, its 16-byte chunk c
+// (k 8c..8c+7) stored at chunk c ^ r (wgmma's 128-byte swizzle). Index of the chunk holding (r, k):
+inline size_t tiled_chunk(const int r, const int k, const int Rp)
+{
+    return (((size_t)(k >> 6) * (Rp >> 3) + (r >> 3)) * 8 + (r & 7)) * 8 + (((k >> 3) & 7) ^ (r & 7));
+}
+
 // to_bf16: O (Rp x Kp) = bf16(S (R x K), row stride ld), zeros outside; 8 k a work-item; global (Kp/8, Rp).
 __kernel void to_bf16(const int R, const int K, __global const float* restrict S, const int ld,
                       __global uint4* O, const int Kp)
@@ -122,7 +107,11 @@ __kernel void to_bf16(const int R, const int K, __global const float* restrict S
     w.y = bf16_bits(v[2]) | (bf16_bits(v[3]) << 16);
     w.z = bf16_bits(v[4]) | (bf16_bits(v[5]) << 16);
     w.w = bf16_bits(v[6]) | (bf16_bits(v[7]) << 16);
+#if TILED
+    O[tiled_chunk(r, k, get_global_size(1))] = w;
+#else
     O[((size_t)r * Kp + k) / 8] = w;
+#endif
 }
 
 // to_bf16_t: O (Rp x Kp) = bf16(S^T), S (K x R) with row stride ld; work-group (32, 8) moves a 32 x 32
@@ -143,7 +132,11 @@ void to_bf16_t(const int R, const int K, __global const float* restrict S, const
 #pragma unroll
     for (int i = 0; i < 4; i++) {  // write O rows r0 + ly + 8i, k0 + lx
         const int r = r0 + ly + 8 * i;
+#if TILED
+        O[tiled_chunk(r, k0 + lx, 4 * get_global_size(1)) * 8 + (lx & 7)] = (ushort)bf16_bits(tile[lx][ly + 8 * i]);
+#else
         O[(size_t)r * Kp + k0 + lx] = (ushort)bf16_bits(tile[lx][ly + 8 * i]);
+#endif
     }
 }
 

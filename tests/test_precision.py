@@ -18,6 +18,7 @@ import pyopencl as cl
 import pytest
 
 from clgpt import reference as ref
+from clgpt import sm90a
 from clgpt.config import validate_config
 from clgpt.device import get_device
 from clgpt.engine import Engine
@@ -225,6 +226,48 @@ def test_bf16_copies_round_like_numpy_and_pad_with_zeros(dev, monkeypatch, trans
     want = np.zeros((Rp, Cp), np.uint16)
     want[:rows, :cols] = (ref.round_bf16(X.T if trans else X).view(np.uint32) >> 16).astype(np.uint16)
     assert np.array_equal(out, want)
+
+
+@pytest.mark.parametrize("trans", [False, True])
+def test_bf16_tiled_copies_are_the_wgmma_layout(dev, monkeypatch, trans):
+    """to_bf16 / to_bf16_t with TILED 1 (what kernels/matmul_wgmma.cl reads): the same rounded, zero-padded
+    values, in Kp/64 x Rp/8 atoms of 8 rows x 64 k, row r's 16-byte chunk c stored at c ^ r."""
+    ops = _bf16_ops(monkeypatch)
+    for name in ("to_bf16", "to_bf16_t"):
+        ops.k[name + "_tiled"] = dev.kernel("matmul_bf16", name, TILED=1, **ops._bf16_opts)
+    rows, cols, Rp, Cp = 37, 100, 128, 128
+    X = rng.normal(size=(cols, rows) if trans else (rows, cols)).astype(f32)
+    out = np.empty(Rp * Cp, np.uint16)
+    cl.enqueue_copy(dev.queue, out, ops.to_bf16(0, to_dev(dev, X), rows, cols, Rp, Cp, trans=trans, tiled=True),
+                    is_blocking=True)
+    flat = np.zeros((Rp, Cp), np.uint16)
+    flat[:rows, :cols] = (ref.round_bf16(X.T if trans else X).view(np.uint32) >> 16).astype(np.uint16)
+    r, c, e = np.arange(Rp)[:, None], np.arange(Cp)[None, :] // 8, np.arange(Cp)[None, :] % 8
+    index = ((((c // 8) * (Rp // 8) + r // 8) * 8 + r % 8) * 8 + ((c % 8) ^ (r % 8))) * 8 + e
+    assert np.array_equal(out[index], flat)
+
+
+def test_sm90a_ptx_patch():
+    """clgpt/sm90a.py's rewrite: the target, the marked comments (registers filled in by the compiler) and the
+    local array's size and alignment; PTX for another target is refused."""
+    ptx = (".version 9.0\n.target sm_90, texmode_independent\n.address_size 64\n"
+           ".shared .align 16 .b8 matmul_wgmma_$_smem[49152];\n"
+           "\t// begin inline asm\n\t// @sm90a@ wgmma.fence.sync.aligned;\n\t// end inline asm\n")
+    out = sm90a.patch_ptx(ptx, 196672)
+    assert ".target sm_90a, texmode_independent" in out
+    assert "\twgmma.fence.sync.aligned;" in out and "@sm90a@" not in out
+    assert ".shared .align 1024 .b8 matmul_wgmma_$_smem[196672];" in out
+    assert sm90a.patch_ptx(ptx) == out.replace("align 1024 .b8 matmul_wgmma_$_smem[196672]",
+                                               "align 16 .b8 matmul_wgmma_$_smem[49152]")
+    with pytest.raises(ClgptError, match="no .target sm_90"):
+        sm90a.patch_ptx(ptx.replace("sm_90,", "sm_80,"))
+
+
+@pytest.mark.parametrize("vendor,cc,want", [("NVIDIA Corporation", (9, 0), True), ("NVIDIA Corporation", (8, 0), False),
+                                            ("NVIDIA Corporation", (10, 0), False), ("The pocl project", None, False)])
+def test_wgmma_only_on_sm90(vendor, cc, want):
+    """wgmma (sm_90a) exists on compute capability 9.0 only: not on Ampere, not on Blackwell's sm_100."""
+    assert sm90a.supported(FakeDevice(vendor, cc)) is want
 
 
 class FakeDevice:
