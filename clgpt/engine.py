@@ -89,6 +89,7 @@ class EngineBase:
         self.logits, self.losses, self.lse = buf(N * V), buf(N), buf(N)
         self.dlogits, self.dx, self.dln = buf(N * V), buf(N * C), buf(N * C)
         self.losses_host = np.empty(N, np.float32)
+        self._last_rows = buf(self.B * C)  # next_logits: the final-norm rows of the positions asked for
 
     # ---- what an architecture writes ----
     def _packed(self) -> dict:
@@ -142,6 +143,29 @@ class EngineBase:
         N = Bp * Tp
         self.ops.matmul(N, cfg.vocab_size, cfg.n_embd, self.lnf, self._w_out(), self.logits, tb=1)
         return self._loss(Bp, Tp, targets, mask)
+
+    def next_logits(self, tokens, last) -> np.ndarray:
+        """Logits (B', V) of row b at position last[b]: what forward(tokens)[b, last[b]] holds, bit for bit (the
+        output projection of those rows alone sums each logit over the channels as the whole projection does),
+        without computing or reading back the other positions' logits. Greedy decoding's step."""
+        cfg, q = self.cfg, self.queue
+        tokens = self._check_tokens(tokens)
+        Bp, Tp = tokens.shape
+        last = np.asarray(last, dtype=np.int64)
+        if last.shape != (Bp,) or last.min() < 0 or last.max() >= Tp:
+            raise ClgptError(f"last must hold one position in [0, {Tp}) per row ({Bp} rows)")
+        self._drop, self._fwd = None, None
+        cl.enqueue_copy(q, self.tokens, tokens, is_blocking=False)
+        self._tokens_host = tokens
+        self._forward_body(Bp, Tp)
+        C, V = cfg.n_embd, cfg.vocab_size
+        for b in range(Bp):  # the final-norm rows (N, C) of those positions, gathered
+            cl.enqueue_copy(q, self._last_rows, self.lnf, byte_count=C * 4, src_offset=int(b * Tp + last[b]) * C * 4,
+                            dst_offset=b * C * 4)
+        self.ops.matmul(Bp, V, C, self._last_rows, self._w_out(), self.logits, tb=1)
+        out = np.empty((Bp, V), np.float32)
+        cl.enqueue_copy(q, out, self.logits, is_blocking=True)
+        return out
 
     def _loss(self, Bp, Tp, targets, mask):
         """Logits back to the host when there are no targets, else the masked mean loss (per-token losses

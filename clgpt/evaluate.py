@@ -72,7 +72,8 @@ def greedy_answers(eng, prompts: list[list[int]], max_tokens: int, stop_id: int,
                    desc: str = "answers") -> list[list[int]]:
     """Greedy replies (ids, without the stop id) to many prompts, B at a time: each step runs one forward of
     the batch's rows padded to a multiple of PAD_WIDTH (causal attention: padding after a row's last token
-    changes none of its logits) and appends each unfinished row's argmax. Stops a row as
+    changes none of its logits), the output projection only at each row's last token (Engine.next_logits),
+    and appends each unfinished row's argmax. Stops a row as
     clgpt.generate.Generator does: at the stop id, after max_tokens, or when it fills n_ctx."""
     from tqdm import tqdm
 
@@ -89,11 +90,11 @@ def greedy_answers(eng, prompts: list[list[int]], max_tokens: int, stop_id: int,
             tokens = np.zeros((len(rows), W), dtype=np.int32)  # (rows, W); finished rows ride along unread
             for i, r in enumerate(rows):
                 tokens[i, : min(len(r), W)] = r[:W]
-            logits = eng.forward(tokens)  # (rows, W, V)
+            logits = eng.next_logits(tokens, [len(r) - 1 if on else 0 for r, on in zip(rows, live)])  # (rows, V)
             for i, r in enumerate(rows):
                 if not live[i]:
                     continue
-                t = int(np.argmax(logits[i, len(r) - 1]))
+                t = int(np.argmax(logits[i]))
                 if t == stop_id:
                     live[i] = False
                     continue

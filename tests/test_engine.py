@@ -353,3 +353,21 @@ def test_engine_head_dim_16_vs_reference():
     worst, where = max_rel(grads[1], ref.gpt_backward(cache))
     assert worst < 1e-4, f"grads: max relative diff {worst:.3e} in {where}"
     assert all(np.array_equal(grads[0][k], grads[1][k]) for k in grads[0]), "repeat differs"
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "moe"])
+def test_next_logits_are_the_forward_logits_at_those_positions(arch):
+    """Engine.next_logits (greedy decoding's step: the output projection at one position a row) gives exactly
+    forward's logits there, bit for bit, for rows of different lengths; a position outside a row is an error."""
+    from clgpt.engine import make_engine
+
+    moe = dict(n_expert=4, n_expert_used=2) if arch == "moe" else {}
+    cfg = ModelConfig(arch="gpt2" if arch == "gpt2" else "llama", vocab_size=61, n_ctx=16, n_embd=16, n_head=2,
+                      n_layer=2, n_ff=40, **moe)
+    eng = make_engine(cfg, init_params(cfg, 5), batch_size=4, seq_len=16, device=get_device())
+    tokens = np.random.default_rng(7).integers(0, cfg.vocab_size, (3, 13), dtype=np.int32)
+    last = np.array([12, 0, 6])
+    full = eng.forward(tokens)
+    assert np.array_equal(eng.next_logits(tokens, last), full[np.arange(3), last])
+    with pytest.raises(ClgptError, match="one position in"):
+        eng.next_logits(tokens, [13, 0, 0])
