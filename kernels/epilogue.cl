@@ -3,7 +3,7 @@
 // c = alpha * acc [+ bias] [+ R] [+ C], then EPI (1: also E = gelu(c); 2: c *= gelu'(E); 3: SwiGLU backward,
 // with ldc = 2N: E's row is gate | up, c is dact, C's row gets dgate (returned, columns 0..N-1) and dup (written
 // at column N + gn)).
-// Needs BIAS, RESID, ACCUM, EPI defined first.
+// Needs BIAS, RESID, ACCUM, EPI (and for store_pair SPLITK) defined first.
 #ifndef CLGPT_EPILOGUE_CL
 #define CLGPT_EPILOGUE_CL
 #define GELU_S 0.7978845608028654f
@@ -70,5 +70,30 @@ inline float2 epilogue2(const float2 acc, const int gm, const int gn, const int 
     c.y *= gelu_df(e.y);
 #endif
     return c;
+}
+
+// Two adjacent outputs (gm, gn) and (gm, gn + 1) of a tensor-core tile (matmul_bf16.cl, matmul_wgmma.cl), gm < M
+// and gn < N: one float2 through epilogue2 where both lie inside and pairs (ldc even: 8-byte aligned) is set,
+// else one by one through epilogue; with SPLITK the raw sums.
+inline void store_pair(const float2 v, const int gm, const int gn, const int N, const int ldc, const int pairs,
+                       __global float* Cm, __global const float* bias, __global const float* R, __global float* E,
+                       const float alpha)
+{
+    if (pairs && gn + 1 < N) {
+        __global float2* p = (__global float2*)(Cm + (size_t)gm * ldc + gn);
+#if SPLITK
+        *p = v;
+#else
+        *p = epilogue2(v, gm, gn, ldc, Cm, bias, R, E, alpha);
+#endif
+    } else {
+#if SPLITK
+        Cm[(size_t)gm * ldc + gn] = v.x;
+        if (gn + 1 < N) Cm[(size_t)gm * ldc + gn + 1] = v.y;
+#else
+        Cm[(size_t)gm * ldc + gn] = epilogue(v.x, gm, gn, ldc, Cm, bias, R, E, alpha);
+        if (gn + 1 < N) Cm[(size_t)gm * ldc + gn + 1] = epilogue(v.y, gm, gn + 1, ldc, Cm, bias, R, E, alpha);
+#endif
+    }
 }
 #endif

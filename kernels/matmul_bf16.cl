@@ -341,22 +341,7 @@ void matmul_bf16(const int M, const int N, const int Kp,
                 const int gm = m0 + wm * WTM + 16 * i + g + 8 * h;
                 if (gm >= M || gn >= N) continue;
                 const float2 v = (float2)(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-                if (pairs && gn + 1 < N) {
-                    __global float2* p = (__global float2*)(Cm + (size_t)gm * ldc + gn);
-#if SPLITK
-                    *p = v;
-#else
-                    *p = epilogue2(v, gm, gn, ldc, Cm, bias, R, E, alpha);
-#endif
-                } else {
-#if SPLITK
-                    Cm[(size_t)gm * ldc + gn] = v.x;
-                    if (gn + 1 < N) Cm[(size_t)gm * ldc + gn + 1] = v.y;
-#else
-                    Cm[(size_t)gm * ldc + gn] = epilogue(v.x, gm, gn, ldc, Cm, bias, R, E, alpha);
-                    if (gn + 1 < N) Cm[(size_t)gm * ldc + gn + 1] = epilogue(v.y, gm, gn + 1, ldc, Cm, bias, R, E, alpha);
-#endif
-                }
+                store_pair(v, gm, gn, N, ldc, pairs, Cm, bias, R, E, alpha);
             }
         }
     }

@@ -179,7 +179,7 @@ void matmul_wgmma(const int M, const int N, const int Mp, const int Np, const in
     asm volatile(WGMMA_WAIT0_ASM : WGMMA_ACC_OPERANDS :: "memory");
 #endif
 
-    // outputs: as matmul_bf16.cl's, float2 pairs where ldc is even
+    // outputs: float2 pairs where ldc is even (epilogue.cl store_pair, as matmul_bf16.cl)
     const int g = lane >> 2, t = lane & 3, pairs = (ldc & 1) == 0;
 #pragma unroll
     for (int j = 0; j < BN / 8; j++) {
@@ -189,22 +189,7 @@ void matmul_wgmma(const int M, const int N, const int Mp, const int Np, const in
             const int gm = m0 + wg * 64 + warp * 16 + g + 8 * h;
             if (gm >= M || gn >= N) continue;
             const float2 v = (float2)(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-            if (pairs && gn + 1 < N) {
-                __global float2* p = (__global float2*)(Cm + (size_t)gm * ldc + gn);
-#if SPLITK
-                *p = v;
-#else
-                *p = epilogue2(v, gm, gn, ldc, Cm, bias, R, E, alpha);
-#endif
-            } else {
-#if SPLITK
-                Cm[(size_t)gm * ldc + gn] = v.x;
-                if (gn + 1 < N) Cm[(size_t)gm * ldc + gn + 1] = v.y;
-#else
-                Cm[(size_t)gm * ldc + gn] = epilogue(v.x, gm, gn, ldc, Cm, bias, R, E, alpha);
-                if (gn + 1 < N) Cm[(size_t)gm * ldc + gn + 1] = epilogue(v.y, gm, gn + 1, ldc, Cm, bias, R, E, alpha);
-#endif
-            }
+            store_pair(v, gm, gn, N, ldc, pairs, Cm, bias, R, E, alpha);
         }
     }
 }
