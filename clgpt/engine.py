@@ -128,6 +128,13 @@ class EngineBase:
             raise ClgptError(f"token ids must lie in [0, {V}); got {tokens.min()}..{tokens.max()}")
         return tokens
 
+    def _run_body(self, tokens: np.ndarray, drop):
+        """Checked tokens (B', T') to the device, this forward's dropout (seed, p) or None, then the body into lnf."""
+        self._drop = drop
+        cl.enqueue_copy(self.queue, self.tokens, tokens, is_blocking=False)
+        self._tokens_host = tokens  # keeps the host array alive during the non-blocking copy
+        self._forward_body(*tokens.shape)
+
     def forward(self, tokens, targets=None, mask=None, dropout_seed=None):
         """Mean masked NLL (float) when targets are given, else logits (B', T', V) float32.
         Dropout (the engine's `dropout` > 0) is on only with targets and a dropout_seed (a uint32, see
@@ -136,10 +143,7 @@ class EngineBase:
         tokens = self._check_tokens(tokens)
         Bp, Tp = tokens.shape
         on = self.dropout > 0 and targets is not None and dropout_seed is not None
-        self._drop = (int(dropout_seed) & 0xFFFFFFFF, self.dropout) if on else None
-        cl.enqueue_copy(self.queue, self.tokens, tokens, is_blocking=False)
-        self._tokens_host = tokens  # keeps the host array alive during the non-blocking copy
-        self._forward_body(Bp, Tp)
+        self._run_body(tokens, (int(dropout_seed) & 0xFFFFFFFF, self.dropout) if on else None)
         N = Bp * Tp
         self.ops.matmul(N, cfg.vocab_size, cfg.n_embd, self.lnf, self._w_out(), self.logits, tb=1)
         return self._loss(Bp, Tp, targets, mask)
@@ -154,10 +158,8 @@ class EngineBase:
         last = np.asarray(last, dtype=np.int64)
         if last.shape != (Bp,) or last.min() < 0 or last.max() >= Tp:
             raise ClgptError(f"last must hold one position in [0, {Tp}) per row ({Bp} rows)")
-        self._drop, self._fwd = None, None
-        cl.enqueue_copy(q, self.tokens, tokens, is_blocking=False)
-        self._tokens_host = tokens
-        self._forward_body(Bp, Tp)
+        self._fwd = None
+        self._run_body(tokens, None)
         C, V = cfg.n_embd, cfg.vocab_size
         for b in range(Bp):  # the final-norm rows (N, C) of those positions, gathered
             cl.enqueue_copy(q, self._last_rows, self.lnf, byte_count=C * 4, src_offset=int(b * Tp + last[b]) * C * 4,

@@ -48,6 +48,16 @@ def ceil_to(a: int, b: int) -> int:
     return (a + b - 1) // b * b
 
 
+def split_k_chunks(Kp: int, groups: int, target: int, min_k: int, align: int) -> tuple[int, int] | None:
+    """Split-K for the tensor-core GEMMs: -> (S, kc), Kp cut into S chunks of kc (a multiple of align) so that
+    groups * S comes near 2 * target work-groups with chunks at least min_k deep; None when fewer than 2 fit."""
+    S = min(-(-2 * target // groups), Kp // min_k)
+    if S < 2:
+        return None
+    kc = ceil_to(-(-Kp // S), align)
+    return -(-Kp // kc), kc
+
+
 def matmul_launch(mm: dict, M: int, N: int) -> tuple[tuple[int, int], tuple[int, int]]:
     """-> (global size, local size) of the matmul form `mm` (a clgpt.tuning matmul config) for C (M,N)."""
     if mm["kernel"] == "matmul_rb":
@@ -575,10 +585,9 @@ class Ops:
         groups = mma_groups(mm, M, N)
         if split_k and bias is None and resid is None and epi == 0 and groups < MMA_SPLIT_GROUPS:
             # split-K as the fp32 kernel does: S raw partial products, then splitk_reduce adds them in order
-            S = min(-(-MMA_SPLIT_GROUPS * 2 // groups), Kp // MMA_SPLIT_MIN_K)
-            if S >= 2:
-                kc = ceil_to(-(-Kp // S), 32)
-                S = -(-Kp // kc)
+            plan = split_k_chunks(Kp, groups, MMA_SPLIT_GROUPS, MMA_SPLIT_MIN_K, 32)
+            if plan:
+                S, kc = plan
                 P = self._grow_parts(S * M * N)
                 kern = self._kernel_bf16(mm, akc, bkc, False, False, False, 0, split=1)
                 (gx, gy), lsize = mma_launch(mm, M, N)
@@ -614,10 +623,9 @@ class Ops:
         groups, gsize, lsize = (Np // BN) * (Mp // BM), (Np // BN * 2 * BM, Mp // BM), (2 * BM, 1)
         if (K >= SPLIT_MIN_TOTAL_K and bias is None and resid is None and epi == 0
                 and groups < WGMMA_SPLIT_GROUPS):
-            S = min(-(-2 * WGMMA_SPLIT_GROUPS // groups), Kp // WGMMA_SPLIT_MIN_K)
-            if S >= 2:
-                kc = ceil_to(-(-Kp // S), 64)
-                S = -(-Kp // kc)
+            plan = split_k_chunks(Kp, groups, WGMMA_SPLIT_GROUPS, WGMMA_SPLIT_MIN_K, 64)
+            if plan:
+                S, kc = plan
                 P = self._grow_parts(S * M * N)
                 self._launch(self._kernel_wgmma(mm, False, False, False, 0, split=1), gsize + (S,), lsize + (1,),
                              (i32(M), i32(N), i32(Mp), i32(Np), i32(Kp), A16, B16, P, i32(N), None, None, f32(1.0),
