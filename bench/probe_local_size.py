@@ -17,8 +17,7 @@ print("device:", dev.name, "| CL_DEVICE_LOCAL_MEM_SIZE", dev.local_mem_size)
 mf = cl.mem_flags
 out = cl.Buffer(ctx, mf.READ_WRITE, 256 * 4)
 
-DYN = r"""
-__kernel void k(__local uint* s, __global uint* out, const uint n) {
+BODY = r"""
     const uint t = get_local_id(0);
     for (uint i = t; i < n; i += 256) s[i] = i * 2654435761u;
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -27,17 +26,8 @@ __kernel void k(__local uint* s, __global uint* out, const uint n) {
     out[t] = x;
 }
 """
-STATIC = r"""
-__kernel void k(__global uint* out, const uint n) {
-    __local uint s[12288];
-    const uint t = get_local_id(0);
-    for (uint i = t; i < n; i += 256) s[i] = i * 2654435761u;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    uint x = 0;
-    for (uint i = t; i < n; i += 256) x += (s[n - 1 - i] == (n - 1 - i) * 2654435761u);
-    out[t] = x;
-}
-"""
+DYN = "__kernel void k(__local uint* s, __global uint* out, const uint n) {" + BODY
+STATIC = "__kernel void k(__global uint* out, const uint n) {\n    __local uint s[12288];" + BODY
 
 
 def check(run, n):
