@@ -3,9 +3,24 @@
 // c = alpha * acc [+ bias] [+ R] [+ C], then EPI (1: also E = gelu(c); 2: c *= gelu'(E); 3: SwiGLU backward,
 // with ldc = 2N: E's row is gate | up, c is dact, C's row gets dgate (returned, columns 0..N-1) and dup (written
 // at column N + gn)).
-// Needs BIAS, RESID, ACCUM, EPI (and for store_pair SPLITK) defined first.
+// -D BIAS, RESID, ACCUM, EPI and SPLITK (store_pair) select the operations; each defaults to 0 here.
 #ifndef CLGPT_EPILOGUE_CL
 #define CLGPT_EPILOGUE_CL
+#ifndef BIAS
+#define BIAS 0
+#endif
+#ifndef RESID
+#define RESID 0
+#endif
+#ifndef ACCUM
+#define ACCUM 0
+#endif
+#ifndef EPI
+#define EPI 0
+#endif
+#ifndef SPLITK
+#define SPLITK 0
+#endif
 #define GELU_S 0.7978845608028654f
 
 // gelu(x) and gelu'(x), tanh form, tanh u = 1 - 2 / (exp(2u) + 1) as in gelu.cl

@@ -22,18 +22,6 @@
 #ifndef TB
 #define TB 0
 #endif
-#ifndef BIAS
-#define BIAS 0
-#endif
-#ifndef RESID
-#define RESID 0
-#endif
-#ifndef ACCUM
-#define ACCUM 0
-#endif
-#ifndef EPI
-#define EPI 0
-#endif
 #ifndef LDSV
 #define LDSV 0
 #endif
@@ -77,9 +65,6 @@
 #define LB ((TSK * TSN + NTHREADS - 1) / NTHREADS)
 #ifndef PREF
 #define PREF 0
-#endif
-#ifndef SPLITK
-#define SPLITK 0
 #endif
 #ifndef BATCH
 #define BATCH 0

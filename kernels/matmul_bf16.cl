@@ -21,21 +21,6 @@
 // -D: BM BN WM WN STAGES AKC BKC; BIAS RESID ACCUM EPI SPLITK as matmul.cl; MMA_EMULATE (PoCL tests: the same
 // data movement with cp.async, ldmatrix and mma.sync done by work-group exchanges, bit-exact sums in
 // k order); SMEM_CVTA (1: the local pointer's integer value is a generic address: convert it).
-#ifndef BIAS
-#define BIAS 0
-#endif
-#ifndef RESID
-#define RESID 0
-#endif
-#ifndef ACCUM
-#define ACCUM 0
-#endif
-#ifndef EPI
-#define EPI 0
-#endif
-#ifndef SPLITK
-#define SPLITK 0
-#endif
 #ifndef BM
 #define BM 128
 #endif

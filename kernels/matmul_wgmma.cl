@@ -35,21 +35,6 @@
 #ifndef PIPE
 #define PIPE 1
 #endif
-#ifndef BIAS
-#define BIAS 0
-#endif
-#ifndef RESID
-#define RESID 0
-#endif
-#ifndef ACCUM
-#define ACCUM 0
-#endif
-#ifndef EPI
-#define EPI 0
-#endif
-#ifndef SPLITK
-#define SPLITK 0
-#endif
 #include "epilogue.cl"
 
 #define BK 64
