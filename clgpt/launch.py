@@ -101,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         kept = (f"the last checkpoint is kept at {a.partial}; run again to resume" if a.partial and os.path.exists(a.partial)
                 else "no checkpoint was written yet")
         msg = f"error: {a.stage}: {who} failed: {why}; the stage's outputs were not written; {kept}"
+        if tail and not tail.endswith("\n"):  # a rank's line cut short by MPI_Abort: ours starts a line of its own
+            sys.stderr.write("\n")
         print(msg, file=sys.stderr, flush=True)
         if a.log:
             with open(a.log, "a", encoding="utf-8") as f:
