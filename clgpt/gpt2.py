@@ -24,15 +24,15 @@ class GPT2Engine(EngineBase):
         self.acts = []
         for _ in range(cfg.n_layer):
             a = dict(x=buf(N * C), ln1=buf(N * C), ln1_mean=buf(N), ln1_rstd=buf(N), qkv=buf(N * 3 * C),
-                     att=buf(B * H * T * T), atty=buf(N * C), x_mid=buf(N * C), ln2=buf(N * C), ln2_mean=buf(N),
+                     att=buf(self.ops.att_floats(B, T)), atty=buf(N * C), x_mid=buf(N * C), ln2=buf(N * C), ln2_mean=buf(N),
                      ln2_rstd=buf(N), h=buf(N * F), g=buf(N * F))
-            if self.dropout:
+            if self.dropout and not self.ops.flash:
                 a["att_d"] = buf(B * H * T * T)  # the dropped attention probabilities
             self.acts.append(a)
         self.lnf_mean, self.lnf_rstd = buf(N), buf(N)
         # backward scratch, reused by every layer
         self.datty, self.dqkv = buf(N * C), buf(N * 3 * C)
-        self.dh, self.datt = buf(N * F), buf(B * H * T * T)
+        self.dh, self.datt = buf(N * F), buf(self.ops.att_floats(B, T))
         if self.dropout:  # a residual branch before its dropout (forward), its gradient after (backward)
             self.branch, self.dres = buf(N * C), buf(N * C)
 
@@ -51,7 +51,7 @@ class GPT2Engine(EngineBase):
             ops.matmul(N, 3 * C, C, a["ln1"], p[pre + "attn_qkv.weight"], a["qkv"], tb=1,
                        bias=p[pre + "attn_qkv.bias"])
             drop = self._dropped(i, "attn")
-            ops.attention_forward(Bp, Tp, a["qkv"], a["atty"], a["att"], drop and (*drop, a["att_d"]))
+            ops.attention_forward(Bp, Tp, a["qkv"], a["atty"], a["att"], drop and (*drop, a.get("att_d")))
             if self._drop:
                 ops.matmul(N, C, C, a["atty"], p[pre + "attn_output.weight"], self.branch, tb=1,
                            bias=p[pre + "attn_output.bias"])
@@ -101,7 +101,7 @@ class GPT2Engine(EngineBase):
             ops.matmul(N, C, C, dy, p[pre + "attn_output.weight"], self.datty)
             drop = self._dropped(i, "attn")
             ops.attention_backward(Bp, Tp, self.datty, a["qkv"], a["att"], self.datt, self.dqkv,
-                                   drop and (*drop, a["att_d"]))
+                                   drop and (*drop, a.get("att_d")), out=a["atty"])
             ops.matmul(3 * C, C, N, self.dqkv, a["ln1"], g[pre + "attn_qkv.weight"], ta=1, accum=True)
             if cfg.bias:
                 ops.bias_backward(N, 3 * C, self.dqkv, g[pre + "attn_qkv.bias"])

@@ -98,9 +98,9 @@ class LlamaEngine(EngineBase):
                                                                   RM=RM, LW=64)
         self.acts = []
         for _ in range(L):
-            a = dict(x=buf(N * C), ln1=buf(N * C), r1=buf(N), qkv=buf(N * 3 * C), att=buf(B * H * T * T),
+            a = dict(x=buf(N * C), ln1=buf(N * C), r1=buf(N), qkv=buf(N * 3 * C), att=buf(self.ops.att_floats(B, T)),
                      atty=buf(N * C), x_mid=buf(N * C), ln2=buf(N * C), r2=buf(N))
-            if self.dropout:
+            if self.dropout and not self.ops.flash:
                 a["att_d"] = buf(B * H * T * T)
             if E:
                 R = self.R
@@ -180,7 +180,7 @@ class LlamaEngine(EngineBase):
             ops.matmul(N, C + 2 * Ckv, C, a["ln1"], p[pre + "attn_q+k+v"], hqkv, tb=1)
             ops.rope_forward(N, Tp, hqkv, self.rope_cos, self.rope_sin, a["qkv"])
             drop = self._dropped(i, "attn")
-            ops.attention_forward(Bp, Tp, a["qkv"], a["atty"], a["att"], drop and (*drop, a["att_d"]))
+            ops.attention_forward(Bp, Tp, a["qkv"], a["atty"], a["att"], drop and (*drop, a.get("att_d")))
             if self._drop:
                 ops.matmul(N, C, C, a["atty"], p[pre + "attn_output.weight"], self.branch, tb=1)
                 self._residual(N * C, i, "attn_res", a["x"], self.branch, a["x_mid"])
@@ -248,7 +248,7 @@ class LlamaEngine(EngineBase):
             ops.matmul(N, C, C, dy, p[pre + "attn_output.weight"], self.datty)
             drop = self._dropped(i, "attn")
             ops.attention_backward(Bp, Tp, self.datty, a["qkv"], a["att"], self.datt, self.dqkv,
-                                   drop and (*drop, a["att_d"]))
+                                   drop and (*drop, a.get("att_d")), out=a["atty"])
             dh = self.dqkv if Ckv == C else self.dhqkv  # the q | k | v product's gradient (N, C + 2Ckv)
             ops.rope_backward(N, Tp, self.dqkv, self.rope_cos, self.rope_sin, dh)
             ops.matmul(C + 2 * Ckv, C, N, dh, a["ln1"], g[pre + "attn_q+k+v"], ta=1, accum=True)

@@ -118,8 +118,13 @@ class Ops:
         self.norm_rb, self.norm_cb = self.launch.get("norm_rb", 1), self.launch.get("norm_cb", 1)
         self.k = {}
         self._build_common()
+        # bf16 attention as fused kernels (kernels/flash.cl: no T x T scores) where the bf16 GEMM runs
+        D = cfg.head_dim
+        self.flash = (self.bf16 is not None and D % 16 == 0 and D <= 64
+                      and os.environ.get("CLGPT_FLASH", "on") != "off")
         if self.bf16 is not None:
             self._bf16_setup()
+        self.flash = self.flash and self.bf16 is not None
 
     # ---- kernels ----
     def buf(self, nfloats: int) -> cl.Buffer:
@@ -518,6 +523,11 @@ class Ops:
                 self.bf16 = self.wgmma = None
                 return
         self.k["to_bf16"] = self.dev.kernel("matmul_bf16", "to_bf16", **self._bf16_opts)
+        if self.flash:
+            cfg = self.cfg
+            for kname in ("flash_forward", "flash_backward_dq", "flash_backward_dkv"):
+                self.k[kname] = self.dev.kernel("flash", kname, C=cfg.n_embd, H=cfg.n_head, D=cfg.head_dim,
+                                                SCALE=float(1.0 / math.sqrt(cfg.head_dim)), **self._bf16_opts)
         self.k["to_bf16_t"] = self.dev.kernel("matmul_bf16", "to_bf16_t", **self._bf16_opts)
         if self.wgmma is not None:
             self.k["to_bf16_tiled"] = self.dev.kernel("matmul_bf16", "to_bf16", TILED=1, **self._bf16_opts)
@@ -867,11 +877,22 @@ class Ops:
         self._rows("rmsnorm_param_backward", -(-self.cfg.n_embd // self.norm_cb), (i32(N), dout, x, rstd, dw))
 
     # ---- attention ----
+    def att_floats(self, B: int, T: int) -> int:
+        """Floats of a layer's attention state (att, datt): the probabilities (B,H,T,T), or with flash
+        attention each row's softmax statistic (B,H,T)."""
+        return B * self.cfg.n_head * T * (1 if self.flash else T)
+
     def attention_forward(self, Bp, Tp, qkv, out, att, drop=None):
         """out (B',T',C), att (B',H,T',T') from qkv (B',T',3C). drop = (seed, site, p, att_d): dropout on the
-        probabilities, att_d (B',H,T',T') receives the dropped ones (att keeps the softmax for the backward)."""
+        probabilities, att_d (B',H,T',T') receives the dropped ones (att keeps the softmax for the backward).
+        Flash attention: att holds (B',H,T') row statistics, att_d is unused (the kernels redraw the mask)."""
         cfg = self.cfg
         C, H, D = cfg.n_embd, cfg.n_head, cfg.head_dim
+        if self.flash:
+            seed, site, p = drop[:3] if drop is not None else (0, 0, 0.0)
+            self.run("flash_forward", (-(-Tp // 64) * 128, Bp * H), i32(Tp), qkv, out, att, np.uint32(seed), np.uint32(site),
+                     f32(p), lsize=(128, 1))
+            return
         if drop is not None:
             self._attention_forward_batched(Bp, Tp, qkv, out, att, drop)
             return
@@ -910,10 +931,17 @@ class Ops:
         self.bmm(Tp, D, Tp, nz, H, probs, Tp, (0, H * TT, TT), qkv, 3 * C, (2 * C, T3, D), out, C, (0, Tp * C, D),
                  causal=2, mm=mm)
 
-    def attention_backward(self, Bp, Tp, dout, qkv, att, datt, dqkv, drop=None):
-        """dqkv (B',T',3C) from dout (B',T',C); datt is scratch. drop as in attention_forward."""
+    def attention_backward(self, Bp, Tp, dout, qkv, att, datt, dqkv, drop=None, out=None):
+        """dqkv (B',T',3C) from dout (B',T',C); datt is scratch. drop as in attention_forward. out: the forward's
+        output (B',T',C), which flash attention's backward reads."""
         cfg = self.cfg
         C, H, D = cfg.n_embd, cfg.n_head, cfg.head_dim
+        if self.flash:
+            seed, site, p = drop[:3] if drop is not None else (0, 0, 0.0)
+            g, tail = (-(-Tp // 64) * 128, Bp * H), (np.uint32(seed), np.uint32(site), f32(p))
+            self.run("flash_backward_dq", g, i32(Tp), dout, qkv, out, att, datt, dqkv, *tail, lsize=(128, 1))
+            self.run("flash_backward_dkv", g, i32(Tp), dout, qkv, att, datt, dqkv, *tail, lsize=(128, 1))
+            return
         if drop is None and not self.attn_gemm:
             self.runp("attention_backward_query", (Tp, Bp * H), i32(Bp), i32(Tp), dout, qkv, att, datt, dqkv)
             if "attention_backward_key_rb" in self.k:

@@ -50,6 +50,7 @@
 #endif
 #include "epilogue.cl"
 #include "precision.cl"
+#include "mma_bf16.cl"
 
 #define NTH (WM * WN * 32)
 #define WTM (BM / WM)  // warp tile rows
@@ -137,12 +138,6 @@ void to_bf16_t(const int R, const int K, __global const float* restrict S, const
 #define LDSM_X4_T(r0, r1, r2, r3, addr)                                                    \
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"    \
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr) : "memory")
-#define MMA16816(d, a, b0, b1)                                                                         \
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, " \
-        "{%10,%11,%12,%13};"                                                                           \
-        : "=f"((d)[0]), "=f"((d)[1]), "=f"((d)[2]), "=f"((d)[3])                                       \
-        : "r"((a)[0]), "r"((a)[1]), "r"((a)[2]), "r"((a)[3]), "r"(b0), "r"(b1), "f"((d)[0]),          \
-          "f"((d)[1]), "f"((d)[2]), "f"((d)[3]))
 #else
 // Emulation: local "addresses" are byte offsets into smem; each warp's lanes exchange through xw.
 #define CP_ASYNC(dst, src) (*(__local uint4*)((__local uchar*)smem + (dst)) = *(__global const uint4*)(src))
@@ -170,28 +165,6 @@ inline void ldsm_x4(uint* r, const uint addr, __local uint* smem, __local uint* 
     } while (0)
 #define LDSM_X4(r0, r1, r2, r3, addr) LDSM_X4_(r0, r1, r2, r3, addr, 0)
 #define LDSM_X4_T(r0, r1, r2, r3, addr) LDSM_X4_(r0, r1, r2, r3, addr, 1)
-inline float bf16_half(const uint w, const int hi) { return as_float((hi ? (w >> 16) : (w & 0xFFFFu)) << 16); }
-inline void mma_emulate(float* d, const uint* a, const uint b0, const uint b1, __local uint* xw, const int lane)
-{
-    __local uint* xa = xw + 32;   // 4 words a lane
-    __local uint* xb = xw + 160;  // 2 words a lane
-    for (int q = 0; q < 4; q++) xa[4 * lane + q] = a[q];
-    xb[2 * lane] = b0; xb[2 * lane + 1] = b1;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    const int g = lane >> 2, t = lane & 3;
-    for (int c = 0; c < 4; c++) {
-        const int r = g + 8 * (c >> 1), n = 2 * t + (c & 1);
-        float s = d[c];
-        for (int k = 0; k < 16; k++) {
-            const float av = bf16_half(xa[4 * ((r & 7) * 4 + ((k & 7) >> 1)) + (r >> 3) + 2 * (k >> 3)], k & 1);
-            const float bv = bf16_half(xb[2 * (n * 4 + ((k & 7) >> 1)) + (k >> 3)], k & 1);
-            s += av * bv;
-        }
-        d[c] = s;
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-}
-#define MMA16816(d, a, b0, b1) mma_emulate(d, a, b0, b1, xw, lane)
 #endif
 
 #if SPLITK

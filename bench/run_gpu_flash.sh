@@ -1,0 +1,27 @@
+#!/bin/bash
+# One device call for flash attention (issue 15): bench/flash_check.py (the kernels on the tensor cores against
+# float64, and attention forward + backward against the batched form and PyTorch's SDPA), then training at M, M6
+# and L in bf16 with flash attention and without (CLGPT_FLASH=off) beside PyTorch torch.compile + bf16 autocast +
+# SDPA + fused AdamW. From the repository root (carry .whl).
+source "$(dirname "$0")/gpu_env.sh"  # wheels into /tmp/site, NVIDIA's OpenCL
+export PYOPENCL_CTX=0
+O=${OUT:-/tmp/out}; mkdir -p $O
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+timeout 150 python3 bench/flash_check.py 2>&1 | grep -v Warn | tee $O/flash.txt
+grep -q "flash check: passed" $O/flash.txt || { echo "flash check failed: stopping"; exit 1; }
+M="--vocab 4096 --ctx 256 --embd 256 --ffn 1024 --heads 4 --layers 4 --batch 8"
+M6="--vocab 4096 --ctx 256 --embd 384 --ffn 1536 --heads 6 --layers 6 --batch 64"
+L="--vocab 8192 --ctx 512 --embd 768 --ffn 3072 --heads 12 --layers 12 --batch 16"
+for shape in ${SHAPES:-M6 L M}; do
+  eval args=\$$shape; steps=30; [ $shape = L ] && steps=10
+  for f in on off; do
+    echo "== $shape clgpt bf16 flash $f" | tee -a $O/train.txt
+    CLGPT_FLASH=$f timeout 60 python3 -m clgpt bench $args --steps $steps --gemm 0 \
+      --precision bf16 2>&1 | grep "train:" | tee -a $O/train.txt
+  done
+  echo "== $shape torch nanogpt (compile, bf16 autocast, SDPA, fused AdamW)" | tee -a $O/train.txt
+  timeout 120 python3 bench/bench_torch.py $args --steps $steps --warmup 5 --device cuda --nanogpt 2>&1 | grep "train:" | tee -a $O/train.txt
+done
+[ -n "$PROFILE" ] && CLGPT_BENCH_PROFILE=1 timeout 60 python3 -m clgpt bench $M6 --steps 5 --gemm 0 --precision bf16 2>&1 \
+  | grep -v Warn | tail -40 | tee $O/profile.txt
+exit 0

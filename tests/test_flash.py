@@ -1,0 +1,146 @@
+"""Flash attention (kernels/flash.cl): the fused causal attention the bf16 path runs on NVIDIA tensor cores, here
+with its mma and quad shuffles emulated (MMA_EMULATE=1, PoCL), against the float64 reference (clgpt/reference.py)
+and finite differences, with and without dropout; and in the engine, against the batched form it replaces.
+
+Tolerance (bf16 operands: q, k, v, dout, the probabilities and their gradient rounded to 8 significant bits;
+fp32 sums and softmax): relative to the largest |value| of each output, 1e-2 (twice 2^-7); errors are also
+required to exceed 1e-5, so an fp32 path (or no rounding) would fail the check as well.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyopencl as cl
+import pytest
+
+from clgpt import reference as ref
+from clgpt.device import get_device
+from clgpt.dropout import scale_mask
+from clgpt.engine import Engine
+from clgpt.model import ModelConfig, init_params
+
+# one set of widths for every test here: PoCL compiles the emulated kernels once (about a minute)
+B, T, C, H = 2, 70, 32, 2  # T: two 64-row blocks, the second partial
+D = C // H
+TOL = 1e-2
+i32, u32, f32 = np.int32, np.uint32, np.float32
+
+
+@pytest.fixture(scope="module")
+def dev():
+    return get_device()
+
+
+def _kernels(dev):
+    kw = dict(C=C, H=H, D=D, SCALE=float(1.0 / math.sqrt(D)), MMA_EMULATE=1)
+    return [dev.kernel("flash", n, **kw) for n in ("flash_forward", "flash_backward_dq", "flash_backward_dkv")]
+
+
+def _run(dev, qkv, dout, p=0.0, seed=0, site=0):
+    """-> out (B,T,C), dqkv (B,T,3C), lse (B,H,T) from the three kernels."""
+    fwd, bdq, bdkv = _kernels(dev)
+    mf, q = cl.mem_flags, dev.queue
+    bq = cl.Buffer(dev.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(qkv, f32))
+    bd = cl.Buffer(dev.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(dout, f32))
+    bo, bl = cl.Buffer(dev.ctx, mf.READ_WRITE, B * T * C * 4), cl.Buffer(dev.ctx, mf.READ_WRITE, B * H * T * 4)
+    bdl, bg = cl.Buffer(dev.ctx, mf.READ_WRITE, B * H * T * 4), cl.Buffer(dev.ctx, mf.READ_WRITE, B * T * 3 * C * 4)
+    g, lsz, tail = (-(-T // 64) * 128, B * H), (128, 1), (u32(seed), u32(site), f32(p))
+    fwd(q, g, lsz, i32(T), bq, bo, bl, *tail)
+    bdq(q, g, lsz, i32(T), bd, bq, bo, bl, bdl, bg, *tail)
+    bdkv(q, g, lsz, i32(T), bd, bq, bl, bdl, bg, *tail)
+    out, dqkv, lse = np.empty((B, T, C), f32), np.empty((B, T, 3 * C), f32), np.empty((B, H, T), f32)
+    for host, buf in ((out, bo), (dqkv, bg), (lse, bl)):
+        cl.enqueue_copy(q, host, buf)
+    q.finish()
+    return out, dqkv, lse
+
+
+def _rel(got, want):
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+@pytest.mark.parametrize("p", [0.0, 0.2])
+def test_flash_attention_against_float64_and_deterministic(dev, p):
+    """out, dq, dk, dv and the softmax statistic within bf16's tolerance of float64 (dropout drawing the same
+    mask as the batched form, index (b*H + h, query, key)); a second run gives the same bytes."""
+    r = np.random.default_rng(11)
+    qkv, dout = r.normal(size=(B, T, 3 * C)).astype(f32), r.normal(size=(B, T, C)).astype(f32)
+    seed, site = 0xC0FFEE, 7
+    dmask = scale_mask(seed, site, (B, H, T, T), p) if p else None
+    out, dqkv, lse = _run(dev, qkv, dout, p, seed, site)
+    want, att = ref.attention_forward(qkv, H, dmask)
+    dwant = ref.attention_backward(dout, qkv, att, H, dmask)
+    for name, got, w in (("out", out, want), ("dq", dqkv[..., :C], dwant[..., :C]),
+                         ("dk", dqkv[..., C:2 * C], dwant[..., C:2 * C]), ("dv", dqkv[..., 2 * C:], dwant[..., 2 * C:])):
+        err = _rel(got, w)
+        assert 1e-5 < err < TOL, f"flash {name} (p={p}): relative error {err:.2e}"
+    # lse: log2 of each row's sum of exp2 over scores in the log2 domain
+    x = qkv.astype(np.float64).reshape(B, T, 3, H, D)
+    s = np.einsum("bihd,bjhd->bhij", x[:, :, 0], x[:, :, 1]) / math.sqrt(D) * math.log2(math.e)
+    s = np.where(np.tril(np.ones((T, T), bool)), s, -np.inf)
+    lse_want = np.log2(np.exp2(s - s.max(-1, keepdims=True)).sum(-1)) + s.max(-1)
+    assert np.abs(lse - lse_want).max() < TOL * np.abs(lse_want).max()
+    again = _run(dev, qkv, dout, p, seed, site)
+    assert all(np.array_equal(a, b) for a, b in zip((out, dqkv, lse), again))
+
+
+def test_flash_backward_against_finite_differences(dev):
+    """The kernels' gradient of sum(out * R) along random directions equals central differences of the float64
+    attention, within bf16's tolerance."""
+    r = np.random.default_rng(5)
+    qkv, R = r.normal(size=(B, T, 3 * C)), r.normal(size=(B, T, C))
+    _, dqkv, _ = _run(dev, qkv.astype(f32), R.astype(f32))
+    f = lambda x: float((ref.attention_forward(x, H)[0] * R).sum())  # noqa: E731
+    for _ in range(3):
+        v = r.normal(size=qkv.shape)
+        eps = 1e-4
+        fd = (f(qkv + eps * v) - f(qkv - eps * v)) / (2 * eps)
+        got = float((dqkv.astype(np.float64) * v).sum())
+        assert abs(got - fd) < 0.02 * abs(fd), f"directional derivative {got} vs finite differences {fd}"
+
+
+def _engine(monkeypatch, flash, arch="gpt2", heads=H):
+    monkeypatch.setenv("CLGPT_LAUNCH", "nvidia")
+    monkeypatch.setenv("CLGPT_MMA_EMULATE", "1")
+    monkeypatch.setenv("CLGPT_FLASH", "on" if flash else "off")
+    from test_precision import BF16_TILES  # small tiles: PoCL compiles them quickly
+    monkeypatch.setenv("CLGPT_MMA", "BM=32,BN=32,WM=2,WN=2")
+    monkeypatch.setenv("CLGPT_MMA_SMALL", "BM=32,BN=16,WM=1,WN=1")
+    monkeypatch.setenv("CLGPT_BF16", BF16_TILES["4warps"])
+    monkeypatch.setenv("CLGPT_BF16_SMALL", BF16_TILES["1warp"])
+    cfg = ModelConfig(vocab_size=32, n_ctx=T, n_embd=C, n_head=heads, n_layer=2, n_ff=64, arch=arch)
+    return Engine(cfg, init_params(cfg, 0), batch_size=B, seq_len=T, precision="bf16", dropout=0.2)
+
+
+def test_engine_flash_matches_the_batched_form_with_dropout(dev, monkeypatch):
+    """A bf16 engine with dropout: flash attention (no T x T state: att holds (B,H,T) floats) gives the loss and
+    every gradient of the batched form (T x T probabilities through the GEMM) within bf16's tolerance."""
+    r = np.random.default_rng(7)
+    tok, tgt = (r.integers(0, 32, size=(B, T)).astype(np.int32) for _ in range(2))
+    res = {}
+    for flash in (True, False):
+        eng = _engine(monkeypatch, flash)
+        assert eng.ops.flash is flash
+        assert eng.ops.att_floats(B, T) == B * H * T * (1 if flash else T)
+        loss = eng.forward(tok, tgt, dropout_seed=99)
+        eng.zero_grad()
+        eng.backward()
+        res[flash] = loss, eng.get_grads()
+    assert abs(res[True][0] - res[False][0]) < 1e-3 * abs(res[False][0])
+    for name, g in res[False][1].items():
+        err = _rel(res[True][1][name], g)
+        assert err < TOL, f"grad {name}: flash vs batched {err:.2e}"
+
+
+def test_flash_needs_the_bf16_path_and_a_head_width_of_16_to_64(dev, monkeypatch):
+    """Flash runs where the bf16 GEMM does and the head width is a multiple of 16 up to 64; CLGPT_FLASH=off
+    turns it off; PoCL without emulation (the CPU path) never takes it."""
+    monkeypatch.delenv("CLGPT_MMA_EMULATE", raising=False)
+    monkeypatch.setenv("CLGPT_LAUNCH", "cpu")
+    cfg = ModelConfig(vocab_size=32, n_ctx=16, n_embd=C, n_head=H, n_layer=1, n_ff=64)
+    assert not Engine(cfg, init_params(cfg, 0), batch_size=1, seq_len=16, precision="bf16").ops.flash
+    assert _engine(monkeypatch, True).ops.flash and not _engine(monkeypatch, False).ops.flash
+    eng = _engine(monkeypatch, True, heads=4)  # head width 8
+    assert eng.ops.bf16 is not None and not eng.ops.flash
