@@ -26,4 +26,13 @@ echo "clgpt pretrain stage ($PRECISION) rc=$? wall $(python3 -c "print(round($(d
 grep -E "step (2000|5000):" $OUT/nanogpt.log | tail -2
 python3 -c "
 import csv; rows = [r for r in csv.DictReader(open('results/pretrain/log.csv')) if r.get('val_loss')]
-print('clgpt best held-out loss', min(float(r['val_loss']) for r in rows), 'at step', min(rows, key=lambda r: float(r['val_loss']))['step'])"
+print('clgpt best held-out loss', min(float(r['val_loss']) for r in rows), 'at step', min(rows, key=lambda r: float(r['val_loss']))['step'])
+# where the stage's time went: the steps (tokens / tokens_per_s of each step) and the rest between the first and
+# last logged step (evaluations, checkpoints, logging); before the first step: start-up, setup, kernel builds
+rows = list(csv.DictReader(open('results/pretrain/log.csv')))
+steps = sum(16384 / float(r['tokens_per_s']) for r in rows)
+span = float(rows[-1]['elapsed_s'])
+print(f'clgpt steps {steps:.1f} s ({1e3 * steps / len(rows):.2f} ms a step, {len(rows)} steps), '
+      f'logged span {span:.1f} s, between steps {span - steps:.1f} s')"
+grep -E "^iter (100|1000|2000|3000|4000|4900):" $OUT/nanogpt.log
+cp results/pretrain/log.csv $OUT/clgpt_log.csv

@@ -106,7 +106,7 @@ class Ops:
         self.rows = int(self.launch.get("rows", 0))  # GPUs: one work-group of `rows` work-items per row
         self.attn_gemm = bool(self.launch.get("attn_gemm", 0)) and seq_len >= self.launch.get("attn_gemm_min_t", 0)
         self.preset = bool(self.launch.get("preset", 0))
-        self._plans = {}  # preset launches: (kernel, gsize, lsize, args) -> a cl.Kernel with those args set
+        self._plans = {}  # preset launches: (kernel, gsize, lsize, buffers) -> [a cl.Kernel, the args it holds]
         self._scratch, self._scratch_size = [None, None], [0, 0]  # transposed B, A for matmul_rb
         self._parts, self._parts_size = None, 0  # split-K partial products (GPUs)
         self._cparts, self._cparts_size = None, 0  # column-sum partials (GPUs)
@@ -227,24 +227,28 @@ class Ops:
         self._launch(self.k[name], gsize, lsize, args)
 
     def _launch(self, kern, gsize, lsize, args):
-        """kern(queue, gsize, lsize, *args); with `preset`, through a cl.Kernel kept per (kernel, sizes, args)
-        whose arguments were set once: a repeated launch (every step of training) is one enqueue."""
+        """kern(queue, gsize, lsize, *args); with `preset`, through a cl.Kernel kept per (kernel, sizes, buffers)
+        whose arguments were set once: a repeated launch (every step of training) is one enqueue, and one whose
+        scalars change every step (a dropout seed, AdamW's bias corrections) sets them again on the same
+        cl.Kernel instead of making a new one each step."""
         if not self.preset or not isinstance(kern, cl.Kernel):
             kern(self.queue, gsize, lsize, *args)
             return
-        key = (kern.int_ptr, tuple(gsize), lsize and tuple(lsize), args)
+        key = (kern.int_ptr, tuple(gsize), lsize and tuple(lsize),
+               tuple(a if isinstance(a, cl.MemoryObjectHolder) else None for a in args))
         try:
-            k = self._plans.get(key)
+            plan = self._plans.get(key)
         except TypeError:  # an unhashable argument: launch it plainly
             kern(self.queue, gsize, lsize, *args)
             return
-        if k is None:
+        if plan is None:
             if len(self._plans) >= 4096:
                 self._plans.clear()
-            k = cl.Kernel(kern.program, kern.function_name)
-            k.set_args(*args)
-            self._plans[key] = k
-        cl.enqueue_nd_range_kernel(self.queue, k, gsize, lsize)
+            plan = self._plans[key] = [cl.Kernel(kern.program, kern.function_name), None]
+        if plan[1] != args:
+            plan[0].set_args(*args)
+            plan[1] = args
+        cl.enqueue_nd_range_kernel(self.queue, plan[0], gsize, lsize)
 
     def runp(self, name, gsize, *args):
         """run with the device's fixed local size, the global size padded to it (the kernel bounds-checks).

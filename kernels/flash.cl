@@ -64,12 +64,13 @@ inline float quad_sum(float x) { x += shfl_xor(x, 1); return x + shfl_xor(x, 2);
 inline uint pack2(const float lo, const float hi) { return bf16_bits(lo) | (bf16_bits(hi) << 16); }
 
 // Rows r0..r0+63 (zeros from row T on) of D columns of src (row stride ld) as bf16 into dst: [row][DP]
-// (trans 0) or [column][KP] (trans 1).
+// (trans 0) or [column][KP] (trans 1). 4 columns a work-item; transposed, consecutive work-items take
+// consecutive rows, so a warp's 16-bit stores fill consecutive words (no bank conflicts).
 inline void stage(__local ushort* dst, const int trans, __global const float* src, const int ld, const int r0,
                   const int T)
 {
     for (int e = get_local_id(0); e < BQ * D / 4; e += NTH) {
-        const int r = e / (D / 4), c = 4 * (e % (D / 4));
+        const int r = trans ? e % BQ : e / (D / 4), c = 4 * (trans ? e / BQ : e % (D / 4));
         float4 v = (float4)(0.0f);
         if (r0 + r < T) v = vload4(0, src + (size_t)(r0 + r) * ld + c);
         if (!trans) {
