@@ -7,7 +7,9 @@ source "$(dirname "$0")/gpu_env.sh"  # wheels into /tmp/site, NVIDIA's OpenCL
 export PYOPENCL_CTX=0
 O=${OUT:-/tmp/out}; mkdir -p $O
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-timeout 150 python3 bench/flash_check.py 2>&1 | grep -v Warn | tee $O/flash.txt
+timeout 90 python3 bench/gpu_tc.py check 2>&1 | grep -v Warn | tail -3 | tee $O/check.txt
+CLGPT_NV_VERBOSE=1 PYOPENCL_COMPILER_OUTPUT=1 timeout 150 python3 bench/flash_check.py 2>&1 \
+  | grep -v "Warn\|lambda\|^$" | grep -i "flash\|check\|ms\|registers\|spill\|error" | tee $O/flash.txt
 grep -q "flash check: passed" $O/flash.txt || { echo "flash check failed: stopping"; exit 1; }
 M="--vocab 4096 --ctx 256 --embd 256 --ffn 1024 --heads 4 --layers 4 --batch 8"
 M6="--vocab 4096 --ctx 256 --embd 384 --ffn 1536 --heads 6 --layers 6 --batch 64"

@@ -63,23 +63,31 @@ inline float quad_sum(float x) { x += shfl_xor(x, 1); return x + shfl_xor(x, 2);
 
 inline uint pack2(const float lo, const float hi) { return bf16_bits(lo) | (bf16_bits(hi) << 16); }
 
-// Rows r0..r0+63 (zeros from row T on) of D columns of src (row stride ld) as bf16 into dst: [row][DP]
-// (trans 0) or [column][KP] (trans 1). 4 columns a work-item; transposed, consecutive work-items take
-// consecutive rows, so a warp's 16-bit stores fill consecutive words (no bank conflicts).
-inline void stage(__local ushort* dst, const int trans, __global const float* src, const int ld, const int r0,
-                  const int T)
+// A 64-row block in two steps, so its global loads are in flight while the work-group computes on the block
+// before: fetch reads rows r0..r0+63 (zeros from row T on) of D columns of src (row stride ld) into registers,
+// 4 columns a load, consecutive work-items on consecutive rows; put stores them as bf16 into dst [row][DP]
+// and/or dstT [column][KP] (a warp's 16-bit transposed stores then fill consecutive words: no bank conflicts).
+#define NPER (BQ * D / 4 / NTH)
+inline void fetch(float4* v, __global const float* src, const int ld, const int r0, const int T)
 {
-    for (int e = get_local_id(0); e < BQ * D / 4; e += NTH) {
-        const int r = trans ? e % BQ : e / (D / 4), c = 4 * (trans ? e / BQ : e % (D / 4));
-        float4 v = (float4)(0.0f);
-        if (r0 + r < T) v = vload4(0, src + (size_t)(r0 + r) * ld + c);
-        if (!trans) {
-            *(__local uint2*)(dst + r * DP + c) = (uint2)(pack2(v.x, v.y), pack2(v.z, v.w));
-        } else {
-            dst[(c + 0) * KP + r] = (ushort)bf16_bits(v.x);
-            dst[(c + 1) * KP + r] = (ushort)bf16_bits(v.y);
-            dst[(c + 2) * KP + r] = (ushort)bf16_bits(v.z);
-            dst[(c + 3) * KP + r] = (ushort)bf16_bits(v.w);
+#pragma unroll
+    for (int i = 0; i < NPER; i++) {
+        const int e = get_local_id(0) + i * NTH, r = e % BQ, c = 4 * (e / BQ);
+        v[i] = r0 + r < T ? vload4(0, src + (size_t)(r0 + r) * ld + c) : (float4)(0.0f);
+    }
+}
+
+inline void put(const float4* v, __local ushort* dst, __local ushort* dstT)
+{
+#pragma unroll
+    for (int i = 0; i < NPER; i++) {
+        const int e = get_local_id(0) + i * NTH, r = e % BQ, c = 4 * (e / BQ);
+        if (dst) *(__local uint2*)(dst + r * DP + c) = (uint2)(pack2(v[i].x, v[i].y), pack2(v[i].z, v[i].w));
+        if (dstT) {
+            dstT[(c + 0) * KP + r] = (ushort)bf16_bits(v[i].x);
+            dstT[(c + 1) * KP + r] = (ushort)bf16_bits(v[i].y);
+            dstT[(c + 2) * KP + r] = (ushort)bf16_bits(v[i].z);
+            dstT[(c + 3) * KP + r] = (ushort)bf16_bits(v[i].w);
         }
     }
 }
@@ -125,11 +133,18 @@ void flash_forward(const int T, __global const float* restrict qkv, __global flo
 #pragma unroll
     for (int j = 0; j < ND; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
     const float keep = 1.0f / (1.0f - p);
+    float4 kr[NPER], vr[NPER];
+    fetch(kr, base + C, 3 * C, 0, T);
+    fetch(vr, base + 2 * C, 3 * C, 0, T);
     for (int kb = 0; kb <= qb; kb++) {
         barrier(CLK_LOCAL_MEM_FENCE);
-        stage(Ks, 0, base + C, 3 * C, kb * BQ, T);
-        stage(Vt, 1, base + 2 * C, 3 * C, kb * BQ, T);
+        put(kr, Ks, 0);
+        put(vr, 0, Vt);
         barrier(CLK_LOCAL_MEM_FENCE);
+        if (kb < qb) {  // the next block's loads, in flight during this one's products
+            fetch(kr, base + C, 3 * C, (kb + 1) * BQ, T);
+            fetch(vr, base + 2 * C, 3 * C, (kb + 1) * BQ, T);
+        }
         float s[8][4];
 #pragma unroll
         for (int j = 0; j < 8; j++) {
@@ -151,7 +166,7 @@ void flash_forward(const int T, __global const float* restrict qkv, __global flo
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             mx[i] = QUAD_MAX(mx[i]);
-            const float alpha = exp2(m[i] - mx[i]);
+            const float alpha = native_exp2(m[i] - mx[i]);
             m[i] = mx[i];
             l[i] *= alpha;
 #pragma unroll
@@ -161,7 +176,7 @@ void flash_forward(const int T, __global const float* restrict qkv, __global flo
         for (int j = 0; j < 8; j++)
 #pragma unroll
             for (int c = 0; c < 4; c++) {
-                float e = exp2(s[j][c] - m[c >> 1]);
+                float e = native_exp2(s[j][c] - m[c >> 1]);
                 l[c >> 1] += e;
                 if (p > 0.0f) {
                     const int row = r0 + g + 8 * (c >> 1), key = kb * BQ + 8 * j + 2 * t + (c & 1);
@@ -228,12 +243,18 @@ void flash_backward_dq(const int T, __global const float* restrict dout, __globa
 #pragma unroll
     for (int j = 0; j < ND; j++) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.0f;
     const float keep = 1.0f / (1.0f - p);
+    float4 kr[NPER], vr[NPER];
+    fetch(kr, base + C, 3 * C, 0, T);
+    fetch(vr, base + 2 * C, 3 * C, 0, T);
     for (int kb = 0; kb <= qb; kb++) {
         barrier(CLK_LOCAL_MEM_FENCE);
-        stage(Ks, 0, base + C, 3 * C, kb * BQ, T);
-        stage(Kt, 1, base + C, 3 * C, kb * BQ, T);
-        stage(Vs, 0, base + 2 * C, 3 * C, kb * BQ, T);
+        put(kr, Ks, Kt);
+        put(vr, Vs, 0);
         barrier(CLK_LOCAL_MEM_FENCE);
+        if (kb < qb) {
+            fetch(kr, base + C, 3 * C, (kb + 1) * BQ, T);
+            fetch(vr, base + 2 * C, 3 * C, (kb + 1) * BQ, T);
+        }
         float s[8][4], dp[8][4];
 #pragma unroll
         for (int j = 0; j < 8; j++) {
@@ -251,7 +272,7 @@ void flash_backward_dq(const int T, __global const float* restrict dout, __globa
 #pragma unroll
             for (int c = 0; c < 4; c++) {  // ds = P (dP - delta), dP through the dropout mask
                 const int row = r0 + g + 8 * (c >> 1), key = kb * BQ + 8 * j + 2 * t + (c & 1);
-                const float pr = (key <= row && row < T) ? exp2(s[j][c] * SL2 - L[c >> 1]) : 0.0f;
+                const float pr = (key <= row && row < T) ? native_exp2(s[j][c] * SL2 - L[c >> 1]) : 0.0f;
                 float dpv = dp[j][c];
                 if (p > 0.0f)
                     dpv = dropout_keep(seed, site, (uint)(((size_t)z * T + row) * T + key), p) ? dpv * keep : 0.0f;
@@ -304,18 +325,34 @@ void flash_backward_dkv(const int T, __global const float* restrict dout, __glob
         dv[j][0] = dv[j][1] = dv[j][2] = dv[j][3] = 0.0f;
     }
     const float keep = 1.0f / (1.0f - p);
+    float4 qr[NPER], dr[NPER];
+    float lr = 0.0f, dlr = 0.0f;  // work-items 0..63: one row's lse and delta
+    fetch(qr, base, 3 * C, kb * BQ, T);
+    fetch(dr, dbase, C, kb * BQ, T);
+    const int li = get_local_id(0);
+    if (li < BQ && kb * BQ + li < T) {
+        lr = lse[(size_t)z * T + kb * BQ + li];
+        dlr = delta[(size_t)z * T + kb * BQ + li];
+    }
     for (int qb = kb; qb < nb; qb++) {
         barrier(CLK_LOCAL_MEM_FENCE);
-        stage(Qs, 0, base, 3 * C, qb * BQ, T);
-        stage(Qt, 1, base, 3 * C, qb * BQ, T);
-        stage(Ds, 0, dbase, C, qb * BQ, T);
-        stage(Dt, 1, dbase, C, qb * BQ, T);
-        for (int i = get_local_id(0); i < BQ; i += NTH) {
-            const int row = qb * BQ + i;
-            Ls[i] = row < T ? lse[(size_t)z * T + row] : 0.0f;
-            Dl[i] = row < T ? delta[(size_t)z * T + row] : 0.0f;
+        put(qr, Qs, Qt);
+        put(dr, Ds, Dt);
+        if (li < BQ) {
+            Ls[li] = lr;
+            Dl[li] = dlr;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
+        if (qb + 1 < nb) {
+            const int r1 = (qb + 1) * BQ;
+            fetch(qr, base, 3 * C, r1, T);
+            fetch(dr, dbase, C, r1, T);
+            lr = dlr = 0.0f;
+            if (li < BQ && r1 + li < T) {
+                lr = lse[(size_t)z * T + r1 + li];
+                dlr = delta[(size_t)z * T + r1 + li];
+            }
+        }
 #pragma unroll
         for (int sub = 0; sub < BQ / 16; sub++) {  // 16 queries at a time: s^T, dp^T (16 keys x 16 queries)
             float st[2][4], dpt[2][4];
@@ -336,7 +373,7 @@ void flash_backward_dkv(const int T, __global const float* restrict dout, __glob
                 for (int c = 0; c < 4; c++) {  // st -> dropped P^T (for dv), dpt -> dS^T (for dk)
                     const int key = k0 + g + 8 * (c >> 1), qi = 16 * sub + 8 * j + 2 * t + (c & 1);
                     const int row = qb * BQ + qi;
-                    const float pr = (key <= row && row < T) ? exp2(st[j][c] * SL2 - Ls[qi]) : 0.0f;
+                    const float pr = (key <= row && row < T) ? native_exp2(st[j][c] * SL2 - Ls[qi]) : 0.0f;
                     float kf = 1.0f;
                     if (p > 0.0f)
                         kf = dropout_keep(seed, site, (uint)(((size_t)z * T + row) * T + key), p) ? keep : 0.0f;
