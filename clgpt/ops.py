@@ -42,6 +42,7 @@ F32 = 4
 MATMUL_TILES = dict(TSM=64, TSN=64, TSK=32, WPTM=8, WPTN=8)
 
 i32, f32 = np.int32, np.float32
+FLASH_REGS = 0  # kernels/flash.cl's register cap on NVIDIA (-cl-nv-maxrregcount), 0: none
 
 
 def ceil_to(a: int, b: int) -> int:
@@ -529,14 +530,19 @@ class Ops:
         self.k["to_bf16"] = self.dev.kernel("matmul_bf16", "to_bf16", **self._bf16_opts)
         if self.flash:
             cfg = self.cfg
-            build = ("-cl-nv-verbose",) if os.environ.get("CLGPT_NV_VERBOSE") and "MMA_EMULATE" not in self._bf16_opts else ()
+            build, nv = (), "MMA_EMULATE" not in self._bf16_opts
+            if os.environ.get("CLGPT_NV_VERBOSE") and nv:
+                build += ("-cl-nv-verbose",)
+            regs = int(os.environ.get("CLGPT_FLASH_REGS", FLASH_REGS))  # registers a work-item, 0: the compiler's
+            if regs and nv:
+                build += (f"-cl-nv-maxrregcount={regs}",)
+            pre = int(os.environ.get("CLGPT_FLASH_PREFETCH", 0))
             for kname in ("flash_forward", "flash_backward_dq", "flash_backward_dkv"):
                 self.k[kname] = self.dev.kernel("flash", kname, build_options=build, C=cfg.n_embd, H=cfg.n_head,
                                                 D=cfg.head_dim, SCALE=float(1.0 / math.sqrt(cfg.head_dim)),
-                                                **self._bf16_opts)
+                                                PREFETCH=pre, **self._bf16_opts)
         self.k["to_bf16_t"] = self.dev.kernel("matmul_bf16", "to_bf16_t", **self._bf16_opts)
         if self.wgmma is not None:
-            self.k["gelu_backward"] = self.dev.kernel("gelu", "gelu_backward")
             self.k["to_bf16_tiled"] = self.dev.kernel("matmul_bf16", "to_bf16", TILED=1, **self._bf16_opts)
             self.k["to_bf16_t_tiled"] = self.dev.kernel("matmul_bf16", "to_bf16_t", TILED=1, **self._bf16_opts)
 
@@ -588,16 +594,9 @@ class Ops:
         return A16, True, Kp, B16, True, Kp, Kp
 
     def _matmul_bf16(self, M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E):
-        if self.wgmma is not None and M * N * K >= self.wgmma_min:
-            if epi != 2:
-                self._matmul_wgmma(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E)
-                return
-            if bias is None and resid is None and not accum:
-                # GELU' as its own pass: the wgmma kernel (one 192 KB work-group an SM) hides the epilogue's
-                # loads of E poorly, the product alone and gelu_backward over Cm take half the mma.sync form's time
-                self._matmul_wgmma(M, N, K, A, B, Cm, ta, tb, None, None, False, alpha, 0, None)
-                self.runp("gelu_backward", (M * N,), i32(M * N), Cm, E, Cm)
-                return
+        if self.wgmma is not None and epi != 2 and M * N * K >= self.wgmma_min:
+            self._matmul_wgmma(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E)
+            return
         big, small = self.bf16
         mm = big if mma_groups(big, M, N) >= MMA_SMALL_GROUPS else small
         ops = self.bf16_operands(mm, M, N, K, A, B, ta, tb)
