@@ -26,7 +26,6 @@ from clgpt.ops import Ops  # noqa: E402
 
 dev = get_device()
 mf = cl.mem_flags
-VARIANTS = [tuple(int(x) for x in v.split(",")) for v in os.environ.get("FLASH_VARIANTS", "").split(";") if v]
 f32 = np.float32
 print("device:", dev.name, flush=True)
 
@@ -116,15 +115,6 @@ def time_shapes():
         r = np.random.default_rng(0)
         qkv, dout = r.normal(size=(B, T, 3 * C)).astype(f32), r.normal(size=(B, T, C)).astype(f32)
         row = {}
-        for pre, regs in VARIANTS:  # flash.cl builds: PREFETCH, register cap
-            os.environ.update(CLGPT_FLASH_PREFETCH=str(pre), CLGPT_FLASH_REGS=str(regs))
-            ops = ops_for(B, T, C, H, True)
-            b = bufs(ops, B, T, C, qkv, dout)
-            fwd = timed(lambda: ops.attention_forward(B, T, b["qkv"], b["out"], b["att"]), 20)
-            row[f"flash prefetch {pre} regs {regs}"] = timed(lambda: step(ops, B, T, b), 20)
-            row[f"(forward alone {pre}/{regs})"] = fwd
-        for v in ("CLGPT_FLASH_PREFETCH", "CLGPT_FLASH_REGS"):
-            os.environ.pop(v)
         for flash in (True, False):
             ops = ops_for(B, T, C, H, flash)
             b = bufs(ops, B, T, C, qkv, dout)

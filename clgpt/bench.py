@@ -180,6 +180,26 @@ def profile(cfg, params, B, T, dev, batches, precision="fp32") -> list[str]:
 # ---- the bench ----
 
 
+def device_bytes(eng) -> int:
+    """Bytes of the device buffers an engine holds (activations, parameters, optimizer state, scratch): every
+    cl.Buffer reachable from the engine, its Ops and its parameter store, sub-buffers not counted apart."""
+    import pyopencl as cl
+
+    seen, total = set(), 0
+    todo = [vars(eng), vars(eng.ops), vars(eng.store)]
+    while todo:
+        x = todo.pop()
+        if isinstance(x, dict):
+            todo.extend(x.values())
+        elif isinstance(x, (list, tuple)):
+            todo.extend(x)
+        elif isinstance(x, cl.Buffer) and x.int_ptr not in seen:
+            seen.add(x.int_ptr)
+            if x.get_info(cl.mem_info.ASSOCIATED_MEMOBJECT) is None:
+                total += x.size
+    return total
+
+
 def run_bench(args) -> None:
     from clgpt.device import get_device
     from clgpt.engine import make_engine
@@ -240,6 +260,8 @@ def run_bench(args) -> None:
     tps = B * T * args.steps / dt
     print(f"train: {args.steps} steps after {WARMUP} warmup ({t_init:.2f} s engine setup, {t_warm:.2f} s warmup), "
           f"loss {first:.4f} -> {loss:.4f}, {ms:.2f} ms/step, precision {eng.precision}{' (tensor cores)' if eng.mma else ''}, {cpu / args.steps * 1e3:.2f} ms CPU time/step (all threads)")
+    mem = device_bytes(eng)
+    print(f"memory: {mem / 2**20:.1f} MiB of device buffers, {mem / (B * T) / 1024:.1f} KiB a token")
     sys.stdout.flush()
 
     gemm_ok = True

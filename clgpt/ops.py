@@ -42,7 +42,6 @@ F32 = 4
 MATMUL_TILES = dict(TSM=64, TSN=64, TSK=32, WPTM=8, WPTN=8)
 
 i32, f32 = np.int32, np.float32
-FLASH_REGS = 0  # kernels/flash.cl's register cap on NVIDIA (-cl-nv-maxrregcount), 0: none
 
 
 def ceil_to(a: int, b: int) -> int:
@@ -533,14 +532,10 @@ class Ops:
             build, nv = (), "MMA_EMULATE" not in self._bf16_opts
             if os.environ.get("CLGPT_NV_VERBOSE") and nv:
                 build += ("-cl-nv-verbose",)
-            regs = int(os.environ.get("CLGPT_FLASH_REGS", FLASH_REGS))  # registers a work-item, 0: the compiler's
-            if regs and nv:
-                build += (f"-cl-nv-maxrregcount={regs}",)
-            pre = int(os.environ.get("CLGPT_FLASH_PREFETCH", 0))
             for kname in ("flash_forward", "flash_backward_dq", "flash_backward_dkv"):
                 self.k[kname] = self.dev.kernel("flash", kname, build_options=build, C=cfg.n_embd, H=cfg.n_head,
                                                 D=cfg.head_dim, SCALE=float(1.0 / math.sqrt(cfg.head_dim)),
-                                                PREFETCH=pre, **self._bf16_opts)
+                                                **self._bf16_opts)
         self.k["to_bf16_t"] = self.dev.kernel("matmul_bf16", "to_bf16_t", **self._bf16_opts)
         if self.wgmma is not None:
             self.k["to_bf16_tiled"] = self.dev.kernel("matmul_bf16", "to_bf16", TILED=1, **self._bf16_opts)

@@ -15,15 +15,12 @@
 // Fragments are read from local memory as 32-bit words: rows padded by 8 bf16 (16 bytes), so the 8 rows x 4
 // words one fragment load touches fall in 32 distinct banks. Operands needed as B with their rows along n are
 // staged transposed. Work-group 128 (4 warps); global (ceil(T/64) * 128, B*H).
-// -D: C H D (head width: a multiple of 16, at most 64), SCALE; PREFETCH (0); MMA_EMULATE (PoCL tests: mma and the quad
+// -D: C H D (head width: a multiple of 16, at most 64), SCALE; MMA_EMULATE (PoCL tests: mma and the quad
 // reductions through local exchanges).
 #include "precision.cl"
 #include "mma_bf16.cl"
 #include "dropout.cl"
 
-#ifndef PREFETCH
-#define PREFETCH 0
-#endif
 #define BQ 64             // rows a work-group, and rows a staged block
 #define NTH 128
 #define DP (D + 8)        // local row of a D-wide block (bf16)
@@ -66,17 +63,17 @@ inline float quad_sum(float x) { x += shfl_xor(x, 1); return x + shfl_xor(x, 2);
 
 inline uint pack2(const float lo, const float hi) { return bf16_bits(lo) | (bf16_bits(hi) << 16); }
 
-// A 64-row block in two steps: fetch (a work-item's loads issued together; with PREFETCH 1 the next block's,
-// in flight while the work-group computes on this one, at the cost of 64 registers) reads rows r0..r0+63
-// (zeros from row T on) of D columns of src (row stride ld) into registers,
-// 4 columns a load, consecutive work-items on consecutive rows; put stores them as bf16 into dst [row][DP]
-// and/or dstT [column][KP] (a warp's 16-bit transposed stores then fill consecutive words: no bank conflicts).
+// A 64-row block in two steps: fetch reads rows r0..r0+63 (zeros from row T on) of D columns of src (row
+// stride ld) into registers, 4 columns a load, all of a work-item's loads issued together (consecutive
+// work-items on consecutive columns: coalesced); put stores them as bf16 into dst [row][DP] and/or dstT
+// [column][KP]. (Measured on the H200: consecutive rows a warp instead, for conflict-free transposed stores,
+// took 1.5x the time; holding the next block's loads during this one's products took 254 registers, no gain.)
 #define NPER (BQ * D / 4 / NTH)
 inline void fetch(float4* v, __global const float* src, const int ld, const int r0, const int T)
 {
 #pragma unroll
     for (int i = 0; i < NPER; i++) {
-        const int e = get_local_id(0) + i * NTH, r = e % BQ, c = 4 * (e / BQ);
+        const int e = get_local_id(0) + i * NTH, r = e / (D / 4), c = 4 * (e % (D / 4));
         v[i] = r0 + r < T ? vload4(0, src + (size_t)(r0 + r) * ld + c) : (float4)(0.0f);
     }
 }
@@ -85,7 +82,7 @@ inline void put(const float4* v, __local ushort* dst, __local ushort* dstT)
 {
 #pragma unroll
     for (int i = 0; i < NPER; i++) {
-        const int e = get_local_id(0) + i * NTH, r = e % BQ, c = 4 * (e / BQ);
+        const int e = get_local_id(0) + i * NTH, r = e / (D / 4), c = 4 * (e % (D / 4));
         if (dst) *(__local uint2*)(dst + r * DP + c) = (uint2)(pack2(v[i].x, v[i].y), pack2(v[i].z, v[i].w));
         if (dstT) {
             dstT[(c + 0) * KP + r] = (ushort)bf16_bits(v[i].x);
@@ -138,19 +135,13 @@ void flash_forward(const int T, __global const float* restrict qkv, __global flo
     for (int j = 0; j < ND; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
     const float keep = 1.0f / (1.0f - p);
     float4 kr[NPER], vr[NPER];
-#define FETCH_KV(kb)                                   \
-    {                                                  \
-        fetch(kr, base + C, 3 * C, (kb) * BQ, T);      \
-        fetch(vr, base + 2 * C, 3 * C, (kb) * BQ, T);  \
-    }
-    if (PREFETCH) FETCH_KV(0)
     for (int kb = 0; kb <= qb; kb++) {
-        if (!PREFETCH) FETCH_KV(kb)
+        fetch(kr, base + C, 3 * C, kb * BQ, T);
+        fetch(vr, base + 2 * C, 3 * C, kb * BQ, T);
         barrier(CLK_LOCAL_MEM_FENCE);
         put(kr, Ks, 0);
         put(vr, 0, Vt);
         barrier(CLK_LOCAL_MEM_FENCE);
-        if (PREFETCH && kb < qb) FETCH_KV(kb + 1)  // in flight during this block's products
         float s[8][4];
 #pragma unroll
         for (int j = 0; j < 8; j++) {
@@ -250,14 +241,13 @@ void flash_backward_dq(const int T, __global const float* restrict dout, __globa
     for (int j = 0; j < ND; j++) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.0f;
     const float keep = 1.0f / (1.0f - p);
     float4 kr[NPER], vr[NPER];
-    if (PREFETCH) FETCH_KV(0)
     for (int kb = 0; kb <= qb; kb++) {
-        if (!PREFETCH) FETCH_KV(kb)
+        fetch(kr, base + C, 3 * C, kb * BQ, T);
+        fetch(vr, base + 2 * C, 3 * C, kb * BQ, T);
         barrier(CLK_LOCAL_MEM_FENCE);
         put(kr, Ks, Kt);
         put(vr, Vs, 0);
         barrier(CLK_LOCAL_MEM_FENCE);
-        if (PREFETCH && kb < qb) FETCH_KV(kb + 1)
         float s[8][4], dp[8][4];
 #pragma unroll
         for (int j = 0; j < 8; j++) {
@@ -329,22 +319,13 @@ void flash_backward_dkv(const int T, __global const float* restrict dout, __glob
     }
     const float keep = 1.0f / (1.0f - p);
     float4 qr[NPER], dr[NPER];
-    float lr = 0.0f, dlr = 0.0f;  // work-items 0..63: one row's lse and delta
     const int li = get_local_id(0);
-#define FETCH_QD(qb)                                                  \
-    {                                                                 \
-        const int r1 = (qb) * BQ;                                     \
-        fetch(qr, base, 3 * C, r1, T);                                \
-        fetch(dr, dbase, C, r1, T);                                   \
-        lr = dlr = 0.0f;                                              \
-        if (li < BQ && r1 + li < T) {                                 \
-            lr = lse[(size_t)z * T + r1 + li];                        \
-            dlr = delta[(size_t)z * T + r1 + li];                     \
-        }                                                             \
-    }
-    if (PREFETCH) FETCH_QD(kb)
     for (int qb = kb; qb < nb; qb++) {
-        if (!PREFETCH) FETCH_QD(qb)
+        const int r1 = qb * BQ, row = r1 + li;
+        fetch(qr, base, 3 * C, r1, T);
+        fetch(dr, dbase, C, r1, T);
+        const float lr = li < BQ && row < T ? lse[(size_t)z * T + row] : 0.0f;  // work-items 0..63: a row each
+        const float dlr = li < BQ && row < T ? delta[(size_t)z * T + row] : 0.0f;
         barrier(CLK_LOCAL_MEM_FENCE);
         put(qr, Qs, Qt);
         put(dr, Ds, Dt);
@@ -353,7 +334,6 @@ void flash_backward_dkv(const int T, __global const float* restrict dout, __glob
             Dl[li] = dlr;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
-        if (PREFETCH && qb + 1 < nb) FETCH_QD(qb + 1)
 #pragma unroll
         for (int sub = 0; sub < BQ / 16; sub++) {  // 16 queries at a time: s^T, dp^T (16 keys x 16 queries)
             float st[2][4], dpt[2][4];

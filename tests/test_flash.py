@@ -16,6 +16,7 @@ import pyopencl as cl
 import pytest
 
 from clgpt import reference as ref
+from clgpt.bench import device_bytes
 from clgpt.device import get_device
 from clgpt.dropout import scale_mask
 from clgpt.engine import Engine
@@ -119,16 +120,20 @@ def test_engine_flash_matches_the_batched_form_with_dropout(dev, monkeypatch):
     every gradient of the batched form (T x T probabilities through the GEMM) within bf16's tolerance."""
     r = np.random.default_rng(7)
     tok, tgt = (r.integers(0, 32, size=(B, T)).astype(np.int32) for _ in range(2))
-    res = {}
+    res, mem = {}, {}
     for flash in (True, False):
         eng = _engine(monkeypatch, flash)
         assert eng.ops.flash is flash
         assert eng.ops.att_floats(B, T) == B * H * T * (1 if flash else T)
+        mem[flash] = device_bytes(eng)
         loss = eng.forward(tok, tgt, dropout_seed=99)
         eng.zero_grad()
         eng.backward()
         res[flash] = loss, eng.get_grads()
     assert abs(res[True][0] - res[False][0]) < 1e-3 * abs(res[False][0])
+    # memory: per layer att (B,H,T,T) -> (B,H,T) and no att_d (dropout's probabilities); the shared datt too
+    bhtt, bht, L = B * H * T * T, B * H * T, 2
+    assert mem[False] - mem[True] == 4 * (L * (2 * bhtt - bht) + bhtt - bht)
     for name, g in res[False][1].items():
         err = _rel(res[True][1][name], g)
         assert err < TOL, f"grad {name}: flash vs batched {err:.2e}"
