@@ -229,7 +229,9 @@ def run_bench(args) -> None:
 
     params = init_params(cfg, 0)
     t0 = time.perf_counter()
-    eng = make_engine(cfg, params, batch_size=B, seq_len=T, device=dev, precision=getattr(args, "precision", "fp32"))
+    dropout = float(getattr(args, "dropout", 0.0))
+    eng = make_engine(cfg, params, batch_size=B, seq_len=T, device=dev, precision=getattr(args, "precision", "fp32"),
+                      dropout=dropout)
     t_init = time.perf_counter() - t0
 
     rng = np.random.default_rng(0)
@@ -238,7 +240,7 @@ def run_bench(args) -> None:
 
     def train_step(i):
         tok, tgt = batches[i % len(batches)]
-        loss = eng.forward(tok, tgt)
+        loss = eng.forward(tok, tgt, **({"dropout_seed": i} if dropout else {}))
         eng.zero_grad()
         eng.backward()
         eng.step(3e-4, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, clip=1.0)
@@ -259,7 +261,7 @@ def run_bench(args) -> None:
     ms = dt / args.steps * 1e3
     tps = B * T * args.steps / dt
     print(f"train: {args.steps} steps after {WARMUP} warmup ({t_init:.2f} s engine setup, {t_warm:.2f} s warmup), "
-          f"loss {first:.4f} -> {loss:.4f}, {ms:.2f} ms/step, precision {eng.precision}{' (tensor cores)' if eng.mma else ''}, {cpu / args.steps * 1e3:.2f} ms CPU time/step (all threads)")
+          f"loss {first:.4f} -> {loss:.4f}, {ms:.2f} ms/step, precision {eng.precision}{' (tensor cores)' if eng.mma else ''}{f', dropout {dropout}' if dropout else ''}, {cpu / args.steps * 1e3:.2f} ms CPU time/step (all threads)")
     mem = device_bytes(eng)
     print(f"memory: {mem / 2**20:.1f} MiB of device buffers, {mem / (B * T) / 1024:.1f} KiB a token")
     sys.stdout.flush()
