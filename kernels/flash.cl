@@ -116,6 +116,27 @@ inline void load_a(uint a[KD][4], __global const float* src, const int ld, const
         a[3] = pack2(c[2 * (j) + 1][2], c[2 * (j) + 1][3]); \
     }
 
+// A warp's products with a staged 64-row block (g, t: the lane's fragment row and column):
+// PRODUCT_T: c (16 rows x 64: 8 n tiles) = a (16 x D, A fragments) @ X^T, X staged as Xs [64][DP];
+// PRODUCT_ACC: acc (16 x D: ND n tiles) += c (16 x 64, rounded to bf16 A fragments) @ X, X staged as Xt [D][KP].
+#define PRODUCT_T(c, a, Xs)                                                                 \
+    _Pragma("unroll") for (int j_ = 0; j_ < 8; j_++) {                                      \
+        c[j_][0] = c[j_][1] = c[j_][2] = c[j_][3] = 0.0f;                                   \
+        _Pragma("unroll") for (int k_ = 0; k_ < KD; k_++)                                   \
+            MMA16816(c[j_], a[k_], LDW(Xs, (8 * j_ + g) * DP + 16 * k_ + 2 * t),            \
+                     LDW(Xs, (8 * j_ + g) * DP + 16 * k_ + 8 + 2 * t));                     \
+    }
+#define PRODUCT_ACC(acc, c, Xt)                                                             \
+    _Pragma("unroll") for (int k_ = 0; k_ < 4; k_++) {                                      \
+        uint a_[4];                                                                         \
+        AFRAG(a_, c, k_)                                                                    \
+        _Pragma("unroll") for (int j_ = 0; j_ < ND; j_++)                                   \
+            MMA16816(acc[j_], a_, LDW(Xt, (8 * j_ + g) * KP + 16 * k_ + 2 * t),             \
+                     LDW(Xt, (8 * j_ + g) * KP + 16 * k_ + 8 + 2 * t));                     \
+    }
+// dropout's keep of the probability (query row, key) of head z: the batched form's element (z, row, key)
+#define KEEP(row, key) dropout_keep(seed, site, (uint)(((size_t)z * T + (row)) * T + (key)), p)
+
 __kernel __attribute__((reqd_work_group_size(NTH, 1, 1)))
 void flash_forward(const int T, __global const float* restrict qkv, __global float* restrict out,
                    __global float* restrict lse, const uint seed, const uint site, const float p)
@@ -143,14 +164,7 @@ void flash_forward(const int T, __global const float* restrict qkv, __global flo
         put(vr, 0, Vt);
         barrier(CLK_LOCAL_MEM_FENCE);
         float s[8][4];
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-#pragma unroll
-            for (int kk = 0; kk < KD; kk++)
-                MMA16816(s[j], qa[kk], LDW(Ks, (8 * j + g) * DP + 16 * kk + 2 * t),
-                         LDW(Ks, (8 * j + g) * DP + 16 * kk + 8 + 2 * t));
-        }
+        PRODUCT_T(s, qa, Ks)
         float mx[2] = {m[0], m[1]};
 #pragma unroll
         for (int j = 0; j < 8; j++)
@@ -177,19 +191,11 @@ void flash_forward(const int T, __global const float* restrict qkv, __global flo
                 l[c >> 1] += e;
                 if (p > 0.0f) {
                     const int row = r0 + g + 8 * (c >> 1), key = kb * BQ + 8 * j + 2 * t + (c & 1);
-                    e = dropout_keep(seed, site, (uint)(((size_t)z * T + row) * T + key), p) ? e * keep : 0.0f;
+                    e = KEEP(row, key) ? e * keep : 0.0f;
                 }
                 s[j][c] = e;
             }
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) {
-            uint pa[4];
-            AFRAG(pa, s, kk)
-#pragma unroll
-            for (int j = 0; j < ND; j++)
-                MMA16816(o[j], pa, LDW(Vt, (8 * j + g) * KP + 16 * kk + 2 * t),
-                         LDW(Vt, (8 * j + g) * KP + 16 * kk + 8 + 2 * t));
-        }
+        PRODUCT_ACC(o, s, Vt)
     }
 #pragma unroll
     for (int i = 0; i < 2; i++) {
@@ -249,17 +255,8 @@ void flash_backward_dq(const int T, __global const float* restrict dout, __globa
         put(vr, Vs, 0);
         barrier(CLK_LOCAL_MEM_FENCE);
         float s[8][4], dp[8][4];
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-            dp[j][0] = dp[j][1] = dp[j][2] = dp[j][3] = 0.0f;
-#pragma unroll
-            for (int kk = 0; kk < KD; kk++) {
-                const int i0 = (8 * j + g) * DP + 16 * kk + 2 * t;
-                MMA16816(s[j], qa[kk], LDW(Ks, i0), LDW(Ks, i0 + 8));
-                MMA16816(dp[j], da[kk], LDW(Vs, i0), LDW(Vs, i0 + 8));
-            }
-        }
+        PRODUCT_T(s, qa, Ks)
+        PRODUCT_T(dp, da, Vs)
 #pragma unroll
         for (int j = 0; j < 8; j++)
 #pragma unroll
@@ -268,18 +265,10 @@ void flash_backward_dq(const int T, __global const float* restrict dout, __globa
                 const float pr = (key <= row && row < T) ? native_exp2(s[j][c] * SL2 - L[c >> 1]) : 0.0f;
                 float dpv = dp[j][c];
                 if (p > 0.0f)
-                    dpv = dropout_keep(seed, site, (uint)(((size_t)z * T + row) * T + key), p) ? dpv * keep : 0.0f;
+                    dpv = KEEP(row, key) ? dpv * keep : 0.0f;
                 s[j][c] = pr * (dpv - dl[c >> 1]);
             }
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) {
-            uint sa[4];
-            AFRAG(sa, s, kk)
-#pragma unroll
-            for (int j = 0; j < ND; j++)
-                MMA16816(dq[j], sa, LDW(Kt, (8 * j + g) * KP + 16 * kk + 2 * t),
-                         LDW(Kt, (8 * j + g) * KP + 16 * kk + 8 + 2 * t));
-        }
+        PRODUCT_ACC(dq, s, Kt)
     }
 #pragma unroll
     for (int i = 0; i < 2; i++) {
@@ -357,7 +346,7 @@ void flash_backward_dkv(const int T, __global const float* restrict dout, __glob
                     const float pr = (key <= row && row < T) ? native_exp2(st[j][c] * SL2 - Ls[qi]) : 0.0f;
                     float kf = 1.0f;
                     if (p > 0.0f)
-                        kf = dropout_keep(seed, site, (uint)(((size_t)z * T + row) * T + key), p) ? keep : 0.0f;
+                        kf = KEEP(row, key) ? keep : 0.0f;
                     st[j][c] = pr * kf;
                     dpt[j][c] = pr * (dpt[j][c] * kf - Dl[qi]);
                 }
