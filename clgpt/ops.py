@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import os
+from operator import itemgetter
 
 import numpy as np
 import pyopencl as cl
@@ -107,6 +108,7 @@ class Ops:
         self.attn_gemm = bool(self.launch.get("attn_gemm", 0)) and seq_len >= self.launch.get("attn_gemm_min_t", 0)
         self.preset = bool(self.launch.get("preset", 0))
         self._plans = {}  # preset launches: (kernel, gsize, lsize, buffers) -> [a cl.Kernel, the args it holds]
+        self._buffer_args = {}  # kernel -> a function picking its non-scalar arguments (_launch's key)
         self._scratch, self._scratch_size = [None, None], [0, 0]  # transposed B, A for matmul_rb
         self._parts, self._parts_size = None, 0  # split-K partial products (GPUs)
         self._cparts, self._cparts_size = None, 0  # column-sum partials (GPUs)
@@ -234,8 +236,13 @@ class Ops:
         if not self.preset or not isinstance(kern, cl.Kernel):
             kern(self.queue, gsize, lsize, *args)
             return
-        key = (kern.int_ptr, tuple(gsize), lsize and tuple(lsize),
-               tuple(a if isinstance(a, cl.MemoryObjectHolder) else None for a in args))
+        ptr = kern.int_ptr
+        buffers = self._buffer_args.get(ptr)  # the kernel's non-scalar arguments (buffers, None), by position
+        if buffers is None:
+            pos = tuple(i for i, a in enumerate(args) if not isinstance(a, np.generic))
+            buffers = self._buffer_args[ptr] = (itemgetter(*pos) if len(pos) > 1 else
+                                                 (lambda a, i=pos[0]: a[i]) if pos else (lambda a: ()))
+        key = (ptr, tuple(gsize), lsize and tuple(lsize), buffers(args))
         try:
             plan = self._plans.get(key)
         except TypeError:  # an unhashable argument: launch it plainly
