@@ -65,7 +65,7 @@ class EngineBase:
         self.cfg, self.B, self.T, self.dropout = cfg, int(batch_size), int(seq_len), float(dropout)
         self.dev = resolve_device(device)
         self.ctx, self.queue = self.dev.ctx, self.dev.queue
-        self.ops = Ops(self.dev, cfg, self.T, precision)
+        self.ops = Ops(self.dev, cfg, self.T, precision, batch_size=self.B)
         # the matmuls' precision, resolved ("auto" -> the device's best), its ROUND and tensor-core tiles
         self.precision, self.round, self.mma = self.ops.precision, self.ops.round, self.ops.mma
         self.shapes = param_shapes(cfg)
