@@ -122,10 +122,11 @@ class Ops:
         self.norm_rb, self.norm_cb = self.launch.get("norm_rb", 1), self.launch.get("norm_cb", 1)
         self.k = {}
         self._build_common()
-        self.flash = self._use_flash(seq_len, batch_size)
         if self.bf16 is not None:
             self._bf16_setup()
-        self.flash = self.flash and self.bf16 is not None
+        self.flash = self._use_flash(seq_len, batch_size)  # (after _bf16_setup: it may turn bf16 off)
+        if self.flash:
+            self._flash_setup()
 
     def _use_flash(self, T: int, B: int | None) -> bool:
         """bf16 attention as fused kernels (kernels/flash.cl: no T x T scores) where the bf16 GEMM runs and the
@@ -499,8 +500,7 @@ class Ops:
                 extra.update(BATCH=1, CAUSAL=causal)
             if "nvidia" not in self.dev.device.vendor.lower():
                 extra["MMA_EMULATE"] = 1  # CLGPT_MMA_EMULATE on a device without tensor cores (tests)
-            # CLGPT_NV_VERBOSE=1: NVIDIA's compiler reports registers and spills in the build log (bench/gpu_tc.py)
-            build = ("-cl-nv-verbose",) if os.environ.get("CLGPT_NV_VERBOSE") and not extra.get("MMA_EMULATE") else ()
+            build = self._nv_verbose(extra)
             kern = self._mm[key] = self.dev.kernel(
                 "matmul_mma", "matmul_mma", build_options=build, TA=ta, TB=tb, BIAS=int(bias), RESID=int(resid),
                 ACCUM=int(accum), EPI=epi, ROUND=self.round, ALIGN4=int(align4), BM=mm["BM"], BN=mm["BN"],
@@ -550,19 +550,23 @@ class Ops:
                 self.bf16 = self.wgmma = None
                 return
         self.k["to_bf16"] = self.dev.kernel("matmul_bf16", "to_bf16", **self._bf16_opts)
-        if self.flash:
-            cfg = self.cfg
-            build, nv = (), "MMA_EMULATE" not in self._bf16_opts
-            if os.environ.get("CLGPT_NV_VERBOSE") and nv:
-                build += ("-cl-nv-verbose",)
-            for kname in ("flash_forward", "flash_backward_dq", "flash_backward_dkv"):
-                self.k[kname] = self.dev.kernel("flash", kname, build_options=build, C=cfg.n_embd, H=cfg.n_head,
-                                                D=cfg.head_dim, SCALE=float(1.0 / math.sqrt(cfg.head_dim)),
-                                                **self._bf16_opts)
         self.k["to_bf16_t"] = self.dev.kernel("matmul_bf16", "to_bf16_t", **self._bf16_opts)
         if self.wgmma is not None:
             self.k["to_bf16_tiled"] = self.dev.kernel("matmul_bf16", "to_bf16", TILED=1, **self._bf16_opts)
             self.k["to_bf16_t_tiled"] = self.dev.kernel("matmul_bf16", "to_bf16_t", TILED=1, **self._bf16_opts)
+
+    def _nv_verbose(self, opts: dict) -> tuple:
+        """Build options: CLGPT_NV_VERBOSE=1 has NVIDIA's compiler report registers and spills in the build log
+        (bench/gpu_tc.py), not for kernels built with MMA_EMULATE in `opts`."""
+        return ("-cl-nv-verbose",) if os.environ.get("CLGPT_NV_VERBOSE") and not opts.get("MMA_EMULATE") else ()
+
+    def _flash_setup(self):
+        """kernels/flash.cl's three kernels, with the bf16 GEMM's options (MMA_EMULATE on PoCL, for tests)."""
+        cfg = self.cfg
+        for kname in ("flash_forward", "flash_backward_dq", "flash_backward_dkv"):
+            self.k[kname] = self.dev.kernel("flash", kname, build_options=self._nv_verbose(self._bf16_opts),
+                                            C=cfg.n_embd, H=cfg.n_head, D=cfg.head_dim,
+                                            SCALE=float(1.0 / math.sqrt(cfg.head_dim)), **self._bf16_opts)
 
     def _kernel_bf16(self, mm, akc, bkc, bias, resid, accum, epi, split=0):
         key = ("bf16", akc, bkc, bias, resid, accum, epi, split, id(mm))
@@ -574,7 +578,7 @@ class Ops:
                 raise ClgptError(f"bf16 tiles {mm}: BM, BN multiples of 32, BM of 16 WM, BN of 16 WN, "
                                  "(BM + BN) * 4 of the work-group's threads")
             extra = dict(SPLITK=1) if split else {}
-            build = ("-cl-nv-verbose",) if os.environ.get("CLGPT_NV_VERBOSE") and "MMA_EMULATE" not in self._bf16_opts else ()
+            build = self._nv_verbose(self._bf16_opts)
             kern = self._mm[key] = self.dev.kernel(
                 "matmul_bf16", "matmul_bf16", build_options=build, AKC=int(akc), BKC=int(bkc), BIAS=int(bias),
                 RESID=int(resid), ACCUM=int(accum), EPI=epi, BM=mm["BM"], BN=mm["BN"], WM=mm["WM"], WN=mm["WN"],
@@ -913,6 +917,12 @@ class Ops:
         attention each row's softmax statistic (B,H,T)."""
         return B * self.cfg.n_head * T * (1 if self.flash else T)
 
+    def _flash_grid(self, Bp, Tp, drop):
+        """kernels/flash.cl's global size (a 64-row block of one (batch, head) a work-group of 128) and its last
+        arguments: dropout's seed, site and p (p 0: none)."""
+        seed, site, p = drop[:3] if drop is not None else (0, 0, 0.0)
+        return (-(-Tp // 64) * 128, Bp * self.cfg.n_head), (np.uint32(seed), np.uint32(site), f32(p))
+
     def attention_forward(self, Bp, Tp, qkv, out, att, drop=None):
         """out (B',T',C), att (B',H,T',T') from qkv (B',T',3C). drop = (seed, site, p, att_d): dropout on the
         probabilities, att_d (B',H,T',T') receives the dropped ones (att keeps the softmax for the backward).
@@ -920,9 +930,8 @@ class Ops:
         cfg = self.cfg
         C, H, D = cfg.n_embd, cfg.n_head, cfg.head_dim
         if self.flash:
-            seed, site, p = drop[:3] if drop is not None else (0, 0, 0.0)
-            self.run("flash_forward", (-(-Tp // 64) * 128, Bp * H), i32(Tp), qkv, out, att, np.uint32(seed), np.uint32(site),
-                     f32(p), lsize=(128, 1))
+            g, tail = self._flash_grid(Bp, Tp, drop)
+            self.run("flash_forward", g, i32(Tp), qkv, out, att, *tail, lsize=(128, 1))
             return
         if drop is not None:
             self._attention_forward_batched(Bp, Tp, qkv, out, att, drop)
@@ -968,8 +977,7 @@ class Ops:
         cfg = self.cfg
         C, H, D = cfg.n_embd, cfg.n_head, cfg.head_dim
         if self.flash:
-            seed, site, p = drop[:3] if drop is not None else (0, 0, 0.0)
-            g, tail = (-(-Tp // 64) * 128, Bp * H), (np.uint32(seed), np.uint32(site), f32(p))
+            g, tail = self._flash_grid(Bp, Tp, drop)
             self.run("flash_backward_dq", g, i32(Tp), dout, qkv, out, att, datt, dqkv, *tail, lsize=(128, 1))
             self.run("flash_backward_dkv", g, i32(Tp), dout, qkv, att, datt, dqkv, *tail, lsize=(128, 1))
             return
