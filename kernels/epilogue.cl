@@ -87,6 +87,23 @@ inline float2 epilogue2(const float2 acc, const int gm, const int gn, const int 
     return c;
 }
 
+// Split-K in the tensor-core kernels (matmul_bf16.cl, matmul_wgmma.cl): with SPLITK the kernel takes the chunk
+// depth kc as its last argument (SPLIT_ARGS), and work-group z along dimension 2 sums k in [z kc, min(Kp, (z+1) kc))
+// into the z-th M x ldc slice of Cm: SPLIT_RANGE narrows the kernel's kbeg, kend (0, Kp before) and moves Cm
+// (the kernel's M, ldc, Cm).
+#if SPLITK
+#define SPLIT_ARGS , const int kc
+#define SPLIT_RANGE(kbeg, kend, Kp)                  \
+    {                                                \
+        kbeg = get_group_id(2) * kc;                 \
+        kend = min(Kp, kbeg + kc);                   \
+        Cm += (size_t)get_group_id(2) * M * ldc;     \
+    }
+#else
+#define SPLIT_ARGS
+#define SPLIT_RANGE(kbeg, kend, Kp)
+#endif
+
 // Two adjacent outputs (gm, gn) and (gm, gn + 1) of a tensor-core tile (matmul_bf16.cl, matmul_wgmma.cl), gm < M
 // and gn < N: one float2 through epilogue2 where both lie inside and pairs (ldc even: 8-byte aligned) is set,
 // else one by one through epilogue; with SPLITK the raw sums.

@@ -93,6 +93,21 @@ inline void put(const float4* v, __local ushort* dst, __local ushort* dstT)
     }
 }
 
+// Block kb (64 rows) of one head's k and v (base: the head's q columns of qkv) into local memory: k into Ks
+// [row][DP] and/or Kt [column][KP], v into Vs and/or Vt (0: not wanted), between barriers (every warp is done
+// with the block before; the block is in before any warp reads it).
+inline void stage_kv(__global const float* base, const int kb, const int T, __local ushort* Ks, __local ushort* Kt,
+                     __local ushort* Vs, __local ushort* Vt)
+{
+    float4 kr[NPER], vr[NPER];
+    fetch(kr, base + C, 3 * C, kb * BQ, T);
+    fetch(vr, base + 2 * C, 3 * C, kb * BQ, T);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    put(kr, Ks, Kt);
+    put(vr, Vs, Vt);
+    barrier(CLK_LOCAL_MEM_FENCE);
+}
+
 // A fragments (16 rows from r0, all D columns; zeros from row T on) of src (row stride ld)
 inline void load_a(uint a[KD][4], __global const float* src, const int ld, const int r0, const int T, const int lane)
 {
@@ -155,14 +170,8 @@ void flash_forward(const int T, __global const float* restrict qkv, __global flo
 #pragma unroll
     for (int j = 0; j < ND; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
     const float keep = 1.0f / (1.0f - p);
-    float4 kr[NPER], vr[NPER];
     for (int kb = 0; kb <= qb; kb++) {
-        fetch(kr, base + C, 3 * C, kb * BQ, T);
-        fetch(vr, base + 2 * C, 3 * C, kb * BQ, T);
-        barrier(CLK_LOCAL_MEM_FENCE);
-        put(kr, Ks, 0);
-        put(vr, 0, Vt);
-        barrier(CLK_LOCAL_MEM_FENCE);
+        stage_kv(base, kb, T, Ks, 0, 0, Vt);
         float s[8][4];
         PRODUCT_T(s, qa, Ks)
         float mx[2] = {m[0], m[1]};
@@ -246,14 +255,8 @@ void flash_backward_dq(const int T, __global const float* restrict dout, __globa
 #pragma unroll
     for (int j = 0; j < ND; j++) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.0f;
     const float keep = 1.0f / (1.0f - p);
-    float4 kr[NPER], vr[NPER];
     for (int kb = 0; kb <= qb; kb++) {
-        fetch(kr, base + C, 3 * C, kb * BQ, T);
-        fetch(vr, base + 2 * C, 3 * C, kb * BQ, T);
-        barrier(CLK_LOCAL_MEM_FENCE);
-        put(kr, Ks, Kt);
-        put(vr, Vs, 0);
-        barrier(CLK_LOCAL_MEM_FENCE);
+        stage_kv(base, kb, T, Ks, Kt, Vs, 0);
         float s[8][4], dp[8][4];
         PRODUCT_T(s, qa, Ks)
         PRODUCT_T(dp, da, Vs)

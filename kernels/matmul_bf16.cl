@@ -167,12 +167,6 @@ inline void ldsm_x4(uint* r, const uint addr, __local uint* smem, __local uint* 
 #define LDSM_X4_T(r0, r1, r2, r3, addr) LDSM_X4_(r0, r1, r2, r3, addr, 1)
 #endif
 
-#if SPLITK
-#define SPLIT_ARGS , const int kc
-#else
-#define SPLIT_ARGS
-#endif
-
 // A stage's copies: chunk e = tid + i * NTH of the stage's 4 BM chunks of A, then 4 BN of B (16 bytes each).
 // k-contiguous: chunk c (of 4) of row r (m or n); else chunk c (of BM/8 or BN/8) of k row r.
 #define LOAD_STAGE(st, kt)                                                                              \
@@ -214,11 +208,7 @@ void matmul_bf16(const int M, const int N, const int Kp,
     const int g = lane >> 2, t = lane & 3;
     const int n0 = get_group_id(0) * BN, m0 = get_group_id(1) * BM;
     int kbeg = 0, kend = Kp;
-#if SPLITK
-    kbeg = get_group_id(2) * kc;
-    kend = min(Kp, kbeg + kc);
-    Cm += (size_t)get_group_id(2) * M * ldc;
-#endif
+    SPLIT_RANGE(kbeg, kend, Kp)
     const int nk = (kend - kbeg) / BK;
 #if MMA_EMULATE
     const uint sbase = 0;

@@ -97,12 +97,6 @@ inline ulong wgmma_desc(const uint addr)
 #endif
 #define WGMMA_WAIT0_ASM "// @sm90a@ wgmma.wait_group.sync.aligned 0;\n"
 
-#if SPLITK
-#define SPLIT_ARGS , const int kc
-#else
-#define SPLIT_ARGS
-#endif
-
 __kernel __attribute__((reqd_work_group_size(NT, 1, 1)))
 void matmul_wgmma(const int M, const int N, const int Mp, const int Np, const int Kp,
                   __global const ushort* restrict A, __global const ushort* restrict B,
@@ -113,11 +107,7 @@ void matmul_wgmma(const int M, const int N, const int Mp, const int Np, const in
     const int tid = get_local_id(0), wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
     const int n0 = get_group_id(0) * BN, m0 = get_group_id(1) * BM;
     int kbeg = 0, kend = Kp;
-#if SPLITK
-    kbeg = get_group_id(2) * kc;
-    kend = min(Kp, kbeg + kc);
-    Cm += (size_t)get_group_id(2) * M * ldc;
-#endif
+    SPLIT_RANGE(kbeg, kend, Kp)
     const int k0 = kbeg / BK, nk = (kend - kbeg) / BK;
     const uint sbase = (uint)(size_t)smem, bars = sbase + STAGES * STAGE_BYTES;
     float acc[NACC];
