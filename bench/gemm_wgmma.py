@@ -95,8 +95,8 @@ def main():
             except Exception as e:
                 line.append(f"{tag} build failed: {str(e).strip().splitlines()[-1][:200]}")
                 continue
-            k.set_args(np.int32(M), np.int32(N), np.int32(M), np.int32(N), np.int32(K), tiled(A), tiled(B), c,
-                       np.int32(N), None, None, np.float32(1.0), None)
+            k.set_args(np.int32(M), np.int32(N), np.int32(K), tiled(A), np.int32(M), np.int32(M), tiled(B),
+                       np.int32(N), np.int32(N), c, np.int32(N), None, None, np.float32(1.0), None)
             nt = 2 * v["BM"]
             run = lambda: cl.enqueue_nd_range_kernel(q, k, (N // v["BN"] * nt, M // v["BM"]), (nt, 1))
             run()

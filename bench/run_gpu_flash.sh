@@ -2,7 +2,8 @@
 # One device call for flash attention (issue 15): bench/flash_check.py (the kernels on the tensor cores against
 # float64, and attention forward + backward against the batched form and PyTorch's SDPA), then training at M, M6
 # and L in bf16 with flash attention and without (CLGPT_FLASH=off) beside PyTorch torch.compile + bf16 autocast +
-# SDPA + fused AdamW. From the repository root (carry .whl).
+# SDPA + fused AdamW; PROFILE="M6 L": then per-kernel device times of those shapes. From the repository root
+# (carry .whl).
 source "$(dirname "$0")/gpu_env.sh"  # wheels into /tmp/site, NVIDIA's OpenCL
 export PYOPENCL_CTX=0
 O=${OUT:-/tmp/out}; mkdir -p $O
@@ -24,6 +25,11 @@ for shape in ${SHAPES:-M6 L M}; do
   echo "== $shape torch nanogpt (compile, bf16 autocast, SDPA, fused AdamW)" | tee -a $O/train.txt
   timeout 120 python3 bench/bench_torch.py $args --steps $steps --warmup 5 --device cuda --nanogpt 2>&1 | grep "train:" | tee -a $O/train.txt
 done
-[ -n "$PROFILE" ] && CLGPT_BENCH_PROFILE=1 timeout 60 python3 -m clgpt bench $M6 --steps 5 --gemm 0 --precision bf16 2>&1 \
-  | grep -v Warn | tail -40 | tee $O/profile.txt
+[ -n "$PROFILE" ] || exit 0
+for shape in $PROFILE; do  # PROFILE="M6 L": per-kernel device times (CLGPT_BENCH_PROFILE) of these shapes
+  eval args=\$$shape
+  echo "== $shape profile" | tee -a $O/profile.txt
+  CLGPT_BENCH_PROFILE=1 timeout 90 python3 -m clgpt bench $args --steps 3 --gemm 0 --precision bf16 2>&1 \
+    | grep -A60 "^profile" | tee -a $O/profile.txt
+done
 exit 0

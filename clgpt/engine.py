@@ -71,6 +71,7 @@ class EngineBase:
         self.shapes = param_shapes(cfg)
         self.store = ParamStore(self.ops, self.shapes, decays, self._packed(), trains=trains(cfg))
         self.p, self.g = self.store.p, self.store.g
+        self.ops.stable(*self.p.values())  # the weights change only between a backward and the next forward
         self._alloc_common()
         self._alloc()
         self._fwd = None  # (B', T', sum(mask), dropout) of the last forward with targets
@@ -89,6 +90,7 @@ class EngineBase:
         self.logits, self.losses, self.lse = buf(N * V), buf(N), buf(N)
         self.dlogits, self.dx, self.dln = buf(N * V), buf(N * C), buf(N * C)
         self.losses_host = np.empty(N, np.float32)
+        self.ops.stable(self.lnf)
         self._last_rows = buf(self.B * C)  # next_logits: the final-norm rows of the positions asked for
 
     # ---- what an architecture writes ----
@@ -131,6 +133,7 @@ class EngineBase:
     def _run_body(self, tokens: np.ndarray, drop):
         """Checked tokens (B', T') to the device, this forward's dropout (seed, p) or None, then the body into lnf."""
         self._drop = drop
+        self.ops.forget_copies()  # the stable buffers are about to be written again
         cl.enqueue_copy(self.queue, self.tokens, tokens, is_blocking=False)
         self._tokens_host = tokens  # keeps the host array alive during the non-blocking copy
         self._forward_body(*tokens.shape)
@@ -210,9 +213,11 @@ class EngineBase:
         N, C, V = Bp * Tp, cfg.n_embd, cfg.vocab_size
         # the head: dlogits = scale/sum(mask) * mask * (softmax - onehot) (alpha carries the factor where the
         # fused forward left it unscaled), then the output projection's two products
-        alpha = self.ops.xent_backward(N, scale / msum, self.logits, self.targets, self.mask, self.lse, self.dlogits)
-        self.ops.matmul(V, C, N, self.dlogits, self.lnf, self._g_out(), ta=1, accum=True, alpha=alpha)
-        self.ops.matmul(N, C, V, self.dlogits, self._w_out(), self.dln, alpha=alpha)
+        with self.ops.reuse(self.dlogits):
+            alpha = self.ops.xent_backward(N, scale / msum, self.logits, self.targets, self.mask, self.lse,
+                                           self.dlogits)
+            self.ops.matmul(V, C, N, self.dlogits, self.lnf, self._g_out(), ta=1, accum=True, alpha=alpha)
+            self.ops.matmul(N, C, V, self.dlogits, self._w_out(), self.dln, alpha=alpha)
         self._backward_body(Bp, Tp, scale)
 
     def _layer_done(self, i: int):

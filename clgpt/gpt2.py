@@ -28,6 +28,7 @@ class GPT2Engine(EngineBase):
                      ln2_rstd=buf(N), h=buf(N * F), g=buf(N * F))
             if self.dropout and not self.ops.flash:
                 a["att_d"] = buf(B * H * T * T)  # the dropped attention probabilities
+            self.ops.stable(a["ln1"], a["atty"], a["ln2"], a["g"])  # the products' inputs, read again backward
             self.acts.append(a)
         self.lnf_mean, self.lnf_rstd = buf(N), buf(N)
         # backward scratch, reused by every layer
@@ -83,29 +84,33 @@ class GPT2Engine(EngineBase):
             pre, a = f"blk.{i}.", self.acts[i]
             # ffn: x_out = x_mid + drop(g @ Wdown.T + b)
             dy = self._branch_grad(N, C, i, "ffn_res")
-            ops.matmul(C, F, N, dy, a["g"], g[pre + "ffn_down.weight"], ta=1, accum=True)
-            if cfg.bias:  # (off: the biases are not trained, ParamStore's trains)
-                ops.bias_backward(N, C, dy, g[pre + "ffn_down.bias"])
-            ops.matmul_epi(N, F, C, dy, p[pre + "ffn_down.weight"], self.dh, epi=2, E=a["h"])  # dh = dg * gelu'(h)
-            ops.matmul(F, C, N, self.dh, a["ln2"], g[pre + "ffn_up.weight"], ta=1, accum=True)
-            if cfg.bias:
-                ops.bias_backward(N, F, self.dh, g[pre + "ffn_up.bias"])
-            ops.matmul(N, C, F, self.dh, p[pre + "ffn_up.weight"], dln)
+            with ops.reuse(dy):  # (each gradient feeds two products: ops.reuse)
+                ops.matmul(C, F, N, dy, a["g"], g[pre + "ffn_down.weight"], ta=1, accum=True)
+                if cfg.bias:  # (off: the biases are not trained, ParamStore's trains)
+                    ops.bias_backward(N, C, dy, g[pre + "ffn_down.bias"])
+                ops.matmul_epi(N, F, C, dy, p[pre + "ffn_down.weight"], self.dh, epi=2, E=a["h"])  # dg * gelu'(h)
+            with ops.reuse(self.dh):
+                ops.matmul(F, C, N, self.dh, a["ln2"], g[pre + "ffn_up.weight"], ta=1, accum=True)
+                if cfg.bias:
+                    ops.bias_backward(N, F, self.dh, g[pre + "ffn_up.bias"])
+                ops.matmul(N, C, F, self.dh, p[pre + "ffn_up.weight"], dln)
             ops.layernorm_backward(N, dln, a["x_mid"], a["ln2_mean"], a["ln2_rstd"], p[pre + "ffn_norm.weight"],
                                    g[pre + "ffn_norm.weight"], g[pre + "ffn_norm.bias"], dx, accum=1)
             # attention: x_mid = x + drop(atty @ Wo.T + b)
             dy = self._branch_grad(N, C, i, "attn_res")
-            ops.matmul(C, C, N, dy, a["atty"], g[pre + "attn_output.weight"], ta=1, accum=True)
-            if cfg.bias:
-                ops.bias_backward(N, C, dy, g[pre + "attn_output.bias"])
-            ops.matmul(N, C, C, dy, p[pre + "attn_output.weight"], self.datty)
+            with ops.reuse(dy):
+                ops.matmul(C, C, N, dy, a["atty"], g[pre + "attn_output.weight"], ta=1, accum=True)
+                if cfg.bias:
+                    ops.bias_backward(N, C, dy, g[pre + "attn_output.bias"])
+                ops.matmul(N, C, C, dy, p[pre + "attn_output.weight"], self.datty)
             drop = self._dropped(i, "attn")
             ops.attention_backward(Bp, Tp, self.datty, a["qkv"], a["att"], self.datt, self.dqkv,
                                    drop and (*drop, a.get("att_d")), out=a["atty"])
-            ops.matmul(3 * C, C, N, self.dqkv, a["ln1"], g[pre + "attn_qkv.weight"], ta=1, accum=True)
-            if cfg.bias:
-                ops.bias_backward(N, 3 * C, self.dqkv, g[pre + "attn_qkv.bias"])
-            ops.matmul(N, C, 3 * C, self.dqkv, p[pre + "attn_qkv.weight"], dln)
+            with ops.reuse(self.dqkv):
+                ops.matmul(3 * C, C, N, self.dqkv, a["ln1"], g[pre + "attn_qkv.weight"], ta=1, accum=True)
+                if cfg.bias:
+                    ops.bias_backward(N, 3 * C, self.dqkv, g[pre + "attn_qkv.bias"])
+                ops.matmul(N, C, 3 * C, self.dqkv, p[pre + "attn_qkv.weight"], dln)
             ops.layernorm_backward(N, dln, a["x"], a["ln1_mean"], a["ln1_rstd"], p[pre + "attn_norm.weight"],
                                    g[pre + "attn_norm.weight"], g[pre + "attn_norm.bias"], dx, accum=1)
             self._layer_done(i)  # blk.i.* gradients final: data-parallel ranks may sum them now

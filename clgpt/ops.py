@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import os
+from contextlib import contextmanager
 from operator import itemgetter
 
 import numpy as np
@@ -97,7 +98,7 @@ class Ops:
         # bf16: the GEMM on bf16 operand copies (kernels/matmul_bf16.cl: cp.async, ldmatrix), (big, small) tiles
         self.bf16, self._bf16_opts = None, {}
         self._bf16_mn = os.environ.get("CLGPT_BF16_MN", "1") != "0"  # m/n-contiguous copies (ldmatrix.trans)
-        self._b16, self._b16_size = [None, None], [0, 0]  # the bf16 copies of op(A), op(B)
+        self._b16, self._b16_size = [None, None, None], [0, 0, 0]  # the bf16 copies of op(A), op(B); reuse's
         if self.round == 1 and self.mma is not None and self.launch.get("matmul_bf16"):
             self.bf16 = (self.launch["matmul_bf16"], self.launch["matmul_bf16_small"])
         # bf16 on sm_90 (H100, H200): wgmma (kernels/matmul_wgmma.cl) on tiled copies, (wide, narrow) tiles
@@ -105,6 +106,23 @@ class Ops:
         if self.bf16 is not None and self.launch.get("matmul_wgmma") and sm90a.supported(dev.device):
             self.wgmma = (self.launch["matmul_wgmma"], self.launch["matmul_wgmma_narrow"])
         self.wgmma_min = int(os.environ.get("CLGPT_WGMMA_MIN_MNK", WGMMA_MIN_MNK))  # 0: every product (checks)
+        # wgmma reads one tiled copy of a matrix for a product and for its transposes (M- / N-major operands);
+        # CLGPT_WGMMA_MN=0 copies op(A), op(B) transposed to K-major for each product instead (comparisons).
+        # Copies of `stable` buffers (the forward's activations, the weights) serve every product until the
+        # next forward (forget_copies); one `reuse` buffer's copy serves the products inside its block.
+        self._wgmma_mn = os.environ.get("CLGPT_WGMMA_MN", "1") != "0"
+        # the GELU' product (epi 2): defer (default: wgmma, gelu' in its gradient's copy), wgmma (in the epilogue:
+        # slower), mma (mma.sync's epilogue on copies of its own)
+        self._epi2 = os.environ.get("CLGPT_WGMMA_EPI2", "defer")
+        if self._epi2 not in ("defer", "wgmma", "mma"):
+            raise ClgptError(f"CLGPT_WGMMA_EPI2={self._epi2!r}: use defer, wgmma or mma")
+        self._wgmma_epi2 = self._epi2 == "wgmma"
+        self._stable, self._reusing = {}, None  # stable: handle -> buffer (held, so no handle is reused while kept)
+        self._colsums = None  # (key, row chunks): the reuse copy's column sums in _cparts (bias_backward)
+        # a GELU' deferred from the backward's product dg (epi 2) into its gradient's reuse copy: buffer -> (E, rows,
+        # cols, copied); once copied, the copy holds dg * gelu'(E) and the fp32 buffer dg, which nothing reads
+        self._gelu_pending, self._gelu_bufs = {}, {}
+        self._kept, self._kept_bufs = {}, {}  # (buffer, rows, cols) -> (copy, Rp, Cp) while valid; buffer -> its copy's
         self.align = max(64, dev.device.mem_base_addr_align // 8 // F32)  # sub-buffer alignment, in floats
         self.rows = int(self.launch.get("rows", 0))  # GPUs: one work-group of `rows` work-items per row
         self.attn_gemm = bool(self.launch.get("attn_gemm", 0)) and seq_len >= self.launch.get("attn_gemm_min_t", 0)
@@ -186,6 +204,9 @@ class Ops:
         k["splitk_reduce"] = dev.kernel("matmul", "splitk_reduce")
         for kname in ("grad_norm_partial", "grad_norm_final", "adamw"):
             k[kname] = dev.kernel("adamw", kname, STRIDED=int(launch["norm_parts"] > 256))
+        if self.rows:  # GPUs: the norm's sums as work-groups
+            for kname in ("grad_norm_partial_wg", "grad_norm_final_wg"):
+                k[kname] = dev.kernel("adamw", kname, LW=self.rows)
         k["bias_backward"] = dev.kernel("matmul", "bias_backward")
         k["transpose"] = dev.kernel("matmul", "transpose")
         if launch.get("cpu_vec"):  # CPUs: float8 AdamW (kernels/adamw.cl), register transposes (kernels/cpu.cl)
@@ -554,6 +575,12 @@ class Ops:
         if self.wgmma is not None:
             self.k["to_bf16_tiled"] = self.dev.kernel("matmul_bf16", "to_bf16", TILED=1, **self._bf16_opts)
             self.k["to_bf16_t_tiled"] = self.dev.kernel("matmul_bf16", "to_bf16_t", TILED=1, **self._bf16_opts)
+            if self.rows and self.launch.get("colsum_rows") == 64:  # reuse copies: bias_partial's sums too
+                for name, extra in (("to_bf16_colsum", {}), ("to_bf16_colsum_gelu", dict(GELU_GRAD=1))):
+                    self.k[name] = self.dev.kernel("matmul_bf16", "to_bf16", TILED=1, COLSUM=1, **extra,
+                                                   **self._bf16_opts)
+                self.k["gelu_backward"] = self.dev.kernel("gelu", "gelu_backward")
+            self.k["xent_backward_tiled"] = self.dev.kernel("xent", "xent_backward_tiled", V=self.cfg.vocab_size)
 
     def _nv_verbose(self, opts: dict) -> tuple:
         """Build options: CLGPT_NV_VERBOSE=1 has NVIDIA's compiler report registers and spills in the build log
@@ -585,14 +612,15 @@ class Ops:
                 STAGES=mm.get("STAGES", 2), **extra, **self._bf16_opts)
         return kern
 
-    def to_bf16(self, slot, X, rows, cols, Rp, Cp, trans=False, tiled=False):
+    def to_bf16(self, slot, X, rows, cols, Rp, Cp, trans=False, tiled=False, out=None):
         """-> the bf16 copy (Rp x Cp, zero-padded) of X (rows x cols, row-major), or with trans of X.T (X stored
-        (cols, rows)); scratch `slot` (0: A, 1: B). Rp and Cp multiples of 32. tiled: in matmul_wgmma.cl's
-        layout (matmul_bf16.cl TILED; Rp a multiple of 8, Cp of 64)."""
-        nbytes = Rp * Cp * 2
-        if self._b16_size[slot] < nbytes:
-            self._b16[slot], self._b16_size[slot] = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, nbytes), nbytes
-        out = self._b16[slot]
+        (cols, rows)); into `out`, else scratch `slot` (0: A, 1: B, 2: Ops.reuse's). Rp and Cp multiples of 32.
+        tiled: in matmul_wgmma.cl's layout (matmul_bf16.cl TILED; Rp a multiple of 8, Cp of 64)."""
+        if out is None:
+            nbytes = Rp * Cp * 2
+            if self._b16_size[slot] < nbytes:
+                self._b16[slot], self._b16_size[slot] = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, nbytes), nbytes
+            out = self._b16[slot]
         suffix = "_tiled" if tiled else ""
         if trans:
             self._launch(self.k["to_bf16_t" + suffix], (Cp, Rp // 4), (32, 8),
@@ -616,7 +644,18 @@ class Ops:
         return A16, True, Kp, B16, True, Kp, Kp
 
     def _matmul_bf16(self, M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E):
-        if self.wgmma is not None and epi != 2 and M * N * K >= self.wgmma_min:
+        for X in (A, B):  # a deferred GELU' is read from the reuse copy only
+            if X.int_ptr in self._gelu_pending and not (X.int_ptr == self._reusing and self._wgmma_mn
+                                                        and self.on_wgmma(M, N, K, epi)):
+                self._settle(X)
+        if (epi == 2 and self._epi2 == "defer" and "to_bf16_colsum_gelu" in self.k and self._wgmma_mn
+                and self.on_wgmma(M, N, K)
+                and bias is None and resid is None and not accum):
+            # dh = dg * gelu'(E): the product on wgmma now, gelu' when dh's reuse copy is made (or _settle)
+            self._matmul_wgmma(M, N, K, A, B, Cm, ta, tb, None, None, False, alpha, 0, None)
+            self._gelu_pending[Cm.int_ptr], self._gelu_bufs[Cm.int_ptr] = (E, M, N, False), Cm
+            return
+        if self.on_wgmma(M, N, K, epi):
             self._matmul_wgmma(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E)
             return
         big, small = self.bf16
@@ -646,12 +685,13 @@ class Ops:
                                           resid, f32(alpha), E))
 
     # ---- bf16 GEMM on Hopper's wgmma (kernels/matmul_wgmma.cl) ----
-    def _kernel_wgmma(self, mm, bias, resid, accum, epi, split=0):
-        key = ("wgmma", bias, resid, accum, epi, split, id(mm))
+    def _kernel_wgmma(self, mm, trans, bias, resid, accum, epi, split=0):
+        key = ("wgmma", trans, bias, resid, accum, epi, split, id(mm))
         kern = self._mm.get(key)
         if kern is None:
             kern = self._mm[key] = self.dev.kernel(
-                "matmul_wgmma", "matmul_wgmma", BM=mm["BM"], BN=mm["BN"], STAGES=mm["STAGES"], PIPE=mm["PIPE"],
+                "matmul_wgmma", "matmul_wgmma", BM=mm["BM"], BN=mm["BN"], TA=int(trans[0]), TB=int(trans[1]),
+                STAGES=mm["STAGES"], PIPE=mm["PIPE"],
                 BIAS=int(bias), RESID=int(resid), ACCUM=int(accum), EPI=epi, SPLITK=int(bool(split)),
                 SMEM_BYTES=mm["STAGES"] * (mm["BM"] + mm["BN"]) * 128 + 64)
         return kern
@@ -662,24 +702,111 @@ class Ops:
         wide, narrow = self.wgmma
         mm = wide if ceil_to(N, wide["BN"]) * 8 <= ceil_to(N, narrow["BN"]) * 9 else narrow
         BM, BN = mm["BM"], mm["BN"]
-        Mp, Np, Kp = ceil_to(M, BM), ceil_to(N, BN), ceil_to(max(K, 1), 64)
-        A16 = self.to_bf16(0, A, M, K, Mp, Kp, trans=bool(ta), tiled=True)
-        B16 = self.to_bf16(1, B, N, K, Np, Kp, trans=not tb, tiled=True)
-        groups, gsize, lsize = (Np // BN) * (Mp // BM), (Np // BN * 2 * BM, Mp // BM), (2 * BM, 1)
+        Kp = ceil_to(max(K, 1), 64)
+        if self._wgmma_mn:  # the copies as the fp32 buffers lie: A (K x M) with ta, B (K x N) without tb
+            A16, ra, ca = self.tiled_copy(0, A, *((K, M) if ta else (M, K)))
+            B16, rb, cb = self.tiled_copy(1, B, *((N, K) if tb else (K, N)))
+            trans, ext = (bool(ta), not tb), (ca if ta else ra, rb if tb else cb)
+        else:
+            ra, rb = ceil_to(M, 64), ceil_to(N, 64)
+            A16 = self.to_bf16(0, A, M, K, ra, Kp, trans=bool(ta), tiled=True)
+            B16 = self.to_bf16(1, B, N, K, rb, Kp, trans=not tb, tiled=True)
+            trans, ext = (False, False), (ra, rb)
+        groups = ceil_to(N, BN) // BN * (ceil_to(M, BM) // BM)
+        gsize, lsize = (ceil_to(N, BN) // BN * 2 * BM, ceil_to(M, BM) // BM), (2 * BM, 1)
+        operands = (i32(Kp), A16, i32(ra), i32(ext[0]), B16, i32(rb), i32(ext[1]))
         if (K >= SPLIT_MIN_TOTAL_K and bias is None and resid is None and epi == 0
                 and groups < WGMMA_SPLIT_GROUPS):
             plan = split_k_chunks(Kp, groups, WGMMA_SPLIT_GROUPS, WGMMA_SPLIT_MIN_K, 64)
             if plan:
                 S, kc = plan
                 P = self._grow_parts(S * M * N)
-                self._launch(self._kernel_wgmma(mm, False, False, False, 0, split=1), gsize + (S,), lsize + (1,),
-                             (i32(M), i32(N), i32(Mp), i32(Np), i32(Kp), A16, B16, P, i32(N), None, None, f32(1.0),
-                              None, i32(kc)))
+                self._launch(self._kernel_wgmma(mm, trans, False, False, False, 0, split=1), gsize + (S,),
+                             lsize + (1,), (i32(M), i32(N), *operands, P, i32(N), None, None, f32(1.0), None, i32(kc)))
                 self.runp("splitk_reduce", (M * N,), i32(M * N), i32(S), i32(bool(accum)), f32(alpha), P, Cm)
                 return
-        kern = self._kernel_wgmma(mm, bias is not None, resid is not None, bool(accum), epi)
-        self._launch(kern, gsize, lsize, (i32(M), i32(N), i32(Mp), i32(Np), i32(Kp), A16, B16, Cm, i32(N), bias,
-                                          resid, f32(alpha), E))
+        kern = self._kernel_wgmma(mm, trans, bias is not None, resid is not None, bool(accum), epi)
+        self._launch(kern, gsize, lsize, (i32(M), i32(N), *operands, Cm, i32(N), bias, resid, f32(alpha), E))
+
+    def tiled_copy(self, slot, X, rows, cols):
+        """-> (copy, Rp, Cp): the bf16 copy of X (rows x cols, row-major) in matmul_wgmma.cl's tiled layout, padded
+        to Rp, Cp (multiples of 64). A stable buffer's copy is made once per forward and kept (its own device
+        buffer), the reuse block's buffer's once per block (scratch slot 2); others go to scratch `slot`."""
+        key = (X.int_ptr, rows, cols)
+        hit = self._kept.get(key)
+        if hit is not None:
+            return hit
+        Rp, Cp = ceil_to(rows, 64), ceil_to(cols, 64)
+        if key[0] in self._stable:  # one device buffer a stable buffer, grown to the largest copy asked for
+            out = self._kept_bufs.get(key[0])
+            if out is None or out.size < Rp * Cp * 2:
+                out = self._kept_bufs[key[0]] = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, Rp * Cp * 2)
+            out = self._kept[key] = (self.to_bf16(None, X, rows, cols, Rp, Cp, tiled=True, out=out), Rp, Cp)
+            return out
+        if key[0] == self._reusing:  # slot 2, with the column sums for bias_backward where the GPU has them
+            if "to_bf16_colsum" not in self.k:
+                out = self._kept[key] = (self.to_bf16(2, X, rows, cols, Rp, Cp, tiled=True), Rp, Cp)
+                return out
+            out, part = self._reuse_slot(Rp, Cp), self._grow_cparts(Rp // 64 * cols)
+            args = (i32(rows), i32(cols), X, i32(cols), out, i32(Cp), part)
+            gelu = self._gelu_pending.get(key[0])
+            if gelu is not None and gelu[1:] == (rows, cols, False):  # the deferred GELU' on the way
+                self._launch(self.k["to_bf16_colsum_gelu"], (Cp // 8, Rp), (4, 64), args + (gelu[0],))
+                self._gelu_pending[key[0]] = gelu[:3] + (True,)
+            else:
+                self._settle(X)
+                self._launch(self.k["to_bf16_colsum"], (Cp // 8, Rp), (4, 64), args)
+            self._colsums = (key, Rp // 64)
+            out = self._kept[key] = (out, Rp, Cp)
+            return out
+        return self.to_bf16(slot, X, rows, cols, Rp, Cp, tiled=True), Rp, Cp
+
+    def _settle(self, X):
+        """X's fp32 values made what its readers expect: a deferred GELU' (_matmul_bf16) applied in place."""
+        gelu = self._gelu_pending.pop(X.int_ptr, None)
+        if gelu is not None:
+            n = gelu[1] * gelu[2]
+            self.runp("gelu_backward", (n,), i32(n), X, gelu[0], X)
+
+    def _reuse_slot(self, Rp, Cp):
+        nbytes = Rp * Cp * 2
+        if self._b16_size[2] < nbytes:
+            self._b16[2], self._b16_size[2] = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, nbytes), nbytes
+        return self._b16[2]
+
+    def on_wgmma(self, M, N, K, epi=0) -> bool:
+        """Whether the bf16 product of this size (and epilogue) runs on wgmma."""
+        return self.wgmma is not None and (epi != 2 or self._wgmma_epi2) and M * N * K >= self.wgmma_min
+
+    def stable(self, *bufs):
+        """Declare fp32 buffers that hold still from a forward to the end of its backward (activations the
+        forward writes once, the weights): on wgmma the tiled copy one product makes serves the later ones, until
+        forget_copies, which the engine calls as each forward begins."""
+        self._stable.update((b.int_ptr, b) for b in bufs)
+
+    def forget_copies(self):
+        self._kept.clear()
+        for ptr in [p for p, g in self._gelu_pending.items() if not g[3]]:
+            self._settle(self._gelu_bufs[ptr])
+        self._gelu_pending.clear()
+
+    @contextmanager
+    def reuse(self, buf):
+        """Inside the block, which does not write `buf`, the tiled copy of it made for one product serves the next
+        ones (a gradient that feeds both the weight's and the input's product)."""
+        if self._reusing is not None:
+            raise ClgptError("Ops.reuse blocks do not nest")
+        self._reusing = buf.int_ptr
+        try:
+            yield
+        finally:
+            self._reusing, self._colsums = None, None
+            for key in [k for k in self._kept if k[0] == buf.int_ptr]:
+                del self._kept[key]
+            gelu = self._gelu_pending.pop(buf.int_ptr, None)
+            if gelu is not None and not gelu[3]:  # never copied: finish the fp32 gradient
+                self._gelu_pending[buf.int_ptr] = gelu
+                self._settle(buf)
 
     def _grow_parts(self, n):
         if self._parts_size < n:
@@ -817,6 +944,10 @@ class Ops:
 
     def bias_backward(self, M, N, dy, db):
         """db (N) += column sums of dy (M,N), in a fixed order."""
+        if self._colsums is not None and self._colsums[0] == (dy.int_ptr, M, N):  # made with dy's tiled copy
+            self.runp("bias_final", (N,), i32(self._colsums[1]), i32(N), self._cparts, db)
+            return
+        self._settle(dy)
         if self.launch.get("cpu_bias"):
             self.run("bias_backward_v8", (-(-N // 8),), i32(M), i32(N), dy, db, lsize=(1,))
             return
@@ -1034,6 +1165,15 @@ class Ops:
         if self.launch.get("xent_fused"):  # the forward left the unscaled gradient in dlogits
             return s
         V = self.cfg.vocab_size
+        if (dlogits.int_ptr == self._reusing and self._wgmma_mn and self.on_wgmma(N, self.cfg.n_embd, V)
+                and self.on_wgmma(V, self.cfg.n_embd, N)):
+            # both products on dlogits read its tiled bf16 copy: write that instead of the fp32 gradient
+            Rp, Cp = ceil_to(N, 64), ceil_to(V, 64)
+            out = self._reuse_slot(Rp, Cp)
+            self._launch(self.k["xent_backward_tiled"], (Cp // 8, Rp), (4, 32),
+                         (i32(N), f32(s), logits, targets, mask, lse, out))
+            self._kept[(dlogits.int_ptr, N, V)] = (out, Rp, Cp)
+            return 1.0
         self.run("xent_backward", (ceil_to(V, 64), N), i32(N), f32(s), logits, targets, mask, lse, dlogits,
                  lsize=(64, 1))
         return 1.0
@@ -1111,6 +1251,11 @@ class Ops:
     # ---- optimizer ----
     def grad_norm(self, n, chunk, n_parts, flat_g, partials, clip, norm_buf):
         """norm_buf[0] = ||flat_g||, norm_buf[1] = the clip factor (clip <= 0: 1)."""
+        if "grad_norm_partial_wg" in self.k:  # GPUs: n_parts work-groups
+            LW = self.rows
+            self.run("grad_norm_partial_wg", (n_parts * LW,), i32(n), flat_g, partials, lsize=(LW,))
+            self.run("grad_norm_final_wg", (LW,), i32(n_parts), f32(clip), partials, norm_buf, lsize=(LW,))
+            return
         self.run("grad_norm_partial", (n_parts,), i32(n), i32(chunk), flat_g, partials)
         self.run("grad_norm_final", (1,), i32(n_parts), f32(clip), partials, norm_buf)
 

@@ -60,8 +60,9 @@ WGMMA_SPLIT_GROUPS = 132
 WGMMA_SPLIT_MIN_K = 512
 # Smaller products (M*N*K below this: shape M's, whose work-groups do not fill the device and whose 4 k tiles do
 # not fill the pipeline) and the GELU' epilogue (which reads E: 1 work-group an SM hides its loads poorly)
-# measured faster on the mma.sync kernel (bench/RESULTS_GPU.md), so they stay there.
-WGMMA_MIN_MNK = 2**32
+# measured faster on the mma.sync kernel (bench/RESULTS_GPU.md), so they stay there. Since wgmma's copies of a
+# matrix serve several products, M6's 16384 x 384 x 384 products (2.4e9) gain there too: 2^30.
+WGMMA_MIN_MNK = 2**30
 MMA_SPLIT_GROUPS = 264
 MMA_SPLIT_MIN_K = 256
 # Split-K (GPUs, products with no bias/residual/epilogue whose output gives too few work-groups, chiefly the

@@ -89,3 +89,34 @@ __kernel void adamw_v8(const int n, const int n_decay, __global float* p, __glob
             adamw_one(j, n_decay, p, grad, m, v, s, lr, beta1, beta2, bc1, bc2, eps, weight_decay);
     }
 }
+
+// GPUs: the norm's partial sums as work-groups of LW work-items (kernels/reduce.cl's fixed-order tree):
+// grad_norm_partial_wg: partials[i] = the sum over work-group i of its work-items' strided sums of g[j]^2
+// (j = its global id + multiples of the global size), so every work-item keeps loads in flight;
+// grad_norm_final_wg (one work-group): out as grad_norm_final, the partials summed strided, then the tree.
+#ifdef LW
+#include "reduce.cl"
+__kernel __attribute__((reqd_work_group_size(LW, 1, 1)))
+void grad_norm_partial_wg(const int n, __global const float* g, __global float* partials)
+{
+    __local float red[LW];
+    float s = 0.0f;
+    for (size_t j = get_global_id(0); j < (size_t)n; j += get_global_size(0)) s += g[j] * g[j];
+    s = wg_sum(red, s);
+    if (get_local_id(0) == 0) partials[get_group_id(0)] = s;
+}
+
+__kernel __attribute__((reqd_work_group_size(LW, 1, 1)))
+void grad_norm_final_wg(const int n_parts, const float clip, __global const float* partials, __global float* out)
+{
+    __local float red[LW];
+    float s = 0.0f;
+    for (int i = get_local_id(0); i < n_parts; i += LW) s += partials[i];
+    s = wg_sum(red, s);
+    if (get_local_id(0) == 0) {
+        const float norm = sqrt(s);
+        out[0] = norm;
+        out[1] = (clip > 0.0f && norm > clip) ? clip / norm : 1.0f;
+    }
+}
+#endif

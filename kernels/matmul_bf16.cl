@@ -70,17 +70,32 @@
 #ifndef TILED
 #define TILED 0
 #endif
-// TILED 1: the copies in kernels/matmul_wgmma.cl's operand layout instead of row-major: Kp/64 x Rp/8 atoms of
-// 8 rows x 64 k (1 KB, atoms of one k tile back to back), row r of an atom 128 bytes, its 16-byte chunk c
-// (k 8c..8c+7) stored at chunk c ^ r (wgmma's 128-byte swizzle). Index of the chunk holding (r, k):
-inline size_t tiled_chunk(const int r, const int k, const int Rp)
-{
-    return (((size_t)(k >> 6) * (Rp >> 3) + (r >> 3)) * 8 + (r & 7)) * 8 + (((k >> 3) & 7) ^ (r & 7));
-}
+// TILED 1: the copies in kernels/matmul_wgmma.cl's operand layout instead of row-major (precision.cl
+// tiled_chunk). COLSUM 1 (with TILED; work-group (4, 64): 32 columns x 64 rows): also part[(r / 64) K + k] =
+// the sums of S's columns over each 64 rows, in row order: bias_partial's sums (kernels/matmul.cl, rc 64) taken
+// from the copy's reads, for bias_final.
+#ifndef COLSUM
+#define COLSUM 0
+#endif
+#if COLSUM
+#define COLSUM_ARGS , __global float* part
+#else
+#define COLSUM_ARGS
+#endif
+// GELU_GRAD 1: the copy (and its sums) of S * gelu'(E), E laid out as S: a GELU's gradient finished on the way
+// into the copy (Ops: the backward's product dg then gelu', deferred).
+#ifndef GELU_GRAD
+#define GELU_GRAD 0
+#endif
+#if GELU_GRAD
+#define GELU_ARGS , __global const float* restrict E
+#else
+#define GELU_ARGS
+#endif
 
 // to_bf16: O (Rp x Kp) = bf16(S (R x K), row stride ld), zeros outside; 8 k a work-item; global (Kp/8, Rp).
 __kernel void to_bf16(const int R, const int K, __global const float* restrict S, const int ld,
-                      __global uint4* O, const int Kp)
+                      __global uint4* O, const int Kp COLSUM_ARGS GELU_ARGS)
 {
     const int c = get_global_id(0), r = get_global_id(1);
     const int k = 8 * c;
@@ -88,15 +103,24 @@ __kernel void to_bf16(const int R, const int K, __global const float* restrict S
     __global const float* p = S + (size_t)r * ld + k;
 #pragma unroll
     for (int h = 0; h < 8; h++) v[h] = (r < R && k + h < K) ? p[h] : 0.0f;
-    uint4 w;
-    w.x = bf16_bits(v[0]) | (bf16_bits(v[1]) << 16);
-    w.y = bf16_bits(v[2]) | (bf16_bits(v[3]) << 16);
-    w.z = bf16_bits(v[4]) | (bf16_bits(v[5]) << 16);
-    w.w = bf16_bits(v[6]) | (bf16_bits(v[7]) << 16);
-#if TILED
-    O[tiled_chunk(r, k, get_global_size(1))] = w;
-#else
-    O[((size_t)r * Kp + k) / 8] = w;
+#if GELU_GRAD
+#pragma unroll
+    for (int h = 0; h < 8; h++)
+        if (r < R && k + h < K) v[h] *= gelu_df(E[(size_t)r * ld + k + h]);
+#endif
+    O[TILED ? tiled_chunk(r, k, get_global_size(1)) : ((size_t)r * Kp + k) / 8] = bf16x8(v);
+#if COLSUM
+    __local float cs[64][33];
+    const int lx = get_local_id(0), ly = get_local_id(1), t = ly * 4 + lx;
+#pragma unroll
+    for (int h = 0; h < 8; h++) cs[ly][8 * lx + h] = v[h];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const int col = get_group_id(0) * 32 + t;
+    if (t < 32 && col < K) {
+        float s = 0.0f;
+        for (int i = 0; i < 64; i++) s += cs[i][t];
+        part[(size_t)get_group_id(1) * K + col] = s;
+    }
 #endif
 }
 

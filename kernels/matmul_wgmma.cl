@@ -1,12 +1,20 @@
 // bf16 GEMM on Hopper's warpgroup tensor-core instruction (wgmma, sm_90a), fp32 sums:
-//   Cm (M,N) = alpha * A (M,K) @ B (N,K)^T [+ bias] [+ R] [+ Cm], then EPI (epilogue.cl), fp32 out;
+//   Cm (M,N) = alpha * op(A) @ op(B)^T [+ bias] [+ R] [+ Cm], then EPI (epilogue.cl), fp32 out;
 //   SPLITK 1: raw partial sums of K chunk z (kc deep) to Cm + z M ldc, added up by splitk_reduce.
-// A and B are bf16 copies that matmul_bf16.cl's to_bf16 / to_bf16_t write with TILED 1, padded with zeros to
-// Mp, Np (multiples of BM, BN) and Kp (of BK = 64): Kp/64 x Rp/8 atoms of 8 rows x 64 k (1 KB), the atoms
-// of one k tile back to back, row r of an atom 128 contiguous bytes with its 16-byte chunk c (k 8c..8c+7)
-// at chunk c ^ r. That is wgmma's K-major 128-byte-swizzle layout, so rows m0..m0+BM-1 of k tile kt are
-// one contiguous BM * 128 bytes, fetched by a single bulk copy (cp.async.bulk: the copy engine TMA uses,
-// no tensor map needed) into local memory as it stands.
+// A and B are bf16 copies that matmul_bf16.cl's to_bf16 writes with TILED 1 from a row-major fp32 matrix
+// (R x C), padded with zeros to Rp rows and Cp columns (multiples of 64): Cp/64 x Rp/8 atoms of 8 rows x 64
+// columns (1 KB), the atoms of one 64-column block back to back, row r of an atom 128 contiguous bytes with its
+// 16-byte chunk c (columns 8c..8c+7) at chunk c ^ r. That is wgmma's 128-byte-swizzle layout both ways:
+// - TA 0: A is M x K (rows m, columns k), K-major: rows m0..m0+BM-1 of k tile kt are one contiguous BM * 128
+//   bytes (lda = A's Rp: a k tile's rows are lda * 128 bytes apart);
+// - TA 1: A is K x M (rows k, columns m), M-major ("transposed", wgmma's imm-trans-a): k tile kt of the
+//   64-column block mb (m 64mb..64mb+63) is one contiguous 8 KB (64 rows); lda = A's Rp (blocks lda * 128
+//   bytes apart); and TB likewise for B (N x K, or with TB 1 K x N).
+// So one copy of a matrix serves a product and its transpose: the forward's X @ W^T, the backward's dY @ W
+// and dY^T @ X read the same copies of X, W and dY. Each tile comes by bulk copies (cp.async.bulk: the copy
+// engine TMA uses, no tensor map needed) into local memory as it stands; a copy stops at the operand's padded
+// extent ma / nb (rows for K-major, columns for M- / N-major), and the rows of a tile past it (stale local
+// memory) reach only outputs past M or N, which are not stored.
 //
 // NVIDIA's OpenCL compiles for `.target sm_90`, where wgmma does not exist, so the sm_90a lines here are PTX
 // comments "// @sm90a@ ..." that name their operands (%0.. as inline asm does; the compiler fills in the
@@ -18,11 +26,12 @@
 // 64w..64w+63, BN/2 fp32 accumulators a work-item (wgmma m64nBNk16's D fragment: warp q of the group holds
 // rows 16q + g and 16q + g + 8, g = lane / 4, columns 8j + 2t and 8j + 2t + 1, t = lane % 4, j < BN/8:
 // acc[4j..4j+3] = (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)). STAGES k tiles in flight, one mbarrier each:
-// work-item 0 arms it with the stage's bytes and starts the two bulk copies, which complete it; everyone
+// work-item 0 arms it with the stage's bytes and starts the bulk copies, which complete it; everyone
 // waits for its phase. A tile: a barrier (so the stage refilled next is no longer read), the copies of
-// tile kt + AHEAD, the wait for tile kt, then 4 wgmma (k 16 each: descriptors move 32 bytes) and, with
-// PIPE, a wait that leaves this tile's group in flight while the next one issues.
-// -D: BM (128, 256), BN (128, 256), STAGES, PIPE, SMEM_BYTES; BIAS RESID ACCUM EPI SPLITK as matmul_bf16.cl.
+// tile kt + AHEAD, the wait for tile kt, then 4 wgmma (k 16 each) and, with PIPE, a wait that leaves this
+// tile's group in flight while the next one issues.
+// -D: BM (128, 256), BN (128, 256), TA, TB, STAGES, PIPE, SMEM_BYTES; BIAS RESID ACCUM EPI SPLITK as
+// matmul_bf16.cl.
 #ifndef BM
 #define BM 128
 #endif
@@ -34,6 +43,12 @@
 #endif
 #ifndef PIPE
 #define PIPE 1
+#endif
+#ifndef TA
+#define TA 0
+#endif
+#ifndef TB
+#define TB 0
 #endif
 #include "epilogue.cl"
 
@@ -50,31 +65,38 @@
 #error SMEM_BYTES must be STAGES * (BM + BN) * 128 + 64: the size clgpt/sm90a.py gives the local array
 #endif
 
-// matrix descriptor: start >> 4, LBO 1 (unused by K-major swizzled layouts), SBO 1024 bytes (8-row atoms),
-// 128-byte swizzle; the tiles are 1024-aligned (sm90a.py aligns the array)
-inline ulong wgmma_desc(const uint addr)
+// matrix descriptors, 128-byte swizzle, the tiles 1024-aligned (sm90a.py aligns the array): start >> 4,
+// the leading and stride byte offsets >> 4. K-major: SBO 1024 bytes (8-row atoms; LBO unused), and k + 16 moves
+// the start 32 bytes inside the atom. M- / N-major: LBO 8 KB (the next 64-wide block of m or n), SBO 1024
+// bytes (the next 8 k rows), and k + 16 moves the start two atoms (2 KB).
+inline ulong wgmma_desc(const uint addr, const uint lbo)
 {
-    return (ulong)((addr & 0x3FFFF) >> 4) | (1ul << 16) | ((ulong)(1024 >> 4) << 32) | (1ul << 62);
+    return (ulong)((addr & 0x3FFFF) >> 4) | ((ulong)(lbo >> 4) << 16) | ((ulong)(1024 >> 4) << 32) | (1ul << 62);
 }
-#define KSTEP (32 >> 4)                // k + 16: the start moves 32 bytes inside the swizzle atom
+#define MN_LBO (64 * 128)
+#define KSTEP_K (32 >> 4)
+#define KSTEP_MN (2048 >> 4)
+#define STR_(x) #x
+#define STR(x) STR_(x)
+#define WGMMA_TRANS STR(TA) ", " STR(TB)  // imm-trans-a, imm-trans-b
 
 // WGMMA_TILE_ASM: the 4 wgmma m64nBNk16 of one k tile, then a wait until at most PIPE groups are pending;
-// operands: the BN/2 accumulators, A's and B's descriptors, 1 (scale-d: accumulate), KSTEP, PIPE.
+// operands: the BN/2 accumulators, A's and B's descriptors, 1 (scale-d: accumulate), A's and B's k steps, PIPE.
 #if BN == 128
 #define WGMMA_TILE_ASM \
     "// @sm90a@ { .reg .pred p; .reg .b64 da, db;\n" \
     "// @sm90a@ setp.ne.b32 p, %66, 0;\n" \
     "// @sm90a@ mov.b64 da, %64; mov.b64 db, %65;\n" \
     "// @sm90a@ wgmma.fence.sync.aligned;\n" \
-    "// @sm90a@ wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, da, db, p, 1, 1, 0, 0;\n" \
-    "// @sm90a@ add.s64 da, da, %67; add.s64 db, db, %67;\n" \
-    "// @sm90a@ wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, da, db, p, 1, 1, 0, 0;\n" \
-    "// @sm90a@ add.s64 da, da, %67; add.s64 db, db, %67;\n" \
-    "// @sm90a@ wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, da, db, p, 1, 1, 0, 0;\n" \
-    "// @sm90a@ add.s64 da, da, %67; add.s64 db, db, %67;\n" \
-    "// @sm90a@ wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, da, db, p, 1, 1, 0, 0;\n" \
+    "// @sm90a@ wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, da, db, p, 1, 1, " WGMMA_TRANS ";\n" \
+    "// @sm90a@ add.s64 da, da, %67; add.s64 db, db, %68;\n" \
+    "// @sm90a@ wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, da, db, p, 1, 1, " WGMMA_TRANS ";\n" \
+    "// @sm90a@ add.s64 da, da, %67; add.s64 db, db, %68;\n" \
+    "// @sm90a@ wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, da, db, p, 1, 1, " WGMMA_TRANS ";\n" \
+    "// @sm90a@ add.s64 da, da, %67; add.s64 db, db, %68;\n" \
+    "// @sm90a@ wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, da, db, p, 1, 1, " WGMMA_TRANS ";\n" \
     "// @sm90a@ wgmma.commit_group.sync.aligned;\n" \
-    "// @sm90a@ wgmma.wait_group.sync.aligned %68; }\n"
+    "// @sm90a@ wgmma.wait_group.sync.aligned %69; }\n"
 #define WGMMA_ACC_OPERANDS "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3]), "+f"(acc[4]), "+f"(acc[5]), "+f"(acc[6]), "+f"(acc[7]), "+f"(acc[8]), "+f"(acc[9]), "+f"(acc[10]), "+f"(acc[11]), "+f"(acc[12]), "+f"(acc[13]), "+f"(acc[14]), "+f"(acc[15]), "+f"(acc[16]), "+f"(acc[17]), "+f"(acc[18]), "+f"(acc[19]), "+f"(acc[20]), "+f"(acc[21]), "+f"(acc[22]), "+f"(acc[23]), "+f"(acc[24]), "+f"(acc[25]), "+f"(acc[26]), "+f"(acc[27]), "+f"(acc[28]), "+f"(acc[29]), "+f"(acc[30]), "+f"(acc[31]), "+f"(acc[32]), "+f"(acc[33]), "+f"(acc[34]), "+f"(acc[35]), "+f"(acc[36]), "+f"(acc[37]), "+f"(acc[38]), "+f"(acc[39]), "+f"(acc[40]), "+f"(acc[41]), "+f"(acc[42]), "+f"(acc[43]), "+f"(acc[44]), "+f"(acc[45]), "+f"(acc[46]), "+f"(acc[47]), "+f"(acc[48]), "+f"(acc[49]), "+f"(acc[50]), "+f"(acc[51]), "+f"(acc[52]), "+f"(acc[53]), "+f"(acc[54]), "+f"(acc[55]), "+f"(acc[56]), "+f"(acc[57]), "+f"(acc[58]), "+f"(acc[59]), "+f"(acc[60]), "+f"(acc[61]), "+f"(acc[62]), "+f"(acc[63])
 #elif BN == 256
 #define WGMMA_TILE_ASM \
@@ -82,24 +104,41 @@ inline ulong wgmma_desc(const uint addr)
     "// @sm90a@ setp.ne.b32 p, %130, 0;\n" \
     "// @sm90a@ mov.b64 da, %128; mov.b64 db, %129;\n" \
     "// @sm90a@ wgmma.fence.sync.aligned;\n" \
-    "// @sm90a@ wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, da, db, p, 1, 1, 0, 0;\n" \
-    "// @sm90a@ add.s64 da, da, %131; add.s64 db, db, %131;\n" \
-    "// @sm90a@ wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, da, db, p, 1, 1, 0, 0;\n" \
-    "// @sm90a@ add.s64 da, da, %131; add.s64 db, db, %131;\n" \
-    "// @sm90a@ wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, da, db, p, 1, 1, 0, 0;\n" \
-    "// @sm90a@ add.s64 da, da, %131; add.s64 db, db, %131;\n" \
-    "// @sm90a@ wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, da, db, p, 1, 1, 0, 0;\n" \
+    "// @sm90a@ wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, da, db, p, 1, 1, " WGMMA_TRANS ";\n" \
+    "// @sm90a@ add.s64 da, da, %131; add.s64 db, db, %132;\n" \
+    "// @sm90a@ wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, da, db, p, 1, 1, " WGMMA_TRANS ";\n" \
+    "// @sm90a@ add.s64 da, da, %131; add.s64 db, db, %132;\n" \
+    "// @sm90a@ wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, da, db, p, 1, 1, " WGMMA_TRANS ";\n" \
+    "// @sm90a@ add.s64 da, da, %131; add.s64 db, db, %132;\n" \
+    "// @sm90a@ wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, da, db, p, 1, 1, " WGMMA_TRANS ";\n" \
     "// @sm90a@ wgmma.commit_group.sync.aligned;\n" \
-    "// @sm90a@ wgmma.wait_group.sync.aligned %132; }\n"
+    "// @sm90a@ wgmma.wait_group.sync.aligned %133; }\n"
 #define WGMMA_ACC_OPERANDS "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3]), "+f"(acc[4]), "+f"(acc[5]), "+f"(acc[6]), "+f"(acc[7]), "+f"(acc[8]), "+f"(acc[9]), "+f"(acc[10]), "+f"(acc[11]), "+f"(acc[12]), "+f"(acc[13]), "+f"(acc[14]), "+f"(acc[15]), "+f"(acc[16]), "+f"(acc[17]), "+f"(acc[18]), "+f"(acc[19]), "+f"(acc[20]), "+f"(acc[21]), "+f"(acc[22]), "+f"(acc[23]), "+f"(acc[24]), "+f"(acc[25]), "+f"(acc[26]), "+f"(acc[27]), "+f"(acc[28]), "+f"(acc[29]), "+f"(acc[30]), "+f"(acc[31]), "+f"(acc[32]), "+f"(acc[33]), "+f"(acc[34]), "+f"(acc[35]), "+f"(acc[36]), "+f"(acc[37]), "+f"(acc[38]), "+f"(acc[39]), "+f"(acc[40]), "+f"(acc[41]), "+f"(acc[42]), "+f"(acc[43]), "+f"(acc[44]), "+f"(acc[45]), "+f"(acc[46]), "+f"(acc[47]), "+f"(acc[48]), "+f"(acc[49]), "+f"(acc[50]), "+f"(acc[51]), "+f"(acc[52]), "+f"(acc[53]), "+f"(acc[54]), "+f"(acc[55]), "+f"(acc[56]), "+f"(acc[57]), "+f"(acc[58]), "+f"(acc[59]), "+f"(acc[60]), "+f"(acc[61]), "+f"(acc[62]), "+f"(acc[63]), "+f"(acc[64]), "+f"(acc[65]), "+f"(acc[66]), "+f"(acc[67]), "+f"(acc[68]), "+f"(acc[69]), "+f"(acc[70]), "+f"(acc[71]), "+f"(acc[72]), "+f"(acc[73]), "+f"(acc[74]), "+f"(acc[75]), "+f"(acc[76]), "+f"(acc[77]), "+f"(acc[78]), "+f"(acc[79]), "+f"(acc[80]), "+f"(acc[81]), "+f"(acc[82]), "+f"(acc[83]), "+f"(acc[84]), "+f"(acc[85]), "+f"(acc[86]), "+f"(acc[87]), "+f"(acc[88]), "+f"(acc[89]), "+f"(acc[90]), "+f"(acc[91]), "+f"(acc[92]), "+f"(acc[93]), "+f"(acc[94]), "+f"(acc[95]), "+f"(acc[96]), "+f"(acc[97]), "+f"(acc[98]), "+f"(acc[99]), "+f"(acc[100]), "+f"(acc[101]), "+f"(acc[102]), "+f"(acc[103]), "+f"(acc[104]), "+f"(acc[105]), "+f"(acc[106]), "+f"(acc[107]), "+f"(acc[108]), "+f"(acc[109]), "+f"(acc[110]), "+f"(acc[111]), "+f"(acc[112]), "+f"(acc[113]), "+f"(acc[114]), "+f"(acc[115]), "+f"(acc[116]), "+f"(acc[117]), "+f"(acc[118]), "+f"(acc[119]), "+f"(acc[120]), "+f"(acc[121]), "+f"(acc[122]), "+f"(acc[123]), "+f"(acc[124]), "+f"(acc[125]), "+f"(acc[126]), "+f"(acc[127])
 #else
 #error BN is 128 or 256
 #endif
 #define WGMMA_WAIT0_ASM "// @sm90a@ wgmma.wait_group.sync.aligned 0;\n"
 
+// FETCH(X, d, kk, o0, ld, ext, BX, TX): the bulk copies of k tile kk of an operand's rows (columns with TX)
+// o0..o0+BX-1 into local d, on mbarrier bar_, stopping at its padded extent ext.
+#define FETCH(X, d, kk, o0, ld, ext, BX, TX)                                                           \
+    if (TX) {                                                                                          \
+        for (int j_ = 0; j_ < BX / 64 && o0 + 64 * j_ < ext; j_++)                                     \
+            asm volatile("// @sm90a@ cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes " \
+                         "[%0], [%1], %2, [%3];" ::"r"(d + j_ * 8192),                                 \
+                         "l"(X + ((size_t)(o0 / 64 + j_) * ld + (size_t)(kk) * 64) * 64), "r"(8192),   \
+                         "r"(bar_) : "memory");                                                        \
+    } else {                                                                                           \
+        asm volatile("// @sm90a@ cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "     \
+                     "[%0], [%1], %2, [%3];" ::"r"(d), "l"(X + ((size_t)(kk) * ld + o0) * BK),          \
+                     "r"(min(BX, ext - o0) * 128), "r"(bar_) : "memory");                              \
+    }
+// the bytes FETCH moves for one operand tile
+#define FETCH_BYTES(o0, ext, BX, TX) ((TX) ? min(BX / 64, (ext - o0 + 63) / 64) * 8192 : min(BX, ext - o0) * 128)
+
 __kernel __attribute__((reqd_work_group_size(NT, 1, 1)))
-void matmul_wgmma(const int M, const int N, const int Mp, const int Np, const int Kp,
-                  __global const ushort* restrict A, __global const ushort* restrict B,
+void matmul_wgmma(const int M, const int N, const int Kp, __global const ushort* restrict A, const int lda,
+                  const int ma, __global const ushort* restrict B, const int ldb, const int nb,
                   __global float* Cm, const int ldc, __global const float* restrict bias, __global const float* R,
                   const float alpha, __global float* E SPLIT_ARGS)
 {
@@ -110,6 +149,7 @@ void matmul_wgmma(const int M, const int N, const int Mp, const int Np, const in
     SPLIT_RANGE(kbeg, kend, Kp)
     const int k0 = kbeg / BK, nk = (kend - kbeg) / BK;
     const uint sbase = (uint)(size_t)smem, bars = sbase + STAGES * STAGE_BYTES;
+    const uint tile_bytes = FETCH_BYTES(m0, ma, BM, TA) + FETCH_BYTES(n0, nb, BN, TB);
     float acc[NACC];
 #pragma unroll
     for (int i = 0; i < NACC; i++) acc[i] = 0.0f;
@@ -123,15 +163,10 @@ void matmul_wgmma(const int M, const int N, const int Mp, const int Np, const in
 #define ISSUE_TILE(stage, kt)                                                                            \
     if (tid == 0) {                                                                                      \
         const uint d_ = sbase + (stage) * STAGE_BYTES, bar_ = bars + 8 * (stage);                        \
-        const size_t t_ = (size_t)(k0 + (kt)) * 8 * BK;                                                  \
         asm volatile("// @sm90a@ mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"                \
-                     ::"r"(bar_), "r"(STAGE_BYTES) : "memory");                                          \
-        asm volatile("// @sm90a@ cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "     \
-                     "[%0], [%1], %2, [%3];" ::"r"(d_), "l"(A + t_ * (Mp / 8) + (size_t)m0 * BK),       \
-                     "r"(A_BYTES), "r"(bar_) : "memory");                                                \
-        asm volatile("// @sm90a@ cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "     \
-                     "[%0], [%1], %2, [%3];" ::"r"(d_ + A_BYTES), "l"(B + t_ * (Np / 8) + (size_t)n0 * BK), \
-                     "r"(B_BYTES), "r"(bar_) : "memory");                                                \
+                     ::"r"(bar_), "r"(tile_bytes) : "memory");                                           \
+        FETCH(A, d_, k0 + (kt), m0, lda, ma, BM, TA)                                                     \
+        FETCH(B, d_ + A_BYTES, k0 + (kt), n0, ldb, nb, BN, TB)                                           \
     }
     for (int s = 0; s < AHEAD && s < nk; s++) ISSUE_TILE(s, s)
     for (int kt = 0; kt < nk; kt++) {
@@ -146,9 +181,10 @@ void matmul_wgmma(const int M, const int N, const int Mp, const int Np, const in
                              "selp.u32 %0, 1, 0, p; }" : "=r"(done) : "r"(bar), "r"(phase) : "memory");
         }
         const uint s = sbase + (kt % STAGES) * STAGE_BYTES;
-        const ulong da = wgmma_desc(s + wg * 64 * 128), db = wgmma_desc(s + A_BYTES);
+        const ulong da = wgmma_desc(s + wg * 64 * 128, TA ? MN_LBO : 16), db = wgmma_desc(s + A_BYTES, TB ? MN_LBO : 16);
         asm volatile(WGMMA_TILE_ASM : WGMMA_ACC_OPERANDS
-                     : "l"(da), "l"(db), "r"(1), "l"((ulong)KSTEP), "n"(PIPE) : "memory");
+                     : "l"(da), "l"(db), "r"(1), "l"((ulong)(TA ? KSTEP_MN : KSTEP_K)),
+                       "l"((ulong)(TB ? KSTEP_MN : KSTEP_K)), "n"(PIPE) : "memory");
     }
 #if PIPE
     asm volatile(WGMMA_WAIT0_ASM : WGMMA_ACC_OPERANDS :: "memory");

@@ -22,6 +22,22 @@ inline uint bf16_bits(const float x)
 
 inline float round_bf16(const float x) { return as_float(bf16_bits(x) << 16); }
 
+// eight floats as eight bf16 in 16 bytes, v[0] lowest
+inline uint4 bf16x8(const float* v)
+{
+    return (uint4)(bf16_bits(v[0]) | (bf16_bits(v[1]) << 16), bf16_bits(v[2]) | (bf16_bits(v[3]) << 16),
+                   bf16_bits(v[4]) | (bf16_bits(v[5]) << 16), bf16_bits(v[6]) | (bf16_bits(v[7]) << 16));
+}
+
+// The bf16 copies kernels/matmul_wgmma.cl reads (matmul_bf16.cl to_bf16 with TILED 1, xent.cl
+// xent_backward_tiled): an Rp x Cp matrix (multiples of 64 and 8) as Cp/64 x Rp/8 atoms of 8 rows x 64 columns
+// (1 KB, the atoms of one 64-column block back to back), row r of an atom 128 bytes, its 16-byte chunk c
+// (columns 8c..8c+7) stored at chunk c ^ r (wgmma's 128-byte swizzle). Index of the chunk holding (r, k):
+inline size_t tiled_chunk(const int r, const int k, const int Rp)
+{
+    return (((size_t)(k >> 6) * (Rp >> 3) + (r >> 3)) * 8 + (r & 7)) * 8 + (((k >> 3) & 7) ^ (r & 7));
+}
+
 inline float round_tf32(const float x)
 {
     const uint u = as_uint(x);

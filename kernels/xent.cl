@@ -35,6 +35,29 @@ __kernel void xent_backward(const int N, const float s, __global const float* lo
     dlogits[i] = s * mask[n] * (p - (v == targets[n] ? 1.0f : 0.0f));
 }
 
+// xent_backward_tiled: the same gradient straight into the bf16 copy kernels/matmul_wgmma.cl reads (precision.cl
+// tiled_chunk; the fp32 dlogits is not written), zeros outside N x V; 8 v a work-item, global (Vp/8, Np).
+#include "precision.cl"
+__kernel void xent_backward_tiled(const int N, const float s, __global const float* logits,
+                                  __global const int* targets, __global const float* mask,
+                                  __global const float* lse, __global uint4* O)
+{
+    const int c = get_global_id(0), n = get_global_id(1), v0 = 8 * c;
+    float d[8];
+    if (n < N) {
+        const float z = lse[n], sm = s * mask[n];
+        const int tgt = targets[n];
+        __global const float* l = logits + (size_t)n * V;
+#pragma unroll
+        for (int h = 0; h < 8; h++)
+            d[h] = v0 + h < V ? sm * (exp(l[v0 + h] - z) - (v0 + h == tgt ? 1.0f : 0.0f)) : 0.0f;
+    } else {
+#pragma unroll
+        for (int h = 0; h < 8; h++) d[h] = 0.0f;
+    }
+    O[tiled_chunk(n, v0, get_global_size(1))] = bf16x8(d);
+}
+
 // GPUs: one work-group of LW work-items per row, fixed-order tree reductions (deterministic).
 #include "reduce.cl"
 

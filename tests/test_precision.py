@@ -264,7 +264,8 @@ def test_sm90a_ptx_patch():
 
 
 @pytest.mark.parametrize("defines", [dict(BN=128, BIAS=1, RESID=1, ACCUM=1, EPI=1), dict(BN=256, SPLITK=1),
-                                     dict(BN=256, EPI=2, PIPE=0)])
+                                     dict(BN=256, EPI=2, PIPE=0), dict(BN=128, TA=1, TB=1, SPLITK=1),
+                                     dict(BN=256, TB=1, BIAS=1)])
 def test_wgmma_kernel_compiles_apart_from_its_ptx(dev, defines):
     """kernels/matmul_wgmma.cl runs only on sm_90 GPUs; here its OpenCL C (descriptors, bulk-copy addresses,
     epilogue.cl's store_pair) builds on this device with the inline PTX stubbed out, so a C-level slip shows in CI."""
@@ -459,3 +460,121 @@ def test_precision_setting(dev):
     assert resolve("auto", dev.device) == ("bf16" if dev.device.vendor.lower().startswith("nvidia") else "fp32")
     with pytest.raises(ClgptError, match="precision 'half'"):
         resolve("half", dev.device)
+
+
+def _tiled_index(Rp, Cp):
+    """Where precision.cl's tiled_chunk puts element (r, c) of an Rp x Cp bf16 copy (the wgmma layout)."""
+    r, c, e = np.arange(Rp)[:, None], np.arange(Cp)[None, :] // 8, np.arange(Cp)[None, :] % 8
+    return ((((c // 8) * (Rp // 8) + r // 8) * 8 + r % 8) * 8 + ((c % 8) ^ (r % 8))) * 8 + e
+
+
+def _bf16_pattern(x):
+    return (ref.round_bf16(np.asarray(x, f32)).view(np.uint32) >> 16).astype(np.uint16)
+
+
+@pytest.mark.parametrize("gelu", [False, True])
+def test_tiled_copy_with_column_sums(dev, gelu):
+    """to_bf16 with TILED and COLSUM (what a reused gradient's copy runs on GPUs): the tiled bf16 copy, and each
+    64 rows' column sums added in row order, as bias_partial adds them (bit for bit), for bias_final. With
+    GELU_GRAD, of X * gelu'(E) (the deferred GELU' of the backward), against float64."""
+    rows, cols, Rp, Cp = 150, 70, 192, 128
+    X = rng.normal(size=(rows, cols)).astype(f32)
+    E = rng.normal(size=(rows, cols)).astype(f32) * 2
+    k = dev.kernel("matmul_bf16", "to_bf16", TILED=1, COLSUM=1, MMA_EMULATE=1, **({"GELU_GRAD": 1} if gelu else {}))
+    out, part = np.empty(Rp * Cp, np.uint16), np.empty(Rp // 64 * cols, f32)
+    o_buf, p_buf = cl.Buffer(dev.ctx, cl.mem_flags.READ_WRITE, out.nbytes), to_dev(dev, part)
+    k(dev.queue, (Cp // 8, Rp), (4, 64), np.int32(rows), np.int32(cols), to_dev(dev, X), np.int32(cols), o_buf,
+      np.int32(Cp), p_buf, *((to_dev(dev, E),) if gelu else ()))
+    cl.enqueue_copy(dev.queue, out, o_buf)
+    cl.enqueue_copy(dev.queue, part, p_buf, is_blocking=True)
+    part = part.reshape(Rp // 64, cols)
+    got = (out[_tiled_index(Rp, Cp)].astype(np.uint32) << 16).view(f32)
+    assert not got[rows:].any() and not got[:, cols:].any()
+    if gelu:
+        e = E.astype(np.float64)
+        t = np.tanh(np.sqrt(2 / np.pi) * (e + 0.044715 * e**3))
+        want = X * (0.5 * (1 + t) + 0.5 * e * (1 - t * t) * np.sqrt(2 / np.pi) * (1 + 3 * 0.044715 * e * e))
+        assert np.abs(got[:rows, :cols] - want).max() <= 2.0**-8 * np.abs(want).max()
+        sums = np.add.reduceat(np.vstack([want, np.zeros((Rp - rows, cols))]), np.arange(0, Rp, 64), axis=0)
+        assert np.abs(part - sums).max() <= 1e-5 * np.abs(want).max() * 64
+        return
+    flat = np.zeros((Rp, Cp), np.uint16)
+    flat[:rows, :cols] = _bf16_pattern(X)
+    assert np.array_equal(out[_tiled_index(Rp, Cp)], flat)
+    padded = np.zeros((Rp, cols), f32)
+    padded[:rows] = X
+    want = np.stack([np.cumsum(padded[64 * i:64 * i + 64], axis=0, dtype=f32)[-1] for i in range(Rp // 64)])
+    assert np.array_equal(part, want)
+
+
+def test_xent_backward_tiled_against_float64(dev):
+    """xent_backward_tiled: s * mask * (softmax - onehot) from the forward's lse, straight into the tiled bf16
+    copy the head's wgmma products read, zeros outside N x V; against float64, to bf16's rounding."""
+    N, V, s = 37, 70, 0.37
+    logits = rng.normal(size=(N, V)).astype(f32) * 3
+    targets = rng.integers(0, V, N).astype(np.int32)
+    mask = (rng.random(N) > 0.3).astype(f32)
+    l64 = logits.astype(np.float64)
+    lse = np.log(np.exp(l64).sum(1))
+    want = s * mask[:, None] * (np.exp(l64 - lse[:, None]) - (np.arange(V)[None, :] == targets[:, None]))
+    Rp, Cp = 64, 128
+    k = dev.kernel("xent", "xent_backward_tiled", V=V)
+    out = np.empty(Rp * Cp, np.uint16)
+    o_buf = cl.Buffer(dev.ctx, cl.mem_flags.READ_WRITE, out.nbytes)
+    k(dev.queue, (Cp // 8, Rp), (4, 32), np.int32(N), np.float32(s), to_dev(dev, logits), to_dev(dev, targets),
+      to_dev(dev, mask), to_dev(dev, lse.astype(f32)), o_buf)
+    cl.enqueue_copy(dev.queue, out, o_buf, is_blocking=True)
+    got = (out[_tiled_index(Rp, Cp)].astype(np.uint32) << 16).view(f32)
+    assert not got[N:].any() and not got[:, V:].any()
+    assert np.abs(got[:N, :V] - want).max() <= 2.0**-8 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("clip", [0.0, 1.0])
+def test_grad_norm_work_groups_against_float64(dev, clip):
+    """grad_norm_partial_wg / grad_norm_final_wg (GPUs): the norm and the clip factor against float64."""
+    n, parts, LW = 100003, 37, 64
+    g = rng.normal(size=n).astype(f32) * 0.01
+    partials, out = cl.Buffer(dev.ctx, cl.mem_flags.READ_WRITE, parts * 4), np.empty(2, f32)
+    o_buf = cl.Buffer(dev.ctx, cl.mem_flags.READ_WRITE, 8)
+    dev.kernel("adamw", "grad_norm_partial_wg", LW=LW)(dev.queue, (parts * LW,), (LW,), np.int32(n), to_dev(dev, g),
+                                                       partials)
+    dev.kernel("adamw", "grad_norm_final_wg", LW=LW)(dev.queue, (LW,), (LW,), np.int32(parts), np.float32(clip),
+                                                     partials, o_buf)
+    cl.enqueue_copy(dev.queue, out, o_buf, is_blocking=True)
+    norm = np.sqrt((g.astype(np.float64) ** 2).sum())
+    assert abs(out[0] - norm) <= 1e-5 * norm
+    assert out[1] == (np.float32(clip) / out[0] if 0 < clip < out[0] else 1.0)
+
+
+def test_tiled_copies_kept_for_stable_and_reused_buffers(dev, monkeypatch):
+    """Ops.tiled_copy: a stable buffer's copy is made once per forward (forget_copies drops it), a reuse block's
+    buffer's once per block, any other buffer's at every call; the copy holds the tiled bf16 values."""
+    ops = _bf16_ops(monkeypatch)
+    ops.k["to_bf16_tiled"] = dev.kernel("matmul_bf16", "to_bf16", TILED=1, **ops._bf16_opts)
+    rows, cols = 100, 70
+    X, Y, Z = (rng.normal(size=(rows, cols)).astype(f32) for _ in range(3))
+    xb, yb, zb = to_dev(dev, X), to_dev(dev, Y), to_dev(dev, Z)
+    ops.stable(xb)
+    launches = []
+    real = ops._launch
+    monkeypatch.setattr(ops, "_launch", lambda *a: (launches.append(a[0]), real(*a)))
+    first = ops.tiled_copy(0, xb, rows, cols)
+    assert ops.tiled_copy(1, xb, rows, cols) is first and len(launches) == 1
+    out = np.empty(first[1] * first[2], np.uint16)
+    cl.enqueue_copy(dev.queue, out, first[0], is_blocking=True)
+    flat = np.zeros(first[1:], np.uint16)
+    flat[:rows, :cols] = _bf16_pattern(X)
+    assert first[1:] == (128, 128) and np.array_equal(out[_tiled_index(*first[1:])], flat)
+    ops.forget_copies()
+    assert ops.tiled_copy(0, xb, rows, cols) is not first and len(launches) == 2
+    with ops.reuse(yb):
+        y1 = ops.tiled_copy(0, yb, rows, cols)
+        assert ops.tiled_copy(1, yb, rows, cols) is y1 and len(launches) == 3
+        ops.tiled_copy(0, zb, rows, cols)
+        ops.tiled_copy(0, zb, rows, cols)
+        assert len(launches) == 5
+        with pytest.raises(ClgptError, match="do not nest"):
+            with ops.reuse(zb):
+                pass
+    ops.tiled_copy(0, yb, rows, cols)
+    assert len(launches) == 6
