@@ -59,9 +59,10 @@ _NVIDIA_WGMMA_NARROW = dict(kernel="matmul_wgmma", BM=128, BN=128, STAGES=4, PIP
 WGMMA_SPLIT_GROUPS = 132
 WGMMA_SPLIT_MIN_K = 512
 # Smaller products (M*N*K below this: shape M's, whose work-groups do not fill the device and whose 4 k tiles do
-# not fill the pipeline) and the GELU' epilogue (which reads E: 1 work-group an SM hides its loads poorly)
-# measured faster on the mma.sync kernel (bench/RESULTS_GPU.md), so they stay there. Since wgmma's copies of a
-# matrix serve several products, M6's 16384 x 384 x 384 products (2.4e9) gain there too: 2^30.
+# not fill the pipeline) measured faster on the mma.sync kernel (bench/RESULTS_GPU.md), so they stay there. Since
+# wgmma's copies of a matrix serve several products, M6's 16384 x 384 x 384 products (2.4e9) gain there too: 2^30.
+# The GELU' epilogue in the wgmma kernel (which reads E: 1 work-group an SM hides its loads poorly) is slower than
+# mma.sync's, and both slower than the product without it and gelu' applied in its gradient's copy (Ops, "defer").
 WGMMA_MIN_MNK = 2**30
 MMA_SPLIT_GROUPS = 264
 MMA_SPLIT_MIN_K = 256
