@@ -8,3 +8,14 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
 mkdir -p /tmp/icd && echo /usr/lib/libnvidia-opencl.so.1 >/tmp/icd/nvidia.icd && export OCL_ICD_VENDORS=/tmp/icd
 [ -e /usr/lib/libnvidia-opencl.so.1 ] || echo /usr/lib/x86_64-linux-gnu/libnvidia-opencl.so.1 >/tmp/icd/nvidia.icd
+
+# profile_bf16 SHAPE...: per-kernel device times (CLGPT_BENCH_PROFILE) of `clgpt bench` in bf16 at each shape, its
+# arguments in the caller's variable of that name, into $O/profile.txt (bench/run_gpu_flash.sh, run_gpu_operands.sh)
+profile_bf16() {
+  for shape in "$@"; do
+    eval args=\$$shape
+    echo "== $shape profile" | tee -a $O/profile.txt
+    CLGPT_BENCH_PROFILE=1 timeout 90 python3 -m clgpt bench $args --steps 3 --gemm 0 --precision bf16 2>&1 \
+      | grep -A60 "^profile" | tee -a $O/profile.txt
+  done
+}

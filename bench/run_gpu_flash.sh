@@ -25,11 +25,5 @@ for shape in ${SHAPES:-M6 L M}; do
   echo "== $shape torch nanogpt (compile, bf16 autocast, SDPA, fused AdamW)" | tee -a $O/train.txt
   timeout 120 python3 bench/bench_torch.py $args --steps $steps --warmup 5 --device cuda --nanogpt 2>&1 | grep "train:" | tee -a $O/train.txt
 done
-[ -n "$PROFILE" ] || exit 0
-for shape in $PROFILE; do  # PROFILE="M6 L": per-kernel device times (CLGPT_BENCH_PROFILE) of these shapes
-  eval args=\$$shape
-  echo "== $shape profile" | tee -a $O/profile.txt
-  CLGPT_BENCH_PROFILE=1 timeout 90 python3 -m clgpt bench $args --steps 3 --gemm 0 --precision bf16 2>&1 \
-    | grep -A60 "^profile" | tee -a $O/profile.txt
-done
+profile_bf16 $PROFILE
 exit 0

@@ -23,10 +23,5 @@ for shape in ${SHAPES:-M6 L}; do
   echo "== $shape torch nanogpt (compile, bf16 autocast, SDPA, fused AdamW)" | tee -a $O/train.txt
   timeout 120 python3 bench/bench_torch.py $args --steps $steps --warmup 5 --device cuda --nanogpt 2>&1 | grep "train:" | tee -a $O/train.txt
 done
-for shape in $PROFILE; do
-  eval args=\$$shape
-  echo "== $shape profile" | tee -a $O/profile.txt
-  CLGPT_BENCH_PROFILE=1 timeout 90 python3 -m clgpt bench $args --steps 3 --gemm 0 --precision bf16 2>&1 \
-    | grep -A60 "^profile" | tee -a $O/profile.txt
-done
+profile_bf16 $PROFILE
 exit 0
