@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import namedtuple
 from contextlib import contextmanager
 from operator import itemgetter
 
@@ -45,6 +46,11 @@ MATMUL_TILES = dict(TSM=64, TSN=64, TSK=32, WPTM=8, WPTN=8)
 
 i32, f32 = np.int32, np.float32
 FLASH_MIN_GROUPS, FLASH_LONG_T = 4, 1024  # flash attention's size rule (Ops._use_flash)
+
+
+# a GELU' deferred into a gradient's copy (Ops._matmul_bf16): the fp32 buffer holding dg, gelu's input E, the
+# product's rows and columns, whether the copy holding dg * gelu'(E) was made
+_Deferred = namedtuple("_Deferred", "buf E rows cols copied")
 
 
 def ceil_to(a: int, b: int) -> int:
@@ -116,12 +122,11 @@ class Ops:
         self._epi2 = os.environ.get("CLGPT_WGMMA_EPI2", "defer")
         if self._epi2 not in ("defer", "wgmma", "mma"):
             raise ClgptError(f"CLGPT_WGMMA_EPI2={self._epi2!r}: use defer, wgmma or mma")
-        self._wgmma_epi2 = self._epi2 == "wgmma"
         self._stable, self._reusing = {}, None  # stable: handle -> buffer (held, so no handle is reused while kept)
         self._colsums = None  # (key, row chunks): the reuse copy's column sums in _cparts (bias_backward)
-        # a GELU' deferred from the backward's product dg (epi 2) into its gradient's reuse copy: buffer -> (E, rows,
-        # cols, copied); once copied, the copy holds dg * gelu'(E) and the fp32 buffer dg, which nothing reads
-        self._gelu_pending, self._gelu_bufs = {}, {}
+        # a GELU' deferred from the backward's product dg (epi 2) into its gradient's reuse copy: handle ->
+        # _Deferred; once copied, the copy holds dg * gelu'(E) and the fp32 buffer dg, which nothing reads
+        self._gelu_pending = {}
         self._kept, self._kept_bufs = {}, {}  # (buffer, rows, cols) -> (copy, Rp, Cp) while valid; buffer -> its copy's
         self.align = max(64, dev.device.mem_base_addr_align // 8 // F32)  # sub-buffer alignment, in floats
         self.rows = int(self.launch.get("rows", 0))  # GPUs: one work-group of `rows` work-items per row
@@ -617,10 +622,7 @@ class Ops:
         (cols, rows)); into `out`, else scratch `slot` (0: A, 1: B, 2: Ops.reuse's). Rp and Cp multiples of 32.
         tiled: in matmul_wgmma.cl's layout (matmul_bf16.cl TILED; Rp a multiple of 8, Cp of 64)."""
         if out is None:
-            nbytes = Rp * Cp * 2
-            if self._b16_size[slot] < nbytes:
-                self._b16[slot], self._b16_size[slot] = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, nbytes), nbytes
-            out = self._b16[slot]
+            out = self._b16_slot(slot, Rp * Cp * 2)
         suffix = "_tiled" if tiled else ""
         if trans:
             self._launch(self.k["to_bf16_t" + suffix], (Cp, Rp // 4), (32, 8),
@@ -653,7 +655,7 @@ class Ops:
                 and bias is None and resid is None and not accum):
             # dh = dg * gelu'(E): the product on wgmma now, gelu' when dh's reuse copy is made (or _settle)
             self._matmul_wgmma(M, N, K, A, B, Cm, ta, tb, None, None, False, alpha, 0, None)
-            self._gelu_pending[Cm.int_ptr], self._gelu_bufs[Cm.int_ptr] = (E, M, N, False), Cm
+            self._gelu_pending[Cm.int_ptr] = _Deferred(Cm, E, M, N, False)
             return
         if self.on_wgmma(M, N, K, epi):
             self._matmul_wgmma(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E)
@@ -712,8 +714,8 @@ class Ops:
             A16 = self.to_bf16(0, A, M, K, ra, Kp, trans=bool(ta), tiled=True)
             B16 = self.to_bf16(1, B, N, K, rb, Kp, trans=not tb, tiled=True)
             trans, ext = (False, False), (ra, rb)
-        groups = ceil_to(N, BN) // BN * (ceil_to(M, BM) // BM)
-        gsize, lsize = (ceil_to(N, BN) // BN * 2 * BM, ceil_to(M, BM) // BM), (2 * BM, 1)
+        gn, gm = -(-N // BN), -(-M // BM)  # work-groups along n and m
+        groups, gsize, lsize = gn * gm, (gn * 2 * BM, gm), (2 * BM, 1)
         operands = (i32(Kp), A16, i32(ra), i32(ext[0]), B16, i32(rb), i32(ext[1]))
         if (K >= SPLIT_MIN_TOTAL_K and bias is None and resid is None and epi == 0
                 and groups < WGMMA_SPLIT_GROUPS):
@@ -747,12 +749,12 @@ class Ops:
             if "to_bf16_colsum" not in self.k:
                 out = self._kept[key] = (self.to_bf16(2, X, rows, cols, Rp, Cp, tiled=True), Rp, Cp)
                 return out
-            out, part = self._reuse_slot(Rp, Cp), self._grow_cparts(Rp // 64 * cols)
+            out, part = self._b16_slot(2, Rp * Cp * 2), self._grow_cparts(Rp // 64 * cols)
             args = (i32(rows), i32(cols), X, i32(cols), out, i32(Cp), part)
             gelu = self._gelu_pending.get(key[0])
-            if gelu is not None and gelu[1:] == (rows, cols, False):  # the deferred GELU' on the way
-                self._launch(self.k["to_bf16_colsum_gelu"], (Cp // 8, Rp), (4, 64), args + (gelu[0],))
-                self._gelu_pending[key[0]] = gelu[:3] + (True,)
+            if gelu is not None and (gelu.rows, gelu.cols, gelu.copied) == (rows, cols, False):  # GELU' on the way
+                self._launch(self.k["to_bf16_colsum_gelu"], (Cp // 8, Rp), (4, 64), args + (gelu.E,))
+                self._gelu_pending[key[0]] = gelu._replace(copied=True)
             else:
                 self._settle(X)
                 self._launch(self.k["to_bf16_colsum"], (Cp // 8, Rp), (4, 64), args)
@@ -765,18 +767,18 @@ class Ops:
         """X's fp32 values made what its readers expect: a deferred GELU' (_matmul_bf16) applied in place."""
         gelu = self._gelu_pending.pop(X.int_ptr, None)
         if gelu is not None:
-            n = gelu[1] * gelu[2]
-            self.runp("gelu_backward", (n,), i32(n), X, gelu[0], X)
+            n = gelu.rows * gelu.cols
+            self.runp("gelu_backward", (n,), i32(n), X, gelu.E, X)
 
-    def _reuse_slot(self, Rp, Cp):
-        nbytes = Rp * Cp * 2
-        if self._b16_size[2] < nbytes:
-            self._b16[2], self._b16_size[2] = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, nbytes), nbytes
-        return self._b16[2]
+    def _b16_slot(self, slot, nbytes):
+        """Scratch slot `slot`'s bf16 buffer, grown to at least nbytes."""
+        if self._b16_size[slot] < nbytes:
+            self._b16[slot], self._b16_size[slot] = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, nbytes), nbytes
+        return self._b16[slot]
 
     def on_wgmma(self, M, N, K, epi=0) -> bool:
         """Whether the bf16 product of this size (and epilogue) runs on wgmma."""
-        return self.wgmma is not None and (epi != 2 or self._wgmma_epi2) and M * N * K >= self.wgmma_min
+        return self.wgmma is not None and (epi != 2 or self._epi2 == "wgmma") and M * N * K >= self.wgmma_min
 
     def stable(self, *bufs):
         """Declare fp32 buffers that hold still from a forward to the end of its backward (activations the
@@ -786,8 +788,9 @@ class Ops:
 
     def forget_copies(self):
         self._kept.clear()
-        for ptr in [p for p, g in self._gelu_pending.items() if not g[3]]:
-            self._settle(self._gelu_bufs[ptr])
+        for gelu in list(self._gelu_pending.values()):
+            if not gelu.copied:
+                self._settle(gelu.buf)
         self._gelu_pending.clear()
 
     @contextmanager
@@ -803,10 +806,10 @@ class Ops:
             self._reusing, self._colsums = None, None
             for key in [k for k in self._kept if k[0] == buf.int_ptr]:
                 del self._kept[key]
-            gelu = self._gelu_pending.pop(buf.int_ptr, None)
-            if gelu is not None and not gelu[3]:  # never copied: finish the fp32 gradient
-                self._gelu_pending[buf.int_ptr] = gelu
+            gelu = self._gelu_pending.get(buf.int_ptr)
+            if gelu is not None and not gelu.copied:  # never copied: finish the fp32 gradient
                 self._settle(buf)
+            self._gelu_pending.pop(buf.int_ptr, None)
 
     def _grow_parts(self, n):
         if self._parts_size < n:
@@ -1169,7 +1172,7 @@ class Ops:
                 and self.on_wgmma(V, self.cfg.n_embd, N)):
             # both products on dlogits read its tiled bf16 copy: write that instead of the fp32 gradient
             Rp, Cp = ceil_to(N, 64), ceil_to(V, 64)
-            out = self._reuse_slot(Rp, Cp)
+            out = self._b16_slot(2, Rp * Cp * 2)
             self._launch(self.k["xent_backward_tiled"], (Cp // 8, Rp), (4, 32),
                          (i32(N), f32(s), logits, targets, mask, lse, out))
             self._kept[(dlogits.int_ptr, N, V)] = (out, Rp, Cp)

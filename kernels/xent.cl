@@ -24,6 +24,12 @@ __kernel void xent_forward(const int N, __global const float* logits, __global c
     losses[n] = (mk != 0.0f && tgt >= 0 && tgt < V) ? mk * (z - l[tgt]) : 0.0f;
 }
 
+// one gradient element: sm = s * mask[n], z = lse[n], hit: v is the target
+inline float xent_grad(const float l, const float z, const float sm, const int hit)
+{
+    return sm * (exp(l - z) - (hit ? 1.0f : 0.0f));
+}
+
 __kernel void xent_backward(const int N, const float s, __global const float* logits,
                             __global const int* targets, __global const float* mask,
                             __global const float* lse, __global float* dlogits)
@@ -31,8 +37,7 @@ __kernel void xent_backward(const int N, const float s, __global const float* lo
     const int v = get_global_id(0), n = get_global_id(1);
     if (v >= V || n >= N) return;
     const size_t i = (size_t)n * V + v;
-    const float p = exp(logits[i] - lse[n]);
-    dlogits[i] = s * mask[n] * (p - (v == targets[n] ? 1.0f : 0.0f));
+    dlogits[i] = xent_grad(logits[i], lse[n], s * mask[n], v == targets[n]);
 }
 
 // xent_backward_tiled: the same gradient straight into the bf16 copy kernels/matmul_wgmma.cl reads (precision.cl
@@ -50,7 +55,7 @@ __kernel void xent_backward_tiled(const int N, const float s, __global const flo
         __global const float* l = logits + (size_t)n * V;
 #pragma unroll
         for (int h = 0; h < 8; h++)
-            d[h] = v0 + h < V ? sm * (exp(l[v0 + h] - z) - (v0 + h == tgt ? 1.0f : 0.0f)) : 0.0f;
+            d[h] = v0 + h < V ? xent_grad(l[v0 + h], z, sm, v0 + h == tgt) : 0.0f;
     } else {
 #pragma unroll
         for (int h = 0; h < 8; h++) d[h] = 0.0f;
