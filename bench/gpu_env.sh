@@ -9,6 +9,24 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
 mkdir -p /tmp/icd && echo /usr/lib/libnvidia-opencl.so.1 >/tmp/icd/nvidia.icd && export OCL_ICD_VENDORS=/tmp/icd
 [ -e /usr/lib/libnvidia-opencl.so.1 ] || echo /usr/lib/x86_64-linux-gnu/libnvidia-opencl.so.1 >/tmp/icd/nvidia.icd
 
+# The bench shapes (`clgpt bench` and bench/bench_torch.py arguments): M (4.3 M parameters), M6 (the 6-layer,
+# 384-channel, batch-64, context-256 shape of nanoGPT's character recipe, vocabulary 4096), L (92 M)
+M="--vocab 4096 --ctx 256 --embd 256 --ffn 1024 --heads 4 --layers 4 --batch 8"
+M6="--vocab 4096 --ctx 256 --embd 384 --ffn 1536 --heads 6 --layers 6 --batch 64"
+L="--vocab 8192 --ctx 512 --embd 768 --ffn 3072 --heads 12 --layers 12 --batch 16"
+
+# clgpt_bf16 LABEL ARGS STEPS: `clgpt bench` in bf16 (settings from the caller's environment), its train: and
+# memory: lines into $O/train.txt; torch_peer LABEL ARGS STEPS: PyTorch as nanoGPT runs it on a GPU
+# (torch.compile, bf16 autocast, SDPA, fused AdamW), its train: line
+clgpt_bf16() {
+  echo "== $1 clgpt bf16" | tee -a $O/train.txt
+  timeout 60 python3 -m clgpt bench $2 --steps $3 --gemm 0 --precision bf16 2>&1 | grep "train:\|memory:" | tee -a $O/train.txt
+}
+torch_peer() {
+  echo "== $1 torch nanogpt (compile, bf16 autocast, SDPA, fused AdamW)" | tee -a $O/train.txt
+  timeout 120 python3 bench/bench_torch.py $2 --steps $3 --warmup 5 --device cuda --nanogpt 2>&1 | grep "train:" | tee -a $O/train.txt
+}
+
 # profile_bf16 SHAPE...: per-kernel device times (CLGPT_BENCH_PROFILE) of `clgpt bench` in bf16 at each shape, its
 # arguments in the caller's variable of that name, into $O/profile.txt (bench/run_gpu_flash.sh, run_gpu_operands.sh)
 profile_bf16() {

@@ -5,8 +5,6 @@ export PYOPENCL_CTX=0
 MODE=${1:-full}   # full: everything; bench: no profiles; quick: no profiles, no GEMM sweep
 nvidia-smi --query-gpu=name,driver_version --format=csv
 S="--vocab 512 --ctx 80 --embd 64 --ffn 128 --heads 2 --layers 1 --batch 8"
-M="--vocab 4096 --ctx 256 --embd 256 --ffn 1024 --heads 4 --layers 4 --batch 8"
-L="--vocab 8192 --ctx 512 --embd 768 --ffn 3072 --heads 12 --layers 12 --batch 16"
 timeout 170 python3 -m pytest tests/test_kernels.py tests/test_engine.py -q -x -p no:cacheprovider -W ignore 2>&1 | tail -15 | tee $OUT/tests.txt
 [ $MODE != quick ] && timeout 60 python3 bench/gemm_sweep.py 4096 2>&1 | grep -v Warn | tee $OUT/gemm.txt
 for shape in S M L; do

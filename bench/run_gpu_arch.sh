@@ -11,7 +11,6 @@ export PYOPENCL_CTX=0
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $OUT/train.txt
 timeout 150 python3 -m pytest tests/test_llama_engine.py tests/test_dropout.py -q -x -p no:cacheprovider -W ignore \
   -k "engine_loss_logits or grouped or moe_kernels or with_dropout_vs_reference" 2>&1 | tail -4 | tee $OUT/tests.txt
-M="--vocab 4096 --ctx 256 --embd 256 --ffn 1024 --heads 4 --layers 4 --batch 8"
 G="--vocab 260 --ctx 256 --embd 384 --ffn 1536 --heads 6 --layers 6 --batch 64"
 MOE="--arch llama --experts 4 --experts-used 2"
 for shape in M G; do

@@ -12,18 +12,10 @@ timeout 90 python3 bench/gpu_tc.py check 2>&1 | grep -v Warn | tail -3 | tee $O/
 CLGPT_NV_VERBOSE=1 PYOPENCL_COMPILER_OUTPUT=1 timeout 150 python3 bench/flash_check.py 2>&1 \
   | grep -v "Warn\|lambda\|^$" | grep -i "flash\|check\|ms\|registers\|spill\|error" | tee $O/flash.txt
 grep -q "flash check: passed" $O/flash.txt || { echo "flash check failed: stopping"; exit 1; }
-M="--vocab 4096 --ctx 256 --embd 256 --ffn 1024 --heads 4 --layers 4 --batch 8"
-M6="--vocab 4096 --ctx 256 --embd 384 --ffn 1536 --heads 6 --layers 6 --batch 64"
-L="--vocab 8192 --ctx 512 --embd 768 --ffn 3072 --heads 12 --layers 12 --batch 16"
 for shape in ${SHAPES:-M6 L M}; do
   eval args=\$$shape; steps=30; [ $shape = L ] && steps=10
-  for f in on off; do
-    echo "== $shape clgpt bf16 flash $f" | tee -a $O/train.txt
-    CLGPT_FLASH=$f timeout 60 python3 -m clgpt bench $args --steps $steps --gemm 0 \
-      --precision bf16 2>&1 | grep "train:" | tee -a $O/train.txt
-  done
-  echo "== $shape torch nanogpt (compile, bf16 autocast, SDPA, fused AdamW)" | tee -a $O/train.txt
-  timeout 120 python3 bench/bench_torch.py $args --steps $steps --warmup 5 --device cuda --nanogpt 2>&1 | grep "train:" | tee -a $O/train.txt
+  for f in on off; do CLGPT_FLASH=$f clgpt_bf16 "$shape flash $f" "$args" $steps; done
+  torch_peer $shape "$args" $steps
 done
 profile_bf16 $PROFILE
 exit 0

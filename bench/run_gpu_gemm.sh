@@ -13,9 +13,6 @@ grep -q "check: passed" $O/check.txt || { echo "kernel check failed: stopping"; 
 # train with the tiles bench/gemm_tc.py found fastest over all shapes (unless CLGPT_BF16 is given)
 [ -z "$CLGPT_BF16" ] && [ -s $O/best_bf16.txt ] && export CLGPT_BF16=$(cat $O/best_bf16.txt)
 echo "training with CLGPT_BF16=$CLGPT_BF16" | tee -a $O/train.txt
-M="--vocab 4096 --ctx 256 --embd 256 --ffn 1024 --heads 4 --layers 4 --batch 8"
-M6="--vocab 4096 --ctx 256 --embd 384 --ffn 1536 --heads 6 --layers 6 --batch 64"
-L="--vocab 8192 --ctx 512 --embd 768 --ffn 3072 --heads 12 --layers 12 --batch 16"
 bench() {  # shape precision [env]
   eval args=\$$1; steps=30; [ $1 = L ] && steps=10
   echo "== $1 clgpt $2 $3" | tee -a $O/train.txt

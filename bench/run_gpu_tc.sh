@@ -9,9 +9,6 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 timeout 90 python3 bench/gpu_tc.py check 2>&1 | grep -v Warn | tee $O/check.txt
 grep -q "check: passed" $O/check.txt || { echo "kernel check failed: stopping"; exit 1; }
 timeout 80 python3 bench/gpu_tc.py gemm 2>&1 | grep -v Warn | tee $O/gemm.txt
-M="--vocab 4096 --ctx 256 --embd 256 --ffn 1024 --heads 4 --layers 4 --batch 8"
-M6="--vocab 4096 --ctx 256 --embd 384 --ffn 1536 --heads 6 --layers 6 --batch 64"
-L="--vocab 8192 --ctx 512 --embd 768 --ffn 3072 --heads 12 --layers 12 --batch 16"
 bench() {  # shape precision
   eval args=\$$1; steps=30; [ $1 = L ] && steps=10
   echo "== $1 clgpt $2" | tee -a $O/train.txt

@@ -18,9 +18,6 @@ for w in on off; do
     | grep -v "Warn\|lambda\|ptxas\|^$" | grep "==\|full" | tee -a $O/gemm_tc.txt
 done
 fi
-M="--vocab 4096 --ctx 256 --embd 256 --ffn 1024 --heads 4 --layers 4 --batch 8"
-M6="--vocab 4096 --ctx 256 --embd 384 --ffn 1536 --heads 6 --layers 6 --batch 64"
-L="--vocab 8192 --ctx 512 --embd 768 --ffn 3072 --heads 12 --layers 12 --batch 16"
 for shape in M M6 L; do
   eval args=\$$shape; steps=30; [ $shape = L ] && steps=10
   for w in on off; do
