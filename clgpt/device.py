@@ -1,7 +1,7 @@
 """OpenCL device choice and the program loader.
 
 Choice is never interactive: an explicit spec ("p:d" like PYOPENCL_CTX, or a device-name substring),
-else PYOPENCL_CTX, else the first GPU on any platform, else the first CPU device (PoCL).
+else PYOPENCL_CTX, else the first GPU on any platform, else the first CPU device (PoCL) whose compiler works.
 Programs are built once per (device, kernel file, build options); kernels are fetched once.
 """
 
@@ -62,6 +62,35 @@ def _all_devices() -> list[tuple[str, cl.Device]]:
     return out
 
 
+_builds_cache: dict[int, bool] = {}
+
+
+def _builds(dev: cl.Device) -> bool:
+    """Whether the device's compiler builds a one-line kernel. PoCL from PyPI (pocl-binary-distribution 3.0,
+    LLVM 14) fails on every program on CPUs its LLVM does not know ("unknown target CPU 'generic'": AMD Zen 5,
+    say), where a newer PoCL beside it (Debian's pocl-opencl-icd) works; the automatic choice skips such a device."""
+    key = dev.int_ptr
+    if key not in _builds_cache:
+        try:
+            cl.Program(cl.Context([dev]), "__kernel void probe(__global float* x) { x[0] = 1.0f; }").build()
+            _builds_cache[key] = True
+        except cl.Error:
+            _builds_cache[key] = False
+    return _builds_cache[key]
+
+
+def _cpus(devs) -> list[cl.Device]:
+    """The CPU devices whose compiler works, in listing order; a one-line error where there are CPUs but none
+    builds a kernel."""
+    cpus = [d for _, d in devs if d.type & cl.device_type.CPU]
+    ok = [d for d in cpus if _builds(d)]
+    if cpus and not ok:
+        raise ClgptError(f"OpenCL CPU device {cpus[0].name.strip()!r} ({cpus[0].platform.version.strip()}) "
+                         "cannot build kernels (its LLVM does not know this CPU); install a newer PoCL "
+                         "(Debian/Ubuntu: apt install pocl-opencl-icd) or pick another device with PYOPENCL_CTX")
+    return ok
+
+
 def _listing(devs) -> str:
     return "; ".join(f"{idx} {d.name.strip()}" for idx, d in devs)
 
@@ -73,10 +102,8 @@ def _pick(spec: str | None) -> cl.Device:
         for _, d in devs:
             if d.type & cl.device_type.GPU:
                 return d
-        for _, d in devs:
-            if d.type & cl.device_type.CPU:
-                return d
-        return devs[0][1]
+        cpus = _cpus(devs)
+        return cpus[0] if cpus else devs[0][1]
     parts = spec.split(":")
     if all(p.strip().isdigit() for p in parts) and len(parts) <= 2:
         pi = int(parts[0])
@@ -99,7 +126,7 @@ def matching_devices(spec: str | None) -> list[cl.Device]:
     devs = _all_devices()
     if not spec:
         gpus = [d for _, d in devs if d.type & cl.device_type.GPU]
-        return gpus or [d for _, d in devs if d.type & cl.device_type.CPU] or [devs[0][1]]
+        return gpus or _cpus(devs) or [devs[0][1]]
     parts = spec.split(":")
     if len(parts) == 1 and parts[0].isdigit():  # "P" (PYOPENCL_CTX=0, say): every device of platform P
         found = [d for idx, d in devs if idx.split(":")[0] == parts[0]]

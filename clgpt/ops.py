@@ -104,7 +104,8 @@ class Ops:
         # bf16: the GEMM on bf16 operand copies (kernels/matmul_bf16.cl: cp.async, ldmatrix), (big, small) tiles
         self.bf16, self._bf16_opts = None, {}
         self._bf16_mn = os.environ.get("CLGPT_BF16_MN", "1") != "0"  # m/n-contiguous copies (ldmatrix.trans)
-        self._b16, self._b16_size = [None, None, None], [0, 0, 0]  # the bf16 copies of op(A), op(B); reuse's
+        # the bf16 copies of op(A), op(B); reuse's; a gradient's copy its product wrote (TILED_OUT 2)
+        self._b16, self._b16_size = [None, None, None, None], [0, 0, 0, 0]
         if self.round == 1 and self.mma is not None and self.launch.get("matmul_bf16"):
             self.bf16 = (self.launch["matmul_bf16"], self.launch["matmul_bf16_small"])
         # bf16 on sm_90 (H100, H200): wgmma (kernels/matmul_wgmma.cl) on tiled copies, (wide, narrow) tiles
@@ -123,7 +124,11 @@ class Ops:
         if self._epi2 not in ("defer", "wgmma", "mma"):
             raise ClgptError(f"CLGPT_WGMMA_EPI2={self._epi2!r}: use defer, wgmma or mma")
         self._stable, self._reusing = {}, None  # stable: handle -> buffer (held, so no handle is reused while kept)
-        self._colsums = None  # (key, row chunks): the reuse copy's column sums in _cparts (bias_backward)
+        self._colsums = None  # (key, row chunks, buffer): the reuse copy's column sums (bias_backward)
+        # products that wrote their output only as its tiled copy (matmul_wgmma.cl TILED_OUT 2): handle ->
+        # (copy, Rp, Cp, column sums, row chunks), taken by the reuse block of that buffer
+        self._premade = {}
+        self._tiled_out = os.environ.get("CLGPT_WGMMA_TILED_OUT", "1") != "0"  # 0: copies made apart (comparisons)
         # a GELU' deferred from the backward's product dg (epi 2) into its gradient's reuse copy: handle ->
         # _Deferred; once copied, the copy holds dg * gelu'(E) and the fp32 buffer dg, which nothing reads
         self._gelu_pending = {}
@@ -137,6 +142,7 @@ class Ops:
         self._scratch, self._scratch_size = [None, None], [0, 0]  # transposed B, A for matmul_rb
         self._parts, self._parts_size = None, 0  # split-K partial products (GPUs)
         self._cparts, self._cparts_size = None, 0  # column-sum partials (GPUs)
+        self._tparts, self._tparts_size = None, 0  # the column sums a TILED_OUT 2 product wrote
         self._mm = {}
         self._rb_variants = {}  # matmul_rb tiles with fewer vectors per work-item, by NV (_rb_tiles)
         self._rb_plans = {}  # matmul_rb launches by product shape (_rb_plan)
@@ -653,11 +659,27 @@ class Ops:
         if (epi == 2 and self._epi2 == "defer" and "to_bf16_colsum_gelu" in self.k and self._wgmma_mn
                 and self.on_wgmma(M, N, K)
                 and bias is None and resid is None and not accum):
+            if self._tiled_out and M % 64 == 0 and N % 64 == 0:
+                # dh = dg * gelu'(E) written only as dh's tiled copy and its column sums, for dh's reuse block
+                copy = self._b16_slot(3, M * N * 2)
+                if self._tparts_size < M // 64 * N:
+                    self._tparts, self._tparts_size = self.buf(M // 64 * N), M // 64 * N
+                self._matmul_wgmma(M, N, K, A, B, Cm, ta, tb, None, None, False, alpha, 2, E,
+                                   tiled_out=(copy, self._tparts))
+                self._premade[Cm.int_ptr] = (copy, M, N, self._tparts, M // 64)
+                return
             # dh = dg * gelu'(E): the product on wgmma now, gelu' when dh's reuse copy is made (or _settle)
             self._matmul_wgmma(M, N, K, A, B, Cm, ta, tb, None, None, False, alpha, 0, None)
             self._gelu_pending[Cm.int_ptr] = _Deferred(Cm, E, M, N, False)
             return
         if self.on_wgmma(M, N, K, epi):
+            if (epi == 1 and self._tiled_out and self._wgmma_mn and E.int_ptr in self._stable and M % 64 == 0
+                    and N % 64 == 0):
+                # g = gelu(h) written only as g's kept tiled copy (the products read g through it alone)
+                copy = self._kept_buf(E, M * N * 2)
+                self._matmul_wgmma(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E, tiled_out=(copy, None))
+                self._kept[(E.int_ptr, M, N)] = (copy, M, N)
+                return
             self._matmul_wgmma(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E)
             return
         big, small = self.bf16
@@ -687,20 +709,23 @@ class Ops:
                                           resid, f32(alpha), E))
 
     # ---- bf16 GEMM on Hopper's wgmma (kernels/matmul_wgmma.cl) ----
-    def _kernel_wgmma(self, mm, trans, bias, resid, accum, epi, split=0):
-        key = ("wgmma", trans, bias, resid, accum, epi, split, id(mm))
+    def _kernel_wgmma(self, mm, trans, bias, resid, accum, epi, split=0, tiled_out=0):
+        key = ("wgmma", trans, bias, resid, accum, epi, split, tiled_out, id(mm))
         kern = self._mm.get(key)
         if kern is None:
             kern = self._mm[key] = self.dev.kernel(
                 "matmul_wgmma", "matmul_wgmma", BM=mm["BM"], BN=mm["BN"], TA=int(trans[0]), TB=int(trans[1]),
                 STAGES=mm["STAGES"], PIPE=mm["PIPE"],
                 BIAS=int(bias), RESID=int(resid), ACCUM=int(accum), EPI=epi, SPLITK=int(bool(split)),
+                **({"TILED_OUT": tiled_out} if tiled_out else {}),
                 SMEM_BYTES=mm["STAGES"] * (mm["BM"] + mm["BN"]) * 128 + 64)
         return kern
 
-    def _matmul_wgmma(self, M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E):
+    def _matmul_wgmma(self, M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E, tiled_out=None):
         """Cm (M,N) = alpha op(A) @ op(B) [+ ...] on tiled bf16 copies: wgmma, split along K when the output
-        gives too few work-groups (raw parts, then splitk_reduce adds them in order, as the fp32 path does)."""
+        gives too few work-groups (raw parts, then splitk_reduce adds them in order, as the fp32 path does).
+        tiled_out = (copy, column sums): epi 1's E, or with epi 2 Cm itself (and its sums), written only as its
+        tiled bf16 copy (M, N multiples of 64: matmul_wgmma.cl TILED_OUT)."""
         wide, narrow = self.wgmma
         mm = wide if ceil_to(N, wide["BN"]) * 8 <= ceil_to(N, narrow["BN"]) * 9 else narrow
         BM, BN = mm["BM"], mm["BN"]
@@ -717,7 +742,7 @@ class Ops:
         gn, gm = -(-N // BN), -(-M // BM)  # work-groups along n and m
         groups, gsize, lsize = gn * gm, (gn * 2 * BM, gm), (2 * BM, 1)
         operands = (i32(Kp), A16, i32(ra), i32(ext[0]), B16, i32(rb), i32(ext[1]))
-        if (K >= SPLIT_MIN_TOTAL_K and bias is None and resid is None and epi == 0
+        if (K >= SPLIT_MIN_TOTAL_K and bias is None and resid is None and epi == 0 and tiled_out is None
                 and groups < WGMMA_SPLIT_GROUPS):
             plan = split_k_chunks(Kp, groups, WGMMA_SPLIT_GROUPS, WGMMA_SPLIT_MIN_K, 64)
             if plan:
@@ -727,8 +752,10 @@ class Ops:
                              lsize + (1,), (i32(M), i32(N), *operands, P, i32(N), None, None, f32(1.0), None, i32(kc)))
                 self.runp("splitk_reduce", (M * N,), i32(M * N), i32(S), i32(bool(accum)), f32(alpha), P, Cm)
                 return
-        kern = self._kernel_wgmma(mm, trans, bias is not None, resid is not None, bool(accum), epi)
-        self._launch(kern, gsize, lsize, (i32(M), i32(N), *operands, Cm, i32(N), bias, resid, f32(alpha), E))
+        kern = self._kernel_wgmma(mm, trans, bias is not None, resid is not None, bool(accum), epi,
+                                  tiled_out=epi if tiled_out else 0)
+        self._launch(kern, gsize, lsize, (i32(M), i32(N), *operands, Cm, i32(N), bias, resid, f32(alpha), E,
+                                          *(tiled_out or ())))
 
     def tiled_copy(self, slot, X, rows, cols):
         """-> (copy, Rp, Cp): the bf16 copy of X (rows x cols, row-major) in matmul_wgmma.cl's tiled layout, padded
@@ -739,11 +766,16 @@ class Ops:
         if hit is not None:
             return hit
         Rp, Cp = ceil_to(rows, 64), ceil_to(cols, 64)
-        if key[0] in self._stable:  # one device buffer a stable buffer, grown to the largest copy asked for
-            out = self._kept_bufs.get(key[0])
-            if out is None or out.size < Rp * Cp * 2:
-                out = self._kept_bufs[key[0]] = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, Rp * Cp * 2)
+        if key[0] in self._stable:
+            out = self._kept_buf(X, Rp * Cp * 2)
             out = self._kept[key] = (self.to_bf16(None, X, rows, cols, Rp, Cp, tiled=True, out=out), Rp, Cp)
+            return out
+        pre = self._premade.pop(key[0], None)
+        if pre is not None:  # written by the product that made X (TILED_OUT 2), with its column sums
+            if key[0] != self._reusing or pre[1:3] != (rows, cols):
+                raise ClgptError("internal: a gradient written only as its tiled copy was read otherwise")
+            self._colsums = (key, pre[4], pre[3])
+            out = self._kept[key] = pre[:3]
             return out
         if key[0] == self._reusing:  # slot 2, with the column sums for bias_backward where the GPU has them
             if "to_bf16_colsum" not in self.k:
@@ -758,13 +790,22 @@ class Ops:
             else:
                 self._settle(X)
                 self._launch(self.k["to_bf16_colsum"], (Cp // 8, Rp), (4, 64), args)
-            self._colsums = (key, Rp // 64)
+            self._colsums = (key, Rp // 64, part)
             out = self._kept[key] = (out, Rp, Cp)
             return out
         return self.to_bf16(slot, X, rows, cols, Rp, Cp, tiled=True), Rp, Cp
 
+    def _kept_buf(self, X, nbytes):
+        """The device buffer that holds stable buffer X's tiled copy, grown to nbytes."""
+        out = self._kept_bufs.get(X.int_ptr)
+        if out is None or out.size < nbytes:
+            out = self._kept_bufs[X.int_ptr] = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, nbytes)
+        return out
+
     def _settle(self, X):
         """X's fp32 values made what its readers expect: a deferred GELU' (_matmul_bf16) applied in place."""
+        if X.int_ptr in self._premade:
+            raise ClgptError("internal: a gradient written only as its tiled copy was read as fp32")
         gelu = self._gelu_pending.pop(X.int_ptr, None)
         if gelu is not None:
             n = gelu.rows * gelu.cols
@@ -788,6 +829,7 @@ class Ops:
 
     def forget_copies(self):
         self._kept.clear()
+        self._premade.clear()
         for gelu in list(self._gelu_pending.values()):
             if not gelu.copied:
                 self._settle(gelu.buf)
@@ -804,6 +846,8 @@ class Ops:
             yield
         finally:
             self._reusing, self._colsums = None, None
+            if self._premade.pop(buf.int_ptr, None) is not None:
+                raise ClgptError("internal: a gradient written only as its tiled copy was never read")
             for key in [k for k in self._kept if k[0] == buf.int_ptr]:
                 del self._kept[key]
             gelu = self._gelu_pending.get(buf.int_ptr)
@@ -948,7 +992,7 @@ class Ops:
     def bias_backward(self, M, N, dy, db):
         """db (N) += column sums of dy (M,N), in a fixed order."""
         if self._colsums is not None and self._colsums[0] == (dy.int_ptr, M, N):  # made with dy's tiled copy
-            self.runp("bias_final", (N,), i32(self._colsums[1]), i32(N), self._cparts, db)
+            self._bias_final(self._colsums[1], N, self._colsums[2], db)
             return
         self._settle(dy)
         if self.launch.get("cpu_bias"):
@@ -964,7 +1008,11 @@ class Ops:
             return
         part = self._grow_cparts(R * N)
         self.runp("bias_partial", (N, R), i32(M), i32(N), i32(rc), dy, part)
-        self.runp("bias_final", (N,), i32(R), i32(N), part, db)
+        self._bias_final(R, N, part, db)
+
+    def _bias_final(self, R, N, part, db):
+        """db (N) += the sums of R rows of parts (bias_partial's, or to_bf16 COLSUM's): kernels/matmul.cl."""
+        self.run("bias_final", (ceil_to(N, 32), 8), i32(R), i32(N), part, db, lsize=(32, 8))
 
     # ---- transposes (CPU matmul operands) ----
     def _transpose_into(self, x, out, rows, cols, ldo=None):

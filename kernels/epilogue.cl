@@ -87,6 +87,28 @@ inline float2 epilogue2(const float2 acc, const int gm, const int gn, const int 
     return c;
 }
 
+// The epilogue of four adjacent outputs whose operands the caller loaded (b: bias, r: R, c0: Cm's old values,
+// e: E, where BIAS, RESID, ACCUM, EPI 2 read them): the same operations in the same order per output as
+// epilogue; EPI 1's gelu(c) is the caller's to store.
+inline float4 epilogue4(const float4 acc, const float4 b, const float4 r, const float4 c0, const float4 e,
+                        const float alpha)
+{
+    float4 c = alpha * acc;
+#if BIAS
+    c += b;
+#endif
+#if RESID
+    c += r;
+#endif
+#if ACCUM
+    c += c0;
+#endif
+#if EPI == 2
+    c = (float4)(c.x * gelu_df(e.x), c.y * gelu_df(e.y), c.z * gelu_df(e.z), c.w * gelu_df(e.w));
+#endif
+    return c;
+}
+
 // Split-K in the tensor-core kernels (matmul_bf16.cl, matmul_wgmma.cl): with SPLITK the kernel takes the chunk
 // depth kc as its last argument (SPLIT_ARGS), and work-group z along dimension 2 sums k in [z kc, min(Kp, (z+1) kc))
 // into the z-th M x ldc slice of Cm: SPLIT_RANGE narrows the kernel's kbeg, kend (0, Kp before) and moves Cm

@@ -574,7 +574,7 @@ __kernel void bias_backward(const int M, const int N, __global const float* dy, 
 }
 
 // GPUs, two stages with fixed orders: part[r*N+n] = sum of rows [r*rc, (r+1)*rc) of column n (2-D launch,
-// (n, r)); then db[n] += sum_r part[r*N+n] in order of r.
+// (n, r)); then bias_final adds the parts into db.
 __kernel void bias_partial(const int M, const int N, const int rc, __global const float* dy, __global float* part)
 {
     const int n = get_global_id(0), r = get_global_id(1);
@@ -585,11 +585,23 @@ __kernel void bias_partial(const int M, const int N, const int rc, __global cons
     part[r * N + n] = s;
 }
 
-__kernel void bias_final(const int R, const int N, __global const float* part, __global float* db)
+// bias_final: db[n] += the sum of part[r * N + n] over r < R; work-group (32 columns, BF_SLICES): slice j adds
+// the parts of its run of ceil(R / BF_SLICES) in order, then the first slice adds the slices' sums in order
+// (fixed orders: deterministic; BF_SLICES chains of loads in flight, not one).
+#define BF_SLICES 8
+__kernel __attribute__((reqd_work_group_size(32, BF_SLICES, 1)))
+void bias_final(const int R, const int N, __global const float* part, __global float* db)
 {
-    const int n = get_global_id(0);
-    if (n >= N) return;
+    const int n = get_global_id(0), j = get_local_id(1), run = (R + BF_SLICES - 1) / BF_SLICES;
+    __local float sums[BF_SLICES][32];
     float s = 0.0f;
-    for (int r = 0; r < R; r++) s += part[r * N + n];
-    db[n] += s;
+    if (n < N)
+        for (int r = j * run; r < min(R, (j + 1) * run); r++) s += part[r * N + n];
+    sums[j][get_local_id(0)] = s;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (j == 0 && n < N) {
+        float t = sums[0][get_local_id(0)];
+        for (int i = 1; i < BF_SLICES; i++) t += sums[i][get_local_id(0)];
+        db[n] += t;
+    }
 }

@@ -50,7 +50,11 @@
 #ifndef TB
 #define TB 0
 #endif
+#ifndef TILED_OUT
+#define TILED_OUT 0
+#endif
 #include "epilogue.cl"
+#include "precision.cl"
 
 #define BK 64
 #define NT (2 * BM)                    // work-items: BM / 64 warpgroups of 128
@@ -59,8 +63,32 @@
 #define B_BYTES (BN * BK * 2)
 #define STAGE_BYTES (A_BYTES + B_BYTES)
 #define NACC (BN / 2)
+// STAGE_OUT 1 (default but for EPI 3): the output tile leaves through local memory as rows of float4, SO floats
+// apart (BN + 8: the fragments' float2 stores free of bank conflicts), RPP rows a pass, the epilogue's loads of OB
+// passes issued together (the stores may alias R: one load at a time otherwise, each waited out)
+#ifndef STAGE_OUT
+#define STAGE_OUT (EPI != 3)
+#endif
+// TILED_OUT (with STAGE_OUT, M and N multiples of 64): an output leaves as its bf16 tiled copy (precision.cl
+// tiled_chunk, Rp = M) in O16 instead of fp32: 1 (EPI 1): gelu(c), E unwritten; 2 (EPI 2): c itself, Cm
+// unwritten, and part[(gm / 64) N + gn] = the column sums of c over each 64 rows in row order (to_bf16's COLSUM
+// sums, bit for bit). The copies and sums Ops would otherwise make from E or Cm in a second pass.
+#if TILED_OUT
+#define TILED_ARGS , __global uint2* O16, __global float* part
+#if !STAGE_OUT || TILED_OUT != EPI || SPLITK
+#error TILED_OUT 1 goes with EPI 1, 2 with EPI 2, both through STAGE_OUT, without SPLITK
+#endif
+#else
+#define TILED_ARGS
+#endif
+#define SO (BN + 8)
+#define RPP (NT / (BN / 4))
+#define OB 8
 #define SMEM_NEED (STAGES * STAGE_BYTES + 64)  // the stages, then their mbarriers
 #define SMEM_DECL (SMEM_NEED < 49152 ? SMEM_NEED : 49152)
+#if STAGE_OUT && BM * SO * 4 > STAGES * STAGE_BYTES
+#error STAGE_OUT needs BM * (BN + 8) floats of local memory: more stages
+#endif
 #if SMEM_NEED > 49152 && SMEM_BYTES != SMEM_NEED
 #error SMEM_BYTES must be STAGES * (BM + BN) * 128 + 64: the size clgpt/sm90a.py gives the local array
 #endif
@@ -79,6 +107,29 @@ inline ulong wgmma_desc(const uint addr, const uint lbo)
 #define STR_(x) #x
 #define STR(x) STR_(x)
 #define WGMMA_TRANS STR(TA) ", " STR(TB)  // imm-trans-a, imm-trans-b
+
+// local memory through its address (the array is larger than OpenCL C declares it)
+inline void st_local2(const uint addr, const float x, const float y)
+{
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(x), "f"(y) : "memory");
+}
+inline void st_local4(const uint addr, const float4 v)
+{
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
+                 : "memory");
+}
+inline float ld_local(const uint addr)
+{
+    float x;
+    asm volatile("ld.shared.f32 %0, [%1];" : "=f"(x) : "r"(addr) : "memory");
+    return x;
+}
+inline float4 ld_local4(const uint addr)
+{
+    float x, y, z, w;
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(x), "=f"(y), "=f"(z), "=f"(w) : "r"(addr) : "memory");
+    return (float4)(x, y, z, w);
+}
 
 // WGMMA_TILE_ASM: the 4 wgmma m64nBNk16 of one k tile, then a wait until at most PIPE groups are pending;
 // operands: the BN/2 accumulators, A's and B's descriptors, 1 (scale-d: accumulate), A's and B's k steps, PIPE.
@@ -140,7 +191,7 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1)))
 void matmul_wgmma(const int M, const int N, const int Kp, __global const ushort* restrict A, const int lda,
                   const int ma, __global const ushort* restrict B, const int ldb, const int nb,
                   __global float* Cm, const int ldc, __global const float* restrict bias, __global const float* R,
-                  const float alpha, __global float* E SPLIT_ARGS)
+                  const float alpha, __global float* E SPLIT_ARGS TILED_ARGS)
 {
     __local uint4 smem[SMEM_DECL / 16];  // SMEM_BYTES in the PTX (see above); addressed through sbase only
     const int tid = get_local_id(0), wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
@@ -190,6 +241,96 @@ void matmul_wgmma(const int M, const int N, const int Kp, __global const ushort*
     asm volatile(WGMMA_WAIT0_ASM : WGMMA_ACC_OPERANDS :: "memory");
 #endif
 
+#if STAGE_OUT
+    // outputs through local memory (the stages are free once every warpgroup's products are done): the
+    // fragments go in as rows SO floats apart, then each work-item takes columns 4c4..4c4+3 of rows r0, r0 + RPP,
+    // ..., the loads the epilogue needs (R, Cm with ACCUM, E with EPI 2) for OB rows issued before their stores
+    barrier(CLK_LOCAL_MEM_FENCE);
+    {
+        const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                st_local2(sbase + 4 * ((wg * 64 + warp * 16 + g + 8 * h) * SO + 8 * j + 2 * t), acc[4 * j + 2 * h],
+                          acc[4 * j + 2 * h + 1]);
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const int c4 = tid % (BN / 4), r0 = tid / (BN / 4), gn = n0 + 4 * c4;
+    const int full = (ldc & 3) == 0 && gn + 3 < N;  // four columns inside N, 16-byte aligned
+    float4 b4 = 0.0f;
+#if BIAS && !SPLITK
+    if (full) b4 = *(__global const float4*)(bias + gn);
+#endif
+    for (int p0 = 0; p0 < BM; p0 += RPP * OB) {
+        float4 r4[OB], c4v[OB], e4[OB];
+#pragma unroll
+        for (int b = 0; b < OB; b++) {
+            const int gm = m0 + p0 + b * RPP + r0;
+            const size_t o = (size_t)gm * ldc + gn;
+            r4[b] = c4v[b] = e4[b] = 0.0f;
+            if (!full || gm >= M) continue;
+#if RESID && !SPLITK
+            r4[b] = *(__global const float4*)(R + o);
+#endif
+#if ACCUM && !SPLITK
+            c4v[b] = *(__global const float4*)(Cm + o);
+#endif
+#if EPI == 2 && !SPLITK
+            e4[b] = *(__global const float4*)(E + o);
+#endif
+        }
+#pragma unroll
+        for (int b = 0; b < OB; b++) {
+            const int row = p0 + b * RPP + r0, gm = m0 + row;
+            if (gm >= M || gn >= N) continue;
+            const float4 v = ld_local4(sbase + 4 * (row * SO + 4 * c4));
+            const size_t o = (size_t)gm * ldc + gn;
+            if (full) {
+#if SPLITK
+                *(__global float4*)(Cm + o) = v;
+#else
+                const float4 c = epilogue4(v, b4, r4[b], c4v[b], e4[b], alpha);
+#if EPI == 1
+                const float gv[4] = {gelu_f(c.x), gelu_f(c.y), gelu_f(c.z), gelu_f(c.w)};
+#if TILED_OUT
+                O16[2 * tiled_chunk(gm, gn, M) + ((gn >> 2) & 1)] =
+                    (uint2)(bf16_bits(gv[0]) | (bf16_bits(gv[1]) << 16), bf16_bits(gv[2]) | (bf16_bits(gv[3]) << 16));
+#else
+                *(__global float4*)(E + o) = (float4)(gv[0], gv[1], gv[2], gv[3]);
+#endif
+#endif
+#if TILED_OUT == 2
+                O16[2 * tiled_chunk(gm, gn, M) + ((gn >> 2) & 1)] =
+                    (uint2)(bf16_bits(c.x) | (bf16_bits(c.y) << 16), bf16_bits(c.z) | (bf16_bits(c.w) << 16));
+                st_local4(sbase + 4 * (row * SO + 4 * c4), c);  // for the column sums below
+#else
+                *(__global float4*)(Cm + o) = c;
+#endif
+#endif
+            } else {
+                const float vv[4] = {v.x, v.y, v.z, v.w};
+                for (int i = 0; i < 4 && gn + i < N; i++)
+#if SPLITK
+                    Cm[o + i] = vv[i];
+#else
+                    Cm[o + i] = epilogue(vv[i], gm, gn + i, ldc, Cm, bias, R, E, alpha);
+#endif
+            }
+        }
+    }
+#if TILED_OUT == 2
+    // the column sums of each 64 rows (M, N multiples of 64: every quad was whole), one column a work-item
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int i = tid; i < BN * (BM / 64); i += NT) {
+        const int col = i % BN, blk = i / BN;
+        if (m0 + 64 * blk >= M || n0 + col >= N) continue;
+        float s = 0.0f;
+        for (int r = 0; r < 64; r++) s += ld_local(sbase + 4 * ((64 * blk + r) * SO + col));
+        part[(size_t)((m0 >> 6) + blk) * N + n0 + col] = s;
+    }
+#endif
+#else
     // outputs: float2 pairs where ldc is even (epilogue.cl store_pair, as matmul_bf16.cl)
     const int g = lane >> 2, t = lane & 3, pairs = (ldc & 1) == 0;
 #pragma unroll
@@ -203,4 +344,5 @@ void matmul_wgmma(const int M, const int N, const int Kp, __global const ushort*
             store_pair(v, gm, gn, N, ldc, pairs, Cm, bias, R, E, alpha);
         }
     }
+#endif
 }

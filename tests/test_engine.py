@@ -335,6 +335,33 @@ def test_get_device_env(monkeypatch):
         get_device()
 
 
+def test_auto_choice_skips_a_cpu_device_that_builds_no_kernel(monkeypatch):
+    """PyPI's PoCL builds nothing on CPUs its LLVM does not know (Zen 5): the automatic choice (and the ranks'
+    matching_devices) takes the next CPU device that builds, and with none says what to install, in one line."""
+    import pyopencl as cl
+
+    from clgpt import device as D
+
+    class Fake:
+        type = cl.device_type.CPU
+
+        def __init__(self, ptr):
+            self.int_ptr, self.name = ptr, f"cpu {ptr}"
+            self.platform = type("P", (), {"version": f"PoCL {ptr}"})()
+
+    fakes = [Fake(1), Fake(2)]
+    monkeypatch.delenv("PYOPENCL_CTX", raising=False)
+    monkeypatch.setattr(D, "_all_devices", lambda: [(f"{i}:0", d) for i, d in enumerate(fakes)])
+    broken = {1}
+    monkeypatch.setattr(D, "_builds", lambda d: d.int_ptr not in broken)
+    assert D._pick(None) is fakes[1] and D.matching_devices(None) == [fakes[1]]
+    broken = {1, 2}
+    with pytest.raises(ClgptError, match="cpu 1.*cannot build kernels.*pocl-opencl-icd") as e:
+        D._pick(None)
+    assert "\n" not in str(e.value)
+    assert D._pick("0:0") is fakes[0]  # an explicit choice is taken as it is
+
+
 def test_engine_head_dim_16_vs_reference():
     """Heads of 16 (D % 16 == 0): on CPUs the register-blocked attention products of kernels/cpu.cl run;
     loss and grads against the float64 reference, and bit-identical repeats."""

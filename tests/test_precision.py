@@ -265,7 +265,9 @@ def test_sm90a_ptx_patch():
 
 @pytest.mark.parametrize("defines", [dict(BN=128, BIAS=1, RESID=1, ACCUM=1, EPI=1), dict(BN=256, SPLITK=1),
                                      dict(BN=256, EPI=2, PIPE=0), dict(BN=128, TA=1, TB=1, SPLITK=1),
-                                     dict(BN=256, TB=1, BIAS=1)])
+                                     dict(BN=256, TB=1, BIAS=1), dict(BN=128, BIAS=1, RESID=1, STAGE_OUT=0),
+                                     dict(BN=128, EPI=3), dict(BN=256, BIAS=1, EPI=1, TILED_OUT=1),
+                                     dict(BN=128, EPI=2, TILED_OUT=2)])
 def test_wgmma_kernel_compiles_apart_from_its_ptx(dev, defines):
     """kernels/matmul_wgmma.cl runs only on sm_90 GPUs; here its OpenCL C (descriptors, bulk-copy addresses,
     epilogue.cl's store_pair) builds on this device with the inline PTX stubbed out, so a C-level slip shows in CI."""
@@ -578,3 +580,40 @@ def test_tiled_copies_kept_for_stable_and_reused_buffers(dev, monkeypatch):
                 pass
     ops.tiled_copy(0, yb, rows, cols)
     assert len(launches) == 6
+
+
+def test_products_that_write_only_their_tiled_copy(dev, monkeypatch):
+    """On wgmma (emulated here: the launches recorded, not run), the GELU product writes g = gelu(h) only as g's
+    kept tiled copy (TILED_OUT 1) and the GELU' product dh only as dh's tiled copy with its column sums (TILED_OUT
+    2), which dh's reuse block then takes without a copy; reading such a dh any other way, or never, is an error;
+    sizes off multiples of 64 and CLGPT_WGMMA_TILED_OUT=0 keep the fp32 outputs."""
+    ops = _bf16_ops(monkeypatch)
+    calls = []
+    monkeypatch.setattr(ops, "on_wgmma", lambda M, N, K, epi=0: epi != 2)
+    monkeypatch.setattr(ops, "_matmul_wgmma", lambda *a, tiled_out=None: calls.append((a[12], tiled_out)))
+    monkeypatch.setattr(ops, "_launch", lambda *a: calls.append(("launch", a[0])))
+    ops.k["to_bf16_colsum_gelu"] = ops.k["to_bf16_colsum"] = "copy"
+    M, N, K = 128, 192, 64
+    A, B, h, g, dh = (ops.buf(n) for n in (M * K, N * K, M * N, M * N, M * N))
+    ops.stable(g)
+    ops._matmul_bf16(M, N, K, A, B, h, 0, 1, None, None, False, 1.0, 1, g)
+    assert calls[-1][0] == 1 and calls[-1][1][1] is None
+    assert ops.tiled_copy(0, g, M, N) == (calls[-1][1][0], M, N) and calls[-1][0] == 1  # kept: no copy made
+    ops._matmul_bf16(M, N, K, A, B, dh, 0, 0, None, None, False, 1.0, 2, h)
+    copy, parts = calls[-1][1]
+    assert calls[-1][0] == 2 and ops._premade[dh.int_ptr][:3] == (copy, M, N)
+    with ops.reuse(dh):
+        assert ops.tiled_copy(2, dh, M, N) == (copy, M, N) and ops.tiled_copy(0, dh, M, N) == (copy, M, N)
+        assert ops._colsums == ((dh.int_ptr, M, N), M // 64, parts) and calls[-1][0] == 2
+    ops._matmul_bf16(M, N, K, A, B, dh, 0, 0, None, None, False, 1.0, 2, h)
+    with pytest.raises(ClgptError, match="read as fp32"):
+        ops._settle(dh)
+    with pytest.raises(ClgptError, match="never read"):
+        with ops.reuse(dh):
+            pass
+    ops.forget_copies()
+    ops._matmul_bf16(M + 8, N, K, A, B, h, 0, 1, None, None, False, 1.0, 1, g)  # M off 64: fp32 g
+    assert calls[-1] == (1, None)
+    monkeypatch.setattr(ops, "_tiled_out", False)
+    ops._matmul_bf16(M, N, K, A, B, h, 0, 1, None, None, False, 1.0, 1, g)
+    assert calls[-1] == (1, None) and not ops._kept
