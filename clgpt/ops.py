@@ -245,6 +245,9 @@ class Ops:
             for kname in ("layernorm_forward_wg", "layernorm_backward_wg", "layernorm_param_partial",
                           "layernorm_param_final"):
                 k[kname] = dev.kernel("layernorm", kname, C=C, EPS=float(cfg.norm_eps), LW=self.rows)
+            if C % 128 == 0 and C <= 2048 and self.launch.get("ln_rw"):  # 32 work-items a row, RW rows a group
+                for kname in ("layernorm_forward_rows", "layernorm_backward_rows", "layernorm_param_final_rows"):
+                    k[kname] = dev.kernel("layernorm", kname, C=C, EPS=float(cfg.norm_eps), RW=self.launch["ln_rw"])
 
     def build_llama(self):
         """Llama's own kernels: RMSNorm, RoPE with the q | k | v packing, SwiGLU, the MoE routing."""
@@ -1048,6 +1051,11 @@ class Ops:
 
     # ---- normalisation ----
     def layernorm(self, N, x, w, b, out, mean, rstd):
+        if "layernorm_forward_rows" in self.k:  # GPUs, C % 128 == 0: a row a 32-work-item slice, RW a group
+            rw = self.launch["ln_rw"]
+            self.run("layernorm_forward_rows", (32, ceil_to(N, rw)), i32(N), x, w, b, out, mean, rstd,
+                     lsize=(32, rw))
+            return
         if self.rows:
             self.run("layernorm_forward_wg", (N * self.rows,), i32(N), x, w, b, out, mean, rstd, lsize=(self.rows,))
             return
@@ -1055,6 +1063,15 @@ class Ops:
 
     def layernorm_backward(self, N, dout, x, mean, rstd, w, dw, db, dx, accum):
         C = self.cfg.n_embd
+        if "layernorm_backward_rows" in self.k:  # dx and each work-group's dw, db part in one pass, then their sum
+            rw = self.launch["ln_rw"]
+            rpi = max(1, N // (rw * self.launch["ln_parts"]))  # rows a row-slot
+            P = -(-N // (rw * rpi))
+            part = self._grow_cparts(2 * P * C)
+            self.run("layernorm_backward_rows", (32, P * rw), i32(N), i32(rpi), i32(accum), dout, x, w, mean, rstd,
+                     dx, part, lsize=(32, rw))
+            self.run("layernorm_param_final_rows", (C // 2, 32), i32(P), part, dw, db, lsize=(8, 32))
+            return
         if self.rows:
             self.run("layernorm_backward_wg", (N * self.rows,), i32(N), i32(accum), dout, x, w, mean, rstd, dx,
                      lsize=(self.rows,))

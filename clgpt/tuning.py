@@ -81,8 +81,11 @@ SPLIT_MIN_TOTAL_K = 1024  # shallower products are not split (each split costs a
 # attn_gemm_min_t: shorter sequences keep the one-launch-per-pass attention kernels (fewer launches);
 # colsum_min_parts: column sums over fewer row chunks than this keep the one-stage kernels;
 # preset = 1: each launch site keeps its own cl.Kernel with its arguments set once (enqueue only after).
+# ln_rw: LayerNorm with C % 128 == 0 (C <= 2048) as 32 work-items a row, ln_rw rows a work-group (kernels/layernorm.cl
+# *_rows); ln_parts: its backward's work-groups (each one dw, db part) aimed at, each row-slot taking N // (ln_rw *
+# ln_parts) rows (at least 1): N = 16384 -> 8 rows a slot, 512 work-groups, 512 parts for the final sum.
 _GPU_ROWS = dict(rows=128, attn_gemm=1, attn_gemm_min_t=128, split_k=1, colsum_rows=64, colsum_min_parts=16,
-                 preset=1)
+                 preset=1, ln_rw=4, ln_parts=512)
 
 # The CPU row also names: xent_fused = 1, cross-entropy forward and gradient in one vectorised pass per row
 # (kernels/xent.cl; the backward folds scale / sum(mask) into the matmuls' alpha); cpu_bias = 1, the float8

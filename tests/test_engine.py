@@ -225,12 +225,13 @@ def test_determinism_and_state_roundtrip():
         assert np.array_equal(a[k], b[k]), f"{k} differs after restoring the optimizer state"
 
 
-@pytest.mark.parametrize("launch", ["nvidia", "gpu"])
-def test_gpu_launch_path_vs_reference_and_determinism(monkeypatch, launch):
-    """The GPU launch row (split-K, batched attention, one work-group per row, two-stage column sums) on
-    this device: grads against the float64 reference, two runs bit-identical."""
+@pytest.mark.parametrize("launch,C", [("nvidia", 16), ("gpu", 16), ("gpu", 128)])
+def test_gpu_launch_path_vs_reference_and_determinism(monkeypatch, launch, C):
+    """The GPU launch row (split-K, batched attention, one work-group per row, two-stage column sums; C = 128:
+    LayerNorm as 32 work-items a row) on this device: grads against the float64 reference, two runs
+    bit-identical."""
     monkeypatch.setenv("CLGPT_LAUNCH", launch)
-    cfg = ModelConfig(vocab_size=37, n_ctx=80, n_embd=16, n_head=2, n_layer=1, n_ff=32)
+    cfg = ModelConfig(vocab_size=37, n_ctx=80, n_embd=C, n_head=2, n_layer=1, n_ff=32)
     p = noisy_params(cfg, seed=3)
     tokens, targets, mask = batch(cfg, 4, 80, seed=5)
     want_loss, cache = ref.gpt_forward(p, cfg, tokens, targets, mask)
@@ -240,7 +241,8 @@ def test_gpu_launch_path_vs_reference_and_determinism(monkeypatch, launch):
         eng = Engine(cfg, p, batch_size=4, seq_len=80)
         eng.ops.attn_gemm = True  # T = 80 is below the table's shortest sequence for batched attention
         eng.ops.launch["colsum_min_parts"] = 2  # 320 rows: two-stage column sums all the same
-        assert eng.ops.rows and eng.ops.preset
+        assert eng.ops.rows and eng.ops.preset and ("layernorm_forward_rows" in eng.ops.k) == (C % 128 == 0)
+        eng.ops.launch["ln_parts"] = 16  # 320 rows: 5 rows a row-slot
         loss = eng.forward(tokens, targets, mask)
         eng.zero_grad()
         eng.backward()
