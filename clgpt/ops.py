@@ -248,6 +248,10 @@ class Ops:
             if C % 128 == 0 and C <= 2048 and self.launch.get("ln_rw"):  # 32 work-items a row, RW rows a group
                 for kname in ("layernorm_forward_rows", "layernorm_backward_rows", "layernorm_param_final_rows"):
                     k[kname] = dev.kernel("layernorm", kname, C=C, EPS=float(cfg.norm_eps), RW=self.launch["ln_rw"])
+                if self.wgmma is not None and self._wgmma_mn and self._tiled_out:  # the output's tiled copy too
+                    k["layernorm_forward_rows_tiled"] = dev.kernel("layernorm", "layernorm_forward_rows", C=C,
+                                                                   EPS=float(cfg.norm_eps), RW=self.launch["ln_rw"],
+                                                                   LN_TILED=1)
 
     def build_llama(self):
         """Llama's own kernels: RMSNorm, RoPE with the q | k | v packing, SwiGLU, the MoE routing."""
@@ -608,6 +612,11 @@ class Ops:
             self.k[kname] = self.dev.kernel("flash", kname, build_options=self._nv_verbose(self._bf16_opts),
                                             C=cfg.n_embd, H=cfg.n_head, D=cfg.head_dim,
                                             SCALE=float(1.0 / math.sqrt(cfg.head_dim)), **self._bf16_opts)
+        if self.wgmma is not None and self._wgmma_mn and self._tiled_out and cfg.n_embd % 64 == 0:
+            self.k["flash_forward_tiled"] = self.dev.kernel(  # the output's tiled copy on the way (wgmma)
+                "flash", "flash_forward", build_options=self._nv_verbose(self._bf16_opts), C=cfg.n_embd,
+                H=cfg.n_head, D=cfg.head_dim, SCALE=float(1.0 / math.sqrt(cfg.head_dim)), OUT_TILED=1,
+                **self._bf16_opts)
 
     def _kernel_bf16(self, mm, akc, bkc, bias, resid, accum, epi, split=0):
         key = ("bf16", akc, bkc, bias, resid, accum, epi, split, id(mm))
@@ -1015,7 +1024,7 @@ class Ops:
 
     def _bias_final(self, R, N, part, db):
         """db (N) += the sums of R rows of parts (bias_partial's, or to_bf16 COLSUM's): kernels/matmul.cl."""
-        self.run("bias_final", (ceil_to(N, 32), 8), i32(R), i32(N), part, db, lsize=(32, 8))
+        self.run("bias_final", (ceil_to(N, 16), 16), i32(R), i32(N), part, db, lsize=(16, 16))
 
     # ---- transposes (CPU matmul operands) ----
     def _transpose_into(self, x, out, rows, cols, ldo=None):
@@ -1053,6 +1062,13 @@ class Ops:
     def layernorm(self, N, x, w, b, out, mean, rstd):
         if "layernorm_forward_rows" in self.k:  # GPUs, C % 128 == 0: a row a 32-work-item slice, RW a group
             rw = self.launch["ln_rw"]
+            C = self.cfg.n_embd
+            if "layernorm_forward_rows_tiled" in self.k and out.int_ptr in self._stable and N % 64 == 0:
+                copy = self._kept_buf(out, N * C * 2)  # the products' copy of out, written on the way
+                self.run("layernorm_forward_rows_tiled", (32, ceil_to(N, rw)), i32(N), x, w, b, out, mean, rstd,
+                         copy, lsize=(32, rw))
+                self._kept[(out.int_ptr, N, C)] = (copy, N, C)
+                return
             self.run("layernorm_forward_rows", (32, ceil_to(N, rw)), i32(N), x, w, b, out, mean, rstd,
                      lsize=(32, rw))
             return
@@ -1130,6 +1146,12 @@ class Ops:
         C, H, D = cfg.n_embd, cfg.n_head, cfg.head_dim
         if self.flash:
             g, tail = self._flash_grid(Bp, Tp, drop)
+            N = Bp * Tp
+            if "flash_forward_tiled" in self.k and out.int_ptr in self._stable and N % 64 == 0:
+                copy = self._kept_buf(out, N * C * 2)  # the products' copy of out, written on the way
+                self.run("flash_forward_tiled", g, i32(Tp), qkv, out, att, *tail, copy, lsize=(128, 1))
+                self._kept[(out.int_ptr, N, C)] = (copy, N, C)
+                return
             self.run("flash_forward", g, i32(Tp), qkv, out, att, *tail, lsize=(128, 1))
             return
         if drop is not None:

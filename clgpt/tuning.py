@@ -50,12 +50,15 @@ MMA_SMALL_GROUPS = 132
 _NVIDIA_BF16 = dict(kernel="matmul_bf16", BM=128, BN=128, WM=2, WN=4, STAGES=3)
 _NVIDIA_BF16_SMALL = dict(kernel="matmul_bf16", BM=64, BN=64, WM=2, WN=2, STAGES=4)
 # bf16 on Hopper (sm_90a: kernels/matmul_wgmma.cl, clgpt/sm90a.py): wgmma on tiled, swizzled bf16 copies fetched
-# by bulk copies, 128 x 256 outputs per work-group of 2 warpgroups, 4 stages of 64 k (192 KB local memory);
-# outputs narrower than that (N rounded to 256 wasting over 1/8) take 128 x 128. bench/gemm_wgmma.py: 4096^2
-# at 0.82x torch.matmul bf16 on an H200. Products without an epilogue giving fewer than WGMMA_SPLIT_GROUPS
-# work-groups are split along K (chunks >= WGMMA_SPLIT_MIN_K deep).
-_NVIDIA_WGMMA = dict(kernel="matmul_wgmma", BM=128, BN=256, STAGES=4, PIPE=1)
-_NVIDIA_WGMMA_NARROW = dict(kernel="matmul_wgmma", BM=128, BN=128, STAGES=4, PIPE=1)
+# by bulk copies, 128 x 128 outputs per work-group of 2 warpgroups, 3 stages of 64 k (96 KB local memory, 103-118
+# registers: two work-groups an SM, so one's epilogue overlaps the other's products). Round 10 on an H200
+# (bench/gemm_wgmma.py, the kernel alone against torch.matmul bf16): 4096^2 at 0.906x (128 x 256 with 4 stages,
+# one work-group an SM: 0.921x), M6's 16384 x 1536 x 384 at 0.655x (0.636x); training M6 9.03 ms a step against
+# 9.29 (mean of two alternated runs each), L 24.70 against 25.07. The narrow row (outputs narrower than the wide
+# tile, N rounded up wasting over 1/8) is the same tile now. Products without an epilogue giving fewer than
+# WGMMA_SPLIT_GROUPS work-groups are split along K (chunks >= WGMMA_SPLIT_MIN_K deep).
+_NVIDIA_WGMMA = dict(kernel="matmul_wgmma", BM=128, BN=128, STAGES=3, PIPE=1)
+_NVIDIA_WGMMA_NARROW = dict(kernel="matmul_wgmma", BM=128, BN=128, STAGES=3, PIPE=1)
 WGMMA_SPLIT_GROUPS = 132
 WGMMA_SPLIT_MIN_K = 512
 # Smaller products (M*N*K below this: shape M's, whose work-groups do not fill the device and whose 4 k tiles do

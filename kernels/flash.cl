@@ -152,9 +152,19 @@ inline void load_a(uint a[KD][4], __global const float* src, const int ld, const
 // dropout's keep of the probability (query row, key) of head z: the batched form's element (z, row, key)
 #define KEEP(row, key) dropout_keep(seed, site, (uint)(((size_t)z * T + (row)) * T + (key)), p)
 
+// OUT_TILED 1 (B T and C multiples of 64): also out's bf16 copy in matmul_wgmma.cl's tiled layout (precision.cl
+// tiled_chunk, Rp = B T) in out16, the copy the output projection's products read (Ops keeps it).
+#ifndef OUT_TILED
+#define OUT_TILED 0
+#endif
+#if OUT_TILED
+#define OUT_TILED_ARGS , __global uint* restrict out16
+#else
+#define OUT_TILED_ARGS
+#endif
 __kernel __attribute__((reqd_work_group_size(NTH, 1, 1)))
 void flash_forward(const int T, __global const float* restrict qkv, __global float* restrict out,
-                   __global float* restrict lse, const uint seed, const uint site, const float p)
+                   __global float* restrict lse, const uint seed, const uint site, const float p OUT_TILED_ARGS)
 {
     __local uint4 ks_[BQ * DP / 8], vt_[D * KP / 8];  // (uint4: aligned for the word and pair accesses)
     __local ushort *Ks = (__local ushort*)ks_, *Vt = (__local ushort*)vt_;
@@ -213,9 +223,15 @@ void flash_forward(const int T, __global const float* restrict qkv, __global flo
         if (row < T) {
             const float inv = 1.0f / l[i];
 #pragma unroll
-            for (int j = 0; j < ND; j++)
-                vstore2((float2)(o[j][2 * i] * inv, o[j][2 * i + 1] * inv), 0,
-                        out + ((size_t)b * T + row) * C + h * D + 8 * j + 2 * t);
+            for (int j = 0; j < ND; j++) {
+                const float2 y = (float2)(o[j][2 * i] * inv, o[j][2 * i + 1] * inv);
+                vstore2(y, 0, out + ((size_t)b * T + row) * C + h * D + 8 * j + 2 * t);
+#if OUT_TILED
+                const int gc = h * D + 8 * j + 2 * t;
+                out16[4 * tiled_chunk(b * T + row, gc, get_num_groups(1) / H * T) + ((gc & 7) >> 1)] =
+                    bf16_bits(y.x) | (bf16_bits(y.y) << 16);
+#endif
+            }
             if (t == 0) lse[(size_t)z * T + row] = m[i] + log2(l[i]);
         }
     }

@@ -319,10 +319,21 @@ inline float ln_row_sum(__local const float* p)
 // out, mean, rstd as layernorm_forward_wg. 2-D launch: global (32, ceil(N / RW) * RW), local (32, RW); row
 // get_group_id(1) * RW + get_local_id(1). Two passes over the registers (mean, then sum (x - mean)^2) with a
 // local array each: two barriers in all. Rows past N read the last row and store nothing.
+// LN_TILED 1 (N a multiple of 64): also out's bf16 copy in matmul_wgmma.cl's tiled layout (precision.cl
+// tiled_chunk, Rp = N), the copy the products read (Ops keeps it: no second pass over out to make it).
+#ifndef LN_TILED
+#define LN_TILED 0
+#endif
+#if LN_TILED
+#include "precision.cl"
+#define LN_TILED_ARGS , __global uint2* out16
+#else
+#define LN_TILED_ARGS
+#endif
 __kernel __attribute__((reqd_work_group_size(32, RW, 1)))
 void layernorm_forward_rows(const int N, __global const float* x, __global const float* w,
                             __global const float* b, __global float* out,
-                            __global float* mean, __global float* rstd)
+                            __global float* mean, __global float* rstd LN_TILED_ARGS)
 {
     const int l = get_local_id(0), r = get_local_id(1), n = get_group_id(1) * RW + r;
     __local float ps[RW * 32] __attribute__((aligned(16))), pv[RW * 32] __attribute__((aligned(16)));
@@ -351,7 +362,15 @@ void layernorm_forward_rows(const int N, __global const float* x, __global const
     __global const float4* w4 = (__global const float4*)w + l;
     __global const float4* b4 = (__global const float4*)b + l;
 #pragma unroll
-    for (int i = 0; i < LN_NB; i++) o[32 * i] = (v[i] - m) * sd * w4[32 * i] + b4[32 * i];
+    for (int i = 0; i < LN_NB; i++) {
+        const float4 y = (v[i] - m) * sd * w4[32 * i] + b4[32 * i];
+        o[32 * i] = y;
+#if LN_TILED
+        const int c = 4 * l + 128 * i;
+        out16[2 * tiled_chunk(n, c, N) + ((c >> 2) & 1)] =
+            (uint2)(bf16_bits(y.x) | (bf16_bits(y.y) << 16), bf16_bits(y.z) | (bf16_bits(y.w) << 16));
+#endif
+    }
     if (l == 0) { mean[n] = m; rstd[n] = sd; }
 }
 

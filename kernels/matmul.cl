@@ -585,15 +585,14 @@ __kernel void bias_partial(const int M, const int N, const int rc, __global cons
     part[r * N + n] = s;
 }
 
-// bias_final: db[n] += the sum of part[r * N + n] over r < R; work-group (32 columns, BF_SLICES): slice j adds
-// the parts of its run of ceil(R / BF_SLICES) in order, then the first slice adds the slices' sums in order
-// (fixed orders: deterministic; BF_SLICES chains of loads in flight, not one).
-#define BF_SLICES 8
-__kernel __attribute__((reqd_work_group_size(32, BF_SLICES, 1)))
+// bias_final: db[n] += the sum of part[r * N + n] over r < R; work-group (16 columns, 16 slices): slice j adds
+// the parts of its run of ceil(R / 16) in order, then the first slice adds the slices' sums in order (fixed
+// orders: deterministic; 16 chains of loads in flight a column, not one; 256 work-items, what any GPU allows).
+__kernel __attribute__((reqd_work_group_size(16, 16, 1)))
 void bias_final(const int R, const int N, __global const float* part, __global float* db)
 {
-    const int n = get_global_id(0), j = get_local_id(1), run = (R + BF_SLICES - 1) / BF_SLICES;
-    __local float sums[BF_SLICES][32];
+    const int n = get_global_id(0), j = get_local_id(1), run = (R + 15) / 16;
+    __local float sums[16][16];
     float s = 0.0f;
     if (n < N)
         for (int r = j * run; r < min(R, (j + 1) * run); r++) s += part[r * N + n];
@@ -601,7 +600,7 @@ void bias_final(const int R, const int N, __global const float* part, __global f
     barrier(CLK_LOCAL_MEM_FENCE);
     if (j == 0 && n < N) {
         float t = sums[0][get_local_id(0)];
-        for (int i = 1; i < BF_SLICES; i++) t += sums[i][get_local_id(0)];
+        for (int i = 1; i < 16; i++) t += sums[i][get_local_id(0)];
         db[n] += t;
     }
 }

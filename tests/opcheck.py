@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyopencl as cl
 
+from clgpt import reference as ref
+
 
 @dataclass
 class FD:
@@ -101,3 +103,14 @@ def check_op(dev, file, name, gsize, args, want, defines=None, lsize=None, atol=
             s = max(1.0, float(np.abs(num).max()))
             assert_close(got.reshape(-1)[idx], num, 1e-4 * s, 1e-4, f"{name} {key} against finite differences")
     return out
+
+
+def tiled_index(Rp, Cp):
+    """Where precision.cl's tiled_chunk puts element (r, c) of an Rp x Cp bf16 copy (the wgmma layout)."""
+    r, c, e = np.arange(Rp)[:, None], np.arange(Cp)[None, :] // 8, np.arange(Cp)[None, :] % 8
+    return ((((c // 8) * (Rp // 8) + r // 8) * 8 + r % 8) * 8 + ((c % 8) ^ (r % 8))) * 8 + e
+
+
+def bf16_pattern(x):
+    """x rounded to bf16 (round to nearest even), as the 16-bit patterns a bf16 copy holds."""
+    return (ref.round_bf16(np.asarray(x, np.float32)).view(np.uint32) >> 16).astype(np.uint16)

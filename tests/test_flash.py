@@ -23,6 +23,7 @@ from clgpt.engine import Engine
 from clgpt.errors import ClgptError
 from clgpt.model import ModelConfig, init_params
 from clgpt.ops import FLASH_LONG_T, FLASH_MIN_GROUPS
+from opcheck import bf16_pattern, tiled_index
 
 # one set of widths for every test here: PoCL compiles the emulated kernels once (about a minute)
 B, T, C, H = 2, 70, 32, 2  # T: two 64-row blocks, the second partial
@@ -162,3 +163,26 @@ def test_flash_needs_the_bf16_path_and_a_head_width_of_16_to_64(dev, monkeypatch
     monkeypatch.setenv("CLGPT_FLASH", "maybe")
     with pytest.raises(ClgptError, match="CLGPT_FLASH='maybe': use auto, on or off"):
         Engine(cfg, init_params(cfg, 0), batch_size=1, seq_len=16, precision="bf16")
+
+
+def test_flash_forward_writes_its_tiled_copy(dev):
+    """flash_forward with OUT_TILED (bf16 on wgmma): out and lse as without, bit for bit, and out's bf16 copy in
+    the wgmma layout (what to_bf16 TILED would make of out) for the output projection's products."""
+    b, t, c, h = 2, 64, 64, 2  # B T and C multiples of 64
+    kw = dict(C=c, H=h, D=c // h, SCALE=float(1.0 / math.sqrt(c // h)), MMA_EMULATE=1)
+    qkv = np.random.default_rng(5).normal(size=(b, t, 3 * c)).astype(f32)
+    mf, q = cl.mem_flags, dev.queue
+    bq = cl.Buffer(dev.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=qkv)
+    outs = []
+    for tiled in (0, 1):
+        bo, bl = cl.Buffer(dev.ctx, mf.READ_WRITE, b * t * c * 4), cl.Buffer(dev.ctx, mf.READ_WRITE, b * h * t * 4)
+        b16 = cl.Buffer(dev.ctx, mf.READ_WRITE, b * t * c * 2)
+        k = dev.kernel("flash", "flash_forward", **kw, **({"OUT_TILED": 1} if tiled else {}))
+        k(q, (128, b * h), (128, 1), i32(t), bq, bo, bl, u32(0), u32(0), f32(0.0), *((b16,) if tiled else ()))
+        out, lse, copy = np.empty((b * t, c), f32), np.empty(b * h * t, f32), np.empty(b * t * c, np.uint16)
+        for host, buf in ((out, bo), (lse, bl), (copy, b16)):
+            cl.enqueue_copy(q, host, buf)
+        q.finish()
+        outs.append((out, lse, copy))
+    assert np.array_equal(outs[0][0], outs[1][0]) and np.array_equal(outs[0][1], outs[1][1])
+    assert np.array_equal(outs[1][2][tiled_index(b * t, c)], bf16_pattern(outs[1][0]))

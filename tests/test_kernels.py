@@ -245,11 +245,11 @@ def test_bias_backward(dev):
 
 @pytest.mark.parametrize("R,N", [(37, 45), (3, 32), (256, 70)])
 def test_bias_final(dev, R, N):
-    """bias_final (GPUs): db += the sums of R rows of parts, 8 slices of rows a column then the slices in order,
-    against float64; N off multiples of the 32-column work-group and R off multiples of the 8 slices."""
+    """bias_final (GPUs): db += the sums of R rows of parts, 16 slices of rows a column then the slices in order,
+    against float64; N off multiples of the 16-column work-group and R off multiples of the 16 slices."""
     part, db0 = rng.normal(size=(R, N)).astype(f32), rng.normal(size=N).astype(f32)
-    check_op(dev, "matmul", "bias_final", (-(-N // 32) * 32, 8), [("R", i32(R)), ("N", i32(N)), ("part", part),
-             ("db", db0)], {"db": db0 + part.astype(np.float64).sum(0)}, lsize=(32, 8), scaled=False)
+    check_op(dev, "matmul", "bias_final", (-(-N // 16) * 16, 16), [("R", i32(R)), ("N", i32(N)), ("part", part),
+             ("db", db0)], {"db": db0 + part.astype(np.float64).sum(0)}, lsize=(16, 16), scaled=False)
 
 
 # ---------------- layernorm ----------------

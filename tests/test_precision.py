@@ -26,6 +26,7 @@ from clgpt.ops import matmul_defines, matmul_launch
 from clgpt.errors import ClgptError
 from clgpt.model import ModelConfig, init_params
 from clgpt.precision import ROUND, matrix_path, resolve
+from opcheck import bf16_pattern as _bf16_pattern, run_op, tiled_index as _tiled_index
 
 i32, f32 = np.int32, np.float32
 rng = np.random.default_rng(4321)
@@ -464,16 +465,6 @@ def test_precision_setting(dev):
         resolve("half", dev.device)
 
 
-def _tiled_index(Rp, Cp):
-    """Where precision.cl's tiled_chunk puts element (r, c) of an Rp x Cp bf16 copy (the wgmma layout)."""
-    r, c, e = np.arange(Rp)[:, None], np.arange(Cp)[None, :] // 8, np.arange(Cp)[None, :] % 8
-    return ((((c // 8) * (Rp // 8) + r // 8) * 8 + r % 8) * 8 + ((c % 8) ^ (r % 8))) * 8 + e
-
-
-def _bf16_pattern(x):
-    return (ref.round_bf16(np.asarray(x, f32)).view(np.uint32) >> 16).astype(np.uint16)
-
-
 @pytest.mark.parametrize("gelu", [False, True])
 def test_tiled_copy_with_column_sums(dev, gelu):
     """to_bf16 with TILED and COLSUM (what a reused gradient's copy runs on GPUs): the tiled bf16 copy, and each
@@ -617,3 +608,19 @@ def test_products_that_write_only_their_tiled_copy(dev, monkeypatch):
     monkeypatch.setattr(ops, "_tiled_out", False)
     ops._matmul_bf16(M, N, K, A, B, h, 0, 1, None, None, False, 1.0, 1, g)
     assert calls[-1] == (1, None) and not ops._kept
+
+
+@pytest.mark.parametrize("N,C", [(128, 128), (64, 384)])
+def test_layernorm_writes_its_tiled_copy(dev, N, C):
+    """layernorm_forward_rows with LN_TILED (GPU rows, on wgmma): out, mean, rstd as without, bit for bit, and
+    out's bf16 copy in the wgmma layout (what to_bf16 TILED would make of out), for the products to read."""
+    x = (rng.normal(size=(N, C)) * 2 + 0.5).astype(f32)
+    w, b = rng.normal(size=C).astype(f32), rng.normal(size=C).astype(f32)
+    args = [("N", i32(N)), ("x", x), ("w", w), ("b", b), ("out", np.zeros_like(x)), ("mean", np.zeros(N, f32)),
+            ("rstd", np.zeros(N, f32))]
+    kw = dict(C=C, EPS=1e-5, RW=4)
+    plain = run_op(dev, "layernorm", "layernorm_forward_rows", (32, N), args, kw, lsize=(32, 4))
+    tiled = run_op(dev, "layernorm", "layernorm_forward_rows", (32, N), args + [("out16", np.zeros(N * C, np.uint16))],
+                   {**kw, "LN_TILED": 1}, lsize=(32, 4))
+    assert all(np.array_equal(plain[k], tiled[k]) for k in ("out", "mean", "rstd"))
+    assert np.array_equal(tiled["out16"][_tiled_index(N, C)], _bf16_pattern(plain["out"]))
