@@ -6,6 +6,9 @@ source "$(dirname "$0")/gpu_env.sh"  # wheels into /tmp/site, NVIDIA's OpenCL
 export PYOPENCL_CTX=0
 O=${OUT:-/tmp/out}; mkdir -p $O
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw --format=csv,noheader
+# the first process of a call ran 10-15% slower (round 10: M6 10.0-10.3 ms against 8.85 later in the same call):
+# one untimed run of each side first
+(O=/tmp; clgpt_bf16 warm-up "$M6" 20 >/dev/null; torch_peer warm-up "$M6" 20 >/dev/null)
 for rep in $(seq ${REPS:-3}); do
   for shape in ${SHAPES:-M6 L M}; do
     eval args=\$$shape; steps=50; [ $shape = L ] && steps=20
