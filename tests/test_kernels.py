@@ -314,6 +314,14 @@ def test_layernorm_blocked(dev, N, C):
     assert np.array_equal(got["dw"], one["dw"]) and np.array_equal(got["db"], one["db"])
 
 
+def _ln_inputs(N, C):
+    """x (N, C), w, b, dout, dx's, dw's and db's starting values for the LayerNorm row-slice checks."""
+    x = (rng.normal(size=(N, C)) * 2 + 0.5).astype(f32)
+    w, b = rng.normal(size=C).astype(f32), rng.normal(size=C).astype(f32)
+    dout, dx0 = rng.normal(size=(N, C)).astype(f32), rng.normal(size=(N, C)).astype(f32)
+    return x, w, b, dout, dx0, rng.normal(size=C).astype(f32), rng.normal(size=C).astype(f32)
+
+
 @pytest.mark.parametrize("N,C,rpi", [(37, 128, 3), (19, 384, 1), (8, 128, 2)])
 def test_layernorm_rows(dev, N, C, rpi):
     """The GPU row-slice forms (C % 128 == 0: 32 work-items a row, RW rows a work-group; the backward's dw, db as
@@ -321,10 +329,7 @@ def test_layernorm_rows(dev, N, C, rpi):
     and finite differences, N not a multiple of the rows a work-group; each part the sums over its rows; two runs
     bit for bit."""
     eps, RW = 1e-5, 4
-    x = (rng.normal(size=(N, C)) * 2 + 0.5).astype(f32)
-    w, b = rng.normal(size=C).astype(f32), rng.normal(size=C).astype(f32)
-    dout, dx0 = rng.normal(size=(N, C)).astype(f32), rng.normal(size=(N, C)).astype(f32)
-    dw0, db0 = rng.normal(size=C).astype(f32), rng.normal(size=C).astype(f32)
+    x, w, b, dout, dx0, dw0, db0 = _ln_inputs(N, C)
     want, (mean, rstd) = ref.layernorm_forward(x, w, b, eps)
     dx_want, dw_want, db_want = ref.layernorm_backward(dout, x, w, mean, rstd)
     fwd = lambda x, w, b: ref.layernorm_forward(x, w, b, eps)[0]  # noqa: E731
@@ -376,10 +381,7 @@ def test_engine_layernorm_rows(dev, monkeypatch, C, new):
     for meth in ("run", "runp"):
         launch = getattr(ops, meth)
         monkeypatch.setattr(ops, meth, lambda name, *a, _f=launch, **k: (names.append(name), _f(name, *a, **k)))
-    x = (rng.normal(size=(N, C)) * 2 + 0.5).astype(f32)
-    w, b = rng.normal(size=C).astype(f32), rng.normal(size=C).astype(f32)
-    dout, dx0 = rng.normal(size=(N, C)).astype(f32), rng.normal(size=(N, C)).astype(f32)
-    dw0, db0 = rng.normal(size=C).astype(f32), rng.normal(size=C).astype(f32)
+    x, w, b, dout, dx0, dw0, db0 = _ln_inputs(N, C)
     want, (mean, rstd) = ref.layernorm_forward(x, w, b, eps)
     dx_want, dw_want, db_want = ref.layernorm_backward(dout, x, w, mean, rstd)
     xb, wb, ob, mb, rb = to_dev(dev, x), to_dev(dev, w), empty(dev, N * C), empty(dev, N), empty(dev, N)
