@@ -140,9 +140,9 @@ class Ops:
         self._plans = {}  # preset launches: (kernel, gsize, lsize, buffers) -> [a cl.Kernel, the args it holds]
         self._buffer_args = {}  # kernel -> a function picking its non-scalar arguments (_launch's key)
         self._scratch, self._scratch_size = [None, None], [0, 0]  # transposed B, A for matmul_rb
-        self._parts, self._parts_size = None, 0  # split-K partial products (GPUs)
-        self._cparts, self._cparts_size = None, 0  # column-sum partials (GPUs)
-        self._tparts, self._tparts_size = None, 0  # the column sums a TILED_OUT 2 product wrote
+        # scratch floats grown as asked (_grown): "parts" split-K partial products, "cparts" column-sum partials,
+        # "tparts" the column sums a TILED_OUT 2 product wrote (GPUs)
+        self._grown_bufs = {}
         self._mm = {}
         self._rb_variants = {}  # matmul_rb tiles with fewer vectors per work-item, by NV (_rb_tiles)
         self._rb_plans = {}  # matmul_rb launches by product shape (_rb_plan)
@@ -423,7 +423,7 @@ class Ops:
         if mm["kernel"] == "matmul" and bias is None and resid is None and epi == 0 and K > 0:
             mm, S, kc = self.split_plan(M, N, K)
             if S > 1:
-                P = self._grow_parts(S * M * N)
+                P = self._grown("parts", S * M * N)
                 kern = self._kernel_mm(mm, ta, tb, False, False, False, 0, split=1)
                 (gx, gy), lsize = matmul_launch(mm, M, N)
                 self._launch(kern, (gx, gy, S), lsize + (1,), (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), P,
@@ -498,7 +498,7 @@ class Ops:
         itself, or to a scratch where Cm accumulates."""
         (first, mid, last), chunks, ta = kerns
         iM, iN, _, ilda, ildb, ildc = ints
-        P, ldp = (self._grow_parts(int(iM) * int(iN)), iN) if accum else (Cm, ildc)
+        P, ldp = (self._grown("parts", int(iM) * int(iN)), iN) if accum else (Cm, ildc)
         end = len(chunks) - 1
         for c, (k0, kc) in enumerate(chunks):
             a = self._sub(A, k0 * (int(ilda) if ta else 1))
@@ -557,7 +557,7 @@ class Ops:
             if S >= 2:
                 kc = ceil_to(-(-K // S), mma_bk(self.round))
                 S = -(-K // kc)
-                P = self._grow_parts(S * M * N)
+                P = self._grown("parts", S * M * N)
                 kern = self._kernel_mma(mm, ta, tb, False, False, False, 0, align4, split=1)
                 (gx, gy), lsize = mma_launch(mm, M, N)
                 self._launch(kern, (gx, gy, S), lsize + (1,), (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), P,
@@ -673,12 +673,9 @@ class Ops:
                 and bias is None and resid is None and not accum):
             if self._tiled_out and M % 64 == 0 and N % 64 == 0:
                 # dh = dg * gelu'(E) written only as dh's tiled copy and its column sums, for dh's reuse block
-                copy = self._b16_slot(3, M * N * 2)
-                if self._tparts_size < M // 64 * N:
-                    self._tparts, self._tparts_size = self.buf(M // 64 * N), M // 64 * N
-                self._matmul_wgmma(M, N, K, A, B, Cm, ta, tb, None, None, False, alpha, 2, E,
-                                   tiled_out=(copy, self._tparts))
-                self._premade[Cm.int_ptr] = (copy, M, N, self._tparts, M // 64)
+                copy, part = self._b16_slot(3, M * N * 2), self._grown("tparts", M // 64 * N)
+                self._matmul_wgmma(M, N, K, A, B, Cm, ta, tb, None, None, False, alpha, 2, E, tiled_out=(copy, part))
+                self._premade[Cm.int_ptr] = (copy, M, N, part, M // 64)
                 return
             # dh = dg * gelu'(E): the product on wgmma now, gelu' when dh's reuse copy is made (or _settle)
             self._matmul_wgmma(M, N, K, A, B, Cm, ta, tb, None, None, False, alpha, 0, None)
@@ -688,9 +685,8 @@ class Ops:
             if (epi == 1 and self._tiled_out and self._wgmma_mn and E.int_ptr in self._stable and M % 64 == 0
                     and N % 64 == 0):
                 # g = gelu(h) written only as g's kept tiled copy (the products read g through it alone)
-                copy = self._kept_buf(E, M * N * 2)
-                self._matmul_wgmma(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E, tiled_out=(copy, None))
-                self._kept[(E.int_ptr, M, N)] = (copy, M, N)
+                self._matmul_wgmma(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E,
+                                   tiled_out=(self._kept_copy(E, M, N), None))
                 return
             self._matmul_wgmma(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E)
             return
@@ -708,7 +704,7 @@ class Ops:
             plan = split_k_chunks(Kp, groups, MMA_SPLIT_GROUPS, MMA_SPLIT_MIN_K, 32)
             if plan:
                 S, kc = plan
-                P = self._grow_parts(S * M * N)
+                P = self._grown("parts", S * M * N)
                 kern = self._kernel_bf16(mm, akc, bkc, False, False, False, 0, split=1)
                 (gx, gy), lsize = mma_launch(mm, M, N)
                 self._launch(kern, (gx, gy, S), lsize + (1,), (i32(M), i32(N), i32(Kp), A16, i32(lda), B16, i32(ldb),
@@ -759,7 +755,7 @@ class Ops:
             plan = split_k_chunks(Kp, groups, WGMMA_SPLIT_GROUPS, WGMMA_SPLIT_MIN_K, 64)
             if plan:
                 S, kc = plan
-                P = self._grow_parts(S * M * N)
+                P = self._grown("parts", S * M * N)
                 self._launch(self._kernel_wgmma(mm, trans, False, False, False, 0, split=1), gsize + (S,),
                              lsize + (1,), (i32(M), i32(N), *operands, P, i32(N), None, None, f32(1.0), None, i32(kc)))
                 self.runp("splitk_reduce", (M * N,), i32(M * N), i32(S), i32(bool(accum)), f32(alpha), P, Cm)
@@ -793,7 +789,7 @@ class Ops:
             if "to_bf16_colsum" not in self.k:
                 out = self._kept[key] = (self.to_bf16(2, X, rows, cols, Rp, Cp, tiled=True), Rp, Cp)
                 return out
-            out, part = self._b16_slot(2, Rp * Cp * 2), self._grow_cparts(Rp // 64 * cols)
+            out, part = self._b16_slot(2, Rp * Cp * 2), self._grown("cparts", Rp // 64 * cols)
             args = (i32(rows), i32(cols), X, i32(cols), out, i32(Cp), part)
             gelu = self._gelu_pending.get(key[0])
             if gelu is not None and (gelu.rows, gelu.cols, gelu.copied) == (rows, cols, False):  # GELU' on the way
@@ -813,6 +809,20 @@ class Ops:
         if out is None or out.size < nbytes:
             out = self._kept_bufs[X.int_ptr] = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, nbytes)
         return out
+
+    def _kept_copy(self, X, rows, cols):
+        """Stable X's kept tiled copy (rows, cols multiples of 64) for X's producer to write: kept from now on."""
+        copy = self._kept_buf(X, rows * cols * 2)
+        self._kept[(X.int_ptr, rows, cols)] = (copy, rows, cols)
+        return copy
+
+    def _with_copy(self, kname, X, rows, cols):
+        """-> (kernel, extra arguments): kname's _tiled form, writing stable X's kept tiled copy as it writes X
+        (LayerNorm's LN_TILED, flash's OUT_TILED), where that form was built and rows, cols are multiples of 64;
+        else kname itself."""
+        if kname + "_tiled" not in self.k or X.int_ptr not in self._stable or rows % 64 or cols % 64:
+            return kname, ()
+        return kname + "_tiled", (self._kept_copy(X, rows, cols),)
 
     def _settle(self, X):
         """X's fp32 values made what its readers expect: a deferred GELU' (_matmul_bf16) applied in place."""
@@ -867,15 +877,12 @@ class Ops:
                 self._settle(buf)
             self._gelu_pending.pop(buf.int_ptr, None)
 
-    def _grow_parts(self, n):
-        if self._parts_size < n:
-            self._parts, self._parts_size = self.buf(n), n
-        return self._parts
-
-    def _grow_cparts(self, n):
-        if self._cparts_size < n:
-            self._cparts, self._cparts_size = self.buf(n), n
-        return self._cparts
+    def _grown(self, key, n):
+        """Scratch floats `key` (see _grown_bufs), grown to at least n."""
+        buf = self._grown_bufs.get(key)
+        if buf is None or buf.size < n * F32:
+            buf = self._grown_bufs[key] = self.buf(n)
+        return buf
 
     def bmm(self, M, N, K, nz, hb, A, lda, a_off, B, ldb, b_off, Cm, ldc, c_off, ta=0, tb=0, alpha=1.0, causal=0,
             mm=None):
@@ -974,7 +981,7 @@ class Ops:
             if GS == 1:
                 kc = 1 << 30  # one chunk: all of a group's rows
             (gx, gy), lsize = matmul_launch(mm, M, N)
-            out = self._grow_parts(GS * E * M * N) if GS > 1 else Cm
+            out = self._grown("parts", GS * E * M * N) if GS > 1 else Cm
             kern = self._grouped_kernel_local(mm, 2, E, ta, 0, accum and GS == 1, split=int(GS > 1))
             self._launch(kern, (gx, gy, E * GS), lsize + (1,),
                          (i32(M), i32(N), i32(0), A, i32(lda), B, i32(ldb), out, i32(ldc), None, None,
@@ -1018,7 +1025,7 @@ class Ops:
         if R < self.launch["colsum_min_parts"]:
             self.runp("bias_backward", (N,), i32(M), i32(N), dy, db)
             return
-        part = self._grow_cparts(R * N)
+        part = self._grown("cparts", R * N)
         self.runp("bias_partial", (N, R), i32(M), i32(N), i32(rc), dy, part)
         self._bias_final(R, N, part, db)
 
@@ -1062,15 +1069,8 @@ class Ops:
     def layernorm(self, N, x, w, b, out, mean, rstd):
         if "layernorm_forward_rows" in self.k:  # GPUs, C % 128 == 0: a row a 32-work-item slice, RW a group
             rw = self.launch["ln_rw"]
-            C = self.cfg.n_embd
-            if "layernorm_forward_rows_tiled" in self.k and out.int_ptr in self._stable and N % 64 == 0:
-                copy = self._kept_buf(out, N * C * 2)  # the products' copy of out, written on the way
-                self.run("layernorm_forward_rows_tiled", (32, ceil_to(N, rw)), i32(N), x, w, b, out, mean, rstd,
-                         copy, lsize=(32, rw))
-                self._kept[(out.int_ptr, N, C)] = (copy, N, C)
-                return
-            self.run("layernorm_forward_rows", (32, ceil_to(N, rw)), i32(N), x, w, b, out, mean, rstd,
-                     lsize=(32, rw))
+            kname, copy = self._with_copy("layernorm_forward_rows", out, N, self.cfg.n_embd)
+            self.run(kname, (32, ceil_to(N, rw)), i32(N), x, w, b, out, mean, rstd, *copy, lsize=(32, rw))
             return
         if self.rows:
             self.run("layernorm_forward_wg", (N * self.rows,), i32(N), x, w, b, out, mean, rstd, lsize=(self.rows,))
@@ -1083,7 +1083,7 @@ class Ops:
             rw = self.launch["ln_rw"]
             rpi = max(1, N // (rw * self.launch["ln_parts"]))  # rows a row-slot
             P = -(-N // (rw * rpi))
-            part = self._grow_cparts(2 * P * C)
+            part = self._grown("cparts", 2 * P * C)
             self.run("layernorm_backward_rows", (32, P * rw), i32(N), i32(rpi), i32(accum), dout, x, w, mean, rstd,
                      dx, part, lsize=(32, rw))
             self.run("layernorm_param_final_rows", (C // 2, 32), i32(P), part, dw, db, lsize=(8, 32))
@@ -1096,7 +1096,7 @@ class Ops:
             if R < self.launch["colsum_min_parts"]:
                 self.runp("layernorm_param_backward", (-(-C // self.norm_cb),), i32(N), dout, x, mean, rstd, dw, db)
                 return
-            part = self._grow_cparts(2 * R * C)
+            part = self._grown("cparts", 2 * R * C)
             self.runp("layernorm_param_partial", (C, R), i32(N), i32(rc), dout, x, mean, rstd, part)
             self.runp("layernorm_param_final", (C,), i32(R), part, dw, db)
             return
@@ -1120,7 +1120,7 @@ class Ops:
             rc = self.launch["colsum_rows"]
             R = -(-N // rc)
             if R >= self.launch["colsum_min_parts"]:
-                part = self._grow_cparts(R * self.cfg.n_embd)
+                part = self._grown("cparts", R * self.cfg.n_embd)
                 self.runp("rmsnorm_param_partial", (self.cfg.n_embd, R), i32(N), i32(rc), dout, x, rstd, part)
                 self.runp("rmsnorm_param_final", (self.cfg.n_embd,), i32(R), part, dw)
                 return
@@ -1146,13 +1146,8 @@ class Ops:
         C, H, D = cfg.n_embd, cfg.n_head, cfg.head_dim
         if self.flash:
             g, tail = self._flash_grid(Bp, Tp, drop)
-            N = Bp * Tp
-            if "flash_forward_tiled" in self.k and out.int_ptr in self._stable and N % 64 == 0:
-                copy = self._kept_buf(out, N * C * 2)  # the products' copy of out, written on the way
-                self.run("flash_forward_tiled", g, i32(Tp), qkv, out, att, *tail, copy, lsize=(128, 1))
-                self._kept[(out.int_ptr, N, C)] = (copy, N, C)
-                return
-            self.run("flash_forward", g, i32(Tp), qkv, out, att, *tail, lsize=(128, 1))
+            kname, copy = self._with_copy("flash_forward", out, Bp * Tp, C)
+            self.run(kname, g, i32(Tp), qkv, out, att, *tail, *copy, lsize=(128, 1))
             return
         if drop is not None:
             self._attention_forward_batched(Bp, Tp, qkv, out, att, drop)

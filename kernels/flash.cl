@@ -61,7 +61,6 @@ inline float quad_sum(float x) { x += shfl_xor(x, 1); return x + shfl_xor(x, 2);
 #define QUAD_SUM(x) quad_sum(x)
 #endif
 
-inline uint pack2(const float lo, const float hi) { return bf16_bits(lo) | (bf16_bits(hi) << 16); }
 
 // A 64-row block in two steps: fetch reads rows r0..r0+63 (zeros from row T on) of D columns of src (row
 // stride ld) into registers, 4 columns a load, all of a work-item's loads issued together (consecutive
@@ -83,7 +82,7 @@ inline void put(const float4* v, __local ushort* dst, __local ushort* dstT)
 #pragma unroll
     for (int i = 0; i < NPER; i++) {
         const int e = get_local_id(0) + i * NTH, r = e / (D / 4), c = 4 * (e % (D / 4));
-        if (dst) *(__local uint2*)(dst + r * DP + c) = (uint2)(pack2(v[i].x, v[i].y), pack2(v[i].z, v[i].w));
+        if (dst) *(__local uint2*)(dst + r * DP + c) = (uint2)(bf16x2(v[i].x, v[i].y), bf16x2(v[i].z, v[i].w));
         if (dstT) {
             dstT[(c + 0) * KP + r] = (ushort)bf16_bits(v[i].x);
             dstT[(c + 1) * KP + r] = (ushort)bf16_bits(v[i].y);
@@ -118,17 +117,17 @@ inline void load_a(uint a[KD][4], __global const float* src, const int ld, const
         for (int q = 0; q < 4; q++) {
             const int r = r0 + g + 8 * (q & 1), c = 16 * s + 2 * t + 8 * (q >> 1);
             const float2 v = r < T ? vload2(0, src + (size_t)r * ld + c) : (float2)(0.0f);
-            a[s][q] = pack2(v.x, v.y);
+            a[s][q] = bf16x2(v.x, v.y);
         }
 }
 
 // c (16 x 8n accumulators of a warp, from n tile 2j) as the A fragment of one k step of 16
 #define AFRAG(a, c, j)                                \
     {                                                 \
-        a[0] = pack2(c[2 * (j)][0], c[2 * (j)][1]);         \
-        a[1] = pack2(c[2 * (j)][2], c[2 * (j)][3]);         \
-        a[2] = pack2(c[2 * (j) + 1][0], c[2 * (j) + 1][1]); \
-        a[3] = pack2(c[2 * (j) + 1][2], c[2 * (j) + 1][3]); \
+        a[0] = bf16x2(c[2 * (j)][0], c[2 * (j)][1]);         \
+        a[1] = bf16x2(c[2 * (j)][2], c[2 * (j)][3]);         \
+        a[2] = bf16x2(c[2 * (j) + 1][0], c[2 * (j) + 1][1]); \
+        a[3] = bf16x2(c[2 * (j) + 1][2], c[2 * (j) + 1][3]); \
     }
 
 // A warp's products with a staged 64-row block (g, t: the lane's fragment row and column):
@@ -227,9 +226,7 @@ void flash_forward(const int T, __global const float* restrict qkv, __global flo
                 const float2 y = (float2)(o[j][2 * i] * inv, o[j][2 * i + 1] * inv);
                 vstore2(y, 0, out + ((size_t)b * T + row) * C + h * D + 8 * j + 2 * t);
 #if OUT_TILED
-                const int gc = h * D + 8 * j + 2 * t;
-                out16[4 * tiled_chunk(b * T + row, gc, get_num_groups(1) / H * T) + ((gc & 7) >> 1)] =
-                    bf16_bits(y.x) | (bf16_bits(y.y) << 16);
+                tiled_store2(out16, b * T + row, h * D + 8 * j + 2 * t, get_num_groups(1) / H * T, y);
 #endif
             }
             if (t == 0) lse[(size_t)z * T + row] = m[i] + log2(l[i]);

@@ -366,9 +366,7 @@ void layernorm_forward_rows(const int N, __global const float* x, __global const
         const float4 y = (v[i] - m) * sd * w4[32 * i] + b4[32 * i];
         o[32 * i] = y;
 #if LN_TILED
-        const int c = 4 * l + 128 * i;
-        out16[2 * tiled_chunk(n, c, N) + ((c >> 2) & 1)] =
-            (uint2)(bf16_bits(y.x) | (bf16_bits(y.y) << 16), bf16_bits(y.z) | (bf16_bits(y.w) << 16));
+        tiled_store4(out16, n, 4 * l + 128 * i, N, y);
 #endif
     }
     if (l == 0) { mean[n] = m; rstd[n] = sd; }

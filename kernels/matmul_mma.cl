@@ -62,7 +62,6 @@
 // word w of row r -> its place in the local row (see the header): pair (w/8)*4 + w%4, swizzled, half w/4 % 2
 #define PHYS(r, w) ((r) * KW + ((((w) >> 3) * 4 + ((w) & 3)) ^ ((((r) >> 1) & 1) << 2)) * 2 + (((w) >> 2) & 1))
 
-#define PACK2(lo, hi) (bf16_bits(lo) | (bf16_bits(hi) << 16))  // two bf16, the lower k in the low half
 #define TO_WORD(x) as_uint(round_tf32(x))                       // one tf32
 
 // The staging of one operand tile: R rows (BM or BN) x BK k values, rows r0.., k from k0, from X (ld).
@@ -113,8 +112,8 @@
         _Pragma("unroll") for (int i = 0; i < (R) * BK / 4 / NTH; i++) {                        \
             const int e = tid + i * NTH, r = e / (BK / 4), c = e % (BK / 4);                     \
             if (ROUND == 1) {                                                                   \
-                (Xs)[PHYS(r, 2 * c)] = PACK2(reg[4 * i], reg[4 * i + 1]);                        \
-                (Xs)[PHYS(r, 2 * c + 1)] = PACK2(reg[4 * i + 2], reg[4 * i + 3]);                \
+                (Xs)[PHYS(r, 2 * c)] = bf16x2(reg[4 * i], reg[4 * i + 1]);                        \
+                (Xs)[PHYS(r, 2 * c + 1)] = bf16x2(reg[4 * i + 2], reg[4 * i + 3]);                \
             } else {                                                                            \
                 _Pragma("unroll") for (int h = 0; h < 4; h++)                                   \
                     (Xs)[PHYS(r, 4 * c + h)] = TO_WORD(reg[4 * i + h]);                          \
@@ -124,7 +123,7 @@
         _Pragma("unroll") for (int i = 0; i < (R) * KW / NTH; i++) {                            \
             const int e = tid + i * NTH;                                                        \
             const int r = (e & 7) + 8 * ((e >> 5) % ((R) / 8)), w = ((e >> 3) & 3) + 4 * (e / (4 * (R))); \
-            (Xs)[PHYS(r, w)] = (ROUND == 1) ? PACK2(reg[2 * i], reg[2 * i + 1]) : TO_WORD(reg[i]); \
+            (Xs)[PHYS(r, w)] = (ROUND == 1) ? bf16x2(reg[2 * i], reg[2 * i + 1]) : TO_WORD(reg[i]); \
         }                                                                                       \
     }
 

@@ -292,17 +292,15 @@ void matmul_wgmma(const int M, const int N, const int Kp, __global const ushort*
 #else
                 const float4 c = epilogue4(v, b4, r4[b], c4v[b], e4[b], alpha);
 #if EPI == 1
-                const float gv[4] = {gelu_f(c.x), gelu_f(c.y), gelu_f(c.z), gelu_f(c.w)};
+                const float4 gv = (float4)(gelu_f(c.x), gelu_f(c.y), gelu_f(c.z), gelu_f(c.w));
 #if TILED_OUT
-                O16[2 * tiled_chunk(gm, gn, M) + ((gn >> 2) & 1)] =
-                    (uint2)(bf16_bits(gv[0]) | (bf16_bits(gv[1]) << 16), bf16_bits(gv[2]) | (bf16_bits(gv[3]) << 16));
+                tiled_store4(O16, gm, gn, M, gv);
 #else
-                *(__global float4*)(E + o) = (float4)(gv[0], gv[1], gv[2], gv[3]);
+                *(__global float4*)(E + o) = gv;
 #endif
 #endif
 #if TILED_OUT == 2
-                O16[2 * tiled_chunk(gm, gn, M) + ((gn >> 2) & 1)] =
-                    (uint2)(bf16_bits(c.x) | (bf16_bits(c.y) << 16), bf16_bits(c.z) | (bf16_bits(c.w) << 16));
+                tiled_store4(O16, gm, gn, M, c);
                 st_local4(sbase + 4 * (row * SO + 4 * c4), c);  // for the column sums below
 #else
                 *(__global float4*)(Cm + o) = c;

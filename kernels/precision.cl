@@ -22,11 +22,13 @@ inline uint bf16_bits(const float x)
 
 inline float round_bf16(const float x) { return as_float(bf16_bits(x) << 16); }
 
+// two floats as two bf16 in one word, lo in the low half
+inline uint bf16x2(const float lo, const float hi) { return bf16_bits(lo) | (bf16_bits(hi) << 16); }
+
 // eight floats as eight bf16 in 16 bytes, v[0] lowest
 inline uint4 bf16x8(const float* v)
 {
-    return (uint4)(bf16_bits(v[0]) | (bf16_bits(v[1]) << 16), bf16_bits(v[2]) | (bf16_bits(v[3]) << 16),
-                   bf16_bits(v[4]) | (bf16_bits(v[5]) << 16), bf16_bits(v[6]) | (bf16_bits(v[7]) << 16));
+    return (uint4)(bf16x2(v[0], v[1]), bf16x2(v[2], v[3]), bf16x2(v[4], v[5]), bf16x2(v[6], v[7]));
 }
 
 // The bf16 copies kernels/matmul_wgmma.cl reads (matmul_bf16.cl to_bf16 with TILED 1, xent.cl
@@ -36,6 +38,17 @@ inline uint4 bf16x8(const float* v)
 inline size_t tiled_chunk(const int r, const int k, const int Rp)
 {
     return (((size_t)(k >> 6) * (Rp >> 3) + (r >> 3)) * 8 + (r & 7)) * 8 + (((k >> 3) & 7) ^ (r & 7));
+}
+
+// Producers writing their output's tiled copy as they go: columns k, k + 1 (k even) or k..k + 3 (k a multiple
+// of 4) of row r, as bf16, into the copy O (Rp rows)
+inline void tiled_store2(__global uint* O, const int r, const int k, const int Rp, const float2 v)
+{
+    O[4 * tiled_chunk(r, k, Rp) + ((k & 7) >> 1)] = bf16x2(v.x, v.y);
+}
+inline void tiled_store4(__global uint2* O, const int r, const int k, const int Rp, const float4 v)
+{
+    O[2 * tiled_chunk(r, k, Rp) + ((k >> 2) & 1)] = (uint2)(bf16x2(v.x, v.y), bf16x2(v.z, v.w));
 }
 
 inline float round_tf32(const float x)
