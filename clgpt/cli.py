@@ -25,10 +25,10 @@ def cmd_devices(args) -> None:
     from clgpt.device import get_device, list_devices
 
     devices = list_devices()
-    for index, name, kind, chosen in devices:
-        print(f"{'*' if chosen else ' '} {index}  {kind:<4} {name}")
+    for index, name, kind, chosen, note in devices:
+        print(f"{'*' if chosen else ' '} {index}  {kind:<4} {name}" + (f"  ({note})" if note else ""))
     print("(* = the device clgpt uses; choose another with `device:` in config.yaml, --device or PYOPENCL_CTX)")
-    if not any(chosen for *_, chosen in devices):
+    if not any(chosen for _, _, _, chosen, _ in devices):
         try:
             get_device(None)
         except ClgptError as e:

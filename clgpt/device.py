@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from pathlib import Path
 
 import pyopencl as cl
 
 from clgpt import sm90a
 from clgpt.errors import ClgptError
+from clgpt.icd import register_pip_runtimes
 from clgpt.paths import data_path
 
 KERNEL_DIR = data_path("kernels")  # beside the package in a checkout, inside it in a wheel
@@ -41,7 +43,10 @@ def kernel_source(path: Path, _seen: tuple = ()) -> str:
     return "".join(out) + text[last:]
 
 
-_NO_PLATFORM = "no OpenCL platform found; install PoCL: pip install pocl-binary-distribution"
+_NO_PLATFORM = ("no OpenCL platform found; reinstall clgpt (pip install -e .), which brings PoCL and, on x86-64, "
+                "Intel's CPU runtime")
+
+register_pip_runtimes()  # before pyopencl first lists platforms: the loader reads its vendors once a process
 
 
 def _all_devices() -> list[tuple[str, cl.Device]]:
@@ -62,82 +67,148 @@ def _all_devices() -> list[tuple[str, cl.Device]]:
     return out
 
 
-_builds_cache: dict[int, bool] = {}
+def _build(prg: cl.Program, options: list) -> cl.Program:
+    """prg built; compilers' logs of a build that succeeded (Intel's prints one for every program) stay quiet."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", cl.CompilerWarning)
+        return prg.build(options=options)
 
 
-def _builds(dev: cl.Device) -> bool:
-    """Whether the device's compiler builds a one-line kernel. PoCL from PyPI (pocl-binary-distribution 3.0,
-    LLVM 14) fails on every program on CPUs its LLVM does not know ("unknown target CPU 'generic'": AMD Zen 5,
-    say), where a newer PoCL beside it (Debian's pocl-opencl-icd) works; the automatic choice skips such a device."""
+def _kind(dev) -> str:
+    if is_simulator(dev):
+        return "SIM"
+    return "GPU" if dev.type & cl.device_type.GPU else "CPU" if dev.type & cl.device_type.CPU else "ACC"
+
+
+def is_simulator(dev) -> bool:
+    """Oclgrind reports itself as every device type, a GPU included, and runs kernels thousands of times slower:
+    it is taken only when asked for by name or index."""
+    return "oclgrind" in f"{dev.platform.name} {dev.name}".lower()
+
+
+def _is_pocl(dev) -> bool:
+    return "portable computing language" in dev.platform.name.lower() or "pocl" in dev.platform.version.lower()
+
+
+_probe_cache: dict[int, str] = {}
+
+
+def _probe(dev) -> str:
+    """"" where the device builds, creates and runs a real kernel of ours and gets the right numbers, else why
+    not. A one-line build is not enough: PyPI's PoCL (LLVM 14) builds that on CPUs its LLVM does not know, then
+    fails on our programs (clBuildProgram fails on AMD Zen 5, clCreateKernel gives INVALID_KERNEL_NAME on Zen 4).
+    The kernel is the grad-norm work-group sum of kernels/adamw.cl: an #include, local memory and barriers."""
     key = dev.int_ptr
-    if key not in _builds_cache:
+    if key not in _probe_cache:
+        import numpy as np
+
         try:
-            cl.Program(cl.Context([dev]), "__kernel void probe(__global float* x) { x[0] = 1.0f; }").build()
-            _builds_cache[key] = True
-        except cl.Error:
-            _builds_cache[key] = False
-    return _builds_cache[key]
+            ctx = cl.Context([dev])
+            queue = cl.CommandQueue(ctx)
+            prg = _build(cl.Program(ctx, kernel_source(KERNEL_DIR / "adamw.cl")), ["-DLW=16"])
+            k = cl.Kernel(prg, "grad_norm_partial_wg")
+            g = (np.arange(1000, dtype=np.float32) % 7 - 3) / 4
+            mf = cl.mem_flags
+            g_buf = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=g)
+            parts = np.zeros(4, np.float32)
+            p_buf = cl.Buffer(ctx, mf.WRITE_ONLY, parts.nbytes)
+            k(queue, (64,), (16,), np.int32(g.size), g_buf, p_buf)
+            cl.enqueue_copy(queue, parts, p_buf, is_blocking=True)
+            want = np.float64(g.astype(np.float64) ** 2).sum()
+            ok = abs(float(parts.astype(np.float64).sum()) - want) <= 1e-4 * want
+            _probe_cache[key] = "" if ok else "a test kernel gave wrong results"
+        except Exception as e:  # noqa: BLE001 - any failure of the driver means "cannot run our kernels"
+            first = str(e).strip().splitlines()[0].split(" - ")[0] if str(e).strip() else type(e).__name__
+            _probe_cache[key] = f"a test kernel failed ({first[:120]})"
+    return _probe_cache[key]
 
 
-def _cpus(devs) -> list[cl.Device]:
-    """The CPU devices whose compiler works, in listing order; a one-line error where there are CPUs but none
-    builds a kernel."""
-    cpus = [d for _, d in devs if d.type & cl.device_type.CPU]
-    ok = [d for d in cpus if _builds(d)]
-    if cpus and not ok:
-        raise ClgptError(f"OpenCL CPU device {cpus[0].name.strip()!r} ({cpus[0].platform.version.strip()}) "
-                         "cannot build kernels (its LLVM does not know this CPU); install a newer PoCL "
-                         "(Debian/Ubuntu: apt install pocl-opencl-icd) or pick another device with PYOPENCL_CTX")
-    return ok
+def _describe(dev) -> str:
+    return f"{dev.name.strip()!r} ({dev.platform.name.strip()}, {dev.platform.version.strip()})"
+
+
+def _cannot(dev, spec: str | None = None) -> ClgptError:
+    asked = f"OpenCL device {spec!r}, " if spec else "OpenCL device "
+    return ClgptError(f"{asked}{_describe(dev)}, cannot run clgpt's kernels: {_probe(dev)}; pick another device "
+                      "(`clgpt devices` lists them) with --device, `device:` in config.yaml or PYOPENCL_CTX")
+
+
+def _auto(devs) -> list[cl.Device]:
+    """The automatic choice in order: every working GPU, else the first working CPU device, PoCL's ahead of
+    other implementations (so results stay PoCL's wherever it works), never a simulator."""
+    real = [d for _, d in devs if not is_simulator(d)]
+    gpus = [d for d in real if d.type & cl.device_type.GPU and not _probe(d)]
+    if gpus:
+        return gpus
+    cpus = sorted((d for d in real if d.type & cl.device_type.CPU), key=lambda d: not _is_pocl(d))
+    for d in cpus:
+        if not _probe(d):
+            return [d]
+    tried = cpus or real
+    if tried:
+        raise ClgptError(f"no OpenCL device here can run clgpt's kernels (tried {', '.join(map(_describe, tried))}: "
+                         f"{_probe(tried[0])}); reinstall clgpt (pip install -e .) to get Intel's CPU runtime on "
+                         "x86-64, or install a newer PoCL (Debian/Ubuntu: apt install pocl-opencl-icd)")
+    raise ClgptError(_NO_PLATFORM)
+
+
+def cpu_implementations(gpu_first: bool = False) -> dict[str, str]:
+    """{"pocl" / "intel" / platform name: "p:d"} of the first working device of each CPU OpenCL implementation,
+    PoCL first: what the tests run every kernel on, and what bench/bench_opencl.py compares. gpu_first: where a
+    GPU is the automatic choice, {"auto": ""} instead."""
+    devs = _all_devices()
+    real = [(idx, d) for idx, d in devs if not is_simulator(d)]
+    if gpu_first and any(d.type & cl.device_type.GPU and not _probe(d) for _, d in real):
+        return {"auto": ""}
+    found = {}
+    for idx, d in sorted(real, key=lambda row: not _is_pocl(row[1])):
+        if d.type & cl.device_type.CPU and not _probe(d):
+            name = "pocl" if _is_pocl(d) else "intel" if "intel" in d.platform.name.lower() else d.platform.name
+            found.setdefault(name, idx)
+    return found
 
 
 def _listing(devs) -> str:
     return "; ".join(f"{idx} {d.name.strip()}" for idx, d in devs)
 
 
+def _explicit(spec: str, devs) -> list[cl.Device]:
+    """The devices an explicit spec names ("p:d", "p", or a part of a name), each checked by the probe."""
+    parts = spec.split(":")
+    found = []
+    if len(parts) == 1 and parts[0].strip().isdigit():  # "P" (PYOPENCL_CTX=0, say): the devices of platform P
+        found = [d for idx, d in devs if idx.split(":")[0] == parts[0].strip()]
+    elif all(p.strip().isdigit() for p in parts) and len(parts) == 2:
+        found = [d for idx, d in devs if idx == f"{int(parts[0])}:{int(parts[1]) if parts[1].strip() else 0}"]
+    else:  # a part of a device's or platform's name ("EPYC", "Intel", "PoCL")
+        found = [d for _, d in devs if spec.lower() in f"{d.name} {d.platform.name} {d.platform.version}".lower()]
+        found = [d for d in found if not is_simulator(d)] or found  # the simulator only where nothing else matches
+    if not found:
+        raise ClgptError(f"OpenCL device {spec!r} not found; available devices: {_listing(devs)}")
+    working = [d for d in found if not _probe(d)]
+    if not working:
+        raise _cannot(found[0], spec)
+    return working
+
+
+def _spec(spec: str | None) -> str:
+    return (spec or "").strip() or os.environ.get("PYOPENCL_CTX", "").strip()
+
+
 def _pick(spec: str | None) -> cl.Device:
     devs = _all_devices()
-    spec = (spec or "").strip() or os.environ.get("PYOPENCL_CTX", "").strip()
-    if not spec:
-        for _, d in devs:
-            if d.type & cl.device_type.GPU:
-                return d
-        cpus = _cpus(devs)
-        return cpus[0] if cpus else devs[0][1]
-    parts = spec.split(":")
-    if all(p.strip().isdigit() for p in parts) and len(parts) <= 2:
-        pi = int(parts[0])
-        di = int(parts[1]) if len(parts) == 2 and parts[1].strip() else 0
-        for idx, d in devs:
-            if idx == f"{pi}:{di}":
-                return d
-    else:
-        for _, d in devs:
-            if spec.lower() in d.name.lower():
-                return d
-    raise ClgptError(f"OpenCL device {spec!r} not found; available devices: {_listing(devs)}")
+    spec = _spec(spec)
+    return _explicit(spec, devs)[0] if spec else _auto(devs)[0]
 
 
 def matching_devices(spec: str | None) -> list[cl.Device]:
-    """Every device `spec` could mean, in listing order: "" (and no PYOPENCL_CTX) -> all GPUs, else all
-    CPUs; "p:d" -> that one; "p" -> every device of platform p; a name part -> every device whose name
-    holds it. Ranks of a data-parallel stage take these by their local index (clgpt.dist)."""
-    spec = (spec or "").strip() or os.environ.get("PYOPENCL_CTX", "").strip()
+    """Every device `spec` could mean, in listing order: "" (and no PYOPENCL_CTX) -> every working GPU, else the
+    one CPU device the automatic choice takes (ranks on one CPU share it: two implementations would give two
+    ranks different sums); "p:d" -> that one; "p" -> every device of platform p; a name part -> every device
+    whose name holds it. Ranks of a data-parallel stage take these by their local index (clgpt.dist)."""
     devs = _all_devices()
-    if not spec:
-        gpus = [d for _, d in devs if d.type & cl.device_type.GPU]
-        return gpus or _cpus(devs) or [devs[0][1]]
-    parts = spec.split(":")
-    if len(parts) == 1 and parts[0].isdigit():  # "P" (PYOPENCL_CTX=0, say): every device of platform P
-        found = [d for idx, d in devs if idx.split(":")[0] == parts[0]]
-        if found:
-            return found
-    if all(p.strip().isdigit() for p in parts) and len(parts) <= 2:
-        return [_pick(spec)]
-    found = [d for _, d in devs if spec.lower() in d.name.lower()]
-    if not found:
-        raise ClgptError(f"OpenCL device {spec!r} not found; available devices: {_listing(devs)}")
-    return found
+    spec = _spec(spec)
+    return _explicit(spec, devs) if spec else _auto(devs)
 
 
 def get_device_for(dev: cl.Device) -> "Device":
@@ -148,14 +219,21 @@ def get_device_for(dev: cl.Device) -> "Device":
     return _cache[key]
 
 
-def list_devices() -> list[tuple[str, str, str, bool]]:
-    """-> [(index "p:d", name, type, chosen)] where chosen marks what get_device() would pick."""
+def list_devices() -> list[tuple[str, str, str, bool, str]]:
+    """-> [(index "p:d", name, type, chosen, note)]: chosen marks what get_device() would pick; note says why a
+    device is never chosen automatically ("" for one that could be)."""
     devs = _all_devices()
     try:
         chosen = _pick(None)
     except ClgptError:
         chosen = None
-    return [(idx, d.name.strip(), cl.device_type.to_string(d.type), d == chosen) for idx, d in devs]
+    out = []
+    for idx, d in devs:
+        note = ("simulator: used only when named" if is_simulator(d)
+                else f"cannot run clgpt's kernels: {_probe(d)}" if _probe(d) else "")
+        out.append((idx, f"{d.name.strip()} [{d.platform.name.strip()}]", _kind(d),
+                    d == chosen, note))
+    return out
 
 
 def _define(key: str, value) -> str:
@@ -189,7 +267,7 @@ class Device:
             try:
                 # kernels share pieces through #include "reduce.cl": kernel_source inlines them
                 source = kernel_source(path)
-                prg = cl.Program(self.ctx, source).build(options=list(options))
+                prg = _build(cl.Program(self.ctx, source), list(options))
                 if sm90a.MARK in source:  # wgmma and the like, written as PTX comments (clgpt/sm90a.py)
                     prg = sm90a.retarget(self.ctx, self.device, prg, defines.get("SMEM_BYTES"))
             except cl.RuntimeError as e:

@@ -95,3 +95,33 @@ def slurm_sweep(_background_runs) -> tuple[Path, str]:
     if isinstance(run, str):
         pytest.fail(f"this test needs a running SLURM: {run}; start one with `bash .ci/slurm.sh start` (as root)")
     return run.path, run.wait()
+
+
+# The kernel, engine, dropout and llama.cpp-parity tests run once on each working CPU OpenCL implementation
+# (PoCL, Intel's runtime): a kernel that only one compiler accepts, or that gives other numbers, fails here.
+ON_EVERY_IMPLEMENTATION = {"test_kernels", "test_engine", "test_llama_engine", "test_dropout", "test_llama_parity",
+                           "test_flash", "test_precision"}
+
+
+def pytest_generate_tests(metafunc):
+    if metafunc.module.__name__ in ON_EVERY_IMPLEMENTATION and "opencl" in metafunc.fixturenames:
+        from clgpt.device import cpu_implementations
+
+        impls = cpu_implementations(gpu_first=True)
+        metafunc.parametrize("opencl", list(impls.values()), ids=list(impls), indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def opencl(request):
+    """The OpenCL device a module's tests use, as PYOPENCL_CTX (which get_device and subprocesses read)."""
+    spec = getattr(request, "param", None)
+    if not spec:
+        yield None
+        return
+    old = os.environ.get("PYOPENCL_CTX")
+    os.environ["PYOPENCL_CTX"] = spec
+    yield spec
+    if old is None:
+        os.environ.pop("PYOPENCL_CTX", None)
+    else:
+        os.environ["PYOPENCL_CTX"] = old

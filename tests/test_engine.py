@@ -319,49 +319,89 @@ def test_engine_input_errors():
 
 def test_get_device_spec():
     name = get_device().name
-    assert get_device("0:0").name and get_device(name[:5].lower()).name == get_device(name[:5]).name
+    index = next(idx for idx, _, _, chosen, _ in list_devices() if chosen)
+    assert get_device(index).name == name and get_device(name[:5].lower()).name == get_device(name[:5]).name
     with pytest.raises(ClgptError, match="no-such-device-xyz") as e:
         get_device("no-such-device-xyz")
     assert name in str(e.value)  # lists the available devices
     with pytest.raises(ClgptError, match="9:9"):
         get_device("9:9")
     devs = list_devices()
-    assert sum(chosen for *_, chosen in devs) == 1 and all(idx.count(":") == 1 for idx, *_ in devs)
+    assert sum(chosen for _, _, _, chosen, _ in devs) == 1 and all(idx.count(":") == 1 for idx, *_ in devs)
 
 
 def test_get_device_env(monkeypatch):
-    monkeypatch.setenv("PYOPENCL_CTX", "0:0")
-    assert get_device() is get_device("0:0")
+    index = next(idx for idx, _, _, chosen, _ in list_devices() if chosen)
+    monkeypatch.setenv("PYOPENCL_CTX", index)
+    assert get_device() is get_device(index)
     monkeypatch.setenv("PYOPENCL_CTX", "7:3")
     with pytest.raises(ClgptError, match="7:3"):
         get_device()
 
 
-def test_auto_choice_skips_a_cpu_device_that_builds_no_kernel(monkeypatch):
-    """PyPI's PoCL builds nothing on CPUs its LLVM does not know (Zen 5): the automatic choice (and the ranks'
-    matching_devices) takes the next CPU device that builds, and with none says what to install, in one line."""
-    import pyopencl as cl
+class FakeDevice:
+    """A stand-in for cl.Device with what the device choice reads."""
 
+    def __init__(self, ptr, kind="CPU", platform="Portable Computing Language", version="OpenCL 3.0 PoCL 3.0",
+                 name=None):
+        import pyopencl as cl
+
+        self.int_ptr, self.type = ptr, getattr(cl.device_type, kind)
+        self.name = name or f"cpu {ptr}"
+        self.platform = type("P", (), {"name": platform, "version": version})()
+
+
+def _fake_devices(monkeypatch, fakes, broken):
     from clgpt import device as D
 
-    class Fake:
-        type = cl.device_type.CPU
-
-        def __init__(self, ptr):
-            self.int_ptr, self.name = ptr, f"cpu {ptr}"
-            self.platform = type("P", (), {"version": f"PoCL {ptr}"})()
-
-    fakes = [Fake(1), Fake(2)]
     monkeypatch.delenv("PYOPENCL_CTX", raising=False)
     monkeypatch.setattr(D, "_all_devices", lambda: [(f"{i}:0", d) for i, d in enumerate(fakes)])
-    broken = {1}
-    monkeypatch.setattr(D, "_builds", lambda d: d.int_ptr not in broken)
+    monkeypatch.setattr(D, "_probe", lambda d: "a test kernel failed (INVALID_KERNEL_NAME)" if d.int_ptr in broken
+                        else "")
+    return D
+
+
+def test_auto_choice_skips_a_cpu_device_that_cannot_run_our_kernels(monkeypatch):
+    """PyPI's PoCL builds a one-line kernel on CPUs its LLVM does not know, then fails on ours: the automatic
+    choice and the ranks' matching_devices take the next CPU device that runs the probe kernel, and with none
+    say what to install, in one line; an explicit choice of a broken device stops with one line too."""
+    fakes = [FakeDevice(1), FakeDevice(2)]
+    D = _fake_devices(monkeypatch, fakes, broken={1})
     assert D._pick(None) is fakes[1] and D.matching_devices(None) == [fakes[1]]
-    broken = {1, 2}
-    with pytest.raises(ClgptError, match="cpu 1.*cannot build kernels.*pocl-opencl-icd") as e:
+    with pytest.raises(ClgptError, match=r"^OpenCL device '0:0', 'cpu 1' .*cannot run clgpt's kernels.*"
+                                         r"INVALID_KERNEL_NAME.*clgpt devices") as e:
+        D._pick("0:0")
+    assert "\n" not in str(e.value)
+    D = _fake_devices(monkeypatch, fakes, broken={1, 2})
+    with pytest.raises(ClgptError, match="no OpenCL device here can run.*cpu 1.*pip install") as e:
         D._pick(None)
     assert "\n" not in str(e.value)
-    assert D._pick("0:0") is fakes[0]  # an explicit choice is taken as it is
+
+
+def test_auto_choice_prefers_pocl_then_other_cpu_runtimes_and_never_a_simulator(monkeypatch):
+    """Oclgrind lists itself as a GPU; it is skipped unless named. On CPUs, a working PoCL comes before Intel's
+    runtime whatever the platform order; the ranks on a CPU all get the one device."""
+    sim = FakeDevice(1, kind="ALL", platform="Oclgrind", version="OpenCL 1.2 (Oclgrind 21.10)",
+                     name="Oclgrind Simulator")
+    intel = FakeDevice(2, platform="Intel(R) OpenCL", version="OpenCL 3.1 LINUX", name="AMD EPYC")
+    pocl = FakeDevice(3, name="pthread-AMD EPYC")
+    D = _fake_devices(monkeypatch, [sim, intel, pocl], broken=set())
+    assert D._pick(None) is pocl and D.matching_devices(None) == [pocl]
+    assert D._pick("Intel") is intel and D._pick("oclgrind") is sim and D._pick("0:0") is sim
+    assert D.matching_devices("EPYC") == [intel, pocl]  # a name part: every real device that holds it
+    D = _fake_devices(monkeypatch, [sim, intel, pocl], broken={3})
+    assert D._pick(None) is intel
+    listing = {idx: note for idx, _, _, _, note in D.list_devices()}
+    assert "simulator" in listing["0:0"] and listing["1:0"] == "" and "cannot run" in listing["2:0"]
+
+
+def test_probe_runs_a_real_kernel_on_the_chosen_device():
+    """The probe builds kernels/adamw.cl, creates its work-group kernel and checks the sum it computes."""
+    from clgpt import device as D
+
+    dev = get_device().device
+    D._probe_cache.pop(dev.int_ptr, None)
+    assert D._probe(dev) == ""
 
 
 def test_engine_head_dim_16_vs_reference():

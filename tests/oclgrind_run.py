@@ -1,0 +1,41 @@
+"""One training step and one generation step of every architecture at a tiny shape, on the device named by
+argv[1] (the Oclgrind simulator in tests/test_oclgrind.py, which reports memory errors, races and barrier
+divergence on stderr) with the matmuls' precision argv[2]. CLGPT_LAUNCH picks the CPU, GPU or NVIDIA kernels
+(the last with tensor-core instructions emulated). Prints "ok" at the end."""
+
+import sys
+
+import numpy as np
+
+from clgpt.engine import make_engine
+from clgpt.model import ModelConfig, init_params
+
+SHAPES = [
+    dict(arch="gpt2", vocab_size=19, n_ctx=8, n_embd=32, n_head=2, n_layer=1, n_ff=64),
+    dict(arch="llama", vocab_size=19, n_ctx=8, n_embd=32, n_head=4, n_head_kv=2, n_layer=1, n_ff=48),
+    dict(arch="llama", vocab_size=19, n_ctx=8, n_embd=32, n_head=2, n_layer=1, n_ff=32, n_expert=4,
+         n_expert_used=2),
+]
+
+
+def main(device: str, precision: str) -> None:
+    rng = np.random.default_rng(0)
+    B, T = 2, 8
+    for shape in SHAPES:
+        cfg = ModelConfig(**shape)
+        eng = make_engine(cfg, init_params(cfg, 0), batch_size=B, seq_len=T, device=device, dropout=0.1,
+                          precision=precision)
+        tokens = rng.integers(0, cfg.vocab_size, (B, T)).astype(np.int32)
+        targets = rng.integers(0, cfg.vocab_size, (B, T)).astype(np.int32)
+        loss = eng.forward(tokens, targets, np.ones((B, T), np.float32), dropout_seed=1)
+        eng.zero_grad()
+        eng.backward()
+        eng.step(1e-3)
+        logits = eng.next_logits(tokens[:1, :5], [4])
+        assert np.isfinite(loss) and np.isfinite(logits).all(), shape
+        print(shape["arch"], shape.get("n_expert", 0), float(loss), flush=True)
+    print("ok")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
