@@ -59,3 +59,12 @@ def test_bench_on_a_device_that_cannot_run_our_kernels_is_one_line(monkeypatch, 
         r = subprocess.run([sys.executable, "-m", "clgpt", "bench", "--device", idx, "--steps", "1"],
                            capture_output=True, text=True, timeout=600)
         assert r.returncode == 1 and f"'{idx}'" in one_line_error(r.stderr)
+
+
+def test_ci_runs_the_kernels_on_two_implementations():
+    """CI (.ci/run sets up PoCL beside Intel's runtime) runs the kernel tests on both compilers; elsewhere the
+    tests run on whatever implementations work, one at least."""
+    from clgpt.device import cpu_implementations
+
+    found = cpu_implementations()
+    assert len(found) >= (2 if os.environ.get("CI") == "true" else 1), found

@@ -279,6 +279,15 @@ def test_layernorm(dev):
 
 
 
+def same_forms(dev, a, b) -> bool:
+    """Two forms of one op that do the same float operations in the same order: bit for bit on PoCL. OpenCL C
+    lets a compiler contract a * b + c into one rounding and divide within 2.5 ulp, and Intel's CPU compiler does so
+    differently in a vectorised form than in a scalar one: there, within a few ulp."""
+    if "portable computing language" in dev.device.platform.name.lower():
+        return np.array_equal(a, b)
+    return np.allclose(a, b, rtol=4e-7 * 8, atol=1e-7)
+
+
 @pytest.mark.parametrize("N,C", [(19, 32), (8, 16), (5, 24)])
 def test_layernorm_blocked(dev, N, C):
     """The CPU forms (tuning's norm_rb = 8 rows, norm_cb = 16 channels a work-item, one work-item a work-group:
@@ -300,18 +309,18 @@ def test_layernorm_blocked(dev, N, C):
                    lsize=(1,), rtol=1e-5)
     one = run_op(dev, "layernorm", "layernorm_forward", (N,), fargs, plain)
     for key in ("out", "mean", "rstd"):
-        assert np.array_equal(out[key], one[key]), f"layernorm_forward {key}: blocked form differs from one row"
+        assert same_forms(dev, out[key], one[key]), f"layernorm_forward {key}: blocked form differs from one row"
     stats = [("mean", out["mean"]), ("rstd", out["rstd"])]
     bargs = [("N", i32(N)), ("accum", i32(1)), ("dout", dout), ("x", x), ("w", w), *stats, ("dx", dx0)]
     got = check_op(dev, "layernorm", "layernorm_backward", rows, bargs, {"dx": dx0 + dx_want}, blocked, lsize=(1,),
                    atol=1e-4, rtol=1e-4, fd=FD(fwd, at, dout, grads={"dx": "x"}, base={"dx": dx0}))
-    assert np.array_equal(got["dx"], run_op(dev, "layernorm", "layernorm_backward", (N,), bargs, plain)["dx"])
+    assert same_forms(dev, got["dx"], run_op(dev, "layernorm", "layernorm_backward", (N,), bargs, plain)["dx"])
     pargs = [("N", i32(N)), ("dout", dout), ("x", x), *stats, ("dw", np.ones(C, f32)), ("db", np.zeros(C, f32))]
     got = check_op(dev, "layernorm", "layernorm_param_backward", chans, pargs, {"dw": 1 + dw_want, "db": db_want},
                    blocked, lsize=(1,), atol=1e-4, rtol=1e-4,
                    fd=FD(fwd, at, dout, grads={"dw": "w", "db": "b"}, base={"dw": 1.0}))
     one = run_op(dev, "layernorm", "layernorm_param_backward", (C,), pargs, plain)
-    assert np.array_equal(got["dw"], one["dw"]) and np.array_equal(got["db"], one["db"])
+    assert same_forms(dev, got["dw"], one["dw"]) and same_forms(dev, got["db"], one["db"])
 
 
 def _ln_inputs(N, C):
