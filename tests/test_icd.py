@@ -1,0 +1,58 @@
+"""clgpt/icd.py: Intel's pip-installed CPU runtime made visible to the ICD loader, beside the system's runtimes."""
+
+import sys
+from pathlib import Path
+
+from clgpt import icd
+
+
+def _prefix(tmp_path: Path) -> Path:
+    lib = tmp_path / "venv" / "lib" / "libintelocl.so"
+    lib.parent.mkdir(parents=True)
+    lib.write_bytes(b"")
+    return tmp_path / "venv"
+
+
+def test_vendors_folder_keeps_the_systems_runtimes_and_adds_intels(tmp_path, monkeypatch):
+    prefix = _prefix(tmp_path)
+    system = tmp_path / "vendors"
+    system.mkdir()
+    (system / "pocl.icd").write_text("libpocl.so.2\n")
+    (system / "nvidia.icd").write_text("libnvidia-opencl.so.1\n")
+    monkeypatch.setattr(sys, "prefix", str(prefix))
+    env = {"OCL_ICD_VENDORS": str(system)}
+    assert icd.register_pip_runtimes(env, prefix) == prefix / "lib" / "libintelocl.so"
+    folder = Path(env["OCL_ICD_VENDORS"])
+    assert folder != system and folder.is_relative_to(prefix)  # inside the environment, nothing outside it
+    assert {f.name: f.read_text() for f in folder.glob("*.icd")} == {
+        "pocl.icd": "libpocl.so.2\n", "nvidia.icd": "libnvidia-opencl.so.1\n",
+        "zz-clgpt-intel-cpu.icd": f"{prefix / 'lib' / 'libintelocl.so'}\n"}
+    again = dict(env)
+    assert icd.register_pip_runtimes(again, prefix) is None and again == env  # a child process: already there
+
+
+def test_nothing_changes_without_the_runtime_and_windows_uses_filenames(tmp_path, monkeypatch):
+    env = {}
+    assert icd.register_pip_runtimes(env, tmp_path) is None and env == {}
+    dll = tmp_path / "Library" / "bin" / "intelocl64.dll"
+    dll.parent.mkdir(parents=True)
+    dll.write_bytes(b"")
+    monkeypatch.setattr(sys, "platform", "win32")
+    env = {"OCL_ICD_FILENAMES": "C:\\other.dll"}
+    assert icd.register_pip_runtimes(env, tmp_path) == dll
+    assert env["OCL_ICD_FILENAMES"] == f"C:\\other.dll;{dll}"
+
+
+def test_the_loader_lists_intels_runtime_in_this_environment():
+    """On x86-64 Linux and Windows the wheel is a dependency, and pyopencl lists its platform through the folder
+    clgpt registered; elsewhere it is not installed."""
+    import platform
+
+    import pyopencl as cl
+
+    import clgpt.device  # noqa: F401 - registers before the first listing
+
+    expected = platform.machine() in ("x86_64", "AMD64") and sys.platform in ("linux", "win32")
+    assert (icd.intel_cpu_library() is not None) == expected
+    if expected:
+        assert any("Intel(R) OpenCL" in p.name for p in cl.get_platforms())
