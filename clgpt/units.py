@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 LN2 = math.log(2.0)
+SET_NAMES = {"pretrain": "pretrain (text)", "tune": "tune (replies and their end token)"}
 THROUGHPUT_BYTES = 1 << 20  # encode throughput is timed on the first MiB of held-out text (whole documents)
 THROUGHPUT_REPEATS = 3  # best of
 THROUGHPUT_SECONDS = 0.1  # each pass encodes the sample until it has run this long
@@ -139,7 +140,7 @@ def bits_per_byte_markdown(bpb: dict, heldout: dict) -> list[str]:
              "| --- | ---: |" + " ---: |" * len(labels)]
     for name, row in bpb.items():
         cells = " | ".join("n/a" if row[label] is None else f"{row[label]:.4f}" for label in labels)
-        lines.append(f"| {name} | {heldout[name]['bytes']:,} | {cells} |")
+        lines.append(f"| {SET_NAMES.get(name, name)} | {heldout[name]['bytes']:,} | {cells} |")
     return lines + ["", "Bits per byte: the held-out loss over the UTF-8 bytes of the predicted text, comparable "
                         "across vocabularies (special tokens stand for no bytes).", ""]
 
@@ -160,6 +161,6 @@ def tokenizer_markdown(r: dict) -> list[str]:
         bpt = "n/a" if e["bytes_per_token"] is None else f"{e['bytes_per_token']:.3f}"
         mbs = "n/a" if e["encode_mb_per_s"] is None else f"{e['encode_mb_per_s']:.2f}"
         lines.append(f"| {label} | {e['vocab_size']:,} | {e['tokens']:,} | {bpt} | {e['vocab_used']:,} "
-                     f"({100 * e['vocab_share']:.1f}%) | {mbs} |")
+                     f"({100 * e['vocab_share']:.2f}%) | {mbs} |")
     lines += ["", "GPT-2's tokenizer (r50k_base) is not compared: no package ships its files for offline use.", ""]
     return lines
