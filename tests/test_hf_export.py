@@ -205,3 +205,28 @@ def test_export_refuses_bad_input(tok, tmp_path):
     with pytest.raises(ClgptError, match="NaN"):
         export_hf(tmp_path / "b", cfg, params, tok)
     assert not (tmp_path / "b").exists()
+
+
+def test_snakemake_hf_target_exports_the_final_model(tmp_path):
+    """`snakemake hf` on the tiny workflow: the tuned checkpoint as hf/, without the evaluate and export
+    stages; transformers gives the engine's logits on held-out text and our tokenizer's ids."""
+    from test_pipeline import make_workdir, snakemake
+
+    from clgpt.checkpoint import load_checkpoint
+
+    path = make_workdir(tmp_path / "wf")
+    r = snakemake(path, "hf")
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert sorted(p.name for p in (path / "hf").iterdir()) == sorted(HF_FILES)
+    assert not (path / "model.gguf").exists() and not (path / "results/eval").exists()
+    assert "Nothing to be done" in (lambda r: r.stdout + r.stderr)(snakemake(path, "-n", "hf"))
+    ck = load_checkpoint(str(path / "results/tune/model.ckpt"))
+    tok = Tokenizer.load(path / "results/tokenizer/tokenizer.json")
+    model = transformers.AutoModelForCausalLM.from_pretrained(path / "hf")
+    t = transformers.AutoTokenizer.from_pretrained(path / "hf")
+    eng = make_engine(ck["cfg"], ck["params"], batch_size=1, seq_len=64)
+    for line in (path / "data/heldout/pretrain.txt").read_text(encoding="utf-8").splitlines()[:3]:
+        ids = t(line).input_ids[:64]
+        assert ids[1:] == tok.encode(line)[:63]
+        ours = eng.forward(np.array([ids], np.int32))[0]
+        assert np.abs(hf_logits(model, ids) - ours).max() <= LOGIT_TOL
