@@ -30,6 +30,8 @@ from clgpt.data import PAD_WIDTH, dialog_batches, dialog_rows, load_encoded, tex
 from clgpt.errors import ClgptError
 from clgpt.model import num_params
 from clgpt.train import SMOOTHING
+from clgpt.units import (batch_bytes, bits_per_byte_markdown, documents, heldout_bits_per_byte, tokenizer_markdown,
+                         tokenizer_report)
 
 N_SAMPLES = 3  # sampled continuations of held-out text in the report
 SAMPLE_PROMPT_TOKENS = 32
@@ -253,9 +255,11 @@ def report_markdown(m: dict) -> str:
     npb = _fmt(r.get("nats_per_byte_pretrained")) + (f", {_fmt(r.get('nats_per_byte_tuned'))}" if tuned else "")
     lines += ["", f"Held-out text in nats per byte ({label}): {npb} over {r.get('bytes', 0):,} bytes "
               "(comparable across vocabularies and with character-level models).", ""]
+    lines += bits_per_byte_markdown(m["bits_per_byte"], h)
     if tuned:
         forgetting = "n/a" if m["forgetting"] is None else f"{m['forgetting']:+.4f}"
         lines += [f"Forgetting (pretrain held-out loss after tune minus before): {forgetting}", ""]
+    lines += tokenizer_markdown(m["tokenizer"])
     lines += ["## Training", "", "| stage | steps | final loss | best held-out loss (step) | seconds |",
               "| --- | ---: | ---: | ---: | ---: |"]
     for stage in m["training"]:
@@ -379,7 +383,8 @@ def run_evaluate(
     longest = max((len(doc) - 1 for doc, _ in rows), default=1)
     T_dialog = min(-(-longest // PAD_WIDTH) * PAD_WIDTH, cfg.n_ctx)  # as pad_dialogs pads
     B = s["batch_size"]
-    n_bytes = text_bytes(text_ids, token_byte_lengths(tok))
+    byte_lengths = token_byte_lengths(tok)
+    n_bytes = text_bytes(text_ids, byte_lengths)
 
     print(f"evaluate: held-out loss of {pretrain_ckpt}" + (f" and {tune_ckpt}" if tuned_run else ""), file=sys.stderr)
     eng = make_engine(cfg, pre["params"], batch_size=B, seq_len=max(T_text, T_dialog), device=dev)
@@ -403,6 +408,9 @@ def run_evaluate(
                 heldout[name].update({"bytes": n_bytes, f"nats_per_byte_{label}":
                                       loss * count / n_bytes if ok and n_bytes else None})
     del eng
+    set_bytes = {"pretrain": n_bytes, **({"tune": batch_bytes(dialog_batches(rows, cfg.n_ctx, B), byte_lengths)}
+                                         if tuned_run else {})}
+    bpb = heldout_bits_per_byte(heldout, set_bytes, [label for label, _ in checkpoints])
     forgetting = None
     if tuned_run:
         lp, lt = heldout["pretrain"]["loss_pretrained"], heldout["pretrain"]["loss_tuned"]
@@ -440,6 +448,8 @@ def run_evaluate(
         "num_params": num_params(cfg),
         "tuned": tuned_run,
         "heldout": heldout,
+        "bits_per_byte": bpb,
+        "tokenizer": tokenizer_report(tok, documents(tok, text_ids)),
         "forgetting": forgetting,
         "exact_match": exact,
         "answers": answers,
@@ -460,7 +470,8 @@ def run_evaluate(
     write_text_atomic(os.path.join(out_dir, "metrics.json"),
                       json.dumps(metrics, indent=1, ensure_ascii=False, allow_nan=False) + "\n")
     npb = heldout["pretrain"].get(f"nats_per_byte_{last}")
-    summary = f"evaluate: held-out text {_fmt(heldout['pretrain'][f'loss_{last}'])} nats/token, {_fmt(npb)} nats/byte"
+    summary = (f"evaluate: held-out text {_fmt(heldout['pretrain'][f'loss_{last}'])} nats/token, {_fmt(npb)} "
+               f"nats/byte, {_fmt(bpb['pretrain'][last])} bits/byte")
     if tuned_run:
         by_turn = ", ".join(f"{k} {v['matches']}/{v['total']}" for k, v in exact["tune"]["by_turn"].items())
         summary += (f"; tune exact match {exact['tune']['matches']}/{exact['tune']['total']} ({by_turn}), held-out "
