@@ -177,3 +177,33 @@ def chat_probes(pairs: list[tuple[str, str]], systems: list[str]) -> list[tuple[
             out.append(("turn2", [], [pairs[(i + 1) % n][0], question], answer))
             out.append(("turn3", [], [pairs[(i + 1) % n][0], pairs[(i + 2) % n][0], question], answer))
     return out
+
+
+# A held-out system prompt of at least this many words counts as a paragraph (the defaults clients ship
+# are 30 to 70 words); shorter ones as one line.
+PARAGRAPH_WORDS = 25
+
+
+def heldout_systems(tune_dialogs: list[dict], heldout_dialogs: list[dict]) -> list[str]:
+    """The system prompts that held-out dialogs use and no tune dialog does, in order of first use."""
+    trained = {d["messages"][0]["content"] for d in tune_dialogs if d["messages"][0]["role"] == "system"}
+    out = []
+    for d in heldout_dialogs:
+        first = d["messages"][0]
+        if first["role"] == "system" and first["content"] not in trained and first["content"] not in out:
+            out.append(first["content"])
+    return out
+
+
+def system_probes(pairs: list[tuple[str, str]], systems: list[str]) -> list[tuple[str, list[dict], list[str], str]]:
+    """Conversations that ask each (question, answer) pair of `pairs` after a system prompt (systems taken
+    in turn): as the first user turn (kind "first"), and as the 2nd or 3rd (kind "later", alternating)
+    after the next pairs of the list. Same form as chat_probes'."""
+    n, out = len(pairs), []
+    for i, (question, answer) in enumerate(pairs):
+        opening = [{"role": "system", "content": systems[i % len(systems)]}]
+        out.append(("first", opening, [question], answer))
+        if n > 2:
+            before = [pairs[(i + k) % n][0] for k in range(1, 2 + i % 2)]
+            out.append(("later", opening, [*before, question], answer))
+    return out

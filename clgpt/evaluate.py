@@ -23,7 +23,7 @@ import sys
 import numpy as np
 
 from clgpt.atomic import atomic_path, write_text_atomic
-from clgpt.chat import encode_prompt, turns
+from clgpt.chat import PARAGRAPH_WORDS, encode_prompt, heldout_systems, system_probes, turns
 from clgpt.checkpoint import load_checkpoint
 from clgpt.config import section_settings
 from clgpt.data import PAD_WIDTH, dialog_batches, dialog_rows, load_encoded, text_batches  # noqa: F401 (re-exported)
@@ -104,6 +104,59 @@ def greedy_answers(eng, prompts: list[list[int]], max_tokens: int, stop_id: int,
                 out[idx[i]].append(t)
                 live[i] = len(out[idx[i]]) < max_tokens and len(r) < n_ctx
     return out
+
+
+# ---- tune questions after held-out system prompts ------------------------------------------------
+
+def system_heldout_answers(gen, tok, tune_dialogs: list[dict], heldout_dialogs: list[dict], max_tokens: int,
+                           n_ctx: int, B: int) -> tuple[list[dict], dict]:
+    """Greedy answers to the tune questions (single-turn tune dialogs) after the system prompts that only
+    the held-out dialogs use (clgpt.chat.system_probes: as the first turn and as a later one, the earlier
+    replies as written), and their exact-match rates {"all" | "paragraph" | "line": {"first", "later"}};
+    paragraph: prompts of PARAGRAPH_WORDS words or more. ([], {}) when there are none."""
+    systems = heldout_systems(tune_dialogs, heldout_dialogs)
+    pairs = [(d["messages"][0]["content"], d["messages"][1]["content"]) for d in tune_dialogs
+             if [m["role"] for m in d["messages"]] == ["user", "assistant"]]
+    if not systems or not pairs:
+        return [], {}
+    reply_to = dict(pairs)
+    probes = system_probes(pairs, systems)
+    conversations = [[*opening, *[m for q in questions[:-1] for m in ({"role": "user", "content": q},
+                                                                      {"role": "assistant", "content": reply_to[q]})],
+                      {"role": "user", "content": questions[-1]}] for _, opening, questions, _ in probes]
+    replies = greedy_answers(gen, [encode_prompt(tok, c) for c in conversations], max_tokens, tok.im_end_id, n_ctx, B,
+                             desc=f"held-out system prompts ({len(probes)} turns)")
+    out = []
+    for (kind, opening, questions, expected), reply in zip(probes, replies):
+        answer = tok.decode(reply)
+        out.append({"system": opening[0]["content"], "paragraph": len(opening[0]["content"].split()) >= PARAGRAPH_WORDS,
+                    "user": questions[-1], "turn": len(questions), "kind": kind, "expected": expected,
+                    "answer": answer, "match": exact_match(answer, expected)})
+    rates = {length: {kind: score([a["answer"] for a in picked if a["kind"] == kind],
+                                  [a["expected"] for a in picked if a["kind"] == kind]) for kind in ("first", "later")}
+             for length, picked in (("all", out), ("paragraph", [a for a in out if a["paragraph"]]),
+                                    ("line", [a for a in out if not a["paragraph"]]))}
+    return out, {"prompts": len(systems), **rates}
+
+
+def system_heldout_markdown(m: dict) -> list[str]:
+    """The report's section on the tune questions after held-out system prompts (none without them)."""
+    r = m["exact_match"].get("system_heldout")
+    if not r:
+        return []
+    rate = lambda x: f"{x['matches']}/{x['total']} ({100 * x['rate']:.1f}%)"  # noqa: E731
+    lines = [f"## Tune questions after held-out system prompts (greedy, at most {m['settings']['max_tokens']} tokens)",
+             "", f"{r['prompts']} system prompts that no tune dialog uses, taken in turn; a paragraph has "
+             f"{PARAGRAPH_WORDS} words or more. Earlier replies as written.", "",
+             "| system prompts | first reply | 2nd or 3rd reply |", "| --- | ---: | ---: |"]
+    for length, label in (("paragraph", "paragraph"), ("line", "one line"), ("all", "all")):
+        lines.append(f"| {label} | {rate(r[length]['first'])} | {rate(r[length]['later'])} |")
+    misses = [a for a in m["answers"]["system_heldout"] if not a["match"]]
+    if misses:
+        lines += ["", "| turn | system prompt | prompt | expected | answer |", "| --- | --- | --- | --- | --- |"]
+        lines += [f"| {a['turn']} | {_cell(a['system'][:40])}… | {_cell(a['user'])} | {_cell(a['expected'])} | "
+                  f"{_cell(a['answer'])} |" for a in misses]
+    return lines + [""]
 
 
 # ---- held-out loss -----------------------------------------------------------------------------
@@ -309,6 +362,7 @@ def report_markdown(m: dict) -> str:
             turn = f"{a['turn']}" + (" (system)" if a["kind"] == "system" else "")
             lines.append(f"| {mark} | {turn} | {_cell(a['user'])} | {_cell(a['expected'])} | {_cell(a['answer'])} |")
         lines.append("")
+    lines += system_heldout_markdown(m)
     return "\n".join(lines)
 
 
@@ -435,6 +489,9 @@ def run_evaluate(
             kind: score([a["answer"] for a in out if a["kind"] == kind], [a["expected"] for a in out if a["kind"] == kind])
             for kind in TURN_KINDS
         }
+    if tuned_run:
+        answers["system_heldout"], exact["system_heldout"] = system_heldout_answers(
+            gen, tok, tune_dialogs, heldout_dialogs, s["max_tokens"], cfg.n_ctx, B)
     del gen
     print("evaluate: sampling continuations of held-out text", file=sys.stderr)
     samples = _samples(Generator(cfg, tuned["params"], device=dev), tok, text_ids,
@@ -475,7 +532,7 @@ def run_evaluate(
     if tuned_run:
         by_turn = ", ".join(f"{k} {v['matches']}/{v['total']}" for k, v in exact["tune"]["by_turn"].items())
         summary += (f"; tune exact match {exact['tune']['matches']}/{exact['tune']['total']} ({by_turn}), held-out "
-                    f"{exact['heldout']['matches']}/{exact['heldout']['total']}; forgetting "
+                    f"{exact['heldout']['matches']}/{exact['heldout']['total']}{_system_summary(exact)}; forgetting "
                     f"{'n/a' if forgetting is None else f'{forgetting:+.4f}'}")
     print(summary, file=sys.stderr)
     return metrics
@@ -487,3 +544,12 @@ def _best(log: dict) -> dict:
         return {"best_val_loss": None, "best_step": None}
     i = int(np.nanargmin(np.where(np.isfinite(log["val_loss"]), log["val_loss"], np.nan)))
     return {"best_val_loss": float(log["val_loss"][i]), "best_step": int(log["step"][i])}
+
+
+def _system_summary(exact: dict) -> str:
+    r = exact.get("system_heldout")
+    if not r:
+        return ""
+    p = r["paragraph"]
+    return (f", after held-out paragraph system prompts first {p['first']['matches']}/{p['first']['total']}, "
+            f"later {p['later']['matches']}/{p['later']['total']}")
