@@ -115,7 +115,15 @@ def _pick(spec: str | None) -> cl.Device:
         for _, d in devs:
             if spec.lower() in d.name.lower():
                 return d
-    raise ClgptError(f"OpenCL device {spec!r} not found; available devices: {_listing(devs)}")
+    raise _not_found(spec, devs)
+
+
+def _not_found(spec: str, devs) -> ClgptError:
+    """The error for a device spec that matches nothing; it names PYOPENCL_CTX when the spec came from it."""
+    if os.environ.get("PYOPENCL_CTX", "").strip() == spec:
+        return ClgptError(f"PYOPENCL_CTX={spec!r} names no OpenCL device; available devices: {_listing(devs)}; "
+                          "unset PYOPENCL_CTX or set it to one of them")
+    return ClgptError(f"OpenCL device {spec!r} not found; available devices: {_listing(devs)}")
 
 
 def matching_devices(spec: str | None) -> list[cl.Device]:
@@ -136,7 +144,7 @@ def matching_devices(spec: str | None) -> list[cl.Device]:
         return [_pick(spec)]
     found = [d for _, d in devs if spec.lower() in d.name.lower()]
     if not found:
-        raise ClgptError(f"OpenCL device {spec!r} not found; available devices: {_listing(devs)}")
+        raise _not_found(spec, devs)
     return found
 
 

@@ -46,6 +46,9 @@ def check_sweep(sweep: dict, source: str = "config.yaml") -> None:
     """One-line errors for an unknown "section.key" or a value list that is empty or not a list."""
     allowed = sweep_keys()
     for key, values in sweep.items():
+        if key in NOT_SWEPT_KEYS or key.split(".")[0] in NOT_SWEPT:
+            raise ClgptError(f"{source}: sweep.{key} cannot be swept: every run of a sweep shares it (how a stage is "
+                             f"launched, where the data is); set it outside sweep: and sweep other keys")
         if key not in allowed:
             section = key.split(".")[0]
             near = [k for k in allowed if k.startswith(section + ".")] or allowed
