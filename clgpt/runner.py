@@ -36,6 +36,7 @@ def snakemake_args(args: list[str]) -> list[str]:
             rest.append(arg)
             continue
         *sections, key = m.group(1).split(".")
+        _check_section(arg, (sections or [key])[0])
         where = overrides
         for i, section in enumerate(sections):
             where = where.setdefault(section, {})
@@ -49,6 +50,19 @@ def snakemake_args(args: list[str]) -> list[str]:
         return rest
     config = [f"{k}={_flow(v)}" for k, v in overrides.items()]
     return [*rest, "--config", *config]
+
+
+def _check_section(arg: str, name: str) -> None:
+    """A top-level key the config has (Snakemake would stop on some others with a traceback)."""
+    import difflib
+
+    from clgpt.config import load_schema
+
+    allowed = sorted(load_schema()["properties"])
+    if name not in allowed:
+        near = difflib.get_close_matches(name, allowed, n=1)
+        hint = f"did you mean '{near[0]}'? " if near else ""
+        raise ClgptError(f"{arg}: unknown key '{name}'; {hint}the config's keys start with one of {', '.join(allowed)}")
 
 
 def run(args: list[str]) -> int:
