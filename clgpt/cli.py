@@ -141,7 +141,7 @@ def cmd_generate(args) -> None:
         for i, p in out:
             print(f"{p:7.4f}  {i:6d}  {tok.decode([i])!r}")
     else:
-        print(tok.decode(ids))
+        print(tok.decode(ids, final=False))  # a reply cut by --max-tokens may end inside a character
 
 
 def cmd_bench(args) -> None:

@@ -243,3 +243,12 @@ def test_truncated_checkpoint_says_to_force_the_stage(tmp_path):
     with pytest.raises(ClgptError, match=r"not a readable clgpt checkpoint .*snakemake --cores 1 --forcerun tune "
                                          r"model.gguf$"):
         load_checkpoint(str(path))
+
+
+def test_a_reply_cut_inside_a_character_leaves_the_character_out():
+    from clgpt.tokenizer import Tokenizer
+
+    tok = Tokenizer.train(["abc"], 260)  # byte-level: "é" is two tokens
+    ids = tok.encode("caf\u00e9")
+    assert len(ids) == 5 and tok.decode(ids[:4]) == "caf\ufffd"
+    assert tok.decode(ids[:4], final=False) == "caf" and tok.decode(ids, final=False) == "caf\u00e9"
