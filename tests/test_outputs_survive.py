@@ -196,3 +196,28 @@ def test_full_disk_pretrain_keeps_the_previous_checkpoints(disk):
         assert {"pretrain", "tune", "evaluate", "export"} <= planned_rules(disk)
     finally:
         write_config(disk, TINY)
+
+
+def test_checkpoint_on_a_full_disk_names_the_space_it_needs(tmp_path):
+    from clgpt.checkpoint import save_checkpoint
+    from clgpt.errors import ClgptError
+    from clgpt.model import ModelConfig, init_params
+
+    mount = tmp_path / "small"
+    mount.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True, text=True)
+    assert r.returncode == 0, f"this test mounts a tmpfs (as root): {r.stderr}"
+    try:
+        cfg = ModelConfig(vocab_size=512, n_ctx=64, n_embd=64, n_head=2, n_layer=1, n_ff=128)
+        params = init_params(cfg, seed=0)
+        size = sum(p.nbytes for p in params.values())
+        path = mount / "model.ckpt.partial"
+        with pytest.raises(ClgptError) as e:
+            save_checkpoint(str(path), cfg, params, {}, 3, {})
+        msg = str(e.value)
+        assert msg.startswith(f"{path}: the disk is full (writing it needs about "), msg
+        needed = float(msg.split("needs about ")[1].split(" KiB")[0]) * 1024
+        assert size <= needed < 1.1 * size, (needed, size)
+        assert os.listdir(mount) == []  # no partial file left taking the space
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
