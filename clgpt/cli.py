@@ -95,6 +95,9 @@ def chat_messages(chat: str | None, turns: list[dict]) -> list[dict]:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ClgptError(f"{chat}: cannot read the messages file ({e})") from None
         messages += data.get("messages") if isinstance(data, dict) else data
+    elif chat is not None and chat.endswith(".json"):  # a messages file that is not there: never sent as text
+        raise ClgptError(f"--chat {chat}: no such file; check the path of the messages file (a message that ends "
+                         "in .json can be sent with --user)")
     elif chat is not None:
         messages.append({"role": "user", "content": chat})
     return check_messages(messages, where, prompt=True)
@@ -138,7 +141,7 @@ def cmd_generate(args) -> None:
         for i, p in out:
             print(f"{p:7.4f}  {i:6d}  {tok.decode([i])!r}")
     else:
-        print(tok.decode(ids))
+        print(tok.decode(ids, final=False))  # a reply cut by --max-tokens may end inside a character
 
 
 def cmd_bench(args) -> None:
@@ -183,6 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None)
     p.set_defaults(func=cmd_generate)
 
+    p = sub.add_parser("run", help="snakemake with config overrides as KEY=VALUE (pretrain.steps=100 --cores 1 model.gguf)")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="KEY=VALUE overrides and snakemake's own arguments")
+
     p = sub.add_parser("bench", help="training tokens/s on random tokens, and GEMM GFLOP/s beside numpy")
     p.add_argument("--vocab", type=int, default=512)
     p.add_argument("--ctx", type=int, default=80)
@@ -206,6 +212,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["run"] and argv[1:2] not in (["-h"], ["--help"]):  # snakemake's options are not ours to parse
+        from clgpt.runner import run
+
+        try:
+            return run(argv[1:])
+        except ClgptError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
     args = build_parser().parse_args(argv)
     try:
         args.func(args)

@@ -5,8 +5,8 @@ rule export:
         metrics="results/eval/metrics.json",
         code=stage_code("export"),
     output:
-        gguf="model.gguf",
-        modelfile="Modelfile",
+        gguf=staged("model.gguf"),
+        modelfile=staged("Modelfile"),
     log:
         "logs/export.log",
     benchmark:
