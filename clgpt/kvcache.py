@@ -2,9 +2,11 @@
 
 `prefill` runs the engine's own forward over the prompts (B', W) once and copies each layer's keys and values
 (the rows of its qkv buffer, RoPE'd for llama, kv heads repeated) into the cache; `step` then runs one token a
-sequence through the blocks with T = 1: the same launchers (norms, products, SwiGLU, the MoE route) on the first
-B' rows of the engine's buffers, and kernels/kvcache.cl for what depends on the position: the embedding (gpt2's
-position row), RoPE and the new key/value row, and one query's attention over the cache.
+sequence through the blocks with T = 1: the engine's launchers for the norms, SwiGLU and the MoE route on the first
+B' rows of its buffers; kernels/gemv.cl for the dense products (a few rows against weights read in place: the
+engine's CPU GEMM would copy each weight transposed per call, more work than the product itself at B' rows); and
+kernels/kvcache.cl for what depends on the position: the embedding (gpt2's position row), RoPE and the new
+key/value row, and one query's attention over the cache.
 
 Shapes: B' sequences (at most the engine's B), C n_embd, V vocab; the cache holds (B, T, C) keys and values a
 layer, T the engine's seq_len (a position must lie below it). Each sequence has its own position, so prompts of
@@ -46,6 +48,7 @@ class KVCache:
         else:  # no RoPE: the tables are unread, any buffer stands in
             self.wpe = self.cos = self.sin = eng.p["position_embd.weight"]
         self._host = None
+        self._gemv = {}
 
     # ---- prefill ----
     def prefill(self, tokens, last) -> np.ndarray:
@@ -92,10 +95,22 @@ class KVCache:
         else:
             ops.layernorm(Bp, eng.x_out, eng.p["output_norm.weight"], eng.p["output_norm.bias"], eng.lnf,
                           eng.lnf_mean, eng.lnf_rstd)
-        ops.matmul(Bp, V, C, eng.lnf, eng._w_out(), eng.logits, tb=1)
+        self.gemv(Bp, V, C, eng.lnf, eng._w_out(), eng.logits)
         out = np.empty((Bp, V), np.float32)
         cl.enqueue_copy(self.queue, out, eng.logits, is_blocking=True)
         return out
+
+    def gemv(self, Bp, N, K, x, W, y, bias=None, resid=None, gelu=None):
+        """y (B', N) = x (B', K) @ W.T [+ bias] [+ resid] with W (N, K) read in place (kernels/gemv.cl); gelu: a
+        buffer that also receives gelu(y)."""
+        key = (K, bias is not None, resid is not None, gelu is not None)
+        kern = self._gemv.get(key)
+        if kern is None:
+            kern = self._gemv[key] = self.eng.dev.kernel("gemv", "gemv_nt", K=K, BIAS=int(key[1]), RESID=int(key[2]),
+                                                         GELU=int(key[3]))
+        lsize = tuple(self.ops.launch["local_2d"])
+        gsize = (-(-N // lsize[0]) * lsize[0], -(-Bp // lsize[1]) * lsize[1])
+        self.ops._launch(kern, gsize, lsize, (i32(Bp), i32(N), x, W, bias, resid, y, gelu))
 
     def _run(self, name, gsize, *args):
         """A launch at the device's fixed 2-D local size, the global size padded to it (the kernels bound-check):
@@ -115,29 +130,28 @@ class KVCache:
         C, F = cfg.n_embd, cfg.n_ff
         ops.layernorm(Bp, a["x"], p[pre + "attn_norm.weight"], p[pre + "attn_norm.bias"], a["ln1"], a["ln1_mean"],
                       a["ln1_rstd"])
-        ops.matmul(Bp, 3 * C, C, a["ln1"], p[pre + "attn_qkv.weight"], a["qkv"], tb=1, bias=p[pre + "attn_qkv.bias"])
+        self.gemv(Bp, 3 * C, C, a["ln1"], p[pre + "attn_qkv.weight"], a["qkv"], bias=p[pre + "attn_qkv.bias"])
         self._attend(i, a["qkv"], Bp, a["atty"])
-        ops.matmul(Bp, C, C, a["atty"], p[pre + "attn_output.weight"], a["x_mid"], tb=1,
-                   bias=p[pre + "attn_output.bias"], resid=a["x"])
+        self.gemv(Bp, C, C, a["atty"], p[pre + "attn_output.weight"], a["x_mid"], bias=p[pre + "attn_output.bias"],
+                  resid=a["x"])
         ops.layernorm(Bp, a["x_mid"], p[pre + "ffn_norm.weight"], p[pre + "ffn_norm.bias"], a["ln2"], a["ln2_mean"],
                       a["ln2_rstd"])
-        ops.matmul_epi(Bp, F, C, a["ln2"], p[pre + "ffn_up.weight"], a["h"], tb=1, bias=p[pre + "ffn_up.bias"],
-                       epi=1, E=a["g"])
-        ops.matmul(Bp, C, F, a["g"], p[pre + "ffn_down.weight"], x_next, tb=1, bias=p[pre + "ffn_down.bias"],
-                   resid=a["x_mid"])
+        self.gemv(Bp, F, C, a["ln2"], p[pre + "ffn_up.weight"], a["h"], bias=p[pre + "ffn_up.bias"], gelu=a["g"])
+        self.gemv(Bp, C, F, a["g"], p[pre + "ffn_down.weight"], x_next, bias=p[pre + "ffn_down.bias"],
+                  resid=a["x_mid"])
 
     def _llama_block(self, i, a, x_next, Bp):
         cfg, ops, eng, pre = self.cfg, self.ops, self.eng, f"blk.{i}."
         p, C, F = eng.p, cfg.n_embd, cfg.n_ff
         Ckv = cfg.kv_heads * cfg.head_dim
         ops.rmsnorm(Bp, a["x"], p[pre + "attn_norm.weight"], a["ln1"], a["r1"])
-        ops.matmul(Bp, C + 2 * Ckv, C, a["ln1"], p[pre + "attn_q+k+v"], a["qkv"], tb=1)  # (B', C + 2Ckv)
+        self.gemv(Bp, C + 2 * Ckv, C, a["ln1"], p[pre + "attn_q+k+v"], a["qkv"])  # (B', C + 2Ckv)
         self._attend(i, a["qkv"], Bp, a["atty"])
-        ops.matmul(Bp, C, C, a["atty"], p[pre + "attn_output.weight"], a["x_mid"], tb=1, resid=a["x"])
+        self.gemv(Bp, C, C, a["atty"], p[pre + "attn_output.weight"], a["x_mid"], resid=a["x"])
         ops.rmsnorm(Bp, a["x_mid"], p[pre + "ffn_norm.weight"], a["ln2"], a["r2"])
         if cfg.n_expert:
             eng._moe_forward(i, a, Bp, a["x_mid"], x_next)
         else:
-            ops.matmul(Bp, 2 * F, C, a["ln2"], p[pre + "ffn_gate+up"], a["hgu"], tb=1)
+            self.gemv(Bp, 2 * F, C, a["ln2"], p[pre + "ffn_gate+up"], a["hgu"])
             ops.swiglu_rows_forward(Bp, a["hgu"], a["act"])
-            ops.matmul(Bp, C, F, a["act"], p[pre + "ffn_down.weight"], x_next, tb=1, resid=a["x_mid"])
+            self.gemv(Bp, C, F, a["act"], p[pre + "ffn_down.weight"], x_next, resid=a["x_mid"])

@@ -94,6 +94,23 @@ def test_embed_at_matches_float64(dev):
              defines=dict(C=C, D=8, CKV=C, G=1, TMAX=T, SCALE=1.0, ROPE=0, POS_EMBD=1), atol=1e-7, rtol=0)
 
 
+@pytest.mark.parametrize("K,bias,resid,gelu", [(128, 0, 1, 0), (37, 1, 0, 1), (8, 1, 1, 0)])
+def test_gemv_matches_float64(dev, K, bias, resid, gelu):
+    rng = np.random.default_rng(K)
+    B, N = 3, 70
+    x, W = rng.standard_normal((B, K)).astype(np.float32), rng.standard_normal((N, K)).astype(np.float32)
+    b, r = rng.standard_normal(N).astype(np.float32), rng.standard_normal((B, N)).astype(np.float32)
+    y = x.astype(np.float64) @ W.T.astype(np.float64) + (b if bias else 0) + (r if resid else 0)
+    want = {"y": y}
+    if gelu:
+        want["E"] = 0.5 * y * (1 + np.tanh(math.sqrt(2 / math.pi) * (y + 0.044715 * y ** 3)))
+    check_op(dev, "gemv", "gemv_nt", (80, B),
+             [("B", i32(B)), ("N", i32(N)), ("x", x), ("W", W), ("bias", b if bias else None),
+              ("resid", r if resid else None), ("y", np.zeros((B, N), np.float32)),
+              ("E", np.zeros((B, N), np.float32) if gelu else None)],
+             want=want, defines=dict(K=K, BIAS=bias, RESID=resid, GELU=gelu), lsize=(16, 1), atol=1e-6, rtol=1e-5)
+
+
 SHAPES = {
     "gpt2": dict(arch="gpt2", n_head=2, n_ff=128),
     "llama_gqa": dict(arch="llama", n_head=4, n_head_kv=2, n_ff=96),
