@@ -72,13 +72,16 @@ def score(answers: list[str], expected: list[str]) -> dict:
 
 def greedy_answers(eng, prompts: list[list[int]], max_tokens: int, stop_id: int, n_ctx: int, B: int,
                    desc: str = "answers") -> list[list[int]]:
-    """Greedy replies (ids, without the stop id) to many prompts, B at a time: each step runs one forward of
-    the batch's rows padded to a multiple of PAD_WIDTH (causal attention: padding after a row's last token
-    changes none of its logits), the output projection only at each row's last token (Engine.next_logits),
-    and appends each unfinished row's argmax. Stops a row as
-    clgpt.generate.Generator does: at the stop id, after max_tokens, or when it fills n_ctx."""
+    """Greedy replies (ids, without the stop id) to many prompts, B at a time: one prefill of the batch's rows
+    padded to a multiple of PAD_WIDTH (causal attention: padding after a row's last token changes none of its
+    logits), then one token a row and step against the key/value cache (clgpt.kvcache), each row at its own
+    position. Stops a row as clgpt.generate.Generator does: at the stop id, after max_tokens, or when it fills
+    n_ctx."""
     from tqdm import tqdm
 
+    from clgpt.kvcache import KVCache
+
+    cache = KVCache(eng)
     # batch prompts of similar length together (less padding); answers come back in the given order
     order = sorted(range(len(prompts)), key=lambda k: len(prompts[k]))
     out = [[] for _ in prompts]
@@ -86,13 +89,14 @@ def greedy_answers(eng, prompts: list[list[int]], max_tokens: int, stop_id: int,
         idx = order[b0 : b0 + B]
         rows = [list(prompts[k][-n_ctx:]) for k in idx]
         live = [len(r) < n_ctx and max_tokens > 0 for r in rows]
-        while any(live):
-            longest = max(len(r) for r, on in zip(rows, live) if on)
-            W = min(-(-longest // PAD_WIDTH) * PAD_WIDTH, n_ctx)
-            tokens = np.zeros((len(rows), W), dtype=np.int32)  # (rows, W); finished rows ride along unread
-            for i, r in enumerate(rows):
-                tokens[i, : min(len(r), W)] = r[:W]
-            logits = eng.next_logits(tokens, [len(r) - 1 if on else 0 for r, on in zip(rows, live)])  # (rows, V)
+        if not any(live):
+            continue
+        W = min(-(-max(len(r) for r in rows) // PAD_WIDTH) * PAD_WIDTH, n_ctx)
+        tokens = np.zeros((len(rows), W), dtype=np.int32)  # (rows, W)
+        for i, r in enumerate(rows):
+            tokens[i, : len(r)] = r
+        logits = cache.prefill(tokens, [len(r) - 1 for r in rows])  # (rows, V)
+        while True:
             for i, r in enumerate(rows):
                 if not live[i]:
                     continue
@@ -103,6 +107,10 @@ def greedy_answers(eng, prompts: list[list[int]], max_tokens: int, stop_id: int,
                 r.append(t)
                 out[idx[i]].append(t)
                 live[i] = len(out[idx[i]]) < max_tokens and len(r) < n_ctx
+            if not any(live):
+                break
+            # finished rows ride along on their last token and position, unread
+            logits = cache.step([r[-1] for r in rows], [min(len(r), n_ctx) - 1 for r in rows])
     return out
 
 
