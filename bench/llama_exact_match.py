@@ -11,6 +11,7 @@ conversations use with questions of the same file (clgpt.chat.chat_probes builds
 Needs the test extra (llama-cpp-python).
 
     python bench/llama_exact_match.py model.gguf data/tune/*.jsonl
+    python bench/llama_exact_match.py lora/base.gguf --lora lora/adapter.gguf data/tune/*.jsonl   (tune.lora)
 """
 
 from __future__ import annotations
@@ -61,9 +62,9 @@ def chat_answers(gguf: str, questions: list[str], max_tokens: int = 48) -> list[
     return [jinja_reply(llm, [{"role": "user", "content": q}], max_tokens) for q in questions]
 
 
-def run_probes(gguf: str, probes: list, max_tokens: int = 48) -> dict:
-    """{path: [(kind, expected, answer)]} for each chat path."""
-    llm = llama_cpp.Llama(model_path=gguf, n_ctx=0, verbose=False, seed=0)
+def run_probes(gguf: str, probes: list, max_tokens: int = 48, lora: str | None = None) -> dict:
+    """{path: [(kind, expected, answer)]} for each chat path; lora: an adapter GGUF llama.cpp adds to gguf."""
+    llm = llama_cpp.Llama(model_path=gguf, n_ctx=0, verbose=False, seed=0, lora_path=lora)
     template = llm.metadata["tokenizer.chat_template"].encode()
     replies = {"jinja": lambda m: jinja_reply(llm, m, max_tokens),
                "builtin": lambda m: builtin_reply(llm, m, max_tokens, template)}
@@ -111,9 +112,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("gguf")
     ap.add_argument("dialogs", nargs="+")
+    ap.add_argument("--lora", help="a LoRA adapter GGUF to apply to the model (llama.cpp's --lora)")
     ap.add_argument("--show-misses", action="store_true")
     args = ap.parse_args(argv)
-    results = run_probes(args.gguf, corpus_probes(args.dialogs))
+    results = run_probes(args.gguf, corpus_probes(args.dialogs), lora=args.lora)
     print(f"{'path':<8} " + " ".join(f"{k:>16}" for k in PROBE_KINDS))
     for path, rows in results.items():
         r = rates(rows)
