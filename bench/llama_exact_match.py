@@ -13,6 +13,7 @@ With --heldout, also the same questions after the system prompts that only the h
 Needs the test extra (llama-cpp-python).
 
     python bench/llama_exact_match.py model.gguf data/tune/*.jsonl --heldout data/heldout/tune.jsonl
+    python bench/llama_exact_match.py lora/base.gguf --lora lora/adapter.gguf data/tune/*.jsonl   (tune.lora)
 """
 
 from __future__ import annotations
@@ -63,9 +64,9 @@ def chat_answers(gguf: str, questions: list[str], max_tokens: int = 48) -> list[
     return [jinja_reply(llm, [{"role": "user", "content": q}], max_tokens) for q in questions]
 
 
-def run_probes(gguf: str, probes: list, max_tokens: int = 48) -> dict:
-    """{path: [(kind, expected, answer)]} for each chat path."""
-    llm = llama_cpp.Llama(model_path=gguf, n_ctx=0, verbose=False, seed=0)
+def run_probes(gguf: str, probes: list, max_tokens: int = 48, lora: str | None = None) -> dict:
+    """{path: [(kind, expected, answer)]} for each chat path; lora: an adapter GGUF llama.cpp adds to gguf."""
+    llm = llama_cpp.Llama(model_path=gguf, n_ctx=0, verbose=False, seed=0, lora_path=lora)
     template = llm.metadata["tokenizer.chat_template"].encode()
     replies = {"jinja": lambda m: jinja_reply(llm, m, max_tokens),
                "builtin": lambda m: builtin_reply(llm, m, max_tokens, template)}
@@ -140,14 +141,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("gguf")
     ap.add_argument("dialogs", nargs="+")
+    ap.add_argument("--lora", help="a LoRA adapter GGUF to apply to the model (llama.cpp's --lora)")
     ap.add_argument("--show-misses", action="store_true")
     ap.add_argument("--heldout", help="held-out dialogs: also ask the questions after their own system prompts")
     args = ap.parse_args(argv)
-    print_rates(run_probes(args.gguf, corpus_probes(args.dialogs)), PROBE_KINDS, args.show_misses)
+    print_rates(run_probes(args.gguf, corpus_probes(args.dialogs), lora=args.lora), PROBE_KINDS, args.show_misses)
     if args.heldout:
         print("after held-out system prompts:")
-        print_rates(run_probes(args.gguf, heldout_system_probes(args.dialogs, args.heldout)), HELDOUT_KINDS,
-                    args.show_misses)
+        print_rates(run_probes(args.gguf, heldout_system_probes(args.dialogs, args.heldout), lora=args.lora),
+                    HELDOUT_KINDS, args.show_misses)
     return 0
 
 

@@ -102,6 +102,10 @@ def stage_code(stage):
 
 # The model the pipeline ships: the tuned one, or the pretrained one when there is no tune stage.
 FINAL_CKPT = "results/tune/model.ckpt" if TUNE else "results/pretrain/model.ckpt"
+# A LoRA tune (tune.lora) also ships the base it adapts and the adapter (clgpt/lora.py).
+LORA = TUNE and bool(config["tune"].get("lora"))
+LORA_EXPORT_INPUT = {"pretrained": "results/pretrain/model.ckpt"} if LORA else {}
+LORA_EXPORT_OUTPUT = {"lora_base": "lora/base.gguf", "lora_adapter": "lora/adapter.gguf"} if LORA else {}
 ENCODED_PARTS = ["pretrain", "pretrain_heldout"] + (["tune", "tune_heldout"] if TUNE else [])
 
 
