@@ -13,6 +13,10 @@ gpt-2 regex. What differs is handled here:
     merges up to the first such pair, so a repeated token in its output is where they would part: the
     reference trains then.
   - its counts are 32-bit: from 2 GiB of text on, the reference trains.
+  - its regex (Rust's) has Unicode tables of its own version: a character whose class (letter, number,
+    space, other) may differ between versions splits words differently. Such characters (unassigned in
+    Python's unicodedata, or classed otherwise by the regex module) are rare in real text; a text that
+    holds one is trained and encoded by the reference (`unstable_text`).
 
 Encoding runs on tiktoken, which merges the neighbours whose joined bytes have the lowest rank. With
 every merge realizable as above (checked, `realizable`) and every token's bytes distinct, that is the
@@ -26,10 +30,47 @@ import logging
 import re
 import sys
 import time
+import unicodedata
 from collections.abc import Iterable, Iterator, Sequence
+
+import regex
 
 I32_SAFE_BYTES = (1 << 31) - 1  # below this many bytes of text every pair count fits in int32
 _PROGRESS = re.compile(r"Progress: \d+% \((\d+)/(\d+) merges\)")
+
+
+_CLASS = regex.compile(r"(\p{L})|(\p{N})|(\s)")
+_STABLE: set[str] = {chr(i) for i in range(128)}
+_UNSTABLE: set[str] = set()
+
+
+class _Decline(Exception):
+    """Raised inside the text stream to stop rustbpe where the reference must train."""
+
+
+def _unstable_char(ch: str) -> bool:
+    cat = unicodedata.category(ch)
+    m = _CLASS.match(ch)
+    ours = m.lastindex if m else 0
+    theirs = 1 if cat[0] == "L" else 2 if cat[0] == "N" else 3 if ch.isspace() and not "\x1c" <= ch <= "\x1f" else 0
+    return cat == "Cn" or ours != theirs
+
+
+def unstable_text(text: str) -> bool:
+    """Whether `text` holds a character the engines' regex may class otherwise than the regex module."""
+    if text.isascii():
+        return False
+    new = set(text) - _STABLE
+    if not new:
+        return False
+    if not new.isdisjoint(_UNSTABLE):
+        return True
+    for ch in new:
+        if _unstable_char(ch):
+            _UNSTABLE.add(ch)
+            return True
+        _STABLE.add(ch)
+    return False
 
 
 def _encode_bytes(ids: list[int], ranks: dict[tuple[int, int], int]) -> list[int]:
@@ -81,16 +122,19 @@ def realizable(merges: Sequence[tuple[int, int]]) -> bool:
 
 
 def grouped(texts: Iterable[str], group_chars: int) -> Iterator[str]:
-    """Texts joined by "\\n" up to about group_chars where that changes no pre-token: between a text that
-    ends and one that starts with a non-space, the gpt-2 regex makes the "\\n" a word of its own, and a
+    """Texts joined by "\\n" up to about group_chars where that changes no pre-token: after a text that
+    ends with a non-space, before one that starts with a non-space or with one space character and then
+    a non-space, the gpt-2 regex makes the "\\n" a word of its own and cuts the rest as before, and a
     one-byte word holds no pair to count. Short documents (one a line) then reach the engine in pieces
-    large enough to share out among the cores."""
+    large enough to share out among the cores. (str.isspace holds for every \\s character and for a
+    few more, which only joins less.)"""
     group: list[str] = []
     size = 0
     for t in texts:
         if not t:
             continue
-        if group and (size + len(t) > group_chars or group[-1][-1].isspace() or t[0].isspace()):
+        starts_ok = not t[0].isspace() or (len(t) > 1 and not t[1].isspace())
+        if group and (size + len(t) > group_chars or group[-1][-1].isspace() or not starts_ok):
             yield "\n".join(group)
             group, size = [], 0
         group.append(t)
@@ -100,17 +144,25 @@ def grouped(texts: Iterable[str], group_chars: int) -> Iterator[str]:
 
 
 class _MergeBar(logging.Handler):
-    """rustbpe logs "Progress: p% (k/n merges)"; this turns those lines into a tqdm bar (merges/s)."""
+    """rustbpe logs "Progress: p% (k/n merges)"; this turns those lines into a tqdm bar (merges/s).
+    It is set up once, at import: the Rust side caches whether a logger is enabled on its first record."""
 
-    def __init__(self, bar):
+    def __init__(self):
         super().__init__(logging.INFO)
-        self.bar = bar
+        self.bar = None
 
     def emit(self, record: logging.LogRecord) -> None:
         m = _PROGRESS.match(record.getMessage())
-        if m:
+        if m and self.bar is not None:
             self.bar.total = int(m.group(2))
             self.bar.update(int(m.group(1)) - self.bar.n)
+
+
+_BAR = _MergeBar()
+_LOG = logging.getLogger("rustbpe")
+_LOG.addHandler(_BAR)
+_LOG.setLevel(logging.INFO)
+_LOG.propagate = False
 
 
 def train_merges(texts: Iterable[str], n_merges: int, pattern: str, group_chars: int, buffer_chars: int,
@@ -128,6 +180,8 @@ def train_merges(texts: Iterable[str], n_merges: int, pattern: str, group_chars:
         for t in it:
             n = len(t.encode("utf-8"))
             n_bytes += n
+            if n_bytes >= I32_SAFE_BYTES or unstable_text(t):
+                raise _Decline
             if read_bar is not None:
                 read_bar.update(n)
             yield t
@@ -135,31 +189,26 @@ def train_merges(texts: Iterable[str], n_merges: int, pattern: str, group_chars:
     tty = sys.stderr.isatty()
     read_bar = tqdm(desc="tokenizer: counting", unit="B", unit_scale=True, file=sys.stderr,
                     mininterval=0.5 if tty else 30) if progress else None
-    log = logging.getLogger("rustbpe")
-    handler = None
     merge_bar = None
     if progress:
         merge_bar = tqdm(desc="tokenizer: merging", total=n_merges, unit="merge", file=sys.stderr,
-                         mininterval=0.5 if tty else 30, delay=1)
-        handler = _MergeBar(merge_bar)
-        log.addHandler(handler)
-        log.setLevel(logging.INFO)
-        log.propagate = False
+                         mininterval=0.5 if tty else 30)
+        _BAR.bar = merge_bar
     t0 = time.perf_counter()
     try:
         engine = rustbpe.Tokenizer()
         engine.train_from_iterator(counted(grouped(texts, group_chars)), 256 + n_merges,
                                    buffer_size=max(2, buffer_chars // group_chars), pattern=pattern)
+    except _Decline:
+        return None
     finally:
         if progress:
-            log.removeHandler(handler)
+            _BAR.bar = None
             read_bar.close()
             merge_bar.close()
     if progress:
         print(f"tokenizer: {n_bytes / 1e6:.1f} MB of text, {engine.vocab_size - 256} merges in "
               f"{time.perf_counter() - t0:.1f} s", file=sys.stderr)
-    if n_bytes >= I32_SAFE_BYTES:
-        return None
     tokens = [bytes(b) for b, _ in sorted(engine.get_mergeable_ranks(), key=lambda r: r[1])]
     return pairs_from_token_bytes(tokens)
 

@@ -244,13 +244,14 @@ class Tokenizer:
         """Ids of ordinary text; special-token names typed in `text` stay plain characters.
 
         tiktoken encodes (clgpt.bpe_engine says why its ids are encode_reference's), unless a merge
-        list made by hand breaks the condition that guarantees it."""
-        if self._fast is None:
-            from clgpt.bpe_engine import realizable, tiktoken_encoding
+        list made by hand breaks the condition that guarantees it or the text holds a character whose
+        Unicode class the two regex engines may disagree on."""
+        from clgpt.bpe_engine import realizable, tiktoken_encoding, unstable_text
 
+        if self._fast is None:
             normal = self._vocab[: 256 + len(self.merges)]
             self._fast = tiktoken_encoding(normal, GPT2_SPLIT_PATTERN) if realizable(self.merges) else False
-        if self._fast:
+        if self._fast and not unstable_text(text):
             return self._fast.encode_ordinary(text)
         return self.encode_reference(text)
 
