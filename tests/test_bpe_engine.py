@@ -111,9 +111,7 @@ def test_merge_pairs_are_recovered_from_token_bytes():
     tokens = [tok.token_bytes(i) for i in range(256 + len(tok.merges))]
     assert engine.pairs_from_token_bytes(tokens) == tok.merges
     assert engine.pairs_from_token_bytes(tokens + [tokens[300]]) is None  # a repeated token
-    assert engine.pairs_from_token_bytes(tokens + [b"".join(tokens[97:100])]) == tok.merges + [
-        tuple(tok.encode_reference("abc")[:2]) if len(tok.encode_reference("abc")) == 2 else None
-    ] or engine.pairs_from_token_bytes(tokens + [b"".join(tokens[97:100])]) is None
+    assert engine.pairs_from_token_bytes(tokens + [b"\x00\x01\x02"]) is None  # not two tokens joined
 
 
 @pytest.mark.parametrize("cause", ["engine_declines", "two_gib"])
