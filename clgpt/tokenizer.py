@@ -14,6 +14,10 @@ A pair whose bytes would spell a token that already exists (a+bc when ab+c was m
 never merged, so every token has distinct bytes and GGUF readers, which look tokens up by their text,
 see the same vocabulary.
 
+The code here is the reference that defines the merges and the ids (train_reference, encode_reference);
+Tokenizer.train and Tokenizer.encode run compiled engines held to it (clgpt.bpe_engine: rustbpe trains
+on every core in bounded memory, tiktoken encodes), which fall back to it where they could differ.
+
 Encoding applies merges by rank, lowest first, within each word, as GPT-2 and llama.cpp do. Training
 applies merges in the same order (each merge only creates pairs that hold its new, higher-ranked
 token), so a training word and its encoding agree.
