@@ -33,7 +33,7 @@ i32, u32, f32 = np.int32, np.uint32, np.float32
 
 
 @pytest.fixture(scope="module")
-def dev():
+def dev(opencl):  # the device tests/conftest.py sets for this module
     return get_device()
 
 

@@ -35,7 +35,7 @@ GIVEN_TOL = {"bf16": 2.0**-7, "tf32": 2.0**-10}
 
 
 @pytest.fixture(scope="module")
-def dev():
+def dev(opencl):  # the device tests/conftest.py sets for this module
     return get_device()
 
 

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 
-import numpy as np
 import pytest
 import tiktoken
 from test_evaluate import HELDOUT, evaluate, stages  # noqa: F401  (stages: the tiny pretrained + tuned model)
 
 from clgpt.data import load_encoded
-from clgpt.units import bits_per_byte, documents, tokenizer_report
+from clgpt.units import bits_per_byte, documents
 
 HELDOUT_TEXT = "The cat ran in the sun.\nA bird sat on the dog.\n"  # test_evaluate's held-out text
 
@@ -63,15 +61,6 @@ def test_metrics_give_bits_per_byte_and_the_tokenizer_report(stages, tmp_path): 
     assert theirs["bytes_per_token"] > ours["bytes_per_token"]  # 100k tokens compress more than 300
     report = (tmp_path / "report.md").read_text()
     assert "## Tokenizer" in report and "cl100k_base" in report and "bits per byte" in report
-
-
-def test_tokenizer_report_without_tiktoken_says_so(stages, monkeypatch):  # noqa: F811
-    _, tok = stages
-    monkeypatch.setitem(sys.modules, "tiktoken", None)  # `import tiktoken` raises ImportError
-    r = tokenizer_report(tok, HELDOUT_TEXT.splitlines())
-    assert "tiktoken is not installed" in r["cl100k_base"]["note"]
-    assert r["ours"]["tokens"] == sum(len(tok.encode(s)) for s in HELDOUT_TEXT.splitlines())
-    assert np.isfinite(r["ours"]["bytes_per_token"])
 
 
 def test_pretrained_only_run_reports_bits_per_byte(stages, tmp_path):  # noqa: F811
