@@ -34,6 +34,9 @@ def main(device: str, precision: str) -> None:
         logits = eng.next_logits(tokens[:1, :5], [4])
         assert np.isfinite(loss) and np.isfinite(logits).all(), shape
         print(shape["arch"], shape.get("n_expert", 0), float(loss), flush=True)
+    from clgpt.device import get_device
+
+    print("families:", " ".join(sorted({stem for stem, _ in get_device(device)._programs})))
     print("ok")
 
 
