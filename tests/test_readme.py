@@ -134,3 +134,22 @@ def test_docs_commands_name_files_that_exist():
             for word in shlex.split(line, comments=True):
                 if REPO_PATH.match(word):
                     assert glob.glob(str(ROOT / word)), f"{page.name}: `{line}`: {word} does not exist"
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation but - and _ dropped, spaces to -."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_links_between_the_pages_reach_a_file_and_heading():
+    for page in [*DOCS, ROOT / "ARCHITECTURE.md"]:
+        text = page.read_text(encoding="utf-8")
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if target.startswith(("http://", "https://")):
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            assert linked.exists(), f"{page.name}: link {target}: {path} does not exist"
+            if anchor:
+                headings = re.findall(r"^#+ (.+)$", linked.read_text(encoding="utf-8"), flags=re.M)
+                assert anchor in {_anchor(h) for h in headings}, f"{page.name}: link {target}: no such heading"
