@@ -16,6 +16,7 @@ include: "rules/pretrain.smk"
 include: "rules/tune.smk"
 include: "rules/evaluate.smk"
 include: "rules/export.smk"
+include: "rules/publish.smk"
 include: "rules/sweep.smk"
 
 

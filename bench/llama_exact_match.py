@@ -8,9 +8,12 @@ in a real chat: after a system prompt, and as the 2nd and 3rd turn of a conversa
 
 The questions are the single-turn dialogs of the given files; the system prompts are those the files'
 conversations use with questions of the same file (clgpt.chat.chat_probes builds the conversations).
+With --heldout, also the same questions after the system prompts that only the held-out dialogs use
+(clgpt.chat.system_probes: first turn, and 2nd or 3rd), one line and paragraph ones apart.
 Needs the test extra (llama-cpp-python).
 
-    python bench/llama_exact_match.py model.gguf data/tune/*.jsonl
+    python bench/llama_exact_match.py model.gguf data/tune/*.jsonl --heldout data/heldout/tune.jsonl
+    python bench/llama_exact_match.py lora/base.gguf --lora lora/adapter.gguf data/tune/*.jsonl   (tune.lora)
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import sys
 
 import llama_cpp
 
-from clgpt.chat import PROBE_KINDS, chat_probes
+from clgpt.chat import PARAGRAPH_WORDS, PROBE_KINDS, chat_probes, heldout_systems, system_probes
 from clgpt.data import read_dialogs
 
 PATHS = ("jinja", "builtin")
@@ -61,9 +64,9 @@ def chat_answers(gguf: str, questions: list[str], max_tokens: int = 48) -> list[
     return [jinja_reply(llm, [{"role": "user", "content": q}], max_tokens) for q in questions]
 
 
-def run_probes(gguf: str, probes: list, max_tokens: int = 48) -> dict:
-    """{path: [(kind, expected, answer)]} for each chat path."""
-    llm = llama_cpp.Llama(model_path=gguf, n_ctx=0, verbose=False, seed=0)
+def run_probes(gguf: str, probes: list, max_tokens: int = 48, lora: str | None = None) -> dict:
+    """{path: [(kind, expected, answer)]} for each chat path; lora: an adapter GGUF llama.cpp adds to gguf."""
+    llm = llama_cpp.Llama(model_path=gguf, n_ctx=0, verbose=False, seed=0, lora_path=lora)
     template = llm.metadata["tokenizer.chat_template"].encode()
     replies = {"jinja": lambda m: jinja_reply(llm, m, max_tokens),
                "builtin": lambda m: builtin_reply(llm, m, max_tokens, template)}
@@ -80,10 +83,13 @@ def run_probes(gguf: str, probes: list, max_tokens: int = 48) -> dict:
     return results
 
 
-def rates(rows: list) -> dict:
+HELDOUT_KINDS = ("paragraph first", "paragraph later", "line first", "line later")
+
+
+def rates(rows: list, kinds: tuple = PROBE_KINDS) -> dict:
     """{kind: (matches, total)}."""
     out = {}
-    for kind in PROBE_KINDS:
+    for kind in kinds:
         hits = [answer.strip() == expected.strip() for k, expected, answer in rows if k == kind]
         out[kind] = (sum(hits), len(hits))
     return out
@@ -107,21 +113,43 @@ def corpus_probes(files: list[str]) -> list:
     return probes
 
 
+def heldout_system_probes(files: list[str], heldout: str) -> list:
+    """system_probes of the files' single-turn dialogs after the held-out file's own system prompts, each
+    kind prefixed by the prompt's length ("paragraph" or "line")."""
+    dialogs = read_dialogs(files)
+    pairs = [(d["messages"][0]["content"], d["messages"][1]["content"])
+             for d in dialogs if [m["role"] for m in d["messages"]] == ["user", "assistant"]]
+    systems = heldout_systems(dialogs, read_dialogs([heldout]))
+    if not systems:
+        raise SystemExit(f"error: {heldout}: no system prompt that the tune dialogs do not use; add held-out ones")
+    return [(("paragraph " if len(opening[0]["content"].split()) >= PARAGRAPH_WORDS else "line ") + kind, opening,
+             questions, expected) for kind, opening, questions, expected in system_probes(pairs, systems)]
+
+
+def print_rates(results: dict, kinds: tuple, show_misses: bool) -> None:
+    print(f"{'path':<8} " + " ".join(f"{k:>16}" for k in kinds))
+    for path, rows in results.items():
+        r = rates(rows, kinds)
+        print(f"{path:<8} " + " ".join(f"{m:>4}/{n:<4} {100 * m / max(n, 1):5.1f}%" for m, n in r.values()))
+        if show_misses:
+            for kind, expected, answer in rows:
+                if answer.strip() != expected.strip():
+                    print(f"  MISS {path} {kind}: got {answer!r}, expected {expected!r}", file=sys.stderr)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("gguf")
     ap.add_argument("dialogs", nargs="+")
+    ap.add_argument("--lora", help="a LoRA adapter GGUF to apply to the model (llama.cpp's --lora)")
     ap.add_argument("--show-misses", action="store_true")
+    ap.add_argument("--heldout", help="held-out dialogs: also ask the questions after their own system prompts")
     args = ap.parse_args(argv)
-    results = run_probes(args.gguf, corpus_probes(args.dialogs))
-    print(f"{'path':<8} " + " ".join(f"{k:>16}" for k in PROBE_KINDS))
-    for path, rows in results.items():
-        r = rates(rows)
-        print(f"{path:<8} " + " ".join(f"{m:>4}/{n:<4} {100 * m / max(n, 1):5.1f}%" for m, n in r.values()))
-        if args.show_misses:
-            for kind, expected, answer in rows:
-                if answer.strip() != expected.strip():
-                    print(f"  MISS {path} {kind}: got {answer!r}, expected {expected!r}", file=sys.stderr)
+    print_rates(run_probes(args.gguf, corpus_probes(args.dialogs), lora=args.lora), PROBE_KINDS, args.show_misses)
+    if args.heldout:
+        print("after held-out system prompts:")
+        print_rates(run_probes(args.gguf, heldout_system_probes(args.dialogs, args.heldout), lora=args.lora),
+                    HELDOUT_KINDS, args.show_misses)
     return 0
 
 

@@ -47,6 +47,24 @@ OLLAMA_TEMPLATE = (
 )
 
 
+# OpenAI fine-tuning files may give a message a "name" (the speaker) and an assistant message a "weight"
+# (0: not trained on). The chat format has no place for a name, and every assistant turn is trained on.
+IGNORED_FIELDS = ("name", "weight")
+
+
+def _kind(value) -> str:
+    if isinstance(value, bool):
+        return "true or false"
+    return {int: "a number", float: "a number", list: "a list", dict: "an object"}.get(type(value), type(value).__name__)
+
+
+def _json(value) -> str:
+    import json
+
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def check_messages(messages, where: str, *, prompt: bool = False) -> list[dict]:
     """`messages` as a list of {"role", "content"} dicts, or a one-line ClgptError starting with `where`.
 
@@ -60,12 +78,16 @@ def check_messages(messages, where: str, *, prompt: bool = False) -> list[dict]:
         at = f"{where}: message {i + 1}"
         if not isinstance(m, dict):
             raise ClgptError(f'{at} is not an object; write {{"role": "user", "content": "..."}}')
-        extra = sorted(set(m) - {"role", "content"})
+        extra = sorted(set(m) - {"role", "content", *IGNORED_FIELDS})
         if extra:
-            raise ClgptError(f'{at}: unknown field {extra[0]!r}; only "role" and "content" are allowed')
+            raise ClgptError(f'{at}: unknown field {extra[0]!r}; only "role" and "content" are allowed '
+                             f'({" and ".join(map(repr, IGNORED_FIELDS))} are read and ignored)')
         role, content = m.get("role"), m.get("content")
         if role not in ROLES:
             raise ClgptError(f"{at}: unknown role {role!r}; use one of {', '.join(ROLES)}")
+        if content is not None and not isinstance(content, str):
+            raise ClgptError(f'{at}: "content" is {_kind(content)} ({_json(content)}), not text; write it as a string '
+                             'in quotes')
         if not isinstance(content, str) or not content.strip():
             raise ClgptError(f'{at}: missing or empty "content" ({role}); every message needs text')
         if IM_START in content or IM_END in content:
@@ -144,6 +166,10 @@ def parse_dialog_line(d, where: str) -> dict:
             raise ClgptError(f'{where}: unknown field {extra[0]!r} beside "messages"')
         return {"messages": check_messages(d["messages"], where), "source": where}
     for key in ("user", "assistant"):
+        if key in d and d[key] is not None and not isinstance(d[key], str):
+            example = f': "{key}": "{d[key]}"' if isinstance(d[key], (int, float)) and not isinstance(d[key], bool) else ""
+            raise ClgptError(f'{where}: "{key}" is {_kind(d[key])} ({_json(d[key])}), not text; write it as a string '
+                             f'in quotes{example}')
         if not isinstance(d.get(key), str) or not d[key].strip():
             raise ClgptError(f'{where}: missing or empty "{key}" field; each line needs "user" and "assistant" strings '
                              'or a "messages" list')
@@ -176,4 +202,34 @@ def chat_probes(pairs: list[tuple[str, str]], systems: list[str]) -> list[tuple[
         if n > 2:
             out.append(("turn2", [], [pairs[(i + 1) % n][0], question], answer))
             out.append(("turn3", [], [pairs[(i + 1) % n][0], pairs[(i + 2) % n][0], question], answer))
+    return out
+
+
+# A held-out system prompt of at least this many words counts as a paragraph (the defaults clients ship
+# are 30 to 70 words); shorter ones as one line.
+PARAGRAPH_WORDS = 25
+
+
+def heldout_systems(tune_dialogs: list[dict], heldout_dialogs: list[dict]) -> list[str]:
+    """The system prompts that held-out dialogs use and no tune dialog does, in order of first use."""
+    trained = {d["messages"][0]["content"] for d in tune_dialogs if d["messages"][0]["role"] == "system"}
+    out = []
+    for d in heldout_dialogs:
+        first = d["messages"][0]
+        if first["role"] == "system" and first["content"] not in trained and first["content"] not in out:
+            out.append(first["content"])
+    return out
+
+
+def system_probes(pairs: list[tuple[str, str]], systems: list[str]) -> list[tuple[str, list[dict], list[str], str]]:
+    """Conversations that ask each (question, answer) pair of `pairs` after a system prompt (systems taken
+    in turn): as the first user turn (kind "first"), and as the 2nd or 3rd (kind "later", alternating)
+    after the next pairs of the list. Same form as chat_probes'."""
+    n, out = len(pairs), []
+    for i, (question, answer) in enumerate(pairs):
+        opening = [{"role": "system", "content": systems[i % len(systems)]}]
+        out.append(("first", opening, [question], answer))
+        if n > 2:
+            before = [pairs[(i + k) % n][0] for k in range(1, 2 + i % 2)]
+            out.append(("later", opening, [*before, question], answer))
     return out

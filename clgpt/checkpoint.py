@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from clgpt.atomic import atomic_path
+from clgpt.atomic import atomic_path, disk_full_line, is_disk_full
 from clgpt.errors import ClgptError
 from clgpt.model import ModelConfig, param_shapes
 
@@ -103,13 +103,19 @@ def save_checkpoint(
     meta_bytes = json.dumps(meta, sort_keys=True, allow_nan=False).encode("utf-8")
 
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
-        with zipfile.ZipFile(fh, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-            _write_member(zf, "meta", np.frombuffer(meta_bytes, dtype=np.uint8))
-            for name, array in arrays.items():
-                _write_member(zf, name, array)
-        fh.flush()
-        os.fsync(fh.fileno())
+    try:
+        with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+            with zipfile.ZipFile(fh, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+                _write_member(zf, "meta", np.frombuffer(meta_bytes, dtype=np.uint8))
+                for name, array in arrays.items():
+                    _write_member(zf, name, array)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as e:
+        needed = len(meta_bytes) + sum(a.nbytes + 256 for a in arrays.values())  # + each member's zip headers
+        if not is_disk_full(e, path, needed):
+            raise
+        raise ClgptError(disk_full_line(path, needed)) from None
 
 
 def load_checkpoint(path: str) -> dict:
@@ -144,7 +150,8 @@ def load_checkpoint(path: str) -> dict:
     except ClgptError:
         raise
     except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile, UnicodeDecodeError) as e:
-        raise ClgptError(
-            f"{path}: not a readable clgpt checkpoint ({type(e).__name__}: {e}); "
-            "delete it and re-run the stage that writes it"
-        ) from e
+        # deleting it is not enough: the workflow publishes the stage's own copy again (results/staging/)
+        stage = os.path.basename(os.path.dirname(os.path.abspath(path)))
+        redo = (f"run the stage again: snakemake --cores 1 --forcerun {stage} model.gguf" if stage in ("pretrain", "tune")
+                else "write it again with the stage that made it")
+        raise ClgptError(f"{path}: not a readable clgpt checkpoint ({type(e).__name__}: {e}); {redo}") from e

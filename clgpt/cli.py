@@ -1,4 +1,4 @@
-"""`python -m clgpt` / `clgpt`: devices, tokenize, generate, train-tokenizer, bench."""
+"""`python -m clgpt` / `clgpt`: devices, tokenize, generate, chat, train-tokenizer, bench."""
 
 from __future__ import annotations
 
@@ -95,6 +95,9 @@ def chat_messages(chat: str | None, turns: list[dict]) -> list[dict]:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ClgptError(f"{chat}: cannot read the messages file ({e})") from None
         messages += data.get("messages") if isinstance(data, dict) else data
+    elif chat is not None and chat.endswith(".json"):  # a messages file that is not there: never sent as text
+        raise ClgptError(f"--chat {chat}: no such file; check the path of the messages file (a message that ends "
+                         "in .json can be sent with --user)")
     elif chat is not None:
         messages.append({"role": "user", "content": chat})
     return check_messages(messages, where, prompt=True)
@@ -102,7 +105,7 @@ def chat_messages(chat: str | None, turns: list[dict]) -> list[dict]:
 
 def cmd_generate(args) -> None:
     from clgpt.chat import encode_prompt
-    from clgpt.generate import Generator
+    from clgpt.generate import Generator, eog_ids
     from clgpt.gguf_io import read_gguf
 
     turns = getattr(args, "turns", None) or []
@@ -112,39 +115,47 @@ def cmd_generate(args) -> None:
     messages = chat_messages(args.chat, turns) if args.prompt is None else None
     from clgpt.device import get_device
 
-    cfg, params, tok, _ = read_gguf(args.model)
-    if messages is not None:
-        prompt_ids, stop = encode_prompt(tok, messages), (tok.im_end_id,)
-    else:
-        prompt_ids, stop = [tok.bos_id, *tok.encode(args.prompt)], (tok.eos_id,)
+    cfg, params, tok, kv = read_gguf(args.model)
+    prompt_ids = encode_prompt(tok, messages) if messages is not None else [tok.bos_id, *tok.encode(args.prompt)]
     if len(prompt_ids) >= cfg.n_ctx:
         raise ClgptError(
             f"the prompt is {len(prompt_ids)} tokens and the model's context is {cfg.n_ctx}, which leaves no room "
             "for a reply; shorten the prompt"
         )
+    from clgpt.interactive import sampling_settings, stream_text
+
     gen = Generator(cfg, params, device=get_device(args.device))
-    out = gen.generate(
-        prompt_ids,
-        max_tokens=args.max_tokens,
-        greedy=args.greedy,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        seed=args.seed,
-        stop_ids=stop,
-    )
-    ids = [i for i, _ in out]
+    out = gen.stream(prompt_ids, **sampling_settings(args, eog_ids(kv)))
     if args.show_probs:
         for i, p in out:
-            print(f"{p:7.4f}  {i:6d}  {tok.decode([i])!r}")
+            print(f"{p:7.4f}  {i:6d}  {tok.decode([i])!r}", flush=True)
     else:
-        print(tok.decode(ids))
+        stream_text(tok, (i for i, _ in out), sys.stdout)
+        print(flush=True)
+
+
+def cmd_chat(args) -> None:
+    from clgpt.interactive import run_chat
+
+    run_chat(args)
 
 
 def cmd_bench(args) -> None:
     from clgpt.bench import run_bench
 
     run_bench(args)
+
+
+def _sampling_options(p, max_tokens: int) -> None:
+    p.add_argument("--greedy", action="store_true", help="always take the most likely token")
+    p.add_argument("--max-tokens", type=int, default=max_tokens)
+    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="never stop at an end-of-generation token (EOS, EOT, ...): they are never drawn, as llama.cpp's flag")
+    p.add_argument("--device", default=None)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -173,15 +184,18 @@ def build_parser() -> argparse.ArgumentParser:
     for role in ("system", "user", "assistant"):
         p.add_argument(f"--{role}", dest=role, action=_Turn, metavar="TEXT",
                        help=f"{'an' if role[0] == 'a' else 'a'} {role} message of the conversation (repeatable; kept in the order given)")
-    p.add_argument("--greedy", action="store_true", help="always take the most likely token")
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--top-k", type=int, default=40)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--seed", type=int, default=0)
+    _sampling_options(p, max_tokens=64)
     p.add_argument("--show-probs", action="store_true", help="print each token with its probability")
-    p.add_argument("--device", default=None)
     p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("run", help="snakemake with config overrides as KEY=VALUE (pretrain.steps=100 --cores 1 model.gguf)")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="KEY=VALUE overrides and snakemake's own arguments")
+
+    p = sub.add_parser("chat", help="talk with a GGUF model in the terminal (/reset, /exit)")
+    p.add_argument("model", help="a GGUF file written by clgpt")
+    p.add_argument("--system", help="a system prompt that opens the conversation (kept across /reset)")
+    _sampling_options(p, max_tokens=256)
+    p.set_defaults(func=cmd_chat)
 
     p = sub.add_parser("bench", help="training tokens/s on random tokens, and GEMM GFLOP/s beside numpy")
     p.add_argument("--vocab", type=int, default=512)
@@ -206,6 +220,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["run"] and argv[1:2] not in (["-h"], ["--help"]):  # snakemake's options are not ours to parse
+        from clgpt.runner import run
+
+        try:
+            return run(argv[1:])
+        except ClgptError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
     args = build_parser().parse_args(argv)
     try:
         args.func(args)

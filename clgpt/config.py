@@ -339,6 +339,12 @@ def check_config(config: dict, where: _Where | None = None) -> None:
             "(256 bytes + 4 special tokens)"
         )
     for stage in ("pretrain", "tune"):
+        if config[stage]["ranks"] > config[stage]["batch_size"]:
+            raise ClgptError(
+                f"{where([stage, 'ranks'])}: {stage}.ranks={config[stage]['ranks']} is more than "
+                f"{stage}.batch_size={config[stage]['batch_size']}: every rank needs at least one row of each "
+                "micro-batch; lower ranks or raise batch_size"
+            )
         if config[stage]["seq_len"] > m["n_ctx"]:
             raise ClgptError(
                 f"{where([stage, 'seq_len'])}: {stage}.seq_len={config[stage]['seq_len']} is longer than "
@@ -369,6 +375,9 @@ def _check_model(m: dict, where: _Where) -> None:
     try:
         ModelConfig.from_dict(m).validate()
     except ClgptError as e:
+        key = re.match(r"model\.(\w+): ", str(e))  # the message names its key: point at that key's line
+        if key:
+            raise ClgptError(f"{where(['model', key.group(1)])}: {str(e)[key.end():]}") from None
         raise ClgptError(f"{where(['model'])}: {e}") from None
 
 

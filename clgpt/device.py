@@ -184,11 +184,19 @@ def _explicit(spec: str, devs) -> list[cl.Device]:
         found = [d for _, d in devs if spec.lower() in f"{d.name} {d.platform.name} {d.platform.version}".lower()]
         found = [d for d in found if not is_simulator(d)] or found  # the simulator only where nothing else matches
     if not found:
-        raise ClgptError(f"OpenCL device {spec!r} not found; available devices: {_listing(devs)}")
+        raise _not_found(spec, devs)
     working = [d for d in found if not _probe(d)]
     if not working:
         raise _cannot(found[0], spec)
     return working
+
+
+def _not_found(spec: str, devs) -> ClgptError:
+    """The error for a device spec that matches nothing; it names PYOPENCL_CTX when the spec came from it."""
+    if os.environ.get("PYOPENCL_CTX", "").strip() == spec:
+        return ClgptError(f"PYOPENCL_CTX={spec!r} names no OpenCL device; available devices: {_listing(devs)}; "
+                          "unset PYOPENCL_CTX or set it to one of them")
+    return ClgptError(f"OpenCL device {spec!r} not found; available devices: {_listing(devs)}")
 
 
 def _spec(spec: str | None) -> str:

@@ -24,17 +24,18 @@ from clgpt.params import ParamStore
 
 
 def make_engine(cfg: ModelConfig, params: dict, batch_size: int, seq_len: int, device: Device | str | None = None,
-                dropout: float = 0.0, precision: str = "fp32") -> EngineBase:
+                dropout: float = 0.0, precision: str = "fp32", optimizer: bool = True) -> EngineBase:
     """The engine for cfg.arch (GPT2Engine or LlamaEngine, same interface); device: a Device, a spec string
     or None (clgpt.device.resolve_device); dropout: the probability on embeddings, attention probabilities
     and residual branches, active in forward calls with targets and a dropout_seed; precision: the matmuls'
-    operands, fp32 | tf32 | bf16 | auto (clgpt/precision.py)."""
+    operands, fp32 | tf32 | bf16 | auto (clgpt/precision.py); optimizer=False: no AdamW moments (a frozen
+    base under LoRA adapters, clgpt.lora)."""
     if cfg.arch == "llama":
         from clgpt.llama import LlamaEngine as cls
     else:
         from clgpt.gpt2 import GPT2Engine as cls
     return cls(cfg, params, batch_size=batch_size, seq_len=seq_len, device=device, dropout=dropout,
-               precision=precision)
+               precision=precision, optimizer=optimizer)
 
 
 def __getattr__(name):  # `from clgpt.engine import Engine`: the GPT-2 engine, as before the split
@@ -53,7 +54,8 @@ class EngineBase:
     grad_hook = None
 
     def __init__(self, cfg: ModelConfig, params: dict, batch_size: int, seq_len: int,
-                 device: Device | str | None = None, dropout: float = 0.0, precision: str = "fp32"):
+                 device: Device | str | None = None, dropout: float = 0.0, precision: str = "fp32",
+                 optimizer: bool = True):
         cfg.validate()
         if cfg.arch != self.arch:
             raise ClgptError(f"{type(self).__name__} runs arch {self.arch!r}, not {cfg.arch!r}; "
@@ -69,7 +71,7 @@ class EngineBase:
         # the matmuls' precision, resolved ("auto" -> the device's best), its ROUND and tensor-core tiles
         self.precision, self.round, self.mma = self.ops.precision, self.ops.round, self.ops.mma
         self.shapes = param_shapes(cfg)
-        self.store = ParamStore(self.ops, self.shapes, decays, self._packed(), trains=trains(cfg))
+        self.store = ParamStore(self.ops, self.shapes, decays, self._packed(), trains=trains(cfg), optimizer=optimizer)
         self.p, self.g = self.store.p, self.store.g
         self.ops.stable(*self.p.values())  # the weights change only between a backward and the next forward
         self._alloc_common()

@@ -23,7 +23,7 @@ import sys
 import numpy as np
 
 from clgpt.atomic import atomic_path, write_text_atomic
-from clgpt.chat import encode_prompt, turns
+from clgpt.chat import PARAGRAPH_WORDS, encode_prompt, heldout_systems, system_probes, turns
 from clgpt.checkpoint import load_checkpoint
 from clgpt.config import section_settings
 from clgpt.data import PAD_WIDTH, dialog_batches, dialog_rows, load_encoded, text_batches  # noqa: F401 (re-exported)
@@ -72,13 +72,16 @@ def score(answers: list[str], expected: list[str]) -> dict:
 
 def greedy_answers(eng, prompts: list[list[int]], max_tokens: int, stop_id: int, n_ctx: int, B: int,
                    desc: str = "answers") -> list[list[int]]:
-    """Greedy replies (ids, without the stop id) to many prompts, B at a time: each step runs one forward of
-    the batch's rows padded to a multiple of PAD_WIDTH (causal attention: padding after a row's last token
-    changes none of its logits), the output projection only at each row's last token (Engine.next_logits),
-    and appends each unfinished row's argmax. Stops a row as
-    clgpt.generate.Generator does: at the stop id, after max_tokens, or when it fills n_ctx."""
+    """Greedy replies (ids, without the stop id) to many prompts, B at a time: one prefill of the batch's rows
+    padded to a multiple of PAD_WIDTH (causal attention: padding after a row's last token changes none of its
+    logits), then one token a row and step against the key/value cache (clgpt.kvcache), each row at its own
+    position. Stops a row as clgpt.generate.Generator does: at the stop id, after max_tokens, or when it fills
+    n_ctx."""
     from tqdm import tqdm
 
+    from clgpt.kvcache import KVCache
+
+    cache = KVCache(eng)
     # batch prompts of similar length together (less padding); answers come back in the given order
     order = sorted(range(len(prompts)), key=lambda k: len(prompts[k]))
     out = [[] for _ in prompts]
@@ -86,13 +89,14 @@ def greedy_answers(eng, prompts: list[list[int]], max_tokens: int, stop_id: int,
         idx = order[b0 : b0 + B]
         rows = [list(prompts[k][-n_ctx:]) for k in idx]
         live = [len(r) < n_ctx and max_tokens > 0 for r in rows]
-        while any(live):
-            longest = max(len(r) for r, on in zip(rows, live) if on)
-            W = min(-(-longest // PAD_WIDTH) * PAD_WIDTH, n_ctx)
-            tokens = np.zeros((len(rows), W), dtype=np.int32)  # (rows, W); finished rows ride along unread
-            for i, r in enumerate(rows):
-                tokens[i, : min(len(r), W)] = r[:W]
-            logits = eng.next_logits(tokens, [len(r) - 1 if on else 0 for r, on in zip(rows, live)])  # (rows, V)
+        if not any(live):
+            continue
+        W = min(-(-max(len(r) for r in rows) // PAD_WIDTH) * PAD_WIDTH, n_ctx)
+        tokens = np.zeros((len(rows), W), dtype=np.int32)  # (rows, W)
+        for i, r in enumerate(rows):
+            tokens[i, : len(r)] = r
+        logits = cache.prefill(tokens, [len(r) - 1 for r in rows])  # (rows, V)
+        while True:
             for i, r in enumerate(rows):
                 if not live[i]:
                     continue
@@ -103,7 +107,64 @@ def greedy_answers(eng, prompts: list[list[int]], max_tokens: int, stop_id: int,
                 r.append(t)
                 out[idx[i]].append(t)
                 live[i] = len(out[idx[i]]) < max_tokens and len(r) < n_ctx
+            if not any(live):
+                break
+            # finished rows ride along on their last token and position, unread
+            logits = cache.step([r[-1] for r in rows], [min(len(r), n_ctx) - 1 for r in rows])
     return out
+
+
+# ---- tune questions after held-out system prompts ------------------------------------------------
+
+def system_heldout_answers(gen, tok, tune_dialogs: list[dict], heldout_dialogs: list[dict], max_tokens: int,
+                           n_ctx: int, B: int) -> tuple[list[dict], dict]:
+    """Greedy answers to the tune questions (single-turn tune dialogs) after the system prompts that only
+    the held-out dialogs use (clgpt.chat.system_probes: as the first turn and as a later one, the earlier
+    replies as written), and their exact-match rates {"all" | "paragraph" | "line": {"first", "later"}};
+    paragraph: prompts of PARAGRAPH_WORDS words or more. ([], {}) when there are none."""
+    systems = heldout_systems(tune_dialogs, heldout_dialogs)
+    pairs = [(d["messages"][0]["content"], d["messages"][1]["content"]) for d in tune_dialogs
+             if [m["role"] for m in d["messages"]] == ["user", "assistant"]]
+    if not systems or not pairs:
+        return [], {}
+    reply_to = dict(pairs)
+    probes = system_probes(pairs, systems)
+    conversations = [[*opening, *[m for q in questions[:-1] for m in ({"role": "user", "content": q},
+                                                                      {"role": "assistant", "content": reply_to[q]})],
+                      {"role": "user", "content": questions[-1]}] for _, opening, questions, _ in probes]
+    replies = greedy_answers(gen, [encode_prompt(tok, c) for c in conversations], max_tokens, tok.im_end_id, n_ctx, B,
+                             desc=f"held-out system prompts ({len(probes)} turns)")
+    out = []
+    for (kind, opening, questions, expected), reply in zip(probes, replies):
+        answer = tok.decode(reply)
+        out.append({"system": opening[0]["content"], "paragraph": len(opening[0]["content"].split()) >= PARAGRAPH_WORDS,
+                    "user": questions[-1], "turn": len(questions), "kind": kind, "expected": expected,
+                    "answer": answer, "match": exact_match(answer, expected)})
+    rates = {length: {kind: score([a["answer"] for a in picked if a["kind"] == kind],
+                                  [a["expected"] for a in picked if a["kind"] == kind]) for kind in ("first", "later")}
+             for length, picked in (("all", out), ("paragraph", [a for a in out if a["paragraph"]]),
+                                    ("line", [a for a in out if not a["paragraph"]]))}
+    return out, {"prompts": len(systems), **rates}
+
+
+def system_heldout_markdown(m: dict) -> list[str]:
+    """The report's section on the tune questions after held-out system prompts (none without them)."""
+    r = m["exact_match"].get("system_heldout")
+    if not r:
+        return []
+    rate = lambda x: f"{x['matches']}/{x['total']} ({100 * x['rate']:.1f}%)"  # noqa: E731
+    lines = [f"## Tune questions after held-out system prompts (greedy, at most {m['settings']['max_tokens']} tokens)",
+             "", f"{r['prompts']} system prompts that no tune dialog uses, taken in turn; a paragraph has "
+             f"{PARAGRAPH_WORDS} words or more. Earlier replies as written.", "",
+             "| system prompts | first reply | 2nd or 3rd reply |", "| --- | ---: | ---: |"]
+    for length, label in (("paragraph", "paragraph"), ("line", "one line"), ("all", "all")):
+        lines.append(f"| {label} | {rate(r[length]['first'])} | {rate(r[length]['later'])} |")
+    misses = [a for a in m["answers"]["system_heldout"] if not a["match"]]
+    if misses:
+        lines += ["", "| turn | system prompt | prompt | expected | answer |", "| --- | --- | --- | --- | --- |"]
+        lines += [f"| {a['turn']} | {_cell(a['system'][:40])}… | {_cell(a['user'])} | {_cell(a['expected'])} | "
+                  f"{_cell(a['answer'])} |" for a in misses]
+    return lines + [""]
 
 
 # ---- held-out loss -----------------------------------------------------------------------------
@@ -309,6 +370,7 @@ def report_markdown(m: dict) -> str:
             turn = f"{a['turn']}" + (" (system)" if a["kind"] == "system" else "")
             lines.append(f"| {mark} | {turn} | {_cell(a['user'])} | {_cell(a['expected'])} | {_cell(a['answer'])} |")
         lines.append("")
+    lines += system_heldout_markdown(m)
     return "\n".join(lines)
 
 
@@ -435,6 +497,9 @@ def run_evaluate(
             kind: score([a["answer"] for a in out if a["kind"] == kind], [a["expected"] for a in out if a["kind"] == kind])
             for kind in TURN_KINDS
         }
+    if tuned_run:
+        answers["system_heldout"], exact["system_heldout"] = system_heldout_answers(
+            gen, tok, tune_dialogs, heldout_dialogs, s["max_tokens"], cfg.n_ctx, B)
     del gen
     print("evaluate: sampling continuations of held-out text", file=sys.stderr)
     samples = _samples(Generator(cfg, tuned["params"], device=dev), tok, text_ids,
@@ -475,7 +540,7 @@ def run_evaluate(
     if tuned_run:
         by_turn = ", ".join(f"{k} {v['matches']}/{v['total']}" for k, v in exact["tune"]["by_turn"].items())
         summary += (f"; tune exact match {exact['tune']['matches']}/{exact['tune']['total']} ({by_turn}), held-out "
-                    f"{exact['heldout']['matches']}/{exact['heldout']['total']}; forgetting "
+                    f"{exact['heldout']['matches']}/{exact['heldout']['total']}{_system_summary(exact)}; forgetting "
                     f"{'n/a' if forgetting is None else f'{forgetting:+.4f}'}")
     print(summary, file=sys.stderr)
     return metrics
@@ -487,3 +552,12 @@ def _best(log: dict) -> dict:
         return {"best_val_loss": None, "best_step": None}
     i = int(np.nanargmin(np.where(np.isfinite(log["val_loss"]), log["val_loss"], np.nan)))
     return {"best_val_loss": float(log["val_loss"][i]), "best_step": int(log["step"][i])}
+
+
+def _system_summary(exact: dict) -> str:
+    r = exact.get("system_heldout")
+    if not r:
+        return ""
+    p = r["paragraph"]
+    return (f", after held-out paragraph system prompts first {p['first']['matches']}/{p['first']['total']}, "
+            f"later {p['later']['matches']}/{p['later']['total']}")

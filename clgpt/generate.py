@@ -3,10 +3,13 @@
 The Generator runs the engine for cfg.arch (`clgpt.engine.make_engine`: GPT2Engine for gpt2,
 LlamaEngine for llama; batch 1, seq_len = n_ctx) on any parameters -- typically the
 float32 weights `gguf_io.read_gguf` reads back, so q8_0/q4_0 exports generate from the same dequantized
-weights llama.cpp runs. Each step recomputes the whole prefix (no KV cache): models here are small and
-the context is at most n_ctx positions. The prefix is padded up to a multiple of PAD_TO tokens: the
-attention is causal, so padding after the last token changes none of its logits, and the engine sees
-n_ctx / PAD_TO distinct lengths instead of n_ctx (on PoCL each new length costs a kernel build).
+weights llama.cpp runs. It prefills the prompt in one forward pass, then decodes one token a step against a
+key/value cache (clgpt.kvcache). The prompt is padded up to a multiple of PAD_TO tokens: the attention is
+causal, so padding after the last token changes none of its logits, and the engine sees n_ctx / PAD_TO
+distinct lengths instead of n_ctx (on PoCL each new length costs a kernel build).
+
+Stopping: `eog_ids` is llama.cpp's end-of-generation set of a GGUF (EOS, EOT, EOM, the fill-in-the-middle
+ends and the tokens llama.cpp knows by name, `</s>` and `<|im_end|>` among them); every client stops there.
 
 Context: a sequence never grows past n_ctx tokens (prompt + generated), the rows of position_embd;
 llama.cpp stops at the same point (it aborts, rather than stops, past the table). A llama model has no
@@ -15,7 +18,7 @@ position table; the Generator still stops at n_ctx, the context it was trained f
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -23,6 +26,33 @@ from clgpt.errors import ClgptError
 from clgpt.model import ModelConfig
 
 PAD_TO = 32  # forward lengths are rounded up to a multiple of this (capped at n_ctx)
+
+# llama.cpp's end-of-generation tokens by their text (llama-vocab.cpp, the vocabulary's load), besides the ids the
+# GGUF names under tokenizer.ggml.*_token_id
+EOG_NAMES = frozenset({
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>", "<end_of_turn>",
+    "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>",
+    "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>", "<\uff5cend\u2581of\u2581sentence\uff5c>", "[e~[",
+})
+_EOG_KEYS = ("eos", "eot", "eom", "fim_pad", "fim_rep", "fim_sep")
+
+
+def eog_ids(kv: dict) -> frozenset[int]:
+    """The end-of-generation token ids of a GGUF's key/values, as llama.cpp (llama_vocab_is_eog) has them:
+    the EOS, EOT and EOM ids and the fill-in-the-middle ends it names, and every token whose text is in EOG_NAMES
+    (except `</s>` beside `<|tool_response>` or `<|plamo:eos|>`, where it is ordinary text)."""
+    tokens = kv.get("tokenizer.ggml.tokens") or []
+    out = {kv[f"tokenizer.ggml.{k}_token_id"] for k in _EOG_KEYS if isinstance(kv.get(f"tokenizer.ggml.{k}_token_id"), int)}
+    named = {t: i for i, t in enumerate(tokens) if t in EOG_NAMES or t == "<|plamo:eos|>"}
+    out |= {i for t, i in named.items() if t in EOG_NAMES}
+    text = {i: tokens[i] for i in out if 0 <= i < len(tokens)}
+    has = set(text.values())
+    if "<|end|>" in has and (("<|return|>" in has and has & {"<|call|>", "<|calls|>"}) or
+                             (has & {"<|call|>", "<|calls|>"} and "<|flush|>" in has)):
+        out.discard(named["<|end|>"])  # o200k_harmony, solar-open: <|end|> ends a message, not the generation
+    if "</s>" in has and has & {"<|tool_response>", "<|plamo:eos|>"}:
+        out.discard(named["</s>"])  # gemma4, plamo: </s> is ordinary text there
+    return frozenset(i for i in out if 0 <= i < len(tokens) or not tokens)
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -63,25 +93,46 @@ class Generator:
 
     def __init__(self, cfg: ModelConfig, params: dict[str, np.ndarray], device=None):
         from clgpt.engine import make_engine  # import here: reading a GGUF must not need OpenCL
+        from clgpt.kvcache import KVCache
 
         self.cfg = cfg
         self.engine = make_engine(cfg, params, batch_size=1, seq_len=cfg.n_ctx, device=device)
+        self.cache = KVCache(self.engine)
 
-    def next_logits(self, ids: Sequence[int]) -> np.ndarray:
-        """(V,) float32 logits for the token after `ids` (only the last n_ctx ids are seen)."""
+    def _checked(self, ids: Sequence[int]) -> list[int]:
         ids = list(ids)[-self.cfg.n_ctx :]
         if not ids:
             raise ClgptError("cannot predict from an empty prompt; start it with the BOS token")
         bad = [i for i in ids if not 0 <= i < self.cfg.vocab_size]
         if bad:
             raise ClgptError(f"token id {bad[0]} is not in the vocabulary (0..{self.cfg.vocab_size - 1})")
+        return ids
+
+    def _padded(self, ids: list[int]) -> np.ndarray:
         T = min(-(-len(ids) // PAD_TO) * PAD_TO, self.cfg.n_ctx)
         tokens = np.zeros((1, T), dtype=np.int32)  # (1, T'), padded with id 0 after the prefix
         tokens[0, : len(ids)] = ids
-        logits = self.engine.forward(tokens)  # (1, T', V)
-        return np.array(logits[0, len(ids) - 1], dtype=np.float32)
+        return tokens
 
-    def generate(
+    def next_logits(self, ids: Sequence[int]) -> np.ndarray:
+        """(V,) float32 logits for the token after `ids` (only the last n_ctx ids are seen), by a full forward."""
+        ids = self._checked(ids)
+        return np.array(self.engine.forward(self._padded(ids))[0, len(ids) - 1], dtype=np.float32)
+
+    def prefill(self, ids: Sequence[int]) -> np.ndarray:
+        """(V,) logits after `ids` (the last n_ctx), leaving them in the key/value cache for `decode`."""
+        ids = self._checked(ids)
+        return self.cache.prefill(self._padded(ids), [len(ids) - 1])[0]
+
+    def decode(self, token: int, pos: int) -> np.ndarray:
+        """(V,) logits after `token` at position `pos`, the cache holding positions 0..pos-1."""
+        return self.cache.step([token], [pos])[0]
+
+    def generate(self, prompt_ids: Sequence[int], max_tokens: int = 64, **kw) -> list[tuple[int, float]]:
+        """The list `stream` yields (same arguments)."""
+        return list(self.stream(prompt_ids, max_tokens, **kw))
+
+    def stream(
         self,
         prompt_ids: Sequence[int],
         max_tokens: int = 64,
@@ -92,8 +143,8 @@ class Generator:
         seed: int = 0,
         stop_ids: Iterable[int] = (),
         suppress_ids: Iterable[int] = (),
-    ) -> list[tuple[int, float]]:
-        """(token id, its probability under the distribution it was drawn from) for each new token.
+    ) -> Iterator[tuple[int, float]]:
+        """(token id, its probability under the distribution it was drawn from) for each new token, as it comes.
 
         Stops at a stop id (not returned), after `max_tokens`, or when prompt + output fills n_ctx.
         Greedy takes the argmax (temperature 0 means greedy too); its probability is the plain softmax
@@ -108,10 +159,11 @@ class Generator:
         stop = set(stop_ids)
         suppress = list(suppress_ids)
         rng = np.random.default_rng(seed)
-        ids = list(prompt_ids)
-        out: list[tuple[int, float]] = []
-        while len(out) < max_tokens and len(ids) < self.cfg.n_ctx:
-            logits = self.next_logits(ids)
+        n = len(self._checked(prompt_ids))
+        if max_tokens == 0 or n >= self.cfg.n_ctx:
+            return
+        logits = self.prefill(prompt_ids)
+        for k in range(max_tokens):
             if greedy:
                 p = sampling_probs(logits, suppress_ids=suppress)
                 token = int(np.argmax(p))
@@ -121,7 +173,8 @@ class Generator:
                 while p[token] == 0.0:  # cumsum rounding at the top edge: step back to a live token
                     token -= 1
             if token in stop:
-                break
-            out.append((token, float(p[token])))
-            ids.append(token)
-        return out
+                return
+            yield token, float(p[token])
+            if k + 1 == max_tokens or n + k + 1 >= self.cfg.n_ctx:
+                return
+            logits = self.decode(token, n + k)

@@ -41,7 +41,7 @@ from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 from gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC
 from gguf.quants import dequantize, quantize
 
-from clgpt.atomic import write_text_atomic
+from clgpt.atomic import disk_full_line, is_disk_full, write_text_atomic
 from clgpt.chat import CHAT_TEMPLATE, OLLAMA_TEMPLATE
 from clgpt.errors import ClgptError
 from clgpt.model import ModelConfig, param_shapes
@@ -198,8 +198,13 @@ def export_gguf(
             raise ClgptError(f"{path}: metadata key {key!r} is reserved (clgpt.{key} is written by export)")
         _add_meta(w, f"clgpt.{key}", value)
 
+    # the file's size, for a full disk's message: tokens (8-byte length + text, 4-byte type), merges, the
+    # other keys (a few KiB, the chat template the largest), then the tensors, each aligned to 32 bytes
+    needed = sum(len(t.encode("utf-8")) + 12 for t in tok.gguf_tokens()) + 8192
+    needed += sum(len(m.encode("utf-8")) + 8 for m in (tok.gguf_merges() if tok.merges else []))
     for k in shapes:
         data = _encode_tensor(params[k], qtype)
+        needed += data.nbytes + 32  # tensors are aligned to 32 bytes
         if data.dtype == np.uint8:
             w.add_tensor(k, data, raw_shape=data.shape, raw_dtype=qtype)
         else:
@@ -220,6 +225,8 @@ def export_gguf(
             os.unlink(tmp)
         except OSError:
             pass
+        if is_disk_full(e, path, needed):
+            raise ClgptError(disk_full_line(path, needed)) from None
         if isinstance(e, OSError):
             raise ClgptError(f"{path}: cannot write the GGUF ({e.strerror or e})") from None
         raise
@@ -239,6 +246,8 @@ def write_modelfile(path: str | os.PathLike, gguf_name: str, cfg: ModelConfig) -
     try:
         write_text_atomic(path, text)
     except OSError as e:
+        if is_disk_full(e):
+            raise ClgptError(disk_full_line(path, len(text.encode("utf-8")))) from None
         raise ClgptError(f"{path}: cannot write the Modelfile ({e.strerror or e})") from None
 
 

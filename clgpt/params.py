@@ -11,6 +11,9 @@ that made them, and `write_grads` puts the sums back in one copy (clgpt.dist.Ove
 `trains` (a predicate; default all): tensors it rejects come last, from n_train on, where the grad norm and
 AdamW never reach: they keep their values (gpt2 with model.bias off: biases stay zero, as if absent).
 
+`optimizer=False` makes the store without AdamW moments (a frozen base under adapters, clgpt.lora): step
+refuses, and the optimizer state is empty.
+
 `packed` {view name: (tensor names, consecutive in that order)} lays those tensors back to back, with no
 padding between them, and adds a view of the whole run under the view name: one product can then use them
 as one matrix (llama: attn_q | attn_k | attn_v, ffn_gate | ffn_up). A member that then starts off the
@@ -28,7 +31,7 @@ from clgpt.ops import F32, Ops, ceil_to
 
 class ParamStore:
     def __init__(self, ops: Ops, shapes: dict[str, tuple], decays, packed: dict[str, tuple] | None = None,
-                 trains=lambda name: True):
+                 trains=lambda name: True, optimizer: bool = True):
         self.ops, self.queue, self.shapes = ops, ops.queue, shapes
         names = ([n for n in shapes if trains(n) and decays(n)] + [n for n in shapes if trains(n) and not decays(n)]
                  + [n for n in shapes if not trains(n)])
@@ -53,7 +56,9 @@ class ParamStore:
         self.n_flat, self.order = off, names
         self.n_params = sum(int(np.prod(shapes[n])) for n in names)
         self.flat_p, self.flat_g = ops.buf(self.n_flat), ops.buf(self.n_flat)
-        self.flat_m, self.flat_v = ops.buf(self.n_flat), ops.buf(self.n_flat)
+        self.flat_m = self.flat_v = None
+        if optimizer:
+            self.flat_m, self.flat_v = ops.buf(self.n_flat), ops.buf(self.n_flat)
         self.p, self.g = self._views(self.flat_p), self._views(self.flat_g)
         self.n_parts = min(ops.launch["norm_parts"], max(1, self.n_train // 1024))
         self.chunk = -(-self.n_train // self.n_parts)
@@ -84,6 +89,8 @@ class ParamStore:
 
     def step(self, lr, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, clip=1.0) -> float:
         """Clip grads to global norm `clip` (clip <= 0: no clipping), one AdamW step; -> pre-clip norm."""
+        if self.flat_m is None:
+            raise ClgptError("this parameter store is frozen (made with optimizer=False); train its adapters")
         self._norm(float(clip))
         self.t += 1
         bc1, bc2 = 1.0 - beta1**self.t, 1.0 - beta2**self.t
@@ -182,10 +189,15 @@ class ParamStore:
         cl.enqueue_copy(self.queue, self.flat_g, host[: self.n_flat], is_blocking=False)
 
     def get_optimizer_state(self) -> dict:
+        if self.flat_m is None:
+            return {"t": self.t}
         return {"m": self._read_flat(self.flat_m), "v": self._read_flat(self.flat_v), "t": self.t}
 
     def set_optimizer_state(self, s: dict | None):
         """None resets m, v to zero and t to 0."""
+        if self.flat_m is None:
+            self.t = 0 if s is None else int(s["t"])
+            return
         if s is None:
             for buf in (self.flat_m, self.flat_v):
                 cl.enqueue_fill_buffer(self.queue, buf, np.float32(0), 0, self.n_flat * F32)

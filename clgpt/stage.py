@@ -108,26 +108,40 @@ def _stop_for_lost_parent(snakemake_pid: int) -> None:
     os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C: the training loop saves its checkpoint and stops
 
 
-def stale_lock(workdir: str | Path = ".") -> bool:
-    """Whether `workdir/.snakemake/locks` holds a lock that no running Snakemake owns (one killed with -9
-    leaves it). False when that cannot be told (no /proc, a process we may not inspect): Snakemake's own
-    lock check then speaks."""
+def _locked_by(workdir: str | Path) -> list[int | None] | None:
+    """When `workdir/.snakemake/locks` holds a lock: the other Snakemake processes that work in `workdir`
+    (their pids; None for one whose folder cannot be read). None when there is no lock or no /proc."""
     workdir = Path(workdir).resolve()
     if not any((workdir / ".snakemake" / "locks").glob("*.lock")) or not os.path.isdir("/proc/self"):
-        return False
+        return None
     me = {os.getpid(), os.getppid()}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) in me:
-            continue
-        stat = _proc_stat(int(entry))
+    found: list[int | None] = []
+    for entry in sorted((e for e in os.listdir("/proc") if e.isdigit()), key=int):
+        stat = _proc_stat(int(entry)) if int(entry) not in me else None
         if stat is None or not _is_snakemake(stat[0]):
             continue
         try:
             if Path(os.readlink(f"/proc/{entry}/cwd")).resolve() == workdir:
-                return False
+                found.append(int(entry))
         except OSError:
-            return False
-    return True
+            found.append(None)
+    return found
+
+
+def stale_lock(workdir: str | Path = ".") -> bool:
+    """Whether `workdir/.snakemake/locks` holds a lock that no running Snakemake owns (one killed with -9
+    leaves it). False when that cannot be told (no /proc, a process we may not inspect): Snakemake's own
+    lock check then speaks."""
+    return _locked_by(workdir) == []
+
+
+def live_run(workdir: str | Path = ".") -> int | None:
+    """The pid of another Snakemake working in `workdir` while a lock is held there (a run in progress)."""
+    return next((pid for pid in _locked_by(workdir) or [] if pid is not None), None)
+
+
+ANOTHER_RUN = ("another snakemake (pid {pid}) is running in this folder; wait for it to end, or stop it with "
+               "Ctrl-C in its terminal; leave its files alone (no --unlock, no --rerun-incomplete while it runs)")
 
 
 # ---- running a stage script -----------------------------------------------------------------------
@@ -169,6 +183,12 @@ def run_script(main: Callable, log_path: str | None, **kwargs) -> None:
 
 def os_error_line(e: OSError) -> str:
     """One line for an OSError: the file, the reason and what to do."""
+    from clgpt.atomic import disk_full_line, is_disk_full
+
+    if is_disk_full(e):
+        if e.filename is not None:
+            return disk_full_line(e.filename)
+        return "the disk is full; free some space on the disk that holds results/ and run the same command again"
     name = e.filename if e.filename is not None else "a file"
     what = e.strerror or str(e)
     if isinstance(e, PermissionError):

@@ -42,10 +42,20 @@ def sweep_keys(schema: dict | None = None) -> list[str]:
     return keys
 
 
+def _in_schema(key: str) -> bool:
+    """Whether "section.key" (or a top-level key) is a setting of the config at all."""
+    schema = load_schema()["properties"]
+    section, _, sub = key.partition(".")
+    return section in schema and (not sub or sub in schema[section].get("properties", {}))
+
+
 def check_sweep(sweep: dict, source: str = "config.yaml") -> None:
     """One-line errors for an unknown "section.key" or a value list that is empty or not a list."""
     allowed = sweep_keys()
     for key, values in sweep.items():
+        if key not in allowed and _in_schema(key):
+            raise ClgptError(f"{source}: sweep.{key} cannot be swept: every run of a sweep shares it (how a stage is "
+                             f"launched, where the data is); set it outside sweep: and sweep other keys")
         if key not in allowed:
             section = key.split(".")[0]
             near = [k for k in allowed if k.startswith(section + ".")] or allowed

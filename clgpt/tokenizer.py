@@ -21,6 +21,7 @@ token), so a training word and its encoding agree.
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import heapq
 import json
@@ -231,8 +232,13 @@ class Tokenizer:
             raise ClgptError(f"token id {bad!r} is not in the vocabulary (0..{n - 1})")
         return b"".join([self._vocab[i] for i in ids])
 
-    def decode(self, ids: Iterable[int]) -> str:
-        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+    def decode(self, ids: Iterable[int], final: bool = True) -> str:
+        """The text of `ids`; bytes that are not UTF-8 read as U+FFFD. final=False: the ids may stop inside a
+        character (generation cut by its token limit), whose first bytes are then left out, not shown as U+FFFD."""
+        data = self.decode_bytes(ids)
+        if final:
+            return data.decode("utf-8", errors="replace")
+        return codecs.getincrementaldecoder("utf-8")(errors="replace").decode(data, final=False)
 
     def token_bytes(self, i: int) -> bytes:
         if not 0 <= i < len(self._vocab):

@@ -37,6 +37,7 @@ from clgpt.data import (  # noqa: F401  (batching lives in data.py; the names st
     text_batches,
 )
 from clgpt.errors import ClgptError
+from clgpt.lora import LoraEngine, lora_spec
 from clgpt.model import ModelConfig, init_params
 
 # Settings and their defaults: schemas/config.schema.yaml (clgpt.config.section_settings). epochs > 0
@@ -59,6 +60,10 @@ def stage_settings(stage: str, settings: dict) -> dict:
         raise ClgptError(f"unknown stage {stage!r}; use one of {', '.join(STAGES)}")
     s = section_settings(stage, settings)
     s.setdefault("mix_pretrain", 0.0)  # pretrain has no such setting: it never mixes
+    if s.get("lora", 0) is None:  # full tuning: settings (and checkpoints) as before adapters existed
+        del s["lora"]
+    if s.get("lora") and s["ranks"] > 1:
+        raise ClgptError(f"{stage}.lora trains on one rank; set {stage}.ranks: 1 (now {s['ranks']})")
     if s["ranks"] > s["batch_size"]:
         raise ClgptError(f"{stage}.ranks={s['ranks']} is more than batch_size={s['batch_size']}: every rank needs "
                          "at least one row of each micro-batch; lower ranks or raise batch_size")
@@ -422,8 +427,11 @@ def _run_stage(stage, encoded, s, ckpt_out, log_csv, dist, *, model, init_ckpt, 
 
     # the engine holds the most rows of a micro-batch one rank gets (all of them with one rank)
     dev = dist.device(device, devices) if dist.size > 1 else _resolve_device(device)
+    lora = s.get("lora") and lora_spec(s["lora"], cfg, f"{stage}.lora")
     eng = make_engine(cfg, inp.params, batch_size=-(-B // dist.size), seq_len=T, device=dev, dropout=s["dropout"],
-                      precision=s["precision"])
+                      precision=s["precision"], optimizer=not lora)
+    if lora:  # adapters on the frozen base (clgpt/lora.py); the engine runs the merged weights
+        eng = LoraEngine(eng, lora, s["seed"])
     if dist.size > 1:
         share_rows = [(r + 1) * B // dist.size - r * B // dist.size for r in range(dist.size)]
         table = dist.describe(dev.name)  # collective: every rank calls it

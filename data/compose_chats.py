@@ -1,11 +1,12 @@
 """Writes the chat part of the corpus (`tune/chat.jsonl`, and the conversations at the end of `heldout/tune.jsonl`) from the single-turn dialogs
-and the system prompts below: conversations of two and three user turns, and single questions after a
-system prompt. Deterministic (seeded); run it again after editing the dialogs or the prompts:
+and the system prompts of `system/pool.txt` (training) and `heldout/system.txt` (evaluation only): conversations of two and three user
+turns, and single questions after a system prompt. Deterministic (seeded); run it again after editing the dialogs or the prompts:
 
     python data/compose_chats.py
 
 Every reply is a reply of the single-turn dialogs, so a model that answers those word for word can answer
-each turn of these conversations word for word too, whatever came before it.
+each turn of these conversations word for word too, whatever came before it. The system prompts are drawn
+with their own random stream: editing the pool changes the system prompts and nothing else.
 """
 
 import json
@@ -13,32 +14,17 @@ import random
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-
-# System prompts the tune set uses (English for English dialogs, Russian for Russian ones).
-SYSTEM = {
-    "en": [
-        "You are a helpful assistant.",
-        "You are clgpt, a small and friendly language model.",
-        "Answer the question in one short sentence.",
-        "You are a friendly assistant. Keep your answers short.",
-        "You are a helpful assistant that answers questions about science and the world.",
-    ],
-    "ru": [
-        "Ты полезный помощник.",
-        "Ты clgpt, маленькая и дружелюбная языковая модель.",
-        "Отвечай коротко, одним предложением.",
-        "You are a helpful assistant.",
-    ],
-}
-# Held-out system prompts: never trained on.
-SYSTEM_HELDOUT = {
-    "en": ["You are a knowledgeable assistant.", "Be brief and accurate."],
-    "ru": ["Ты дружелюбный помощник.", "Be brief and accurate."],
-}
+# share of the two- and three-turn conversations that open with a system prompt (the rest have none)
+P_SYSTEM = {"tune": 3 / 4, "heldout": 1 / 3}
 
 
 def read_lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def read_prompts(path: Path) -> list[str]:
+    """System prompts, one a line."""
+    return path.read_text(encoding="utf-8").splitlines()
 
 
 def read_pairs(path: Path) -> list[tuple[str, str]]:
@@ -53,20 +39,20 @@ def conversation(pairs: list[tuple[str, str]], system: str | None) -> dict:
     return {"messages": messages}
 
 
-def compose(by_lang: dict, system: dict, rng: random.Random, repeats: int, others: dict | None = None) -> list[dict]:
+def compose(by_lang: dict, system, rng: random.Random, repeats: int, p_system: float,
+            others: dict | None = None) -> list[dict]:
     """For each pair of each language: `repeats` single turns after a system prompt, and `repeats`
     conversations with it as the 2nd and as the 3rd turn after other pairs (from `others` when given);
-    a third of the conversations open with a system prompt."""
+    a share p_system of the conversations open with a system prompt. system() gives the next prompt."""
     out = []
     for lang, pairs in by_lang.items():
         pool = (others or by_lang)[lang]
         for pair in pairs:
             for r in range(repeats):
-                out.append(conversation([pair], system[lang][rng.randrange(len(system[lang]))]))
+                out.append(conversation([pair], system()))
                 for n_before in (1, 2):
                     before = rng.sample([p for p in pool if p != pair], n_before)
-                    sys_prompt = system[lang][rng.randrange(len(system[lang]))] if rng.random() < 1 / 3 else None
-                    out.append(conversation([*before, pair], sys_prompt))
+                    out.append(conversation([*before, pair], system() if rng.random() < p_system else None))
     rng.shuffle(out)
     return out
 
@@ -76,14 +62,23 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
 
 
 def main() -> None:
+    pool, heldout_systems = read_prompts(HERE / "system/pool.txt"), read_prompts(HERE / "heldout/system.txt")
+    if set(pool) & set(heldout_systems):
+        raise SystemExit(f"error: heldout/system.txt repeats a prompt of system/pool.txt: {sorted(set(pool) & set(heldout_systems))[0]!r}")
     tune = {"en": read_pairs(HERE / "tune/en.jsonl"), "ru": read_pairs(HERE / "tune/ru.jsonl")}
     heldout = {"en": [], "ru": []}
     for user, assistant in read_pairs(HERE / "heldout/tune.jsonl"):
         heldout["ru" if any("а" <= c <= "я" for c in user.lower()) else "en"].append((user, assistant))
-    write_jsonl(HERE / "tune/chat.jsonl", compose(tune, SYSTEM, random.Random(13), repeats=2))
-    # the held-out file keeps its single-turn lines first, then gains the conversations built on them
+    # any prompt with any language: clients put their (mostly English) default in front of every chat
+    draw = random.Random(15)
+    write_jsonl(HERE / "tune/chat.jsonl", compose(tune, lambda: draw.choice(pool), random.Random(13), repeats=2,
+                                                  p_system=P_SYSTEM["tune"]))
+    # the held-out file keeps its single-turn lines first, then gains the conversations built on them; the
+    # held-out prompts come in turn, so each one is there (the evaluation asks the tune questions after them)
     singles = [d for d in read_lines(HERE / "heldout/tune.jsonl") if "user" in d]
-    chats = compose(heldout, SYSTEM_HELDOUT, random.Random(14), repeats=1, others=tune)
+    turn = iter(heldout_systems * 100)
+    chats = compose(heldout, lambda: next(turn), random.Random(14), repeats=1, p_system=P_SYSTEM["heldout"],
+                    others=tune)
     write_jsonl(HERE / "heldout/tune.jsonl", singles + chats)
 
 

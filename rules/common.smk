@@ -4,21 +4,27 @@
 # (clgpt/config.py). It merges config.yaml, each --configfile and --config as Snakemake would.
 import json
 import os
+import re
 import shlex
 import sys
 from pathlib import Path
 
+from clgpt.atomic import publish
 from clgpt.config import load_workflow_config
 from clgpt.data import check_corpus as check_text_corpus
 from clgpt.device import get_device
 from clgpt.errors import ClgptError
-from clgpt.preflight import check_corpus
-from clgpt.stage import RESUME_AFTER_KILL, code_inputs, stale_lock
+from clgpt.preflight import check_corpus, check_outputs
+from clgpt.stage import ANOTHER_RUN, RESUME_AFTER_KILL, code_inputs, live_run, stale_lock
 
 _settings = workflow.config_settings
 try:
-    if stale_lock() and not {"--unlock", "--nolock"} & set(sys.argv):
-        raise ClgptError(f"a killed snakemake left its lock in .snakemake/locks; {RESUME_AFTER_KILL}")
+    if not {"--unlock", "--nolock", "--target-jobs"} & set(sys.argv):  # --target-jobs: a job of a running one
+        if stale_lock():
+            raise ClgptError(f"a killed snakemake left its lock in .snakemake/locks; {RESUME_AFTER_KILL}")
+        pid = live_run()
+        if pid:
+            raise ClgptError(ANOTHER_RUN.format(pid=pid))
     _validated = load_workflow_config(
         "config.yaml",
         configfiles=getattr(_settings, "configfiles", ()),
@@ -37,6 +43,51 @@ try:
         TUNE_DIALOGS_HELDOUT = []
 except ClgptError as e:
     sys.exit(f"error: {e}")
+
+
+# ---- the files a user keeps: written under results/staging/, published by rules/publish.smk ----
+# published path: the rule of the stage that writes it
+PUBLISHED = {
+    "model.gguf": "export",
+    "Modelfile": "export",
+    **{f"results/{stage}/{name}": stage for stage in ("pretrain", "tune") for name in ("model.ckpt", "log.csv")},
+}
+PUBLISHED_PATTERN = "|".join(re.escape(p) for p, stage in PUBLISHED.items() if stage != "export")
+
+
+def staged(path):
+    """Where a stage writes the file published at `path`: under results/staging/, the same file name (so
+    the Modelfile's FROM line names the published GGUF)."""
+    return str(Path("results/staging", path.removeprefix("results/")))
+
+
+def publish_input(wildcards):
+    """The staged file, and the inputs of the stage that writes it. Snakemake regenerates a missing file
+    only for a job that must run: after a failed stage (its staged files deleted, the published ones kept),
+    the publish job's copy of the stage's inputs and settings makes it, and so the stage, run again."""
+    stage = PUBLISHED[wildcards.published]
+    return {"staged": staged(wildcards.published), "stage_input": list(getattr(rules, stage).input)}
+
+
+def publish_model_input(wildcards):
+    """publish_input of model.gguf and Modelfile, published together."""
+    return {"gguf": staged("model.gguf"), "modelfile": staged("Modelfile"), "stage_input": list(rules.export.input)}
+
+
+def publish_settings(wildcards):
+    """The settings of the stage that writes the published file (see publish_input)."""
+    return getattr(rules, PUBLISHED[wildcards.published]).params.settings
+
+
+# A folder named model.gguf, a read-only results/tune: one line now, not Snakemake's traceback when it
+# deletes a job's outputs.
+try:
+    check_outputs(
+        [*PUBLISHED, *map(staged, PUBLISHED)],
+        ["results", "logs", "benchmarks", *(f"results/{d}" for d in ("tokenizer", "encoded", "eval", "staging"))],
+    )
+except ClgptError as e:
+    sys.exit(f"error: {e}")
 PRETRAIN_TEXT = _corpus["pretrain"]
 TUNE_DIALOGS = _corpus["tune"]
 config.clear()
@@ -51,6 +102,10 @@ def stage_code(stage):
 
 # The model the pipeline ships: the tuned one, or the pretrained one when there is no tune stage.
 FINAL_CKPT = "results/tune/model.ckpt" if TUNE else "results/pretrain/model.ckpt"
+# A LoRA tune (tune.lora) also ships the base it adapts and the adapter (clgpt/lora.py).
+LORA = TUNE and bool(config["tune"].get("lora"))
+LORA_EXPORT_INPUT = {"pretrained": "results/pretrain/model.ckpt"} if LORA else {}
+LORA_EXPORT_OUTPUT = {"lora_base": "lora/base.gguf", "lora_adapter": "lora/adapter.gguf"} if LORA else {}
 ENCODED_PARTS = ["pretrain", "pretrain_heldout"] + (["tune", "tune_heldout"] if TUNE else [])
 
 

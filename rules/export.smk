@@ -4,9 +4,11 @@ rule export:
         tokenizer="results/tokenizer/tokenizer.json",
         metrics="results/eval/metrics.json",
         code=stage_code("export"),
+        **LORA_EXPORT_INPUT,
     output:
-        gguf="model.gguf",
-        modelfile="Modelfile",
+        gguf=staged("model.gguf"),
+        modelfile=staged("Modelfile"),
+        **LORA_EXPORT_OUTPUT,
     log:
         "logs/export.log",
     benchmark:

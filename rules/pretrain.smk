@@ -5,8 +5,8 @@ rule pretrain:
         tokenizer="results/tokenizer/tokenizer.json",
         code=stage_code("pretrain"),
     output:
-        checkpoint="results/pretrain/model.ckpt",
-        log_csv="results/pretrain/log.csv",
+        checkpoint=staged("results/pretrain/model.ckpt"),
+        log_csv=staged("results/pretrain/log.csv"),
     log:
         "logs/pretrain.log",
     benchmark:

@@ -6,8 +6,8 @@ rule tune:
         mix="results/encoded/pretrain.bin",
         code=stage_code("tune"),
     output:
-        checkpoint="results/tune/model.ckpt",
-        log_csv="results/tune/log.csv",
+        checkpoint=staged("results/tune/model.ckpt"),
+        log_csv=staged("results/tune/log.csv"),
     log:
         "logs/tune.log",
     benchmark:

@@ -25,6 +25,8 @@ from clgpt.chat import (
     OLLAMA_TEMPLATE,
     chat_probes,
     check_messages,
+    heldout_systems,
+    system_probes,
     encode_chat,
     encode_prompt,
 )
@@ -162,6 +164,47 @@ def test_chat_probes_ask_every_pair_three_ways():
     kind, opening, questions, expected = probes[2]
     assert opening == [] and questions == ["q2", "q3", "q1"] and expected == "a1"
     assert probes[0][1] == [{"role": "system", "content": "S"}]
+
+
+
+def test_system_probes_ask_every_pair_after_a_system_prompt_first_and_later():
+    pairs = [("q1", "a1"), ("q2", "a2"), ("q3", "a3")]
+    probes = system_probes(pairs, ["S", "T"])
+    assert [(p[0], p[1][0]["content"], p[2], p[3]) for p in probes] == [
+        ("first", "S", ["q1"], "a1"), ("later", "S", ["q2", "q1"], "a1"),
+        ("first", "T", ["q2"], "a2"), ("later", "T", ["q3", "q1", "q2"], "a2"),
+        ("first", "S", ["q3"], "a3"), ("later", "S", ["q1", "q3"], "a3")]
+
+
+def test_heldout_systems_are_the_ones_no_tune_dialog_uses():
+    def dialog(system):
+        return {"messages": ([{"role": "system", "content": system}] if system else [])
+                + [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+
+    tune = [dialog("A"), dialog(None), dialog("B")]
+    heldout = [dialog("C"), dialog("A"), dialog(None), dialog("D"), dialog("C")]
+    assert heldout_systems(tune, heldout) == ["C", "D"]
+    assert heldout_systems(tune, tune) == []
+
+
+def test_bench_asks_tune_questions_after_the_heldout_files_own_system_prompts(bench, tmp_path):
+    tune, heldout = tmp_path / "tune.jsonl", tmp_path / "heldout.jsonl"
+    tune.write_text("".join(json.dumps({"user": q, "assistant": a}) + "\n" for q, a in PAIRS[:3])
+                    + json.dumps({"messages": [{"role": "system", "content": "Trained."},
+                                               {"role": "user", "content": PAIRS[0][0]},
+                                               {"role": "assistant", "content": PAIRS[0][1]}]}) + "\n")
+    paragraph = " ".join(["word"] * 25)
+    heldout.write_text("".join(json.dumps({"messages": [{"role": "system", "content": s},
+                                                         {"role": "user", "content": "New?"},
+                                                         {"role": "assistant", "content": "Yes."}]}) + "\n"
+                               for s in ("Trained.", "Short.", paragraph)))
+    probes = bench.heldout_system_probes([str(tune)], str(heldout))
+    assert [(kind, opening[0]["content"], expected) for kind, opening, _, expected in probes] == [
+        ("line first", "Short.", PAIRS[0][1]), ("line later", "Short.", PAIRS[0][1]),
+        ("paragraph first", paragraph, PAIRS[1][1]), ("paragraph later", paragraph, PAIRS[1][1]),
+        ("line first", "Short.", PAIRS[2][1]), ("line later", "Short.", PAIRS[2][1])]
+    with pytest.raises(SystemExit, match="no system prompt that the tune dialogs do not use"):
+        bench.heldout_system_probes([str(tune)], str(tune))
 
 
 # ---- llama.cpp ------------------------------------------------------------------------------------

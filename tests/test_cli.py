@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from clgpt.chat import encode_prompt
-from clgpt.generate import Generator
+from clgpt.generate import Generator, eog_ids
+from clgpt.interactive import stream_text
 from clgpt.gguf_io import export_gguf, read_gguf
 from clgpt.model import ModelConfig, init_params
 from clgpt.tokenizer import Tokenizer
@@ -58,20 +59,22 @@ def test_train_tokenizer_writes_a_loadable_file(tmp_path):
 
 def test_generate_prints_only_the_continuation(model):
     d, tok = model
-    cfg, params, tok2, _ = read_gguf(str(d / "m.gguf"))
+    cfg, params, tok2, kv = read_gguf(str(d / "m.gguf"))
     gen = Generator(cfg, params)
-    expected = gen.generate([tok.bos_id, *tok.encode("The cat")], max_tokens=8, greedy=True, stop_ids=(tok.eos_id,))
+    eog = eog_ids(kv)
+    assert eog == {tok.eos_id, tok.im_end_id}  # </s> by its name, <|im_end|> as EOS and EOT
+    expected = gen.generate([tok.bos_id, *tok.encode("The cat")], max_tokens=8, greedy=True, stop_ids=eog)
     out = clgpt("generate", str(d / "m.gguf"), "--prompt", "The cat", "--greedy", "--max-tokens", "8").stdout
     assert out == tok.decode([i for i, _ in expected]) + "\n"
 
-    expected = gen.generate(encode_prompt(tok, "Hi?"), max_tokens=8, greedy=True, stop_ids=(tok.im_end_id,))
+    expected = gen.generate(encode_prompt(tok, "Hi?"), max_tokens=8, greedy=True, stop_ids=eog)
     out = clgpt("generate", str(d / "m.gguf"), "--chat", "Hi?", "--greedy", "--max-tokens", "8").stdout
     assert out == tok.decode([i for i, _ in expected]) + "\n"
 
     # a conversation: flags in order, or the same messages as a JSON file
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"},
                 {"role": "assistant", "content": "The cat."}, {"role": "user", "content": "Water?"}]
-    expected = gen.generate(encode_prompt(tok, messages), max_tokens=8, greedy=True, stop_ids=(tok.im_end_id,))
+    expected = gen.generate(encode_prompt(tok, messages), max_tokens=8, greedy=True, stop_ids=eog)
     flags = [x for m in messages for x in (f"--{m['role']}", m["content"])]
     out = clgpt("generate", str(d / "m.gguf"), *flags, "--greedy", "--max-tokens", "8").stdout
     assert out == tok.decode([i for i, _ in expected]) + "\n"
@@ -94,6 +97,63 @@ def test_generate_show_probs_and_seeded_sampling(model):
     assert a == b  # same seed, same text
     rows = clgpt(*args, "--show-probs").stdout.splitlines()
     assert rows and all(0.0 < float(r.split()[0]) <= 1.0 for r in rows)
+
+
+def test_generate_stops_at_eog_unless_ignore_eos(tmp_path):
+    """A model whose most likely next token is always `</s>` or `<|im_end|>` (their output rows scaled up): every mode
+    stops at once; with --ignore-eos it runs to --max-tokens and never draws either (llama.cpp's -inf bias)."""
+    tok = Tokenizer.train(TEXTS, 300)
+    cfg = ModelConfig(vocab_size=tok.vocab_size, n_ctx=256, n_embd=32, n_head=2, n_layer=1, n_ff=64, tied=False)
+    params = init_params(cfg, seed=3)
+    for end in (tok.eos_id, tok.im_end_id):
+        # LayerNorm's output has zero mean over the channels: with output_norm.bias = 1 it is 1 along ones(C) for
+        # every input, so the row ones(C) scores C there, the others next to nothing
+        p = {**params, "output_norm.bias": np.ones(cfg.n_embd, np.float32), "output.weight": params["output.weight"].copy()}
+        p["output.weight"][end] = 1.0
+        path = str(tmp_path / f"end{end}.gguf")
+        export_gguf(path, cfg, p, tok)
+        gen = Generator(*read_gguf(path)[:2])
+        for mode in (("--prompt", "The cat"), ("--chat", "Hi?")):
+            ids = [tok.bos_id, *tok.encode("The cat")] if mode[0] == "--prompt" else encode_prompt(tok, "Hi?")
+            assert [t for t, _ in gen.generate(ids, max_tokens=5, greedy=True)][:1] == [end], "the setup: end first"
+            assert clgpt("generate", path, *mode, "--greedy").stdout == "\n"
+            rows = clgpt("generate", path, *mode, "--ignore-eos", "--max-tokens", "12", "--show-probs").stdout.splitlines()
+            assert len(rows) == 12 and not {int(r.split()[1]) for r in rows} & {tok.eos_id, tok.im_end_id}, rows
+
+
+class _Writes:
+    def __init__(self):
+        self.parts, self.flushed = [], 0
+
+    def write(self, s):
+        self.parts.append(s)
+
+    def flush(self):
+        self.flushed = len(self.parts)
+
+
+def test_stream_holds_back_a_split_character():
+    """Byte tokens that split 2-, 3- and 4-byte characters: each write is whole characters (no U+FFFD), flushed
+    as soon as a character completes; the text is tok.decode's."""
+    tok = Tokenizer.train(TEXTS, 300)
+    text = "Жёлтый 中文 🙂!"
+    ids = list(text.encode("utf-8"))  # ids 0..255 are the byte tokens
+    out = _Writes()
+    seen = []
+
+    def tokens():
+        for i in ids:
+            seen.append(len(out.parts))
+            yield i
+
+    assert stream_text(tok, tokens(), out) == ids
+    assert "".join(out.parts) == tok.decode(ids) == text
+    assert "\ufffd" not in "".join(out.parts)
+    assert [p for p in out.parts if p] == list(text)  # one write a character, at its last byte
+    assert out.flushed == len(out.parts)
+    truncated = _Writes()
+    stream_text(tok, text.encode("utf-8")[:-1], truncated)  # a reply cut inside the emoji
+    assert "".join(truncated.parts) == tok.decode(text.encode("utf-8")[:-1])
 
 
 @pytest.mark.parametrize("content", [b"", b"not a gguf at all", b"GGUF\x03\x00\x00\x00\x05"])

@@ -171,6 +171,19 @@ def test_exact_match_counts_generated_answers(stages, tmp_path, monkeypatch):
                                                       "system": {"matches": 1, "total": 1, "rate": 1.0},
                                                       "later": {"matches": 0, "total": 1, "rate": 0.0}}
     assert [a["match"] for a in m["answers"]["tune"]] == [True, False, False]
+    # the tune questions after "Be brief.", which only the held-out dialogs use (one line): "Say hi." is
+    # right as the first turn and as the 2nd
+    s = m["exact_match"]["system_heldout"]
+    assert s["prompts"] == 1 and s["all"] == s["line"]
+    assert s["line"] == {"first": {"matches": 1, "total": 3, "rate": 1 / 3},
+                         "later": {"matches": 1, "total": 3, "rate": 1 / 3}}
+    assert s["paragraph"]["first"]["total"] == 0 and s["paragraph"]["later"]["total"] == 0
+    assert [(a["system"], a["user"], a["turn"], a["match"]) for a in m["answers"]["system_heldout"]] == [
+        ("Be brief.", "Say hi.", 1, True), ("Be brief.", "Say hi.", 2, True),
+        ("Be brief.", "Who are you?", 1, False), ("Be brief.", "Who are you?", 3, False),
+        ("Be brief.", "What is two plus two?", 1, False), ("Be brief.", "What is two plus two?", 2, False)]
+    report = (tmp_path / "report.md").read_text()
+    assert "| one line | 1/3 (33.3%) | 1/3 (33.3%) |" in report and "| paragraph | 0/0 (0.0%) | 0/0 (0.0%) |" in report
 
 
 def test_batched_greedy_answers_match_the_generator(stages):

@@ -22,14 +22,14 @@ import subprocess
 import sys
 import textwrap
 
-import llama_cpp  # noqa: F401  (fails collection loudly when the test dependency is missing)
+import llama_cpp  # (fails collection loudly when the test dependency is missing)
 import numpy as np
 import pytest
 
 from clgpt import reference
 from clgpt.chat import encode_dialog, encode_prompt
 from clgpt.gpt2 import GPT2Engine as Engine
-from clgpt.generate import Generator
+from clgpt.generate import Generator, eog_ids
 from clgpt.gguf_io import export_gguf, read_gguf
 from clgpt.model import ModelConfig, init_params
 from clgpt.tokenizer import Tokenizer
@@ -167,6 +167,14 @@ def test_special_tokens_and_bos(tiny, llamas):
     assert llm.tokenize(b"<s><|im_start|>user\nhi<|im_end|>", add_bos=False, special=True) == [
         tok.bos_id, tok.im_start_id, *tok.encode("user\nhi"), tok.im_end_id]
     assert llm.detokenize(tok.encode("Привет, мир! 🙂")).decode() == "Привет, мир! 🙂"
+
+
+def test_eog_set_matches_llama_cpp(tiny, llamas):
+    """Where generation stops: our reading of the GGUF's end-of-generation set is llama.cpp's, token by token."""
+    tok, _, _, paths = tiny
+    llm = llamas["f32"]
+    theirs = {i for i in range(llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(llm._model.vocab, i)}
+    assert eog_ids(read_gguf(paths["f32"])[3]) == theirs == {tok.eos_id, tok.im_end_id}
 
 
 # ---- logits and greedy completions --------------------------------------------------------------

@@ -27,7 +27,8 @@ REPO_PATH = re.compile(r"^(bench|scripts|configs|profiles|data|tests|rules|schem
 def _shell_lines(text: str) -> list[str]:
     """The shell lines of a page's ```sh blocks, continuations joined."""
     blocks = [b.split("\n", 1)[1] for b in text.split("```")[1::2] if b.startswith("sh\n")]
-    return [line for line in "\n".join(blocks).replace("\\\n", " ").splitlines() if line.strip()]
+    lines = "\n".join(blocks).replace("\\\n", " ").splitlines()
+    return [line for line in lines if line.strip() and not line.lstrip().startswith("#")]
 
 
 def _inline(text: str) -> list[str]:

@@ -60,7 +60,9 @@ def test_stages_no_swept_key_touches_are_shared():
     [
         ({"pretrain.lrate": [0.1]}, ["config.yaml: unknown sweep key 'sweep.pretrain.lrate'; sweep keys are section.key"]),
         ({"lr": [0.1]}, ["unknown sweep key 'sweep.lr'"]),
-        ({"resources.pretrain": [{}]}, ["unknown sweep key 'sweep.resources.pretrain'"]),
+        ({"resources.pretrain": [{}]}, ["sweep.resources.pretrain cannot be swept"]),
+        ({"pretrain.ranks": [1, 2]}, ["sweep.pretrain.ranks cannot be swept"]),
+        ({"corpus.nope": [1]}, ["unknown sweep key 'sweep.corpus.nope'"]),
         ({"pretrain.lr": []}, ["config.yaml: sweep.pretrain.lr is an empty list; give at least one value or remove the key"]),
         ({"pretrain.lr": 0.1}, ["sweep.pretrain.lr", "0.1"]),  # the schema says: not a list
         ({"pretrain.lr": [-1.0]}, ["(sweep run lr--1.0)", "pretrain.lr", "-1.0"]),

@@ -1,0 +1,75 @@
+"""`clgpt run KEY=VALUE ... [snakemake arguments]`: Snakemake with config overrides written as users write
+them (`pretrain.steps=100`). Snakemake's own `--config` takes only top-level keys, and a nested one as a
+whole mapping (`--config 'pretrain={steps: 100}'`); a dotted key is refused there with a traceback. This
+turns every KEY=VALUE argument into that form (keys of one section merged into one mapping) and passes the
+rest of the arguments on unchanged: `clgpt run pretrain.steps=100 tune.lr=1e-3 --cores 1 model.gguf`."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+from clgpt.errors import ClgptError
+
+_OVERRIDE = re.compile(r"([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)=(.*)", re.S)
+
+
+def _flow(value) -> str:
+    """A nested dict of override texts as one YAML flow mapping: {steps: "100", lr: "1e-3"}. Each value is
+    quoted, so Snakemake's YAML 1.1 reading keeps it text (`1:0` is not the number 60, `yes` not true);
+    clgpt's config loader then reads the text as config.yaml's values are read (YAML 1.2: "100" is 100)."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_flow(v)}" for k, v in value.items()) + "}"
+    return json.dumps(value, ensure_ascii=False)
+
+
+def snakemake_args(args: list[str]) -> list[str]:
+    """The arguments for `python -m snakemake`: each KEY=VALUE (KEY dotted or not) gathered into one
+    `--config` with a flow mapping per section; every other argument, in order."""
+    overrides: dict = {}
+    rest = []
+    for arg in args:
+        m = _OVERRIDE.fullmatch(arg) if not arg.startswith("-") else None
+        if m is None:
+            rest.append(arg)
+            continue
+        *sections, key = m.group(1).split(".")
+        _check_section(arg, (sections or [key])[0])
+        where = overrides
+        for i, section in enumerate(sections):
+            where = where.setdefault(section, {})
+            if not isinstance(where, dict):
+                raise ClgptError(f"{arg}: {'.'.join(sections[: i + 1])} was given a value already; "
+                                 "give either the section's keys or one value")
+        if isinstance(where.get(key), dict):
+            raise ClgptError(f"{arg}: {m.group(1)} is a section and has keys given already; give its keys")
+        where[key] = m.group(2)
+    if not overrides:
+        return rest
+    config = [f"{k}={_flow(v)}" for k, v in overrides.items()]
+    return [*rest, "--config", *config]
+
+
+def _check_section(arg: str, name: str) -> None:
+    """A top-level key the config has (Snakemake would stop on some others with a traceback)."""
+    import difflib
+
+    from clgpt.config import load_schema
+
+    allowed = sorted(load_schema()["properties"])
+    if name not in allowed:
+        near = difflib.get_close_matches(name, allowed, n=1)
+        hint = f"did you mean '{near[0]}'? " if near else ""
+        raise ClgptError(f"{arg}: unknown key '{name}'; {hint}the config's keys start with one of {', '.join(allowed)}")
+
+
+def run(args: list[str]) -> int:
+    """Run Snakemake in the current folder with `args` (see the module's text); its exit code."""
+    cmd = [sys.executable, "-m", "snakemake", *snakemake_args(args)]
+    proc = subprocess.Popen(cmd)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:  # Snakemake got the same Ctrl-C and stops its jobs: wait for it
+        return proc.wait()

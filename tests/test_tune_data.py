@@ -1,0 +1,81 @@
+"""The embedded tune data's system prompts (data/system/pool.txt for training, data/heldout/system.txt for
+the evaluation only): the committed conversations are what data/compose_chats.py writes, the held-out
+prompts are new to training and include paragraph-length defaults, and with the tokenizer the pipeline
+trains, the longest tune conversation fits tune.seq_len and every evaluation conversation and its reply fit n_ctx."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from clgpt.chat import PARAGRAPH_WORDS, encode_chat, encode_prompt, heldout_systems, system_probes
+from clgpt.data import dialog_texts, read_dialogs, text_segments
+from clgpt.tokenizer import Tokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "data"
+TUNE_FILES = sorted(str(p) for p in (DATA / "tune").glob("*.jsonl"))
+CYRILLIC = set("абвгдеёжзийклмнопрстуфхцчшщъыьэюя")
+
+
+def prompts(name: str) -> list[str]:
+    return (DATA / name).read_text(encoding="utf-8").splitlines()
+
+
+def test_compose_chats_writes_the_committed_conversations(tmp_path):
+    copy = tmp_path / "data"
+    shutil.copytree(DATA, copy)
+    spec = importlib.util.spec_from_file_location("compose_chats", copy / "compose_chats.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.main()
+    for f in ("tune/chat.jsonl", "heldout/tune.jsonl"):
+        assert (copy / f).read_bytes() == (DATA / f).read_bytes(), f"{f}: run python data/compose_chats.py"
+
+
+def test_pool_is_varied_and_heldout_prompts_are_new():
+    pool, heldout = prompts("system/pool.txt"), prompts("heldout/system.txt")
+    assert len(set(pool)) == len(pool) and len(set(heldout)) == len(heldout)
+    assert not set(pool) & set(heldout)
+    for name, lines in (("pool", pool), ("heldout", heldout)):
+        russian = [s for s in lines if CYRILLIC & set(s.lower())]
+        paragraphs = [s for s in lines if len(s.split()) >= PARAGRAPH_WORDS]
+        assert russian and len(russian) < len(lines), name
+        assert len(paragraphs) >= 3 and len(lines) - len(paragraphs) >= 3, name
+        assert all(s == s.strip() and s for s in lines), name
+    # the evaluation finds the held-out prompts in the held-out dialogs: all of them, and only them
+    assert sorted(heldout_systems(read_dialogs(TUNE_FILES), read_dialogs([str(DATA / "heldout/tune.jsonl")]))) == sorted(heldout)
+    trained = {d["messages"][0]["content"] for d in read_dialogs(TUNE_FILES) if d["messages"][0]["role"] == "system"}
+    assert trained == set(pool)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    """The tokenizer the default run trains (scripts/train_tokenizer.py: pretrain text, then the tune dialogs)."""
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    texts = [seg for seg, _ in text_segments(sorted(str(p) for p in (DATA / "pretrain").glob("*.txt")), "line")]
+    return Tokenizer.train([*texts, *dialog_texts(read_dialogs(TUNE_FILES))], config["tokenizer"]["vocab_size"])
+
+
+def test_longest_conversations_fit_seq_len_and_n_ctx(tok):
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    seq_len, n_ctx = config["tune"]["seq_len"], config["model"]["n_ctx"]
+    assert seq_len <= n_ctx
+    longest = max(len(encode_chat(tok, d["messages"])[0]) - 1 for d in read_dialogs(TUNE_FILES))
+    assert longest <= seq_len, f"the longest tune conversation has {longest} tokens; raise tune.seq_len"
+    assert max(len(tok.encode(s)) for s in prompts("system/pool.txt")) <= 130
+    # the evaluation's conversations: each tune question after each held-out prompt, as the 3rd turn
+    singles = [d for d in read_dialogs(TUNE_FILES) if len(d["messages"]) == 2]
+    pairs = [(d["messages"][0]["content"], d["messages"][1]["content"]) for d in singles]
+    reply_to = dict(pairs)
+    for system in prompts("heldout/system.txt"):
+        for _, opening, questions, expected in system_probes(pairs, [system]):
+            before = [m for q in questions[:-1] for m in ({"role": "user", "content": q},
+                                                           {"role": "assistant", "content": reply_to[q]})]
+            ids = encode_prompt(tok, [*opening, *before, {"role": "user", "content": questions[-1]}])
+            # room for the reply and its <|im_end|>
+            assert len(ids) + len(tok.encode(expected)) + 1 <= n_ctx, (system[:40], questions)
