@@ -14,6 +14,10 @@ A pair whose bytes would spell a token that already exists (a+bc when ab+c was m
 never merged, so every token has distinct bytes and GGUF readers, which look tokens up by their text,
 see the same vocabulary.
 
+The code here is the reference that defines the merges and the ids (train_reference, encode_reference);
+Tokenizer.train and Tokenizer.encode run compiled engines held to it (clgpt.bpe_engine: rustbpe trains
+on every core in bounded memory, tiktoken encodes), which fall back to it where they could differ.
+
 Encoding applies merges by rank, lowest first, within each word, as GPT-2 and llama.cpp do. Training
 applies merges in the same order (each merge only creates pairs that hold its new, higher-ranked
 token), so a training word and its encoding agree.
@@ -26,6 +30,7 @@ import hashlib
 import heapq
 import json
 import os
+import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 
@@ -43,6 +48,8 @@ GPT2_SPLIT_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p
 FORMAT_VERSION = 1
 
 _SPLIT = regex.compile(GPT2_SPLIT_PATTERN)
+TRAIN_BUFFER_MB = 64  # text the training engine holds at a time (tokenizer.train_buffer_mb)
+TRAIN_GROUP_CHARS = 1 << 18  # short texts are grouped into pieces of about this many characters
 _ENCODE_CACHE_MAX = 1 << 20  # words; the cache is cleared when it grows past this
 
 
@@ -95,6 +102,75 @@ def _count_words(texts: Iterable[str]) -> Counter:
     return words
 
 
+def train_reference(texts: Iterable[str], n_merges: int) -> list[tuple[int, int]]:
+    """The readable trainer that defines the merges (see the module docstring); memory grows with the
+    number of unique words."""
+    counted = _count_words(texts)
+    words: list[list[int]] = []
+    freqs: list[int] = []
+    for word, freq in counted.items():
+        ids = list(word.encode("utf-8"))
+        if len(ids) > 1:  # a single byte has no pairs
+            words.append(ids)
+            freqs.append(freq)
+    del counted
+
+    stats: dict[tuple[int, int], int] = defaultdict(int)
+    where: dict[tuple[int, int], set[int]] = defaultdict(set)  # may hold words that lost the pair
+    for w, (ids, freq) in enumerate(zip(words, freqs)):
+        for pair in zip(ids, ids[1:]):
+            stats[pair] += freq
+            where[pair].add(w)
+    heap = [(-count, pair) for pair, count in stats.items()]
+    heapq.heapify(heap)
+
+    vocab_bytes = {bytes([i]) for i in range(256)}
+    token_bytes = [bytes([i]) for i in range(256)]
+    merges: list[tuple[int, int]] = []
+    banned: set[tuple[int, int]] = set()
+    while len(merges) < n_merges and heap:
+        neg, pair = heapq.heappop(heap)
+        if stats.get(pair, 0) != -neg or pair in banned:
+            continue  # stale entry
+        new_bytes = token_bytes[pair[0]] + token_bytes[pair[1]]
+        if new_bytes in vocab_bytes:
+            # its bytes are already a token (not seen in practice; HF's trainer guards this too)
+            banned.add(pair)
+            continue
+        idx = 256 + len(merges)
+        merges.append(pair)
+        token_bytes.append(new_bytes)
+        vocab_bytes.add(new_bytes)
+
+        changed: set[tuple[int, int]] = set()
+        for w in where.pop(pair):
+            old = words[w]
+            new = merge(old, pair, idx)
+            if len(new) == len(old):
+                continue  # the word lost the pair to an earlier merge
+            freq = freqs[w]
+            for p in zip(old, old[1:]):
+                stats[p] -= freq
+                changed.add(p)
+            for p in zip(new, new[1:]):
+                stats[p] += freq
+                changed.add(p)
+                if idx in p:
+                    where[p].add(w)
+            words[w] = new
+        stats.pop(pair, None)
+        changed.discard(pair)
+        for p in changed:
+            count = stats[p]
+            if count > 0:
+                if p not in banned:
+                    heapq.heappush(heap, (-count, p))
+            else:
+                del stats[p]
+    return merges
+
+
+
 class Tokenizer:
     """A trained byte-level BPE: `merges[k] = (a, b)` makes token 256 + k from tokens a and b."""
 
@@ -111,89 +187,47 @@ class Tokenizer:
         self._vocab += [s.encode("utf-8") for s in SPECIAL_TOKENS]
         self._ranks = {pair: k for k, pair in enumerate(self.merges)}
         self._cache: dict[str, list[int]] = {}
+        self._fast = None  # the tiktoken Encoding, built on first use; False where it would differ
         n_normal = 256 + len(self.merges)
         self.bos_id, self.eos_id, self.im_start_id, self.im_end_id = range(n_normal, n_normal + len(SPECIAL_TOKENS))
 
     # ---- training -------------------------------------------------------------------------------
 
     @classmethod
-    def train(cls, texts: Iterable[str], vocab_size: int) -> Tokenizer:
+    def train(cls, texts: Iterable[str], vocab_size: int, *, engine: str = "rustbpe",
+              buffer_mb: int = TRAIN_BUFFER_MB, progress: bool = False) -> Tokenizer:
         """Learn merges until 256 bytes + merges + the specials make `vocab_size` tokens.
 
-        Stops early (a smaller vocabulary) when no pair occurs any more. `texts` is streamed: memory
-        grows with the number of unique words, not with the corpus.
+        Stops early (a smaller vocabulary) when no pair occurs any more. `texts` (strings, or a function
+        returning them afresh, which lets the reference re-read them) is streamed. engine
+        "rustbpe" (clgpt.bpe_engine: every core, memory bounded by `buffer_mb` of text plus the distinct
+        words) makes the same merges as "reference" (train_reference, below), which it falls back to
+        where it cannot vouch for that. `progress` shows bars on stderr (merges/s).
         """
         n_min = 256 + len(SPECIAL_TOKENS)
         if not isinstance(vocab_size, int) or vocab_size < n_min:
             raise ClgptError(f"vocab_size must be an integer >= {n_min} "
                              f"(256 bytes + {len(SPECIAL_TOKENS)} special tokens), got {vocab_size!r}")
+        if engine not in ("rustbpe", "reference"):
+            raise ClgptError(f"tokenizer engine {engine!r}: use rustbpe or reference")
         if isinstance(texts, str):
             texts = [texts]
+        fresh = texts if callable(texts) else (lambda: texts)
         n_merges = vocab_size - n_min
+        if n_merges == 0:
+            return cls([])
+        if engine == "rustbpe":
+            from clgpt.bpe_engine import train_merges
 
-        counted = _count_words(texts)
-        words: list[list[int]] = []
-        freqs: list[int] = []
-        for word, freq in counted.items():
-            ids = list(word.encode("utf-8"))
-            if len(ids) > 1:  # a single byte has no pairs
-                words.append(ids)
-                freqs.append(freq)
-        del counted
-
-        stats: dict[tuple[int, int], int] = defaultdict(int)
-        where: dict[tuple[int, int], set[int]] = defaultdict(set)  # may hold words that lost the pair
-        for w, (ids, freq) in enumerate(zip(words, freqs)):
-            for pair in zip(ids, ids[1:]):
-                stats[pair] += freq
-                where[pair].add(w)
-        heap = [(-count, pair) for pair, count in stats.items()]
-        heapq.heapify(heap)
-
-        vocab_bytes = {bytes([i]) for i in range(256)}
-        token_bytes = [bytes([i]) for i in range(256)]
-        merges: list[tuple[int, int]] = []
-        banned: set[tuple[int, int]] = set()
-        while len(merges) < n_merges and heap:
-            neg, pair = heapq.heappop(heap)
-            if stats.get(pair, 0) != -neg or pair in banned:
-                continue  # stale entry
-            new_bytes = token_bytes[pair[0]] + token_bytes[pair[1]]
-            if new_bytes in vocab_bytes:
-                # its bytes are already a token (not seen in practice; HF's trainer guards this too)
-                banned.add(pair)
-                continue
-            idx = 256 + len(merges)
-            merges.append(pair)
-            token_bytes.append(new_bytes)
-            vocab_bytes.add(new_bytes)
-
-            changed: set[tuple[int, int]] = set()
-            for w in where.pop(pair):
-                old = words[w]
-                new = merge(old, pair, idx)
-                if len(new) == len(old):
-                    continue  # the word lost the pair to an earlier merge
-                freq = freqs[w]
-                for p in zip(old, old[1:]):
-                    stats[p] -= freq
-                    changed.add(p)
-                for p in zip(new, new[1:]):
-                    stats[p] += freq
-                    changed.add(p)
-                    if idx in p:
-                        where[p].add(w)
-                words[w] = new
-            stats.pop(pair, None)
-            changed.discard(pair)
-            for p in changed:
-                count = stats[p]
-                if count > 0:
-                    if p not in banned:
-                        heapq.heappush(heap, (-count, p))
-                else:
-                    del stats[p]
-        return cls(merges)
+            merges = train_merges(fresh(), n_merges, GPT2_SPLIT_PATTERN, group_chars=TRAIN_GROUP_CHARS,
+                                  buffer_chars=buffer_mb << 20, progress=progress)
+            if merges is not None:
+                return cls(merges)
+            if not callable(texts) and iter(texts) is texts:
+                raise ClgptError("the rustbpe engine cannot vouch for this corpus's merges and the text was a "
+                                 "one-shot iterator; pass a list or a function that yields the texts again")
+            print("tokenizer: the reference trainer takes over (see clgpt.bpe_engine)", file=sys.stderr)
+        return cls(train_reference(fresh(), n_merges))
 
     # ---- encoding -------------------------------------------------------------------------------
 
@@ -212,7 +246,22 @@ class Tokenizer:
         return ids
 
     def encode(self, text: str) -> list[int]:
-        """Ids of ordinary text; special-token names typed in `text` stay plain characters."""
+        """Ids of ordinary text; special-token names typed in `text` stay plain characters.
+
+        tiktoken encodes (clgpt.bpe_engine says why its ids are encode_reference's), unless a merge
+        list made by hand breaks the condition that guarantees it or the text holds a character whose
+        Unicode class the two regex engines may disagree on."""
+        from clgpt.bpe_engine import realizable, tiktoken_encoding, unstable_text
+
+        if self._fast is None:
+            normal = self._vocab[: 256 + len(self.merges)]
+            self._fast = tiktoken_encoding(normal, GPT2_SPLIT_PATTERN) if realizable(self.merges) else False
+        if self._fast and not unstable_text(text):
+            return self._fast.encode_ordinary(text)
+        return self.encode_reference(text)
+
+    def encode_reference(self, text: str) -> list[int]:
+        """encode by the readable rules: each pre-token's merges by rank, lowest first."""
         cache = self._cache
         if len(cache) > _ENCODE_CACHE_MAX:
             cache.clear()

@@ -3,22 +3,21 @@
 from clgpt.data import dialog_texts, read_dialogs, text_segments
 from clgpt.errors import ClgptError
 from clgpt.stage import run_script
-from clgpt.tokenizer import SPECIAL_TOKENS, Tokenizer
+from clgpt.tokenizer import SPECIAL_TOKENS, TRAIN_BUFFER_MB, Tokenizer
 
 
 def main(pretrain: list, tune: list, vocab_size: int, document: str, separator, tokenizer_out: str,
-         vocab_out: str) -> None:
+         vocab_out: str, buffer_mb: int = TRAIN_BUFFER_MB) -> None:
     if vocab_size <= 256 + len(SPECIAL_TOKENS):
         tok = Tokenizer([])  # byte level: no merges to learn, nothing to read
     else:
         dialogs = read_dialogs(tune) if tune else []
-        texts = (seg for seg, _ in text_segments(pretrain, document, separator))
 
-        def all_texts():
-            yield from texts
+        def all_texts():  # a function: the reference trainer may need to read the text again
+            yield from (seg for seg, _ in text_segments(pretrain, document, separator))
             yield from dialog_texts(dialogs)  # the chat format's text pieces, as encoded
 
-        tok = Tokenizer.train(all_texts(), vocab_size)
+        tok = Tokenizer.train(all_texts, vocab_size, buffer_mb=buffer_mb, progress=True)
         if tok.vocab_size < vocab_size:  # the corpus ran out of pairs to merge
             raise ClgptError(
                 f"tokenizer.vocab_size={vocab_size} cannot be reached: the corpus has pairs for only {tok.vocab_size} "
@@ -35,6 +34,7 @@ if __name__ == "__main__" and "snakemake" in globals():
         pretrain=list(snakemake.input.pretrain),
         tune=list(snakemake.input.tune),
         vocab_size=snakemake.params.settings["vocab_size"],
+        buffer_mb=snakemake.params.settings.get("train_buffer_mb", TRAIN_BUFFER_MB),
         document=snakemake.params.corpus["document"],
         separator=snakemake.params.corpus.get("separator"),
         tokenizer_out=snakemake.output.tokenizer,
