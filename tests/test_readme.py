@@ -154,3 +154,17 @@ def test_links_between_the_pages_reach_a_file_and_heading():
             if anchor:
                 headings = re.findall(r"^#+ (.+)$", linked.read_text(encoding="utf-8"), flags=re.M)
                 assert anchor in {_anchor(h) for h in headings}, f"{page.name}: link {target}: no such heading"
+
+
+def test_docs_pip_installs_name_extras_pyproject_has():
+    import tomllib
+
+    extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"])
+    cmds = doc_commands("pip")
+    assert cmds
+    for page, cmd in cmds:
+        for word in cmd[2:]:
+            named = re.fullmatch(r"\.\[([\w,-]+)\]", word)
+            if named:
+                for extra in named.group(1).split(","):
+                    assert extra in extras, f"{page}: {' '.join(cmd)}: pyproject.toml has no extra {extra}"
