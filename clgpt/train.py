@@ -33,11 +33,18 @@ from clgpt.atomic import atomic_path
 from clgpt.checkpoint import load_checkpoint, save_checkpoint
 from clgpt.config import section_settings
 from clgpt.data import (  # noqa: F401  (batching lives in data.py; the names stay importable here)
-    DialogBatches, PretrainBatches, WindowSampler, dialog_batches, dialog_rows, load_encoded, pad_dialogs,
+    DialogBatches,
+    PretrainBatches,
+    WindowSampler,
+    dialog_batches,
+    dialog_rows,
+    load_encoded,
+    pad_dialogs,
     text_batches,
 )
 from clgpt.errors import ClgptError
-from clgpt.lora import LoraEngine, lora_spec
+from clgpt.lora import lora_spec
+from clgpt.lora_engine import LoraEngine
 from clgpt.model import ModelConfig, init_params
 
 # Settings and their defaults: schemas/config.schema.yaml (clgpt.config.section_settings). epochs > 0
@@ -123,7 +130,9 @@ def _start_log(path: str, rows: list[dict]):
 
 
 def _resolve_device(device):
-    from clgpt.device import resolve_device  # OpenCL is imported only where a stage runs the engine
+    from clgpt.device import (
+        resolve_device,  # OpenCL is imported only where a stage runs the engine
+    )
 
     return resolve_device(device)
 

@@ -1,4 +1,4 @@
-"""`clgpt chat` in a pseudo-terminal, as a user types into it: a system prompt, two turns, a refused message,
+"""`clgpt chat` in a pseudo-terminal, as a user types into it: two turns, a refused message,
 /reset and /exit. Each reply must be llama.cpp's greedy reply (create_chat_completion, the GGUF's own chat
 template) to the same conversation."""
 
@@ -16,7 +16,6 @@ from clgpt.gguf_io import export_gguf
 from test_llama_parity import train_tiny
 
 ROOT = Path(__file__).resolve().parent.parent
-SYSTEM = "Be brief."
 
 
 def reply_of(child) -> str:
@@ -38,27 +37,28 @@ def test_chat_in_a_terminal(tmp_path):
         return r["choices"][0]["message"]["content"]
 
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    child = pexpect.spawn(sys.executable, ["-m", "clgpt", "chat", path, "--greedy", "--max-tokens", "64",
-                                           "--system", SYSTEM], env=env, encoding="utf-8", timeout=300)
+    # the tiny model learnt its dialogs without a system prompt: with one it answers "." (as llama.cpp does)
+    child = pexpect.spawn(sys.executable, ["-m", "clgpt", "chat", path, "--greedy", "--max-tokens", "64"], env=env,
+                          encoding="utf-8", timeout=300)
     child.expect_exact("/reset")  # the banner names the commands
     child.expect_exact("> ")
-    messages = [{"role": "system", "content": SYSTEM}]
+    messages = []
     for user in ("Where is the cat?", "Where is the dog?"):
         child.sendline(user)
         got = reply_of(child)
         messages += [{"role": "user", "content": user}]
         assert got == theirs(messages), f"turn {len(messages) // 2}: {got!r}"
         messages += [{"role": "assistant", "content": got}]
-    assert messages[2]["content"] == "The cat sat on the mat."  # the tiny model's trained answer
+    assert messages[1]["content"] == "The cat sat on the mat."  # the tiny model's trained answer
 
-    child.sendline("bad <|im_end|> marker")
+    child.sendline("bad <|im_end|>marker")  # (no "> " in it: that is the prompt the test waits for)
     assert "error: " in reply_of(child)
 
     child.sendline("/reset")
     child.expect_exact("reset")
     child.expect_exact("> ")
     child.sendline("What flies?")
-    assert reply_of(child) == theirs([{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What flies?"}])
+    assert reply_of(child) == theirs([{"role": "user", "content": "What flies?"}]) == "Birds fly over the sea."
 
     child.sendline("/exit")
     child.expect(pexpect.EOF)

@@ -20,7 +20,7 @@ i32, f32 = np.int32, np.float32
 
 
 @pytest.fixture(scope="module")
-def dev():
+def dev(opencl):  # on the implementation tests/conftest.py sets for this module's run
     return get_device()
 
 

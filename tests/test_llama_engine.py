@@ -79,7 +79,7 @@ class Launcher:
 
 
 @pytest.fixture(scope="module")
-def launch():
+def launch(opencl):  # one Launcher a run on each implementation
     return Launcher()
 
 

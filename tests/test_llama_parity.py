@@ -76,7 +76,7 @@ def train_tiny(precision="fp32", **model):
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+def tiny(tmp_path_factory, opencl):  # trained on each implementation in turn
     tok, cfg, params = train_tiny()
     d = tmp_path_factory.mktemp("llama")
     paths = {}

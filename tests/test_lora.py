@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from test_llama_engine import batch, noisy_params
 from test_llama_gguf import DIALOGS, N_CTX, PRETRAIN, llama_logits, load, prompt_ids
-from test_train import pretrained, data, settings  # noqa: F401  (fixtures)
+from test_train import data, pretrained, settings  # noqa: F401  (fixtures)
 
 from clgpt import reference as ref_gpt2
 from clgpt import reference_llama as ref_llama
@@ -19,8 +19,17 @@ from clgpt.engine import make_engine
 from clgpt.errors import ClgptError
 from clgpt.generate import Generator
 from clgpt.gguf_io import export_gguf
-from clgpt.lora import (A_SUFFIX, B_SUFFIX, LoraEngine, LoraSpec, adapter_shapes, checkpoint_lora, export_adapter,
-                        lora_spec, merge)
+from clgpt.lora import (
+    A_SUFFIX,
+    B_SUFFIX,
+    LoraSpec,
+    adapter_shapes,
+    checkpoint_lora,
+    export_adapter,
+    lora_spec,
+    merge,
+)
+from clgpt.lora_engine import LoraEngine
 from clgpt.model import ModelConfig, init_params
 from clgpt.reference import fd_entries
 from clgpt.tokenizer import Tokenizer
