@@ -1,6 +1,6 @@
 """Same-process A/B timing: clgpt gpt2 against clgpt llama, and clgpt llama against its PyTorch peer.
 
-    python bench/arch_ab.py [--shape default|S|M] [--rounds 5] [--steps 4] [--threads 0|1]
+    python bench/arch_ab.py [--shape default|S|M] [--repeats 5] [--steps 4] [--threads 0|1]
                             [--what arch,moe,torch] [--same-ffn] [--profile]
 
 On a machine shared with other work only ratios measured in the same run mean anything.
@@ -87,7 +87,7 @@ def torch_rounds(args):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="default", choices=sorted(SHAPES))
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--repeats", "--rounds", dest="rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--what", default="arch,torch")

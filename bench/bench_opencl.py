@@ -1,7 +1,7 @@
 """`clgpt bench` on each working CPU OpenCL implementation (PoCL, Intel's runtime) at shapes S and M, as
 separate processes in alternated pairs; prints each pair's tokens/s and the median ratio against PoCL.
 
-    python bench/bench_opencl.py [--rounds 3] [--shapes S M]
+    python bench/bench_opencl.py [--repeats 3] [--shapes S M]
 """
 
 import argparse
@@ -26,7 +26,7 @@ def tokens_per_s(device: str, shape: dict) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--repeats", "--rounds", dest="rounds", type=int, default=3)
     ap.add_argument("--shapes", nargs="+", default=["S", "M"], choices=sorted(SHAPES))
     args = ap.parse_args()
     from clgpt.device import cpu_implementations

@@ -31,7 +31,7 @@ from clgpt.errors import ClgptError
 
 # Floats per bucket of the gradient all-reduce: the sum runs in pieces of this size, each an all-to-all
 # plus an all-gather of BUCKET / ranks floats per rank. Host-memory MPI moves ~4 MB messages about 3x
-# faster than 100+ MB ones on the H200 host (issue 16); bench/bench_mpi.py measures the choice.
+# faster than 100+ MB ones on an H200 host; bench/bench_mpi.py measures the choice.
 BUCKET = 1 << 20
 SHM_BUCKET = 1 << 22  # the shared-memory sum's: 16 MB buckets beat 4 MB ones there (3 barriers a bucket)
 MIN_SLICE = 1 << 16  # floats: the smallest slice a host thread of the shared-memory sum takes

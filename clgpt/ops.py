@@ -161,9 +161,9 @@ class Ops:
         """bf16 attention as fused kernels (kernels/flash.cl: no T x T scores) where the bf16 GEMM runs and the
         head width is 16-64. CLGPT_FLASH: auto (default) | on | off. auto: flash when the forward's grid, B x H x
         ceil(T/64) work-groups of 4 warps, fills the GPU (FLASH_MIN_GROUPS a compute unit), or T >= FLASH_LONG_T
-        (the T x T buffers' memory), or B is not known. Measured on the H200 (132 units): at 128 work-groups
-        (shape M) the batched form took 5.93 ms a step against flash's 6.76; at 1536 (M6, L) flash 15.5 against
-        18.2 and 38.0 against 45.1."""
+        (the T x T buffers' memory), or B is not known. On a grid that leaves units idle the batched form's
+        large products use the GPU better than flash's few work-groups; once the grid fills it, flash's fused
+        kernels, which never write the scores, win (bench/RESULTS_GPU.md)."""
         mode = os.environ.get("CLGPT_FLASH", "auto")
         if mode not in ("auto", "on", "off"):
             raise ClgptError(f"CLGPT_FLASH={mode!r}: use auto, on or off")
@@ -443,7 +443,7 @@ class Ops:
         strided (and, for wide A, TLB-missing) reads it saves.
         ld_pad: op(B) rows whose stride is a multiple of 64 floats (256 bytes: 1024, 4096 floats here) map a
         work-item's K loads down a column strip onto a few cache sets; rows padded by ld_pad floats spread them
-        (1.2-1.4x on M's 2048x4096x256 and K = 2048 weight gradients). A transposed B is written padded at no
+        (M's 2048x4096x256 product and its K = 2048 weight gradients). A transposed B is written padded at no
         extra cost; a plain one is copied (once per product) where it holds at least ld_pad_copy floats.
         A small op(A) (M*K <= ta_direct floats: S's weight gradients) is read in place (matmul_rb's TA=1):
         measured 25-30% under transpose + NN there, and one launch fewer."""

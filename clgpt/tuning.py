@@ -20,10 +20,9 @@ import pyopencl as cl
 # matmul: local-memory tiles TSM x TSN x TSK, WPTM x WPTN outputs per work-item (kernels/matmul.cl).
 # matmul_rb: RM rows x NV vectors of VW floats per work-item, no local memory; lsize in work-items.
 # Each row of op(A) is read through its own pointer (kernels/matmul.cl): indexed as rows[i] * lda + k, the
-# compiler built the addresses in vector registers every k, on the FMA ports (768x128x512: 1.3 -> 0.8 ms).
-# VW 16 (one AVX-512 register) with 6 x 4 accumulators: 1.5-2x the GFLOP/s of 6 x 2 float8 at the character
-# recipe's and the default model's widths (768x512x128: 37 -> 73-80 GFLOP/s on 2 cores; 1024^2 with padded
-# rows 47 -> 77), the same sums bit for bit.
+# compiler built the addresses in vector registers every k, on the FMA ports the products need.
+# VW 16 (one AVX-512 register) with 6 x 4 accumulators: more independent sums in flight than 6 x 2 float8, so
+# the FMA ports stay busy at the character recipe's and the default model's widths; the same sums bit for bit.
 # A CPU whose native vectors are narrower (AVX2: 8 floats, 16 registers) keeps 6 x 2 float8 (_CPU_VEC8): 24
 # float16 accumulators would spill there.
 _CPU = dict(kernel="matmul_rb", RM=6, NV=4, VW=16, PREFETCH=1, lsize=(1, 1))
@@ -51,11 +50,10 @@ _NVIDIA_BF16 = dict(kernel="matmul_bf16", BM=128, BN=128, WM=2, WN=4, STAGES=3)
 _NVIDIA_BF16_SMALL = dict(kernel="matmul_bf16", BM=64, BN=64, WM=2, WN=2, STAGES=4)
 # bf16 on Hopper (sm_90a: kernels/matmul_wgmma.cl, clgpt/sm90a.py): wgmma on tiled, swizzled bf16 copies fetched
 # by bulk copies, 128 x 128 outputs per work-group of 2 warpgroups, 3 stages of 64 k (96 KB local memory, 103-118
-# registers: two work-groups an SM, so one's epilogue overlaps the other's products). Round 10 on an H200
-# (bench/gemm_wgmma.py, the kernel alone against torch.matmul bf16): 4096^2 at 0.906x (128 x 256 with 4 stages,
-# one work-group an SM: 0.921x), M6's 16384 x 1536 x 384 at 0.655x (0.636x); training M6 9.03 ms a step against
-# 9.29 (mean of two alternated runs each), L 24.70 against 25.07. The narrow row (outputs narrower than the wide
-# tile, N rounded up wasting over 1/8) is the same tile now. Products without an epilogue giving fewer than
+# registers: two work-groups an SM, so one's epilogue overlaps the other's products). 128 x 256 with 4 stages
+# (one work-group an SM) is about as fast on the kernel alone but trains slower: training time, not the single
+# GEMM, picks the tile (bench/gemm_wgmma.py, bench/RESULTS_GPU.md). The narrow row (outputs narrower than the
+# wide tile) keeps the same tile. Products without an epilogue giving fewer than
 # WGMMA_SPLIT_GROUPS work-groups are split along K (chunks >= WGMMA_SPLIT_MIN_K deep).
 _NVIDIA_WGMMA = dict(kernel="matmul_wgmma", BM=128, BN=128, STAGES=3, PIPE=1)
 _NVIDIA_WGMMA_NARROW = dict(kernel="matmul_wgmma", BM=128, BN=128, STAGES=3, PIPE=1)
@@ -96,21 +94,20 @@ _GPU_ROWS = dict(rows=128, attn_gemm=1, attn_gemm_min_t=128, split_k=1, colsum_r
 # when M*K is at most this many floats, else through a transposed copy (wide strided A: 2-2.5x slower).
 # cpu_attn = 1: attention forward and query backward from kernels/cpu.cl (q.k, dout.v 4 keys at a time); with
 # head_dim % 16 == 0 also att @ v, datt @ k (attention_rows_rb) and the key side (attention_backward_key_rb) as
-# register-blocked products, 6 rows x 16 columns a work-item (M: attention 121 -> 81 ms/step, 1 thread).
-# cpu_vec = 1: AdamW 8 parameters a work-item as float8 (adamw_v8, kernels/adamw.cl: same results bit for bit,
-# 21 -> 4-6 ms for M's 4.3M parameters) and transposes as 16x8 blocks through register shuffles (transpose_v8,
-# kernels/cpu.cl: 1.2-2.2x faster) and the grad norm's chunk sums as float8 chains (grad_norm_partial_v8, 4.7 -> 0.5 ms).
+# register-blocked products, 6 rows x 16 columns a work-item (a row of q.k sums a work-item starves the FMA ports).
+# cpu_vec = 1: AdamW 8 parameters a work-item as float8 (adamw_v8, kernels/adamw.cl: same results bit for bit;
+# PoCL does not vectorise the one-parameter kernel) and transposes as 16x8 blocks through register shuffles
+# (transpose_v8, kernels/cpu.cl) and the grad norm's chunk sums as float8 chains (grad_norm_partial_v8).
 # ld_pad = 16: matmul_rb's op(B) rows a multiple of 64 floats apart get 16 floats of padding (a transposed B
 # written so by transpose_ld_v8, a plain one of >= ld_pad_copy floats copied by copy_ld_v8; kernels/cpu.cl):
-# such strides map a column strip onto a few cache sets (M: kernels 883 -> 835 ms/step, with PREFETCH).
-# preset = 1 here too: on 2 cores the host's Python per launch competes with PoCL's workers (character recipe step
-# 100 -> 84 ms). norm_rb / norm_cb: LayerNorm's and RMSNorm's one-work-item kernels take 8 rows (dw, db: 16
+# such strides map a column strip onto a few cache sets.
+# preset = 1 here too: on 2 cores the host's Python per launch competes with PoCL's workers. norm_rb / norm_cb: LayerNorm's and RMSNorm's one-work-item kernels take 8 rows (dw, db: 16
 # channels) a work-item, one work-item a work-group. 8 rows are one float8 of in-order sums, 8x8 blocks turned in
-# registers; 16 channels one float16 (kernels/layernorm.cl, rmsnorm.cl). The same bits; at 768 x 128 LayerNorm's
-# forward, backward and dw, db launches went from 0.20, 0.14, 0.20 to 0.07, 0.08, 0.04 ms.
+# registers; 16 channels one float16 (kernels/layernorm.cl, rmsnorm.cl). The same bits, and one launch does the
+# work of eight rows' launches, which on a small model is what the step's time is made of.
 # rb_kmax: matmul_rb products with K above this run as launches of at most rb_kmax k each, every launch going on
 # with the raw sums of the one before (INIT in kernels/matmul.cl; the same bits): a longer op(B) strip outgrows
-# the caches (M's 2048x256x4096 LM-head product: 57 GFLOP/s in one launch, 110 at K = 2048).
+# the caches (M's 2048x256x4096 LM-head product runs about twice as fast in chunks of K = 2048).
 _CPU_ROWS = dict(preset=1, rb_kmax=2048, norm_rb=8, norm_cb=16, xent_fused=1, cpu_bias=1, ta_direct=3 << 17, cpu_attn=1, cpu_vec=1, ld_pad=16, ld_pad_copy=1 << 17)
 
 # (device type, vendor substring or "" for any) -> matmul config, local size of 1-D and 2-D launches.
