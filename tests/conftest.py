@@ -104,9 +104,9 @@ def slurm_sweep(_background_runs) -> tuple[Path, str]:
 ON_EVERY_IMPLEMENTATION = {"test_kernels", "test_engine", "test_llama_engine", "test_dropout", "test_llama_parity"}
 
 
-# The emulated NVIDIA kernels (tensor-core instructions done with local memory and barriers) give wrong
-# gradients from flash attention's backward on Intel's CPU compiler, which no CPU or GPU run uses; those modules
-# run on PoCL where one works.
+# The emulated NVIDIA kernels (tensor-core instructions done with local memory and barriers) run on no CPU or
+# GPU in use and take minutes to emulate per compiler: those modules run on PoCL where one works, else on the
+# first implementation (Intel's builds the emulated flash kernels unoptimised, see clgpt/device.py).
 ON_POCL = {"test_flash", "test_precision"}
 
 
