@@ -1,7 +1,7 @@
 """`clgpt bench` on each working CPU OpenCL implementation (PoCL, Intel's runtime) at shapes S and M, as
 separate processes in alternated pairs; prints each pair's tokens/s and the median ratio against PoCL.
 
-    python bench/bench_opencl.py [--repeats 3] [--shapes S M]
+    python bench/bench_opencl.py [--pairs 3] [--shapes S M]
 """
 
 import argparse
@@ -26,7 +26,7 @@ def tokens_per_s(device: str, shape: dict) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", "--rounds", dest="rounds", type=int, default=3)
+    ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--shapes", nargs="+", default=["S", "M"], choices=sorted(SHAPES))
     args = ap.parse_args()
     from clgpt.device import cpu_implementations
@@ -40,12 +40,12 @@ def main() -> None:
         for name, device in impls.items():  # one untimed run each: compile caches filled
             tokens_per_s(device, dict(SHAPES[shape], steps=1))
         rates = {name: [] for name in impls}
-        for r in range(args.rounds):
+        for r in range(args.pairs):
             order = list(impls.items()) if r % 2 == 0 else list(impls.items())[::-1]
             for name, device in order:
                 rates[name].append(tokens_per_s(device, SHAPES[shape]))
         first = next(iter(impls))
-        for r in range(args.rounds):
+        for r in range(args.pairs):
             row = [f"{rates[name][r]:,.0f}" for name in impls]
             ratios = [f"{rates[name][r] / rates[first][r]:.2f}" for name in impls if name != first]
             print(f"| {shape}, pair {r + 1} | " + " | ".join(row) + " | " + ", ".join(ratios) + " |")
