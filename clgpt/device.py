@@ -114,7 +114,7 @@ def _probe(dev) -> str:
             p_buf = cl.Buffer(ctx, mf.WRITE_ONLY, parts.nbytes)
             k(queue, (64,), (16,), np.int32(g.size), g_buf, p_buf)
             cl.enqueue_copy(queue, parts, p_buf, is_blocking=True)
-            want = np.float64(g.astype(np.float64) ** 2).sum()
+            want = (g.astype(np.float64) ** 2).sum()
             ok = abs(float(parts.astype(np.float64).sum()) - want) <= 1e-4 * want
             _probe_cache[key] = "" if ok else "a test kernel gave wrong results"
         except Exception as e:  # noqa: BLE001 - any failure of the driver means "cannot run our kernels"
@@ -133,18 +133,27 @@ def _cannot(dev, spec: str | None = None) -> ClgptError:
                       "(`clgpt devices` lists them) with --device, `device:` in config.yaml or PYOPENCL_CTX")
 
 
+def _real_cpus(devs) -> list[tuple[str, cl.Device]]:
+    """The (index, device) rows of the CPU devices that are no simulator, PoCL's first, else in listing order."""
+    cpus = [(idx, d) for idx, d in devs if d.type & cl.device_type.CPU and not is_simulator(d)]
+    return sorted(cpus, key=lambda row: not _is_pocl(row[1]))
+
+
+def _working_gpus(devs) -> list[cl.Device]:
+    return [d for _, d in devs if d.type & cl.device_type.GPU and not is_simulator(d) and not _probe(d)]
+
+
 def _auto(devs) -> list[cl.Device]:
     """The automatic choice in order: every working GPU, else the first working CPU device, PoCL's ahead of
     other implementations (so results stay PoCL's wherever it works), never a simulator."""
-    real = [d for _, d in devs if not is_simulator(d)]
-    gpus = [d for d in real if d.type & cl.device_type.GPU and not _probe(d)]
+    gpus = _working_gpus(devs)
     if gpus:
         return gpus
-    cpus = sorted((d for d in real if d.type & cl.device_type.CPU), key=lambda d: not _is_pocl(d))
+    cpus = [d for _, d in _real_cpus(devs)]
     for d in cpus:
         if not _probe(d):
             return [d]
-    tried = cpus or real
+    tried = cpus or [d for _, d in devs if not is_simulator(d)]
     if tried:
         raise ClgptError(f"no OpenCL device here can run clgpt's kernels (tried {', '.join(map(_describe, tried))}: "
                          f"{_probe(tried[0])}); reinstall clgpt (pip install -e .) to get Intel's CPU runtime on "
@@ -157,12 +166,11 @@ def cpu_implementations(gpu_first: bool = False) -> dict[str, str]:
     PoCL first: what the tests run every kernel on, and what bench/bench_opencl.py compares. gpu_first: where a
     GPU is the automatic choice, {"auto": ""} instead."""
     devs = _all_devices()
-    real = [(idx, d) for idx, d in devs if not is_simulator(d)]
-    if gpu_first and any(d.type & cl.device_type.GPU and not _probe(d) for _, d in real):
+    if gpu_first and _working_gpus(devs):
         return {"auto": ""}
     found = {}
-    for idx, d in sorted(real, key=lambda row: not _is_pocl(row[1])):
-        if d.type & cl.device_type.CPU and not _probe(d):
+    for idx, d in _real_cpus(devs):
+        if not _probe(d):
             name = "pocl" if _is_pocl(d) else "intel" if "intel" in d.platform.name.lower() else d.platform.name
             found.setdefault(name, idx)
     return found
@@ -175,7 +183,6 @@ def _listing(devs) -> str:
 def _explicit(spec: str, devs) -> list[cl.Device]:
     """The devices an explicit spec names ("p:d", "p", or a part of a name), each checked by the probe."""
     parts = spec.split(":")
-    found = []
     if len(parts) == 1 and parts[0].strip().isdigit():  # "P" (PYOPENCL_CTX=0, say): the devices of platform P
         found = [d for idx, d in devs if idx.split(":")[0] == parts[0].strip()]
     elif all(p.strip().isdigit() for p in parts) and len(parts) == 2:
@@ -199,14 +206,8 @@ def _not_found(spec: str, devs) -> ClgptError:
     return ClgptError(f"OpenCL device {spec!r} not found; available devices: {_listing(devs)}")
 
 
-def _spec(spec: str | None) -> str:
-    return (spec or "").strip() or os.environ.get("PYOPENCL_CTX", "").strip()
-
-
 def _pick(spec: str | None) -> cl.Device:
-    devs = _all_devices()
-    spec = _spec(spec)
-    return _explicit(spec, devs)[0] if spec else _auto(devs)[0]
+    return matching_devices(spec)[0]
 
 
 def matching_devices(spec: str | None) -> list[cl.Device]:
@@ -215,7 +216,7 @@ def matching_devices(spec: str | None) -> list[cl.Device]:
     ranks different sums); "p:d" -> that one; "p" -> every device of platform p; a name part -> every device
     whose name holds it. Ranks of a data-parallel stage take these by their local index (clgpt.dist)."""
     devs = _all_devices()
-    spec = _spec(spec)
+    spec = (spec or "").strip() or os.environ.get("PYOPENCL_CTX", "").strip()
     return _explicit(spec, devs) if spec else _auto(devs)
 
 
