@@ -44,10 +44,10 @@ def _vendor_entries(base: Path) -> dict[str, str]:
     return {f"{base.name}.icd": f"{base}\n"} if base.is_file() else {}
 
 
-def _folder_for(entries: dict[str, str]) -> Path:
+def _folder_for(entries: dict[str, str], prefix: Path) -> Path:
     """A vendors folder holding exactly `entries`, named by their content so that processes share it."""
     digest = hashlib.sha256(repr(sorted(entries.items())).encode()).hexdigest()[:16]
-    roots = [Path(sys.prefix) / "etc" / "clgpt" / "opencl-vendors",
+    roots = [prefix / "etc" / "clgpt" / "opencl-vendors",
              Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "clgpt" / "opencl-vendors",
              Path(tempfile.gettempdir()) / f"clgpt-{os.getuid() if hasattr(os, 'getuid') else 0}" / "opencl-vendors"]
     for root in roots:
@@ -88,9 +88,9 @@ def register_pip_runtimes(env: dict | None = None, prefix: Path | None = None) -
     entries = _vendor_entries(base)
     if any(text.strip() == str(lib) for text in entries.values()):
         return None
-    entries["zz-clgpt-intel-cpu.icd"] = f"{lib}\n"  # sorted last: the system's platforms keep their indices
+    entries["zz-clgpt-intel-cpu.icd"] = f"{lib}\n"  # a name no system's .icd file has
     try:
-        env["OCL_ICD_VENDORS"] = str(_folder_for(entries))
+        env["OCL_ICD_VENDORS"] = str(_folder_for(entries, Path(prefix or sys.prefix)))
     except OSError:
         return None
     return lib
