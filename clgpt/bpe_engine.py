@@ -73,38 +73,17 @@ def unstable_text(text: str) -> bool:
     return False
 
 
-def _encode_bytes(ids: list[int], ranks: dict[tuple[int, int], int]) -> list[int]:
-    """Rank-order pair encoding of `ids` (bytes or tokens) under `ranks` (pair -> merge index)."""
-    while len(ids) >= 2:
-        best, best_rank = None, None
-        for pair in zip(ids, ids[1:]):
-            rank = ranks.get(pair)
-            if rank is not None and (best_rank is None or rank < best_rank):
-                best, best_rank = pair, rank
-        if best is None:
-            break
-        a, b = best
-        out, i, n = [], 0, len(ids)
-        while i < n:
-            if ids[i] == a and i + 1 < n and ids[i + 1] == b:
-                out.append(256 + best_rank)
-                i += 2
-            else:
-                out.append(ids[i])
-                i += 1
-        ids = out
-    return ids
-
-
 def pairs_from_token_bytes(tokens: Sequence[bytes]) -> list[tuple[int, int]] | None:
     """The merges that make tokens[256:], recovered from their bytes (see the module docstring); None
     when a token repeats another's bytes or is not two earlier tokens joined by rank order."""
+    from clgpt.tokenizer import encode_ids  # here: clgpt.tokenizer imports this module's engines
+
     if len(set(tokens)) != len(tokens) or any(tokens[i] != bytes([i]) for i in range(256)):
         return None
     ranks: dict[tuple[int, int], int] = {}
     merges = []
     for k, t in enumerate(tokens[256:]):
-        parts = _encode_bytes(list(t), ranks)
+        parts = encode_ids(list(t), ranks)
         if len(parts) != 2:
             return None
         pair = (parts[0], parts[1])

@@ -80,6 +80,21 @@ def get_stats(ids: Sequence[int], counts: dict | None = None, weight: int = 1) -
     return counts
 
 
+def encode_ids(ids: list[int], ranks: dict[tuple[int, int], int]) -> list[int]:
+    """`ids` (bytes or tokens) with the lowest-ranked adjacent pair merged first, again and again; ranks: pair ->
+    merge index k, the merged token being 256 + k."""
+    while len(ids) >= 2:
+        best, best_rank = None, None
+        for pair in zip(ids, ids[1:]):
+            rank = ranks.get(pair)
+            if rank is not None and (best_rank is None or rank < best_rank):
+                best, best_rank = pair, rank
+        if best is None:
+            break
+        ids = merge(ids, best, 256 + best_rank)
+    return ids
+
+
 def merge(ids: Sequence[int], pair: tuple[int, int], idx: int) -> list[int]:
     """Replace every occurrence of `pair` in `ids`, left to right, with the token `idx`."""
     a, b = pair
@@ -232,18 +247,7 @@ class Tokenizer:
     # ---- encoding -------------------------------------------------------------------------------
 
     def _encode_word(self, word: str) -> list[int]:
-        ids = list(word.encode("utf-8"))
-        ranks = self._ranks
-        while len(ids) >= 2:
-            best, best_rank = None, None
-            for pair in zip(ids, ids[1:]):
-                rank = ranks.get(pair)
-                if rank is not None and (best_rank is None or rank < best_rank):
-                    best, best_rank = pair, rank
-            if best is None:
-                break
-            ids = merge(ids, best, 256 + best_rank)
-        return ids
+        return encode_ids(list(word.encode("utf-8")), self._ranks)
 
     def encode(self, text: str) -> list[int]:
         """Ids of ordinary text; special-token names typed in `text` stay plain characters.
