@@ -117,7 +117,8 @@ def pytest_generate_tests(metafunc):
 
         impls = cpu_implementations(gpu_first=True)
         if name in ON_POCL:
-            impls = dict([next(((k, v) for k, v in impls.items() if k in ("pocl", "auto")), next(iter(impls.items())))])
+            first = next((k for k in impls if k in ("pocl", "auto")), next(iter(impls)))
+            impls = {first: impls[first]}
         metafunc.parametrize("opencl", list(impls.values()), ids=list(impls), indirect=True, scope="module")
 
 
