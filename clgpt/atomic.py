@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import time
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -34,11 +35,16 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
             f.write(text)
 
 
-def publish(staged: str | os.PathLike, published: str | os.PathLike) -> None:
+def publish(staged: str | os.PathLike, published: str | os.PathLike, mtime_ns: int | None = None) -> None:
     """Put the finished file `staged` at `published` in one rename. A hard link shares the bytes, so the
     published model takes no second copy of disk; where links cannot be made (another file system, a
-    file system without them) it is copied."""
+    file system without them) it is copied.
+
+    The published file is stamped `mtime_ns` (now by default): a link keeps the staged file's time, which
+    is older than a sibling input staged after it (export writes model.gguf, then Modelfile), and Snakemake
+    fails a job whose output is older than one of its inputs."""
     staged, published = os.fspath(staged), os.fspath(published)
+    mtime_ns = time.time_ns() if mtime_ns is None else mtime_ns
     os.makedirs(os.path.dirname(published) or ".", exist_ok=True)
     with atomic_path(published) as tmp:
         if os.path.lexists(tmp):
@@ -49,6 +55,14 @@ def publish(staged: str | os.PathLike, published: str | os.PathLike) -> None:
             if e.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP):
                 raise
             shutil.copyfile(staged, tmp)
+        os.utime(tmp, ns=(mtime_ns, mtime_ns))
+
+
+def publish_all(pairs: list[tuple[str | os.PathLike, str | os.PathLike]]) -> None:
+    """`publish` each (staged, published) pair with one time stamp, so no output is older than an input."""
+    now = time.time_ns()
+    for staged, published in pairs:
+        publish(staged, published, now)
 
 
 def size_text(n: float) -> str:

@@ -9,7 +9,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from clgpt.atomic import publish
+from clgpt.atomic import publish, publish_all
 from clgpt.config import load_workflow_config
 from clgpt.data import check_corpus as check_text_corpus
 from clgpt.device import get_device

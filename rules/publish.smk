@@ -19,8 +19,7 @@ rule publish_model:
         settings=config["export"],
     localrule: True
     run:
-        publish(input.gguf, output.gguf)
-        publish(input.modelfile, output.modelfile)
+        publish_all([(input.gguf, output.gguf), (input.modelfile, output.modelfile)])
 
 
 rule publish:

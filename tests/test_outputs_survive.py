@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from clgpt.atomic import publish
+from clgpt.atomic import publish, publish_all
 from test_errors import one_line_error
 from test_pipeline import TINY, make_workdir, planned_rules, snakemake, write_config
 
@@ -38,6 +38,19 @@ def test_publish_links_the_file_and_a_failed_publish_keeps_the_old_one(tmp_path)
     assert published.read_bytes() == b"new"
     assert published.stat().st_ino == staged.stat().st_ino  # a link: no second copy on the disk
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.gguf", "staging"]  # no .tmp left
+
+
+def test_published_files_are_not_older_than_any_staged_input(tmp_path):
+    """Snakemake fails a job whose output is older than an input; a link keeps the staged file's time, and
+    export stages model.gguf before Modelfile."""
+    (tmp_path / "staging").mkdir()
+    pairs = [(tmp_path / "staging" / n, tmp_path / n) for n in ("model.gguf", "Modelfile")]
+    for i, (staged, _) in enumerate(pairs):
+        staged.write_bytes(b"x")
+        os.utime(staged, ns=(10**18 + i * 10**9,) * 2)  # Modelfile staged a second after model.gguf
+    publish_all(pairs)
+    newest_input = max(staged.stat().st_mtime_ns for staged, _ in pairs)
+    assert all(published.stat().st_mtime_ns >= newest_input for _, published in pairs)
 
 
 # ---- a finished project on a small disk ------------------------------------------------------------
