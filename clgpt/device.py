@@ -16,8 +16,9 @@ import pyopencl as cl
 
 from clgpt import sm90a
 from clgpt.errors import ClgptError
-from clgpt.icd import register_pip_runtimes
+from clgpt.icd import register_pip_runtimes, separate_pocl_cache
 from clgpt.paths import data_path
+from clgpt.stage import env_rank
 
 KERNEL_DIR = data_path("kernels")  # beside the package in a checkout, inside it in a wheel
 
@@ -47,6 +48,7 @@ _NO_PLATFORM = ("no OpenCL platform found; reinstall clgpt (pip install -e .), w
                 "Intel's CPU runtime")
 
 register_pip_runtimes()  # before pyopencl first lists platforms: the loader reads its vendors once a process
+separate_pocl_cache(rank=env_rank())  # likewise: PoCL reads its cache folder once
 
 
 def _all_devices() -> list[tuple[str, cl.Device]]:
@@ -280,7 +282,14 @@ class Device:
             try:
                 # kernels share pieces through #include "reduce.cl": kernel_source inlines them
                 source = kernel_source(path)
-                prg = _build(cl.Program(self.ctx, source), list(options))
+                try:
+                    prg = _build(cl.Program(self.ctx, source), list(options))
+                except cl.RuntimeError:
+                    if not _is_pocl(self.device):
+                        raise
+                    # PoCL fails a build that races another process's on its shared kernel cache (pocl/pocl#1480):
+                    # two single-rank jobs of a sweep can; the second try finds the cache settled
+                    prg = _build(cl.Program(self.ctx, source), list(options))
                 if sm90a.MARK in source:  # wgmma and the like, written as PTX comments (clgpt/sm90a.py)
                     prg = sm90a.retarget(self.ctx, self.device, prg, defines.get("SMEM_BYTES"))
             except cl.RuntimeError as e:

@@ -94,3 +94,17 @@ def register_pip_runtimes(env: dict | None = None, prefix: Path | None = None) -
     except OSError:
         return None
     return lib
+
+
+def separate_pocl_cache(env: dict | None = None, rank: int = 0) -> Path | None:
+    """PoCL's kernel cache is not safe for processes that build the same program at once: one of them gets
+    BUILD_PROGRAM_FAILURE (pocl/pocl#1480). MPI ranks on one node start and build together, so every rank past 0
+    gets a cache folder of its own (kept between runs); rank 0 shares the user's. A POCL_CACHE_DIR the user set is
+    left alone. Must run before pyopencl first lists platforms. Returns the folder set, or None."""
+    env = os.environ if env is None else env
+    if rank <= 0 or env.get("POCL_CACHE_DIR"):
+        return None
+    folder = Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pocl" / f"kcache-rank{rank}"
+    env["POCL_CACHE_DIR"] = str(folder)
+    return folder
+

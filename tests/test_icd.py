@@ -56,3 +56,28 @@ def test_the_loader_lists_intels_runtime_in_this_environment():
     assert (icd.intel_cpu_library() is not None) == expected
     if expected:
         assert any("Intel(R) OpenCL" in p.name for p in cl.get_platforms())
+
+
+def test_mpi_ranks_past_the_first_build_in_a_pocl_cache_of_their_own(tmp_path):
+    """Two ranks building the same program in one PoCL cache can fail (pocl/pocl#1480): a rank-1 process builds
+    into its own folder, rank 0 into the user's, and a POCL_CACHE_DIR the user set wins."""
+    import os
+    import subprocess
+
+    script = ("from clgpt.device import Device, _all_devices, _is_pocl, _probe\n"
+              "Device(next(d for _, d in _all_devices() if _is_pocl(d) and not _probe(d))).program('swiglu')\n")
+    for rank, preset in ((0, None), (1, None), (1, tmp_path / "mine")):
+        env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / f"cache{rank}{bool(preset)}"), "PMI_RANK": str(rank)}
+        env.pop("POCL_CACHE_DIR", None)
+        if preset:
+            env["POCL_CACHE_DIR"] = str(preset)
+        subprocess.run([sys.executable, "-c", script], env=env, check=True, cwd=Path(__file__).parent.parent)
+        cache = Path(env["XDG_CACHE_HOME"]) / "pocl"
+        expected = preset or cache / ("kcache" if rank == 0 else f"kcache-rank{rank}")
+        assert expected.is_dir() and any(expected.rglob("*")), expected
+        if preset or rank:
+            assert not (cache / "kcache").exists()
+
+    env = {}
+    assert icd.separate_pocl_cache(env, rank=0) is None and env == {}
+    assert icd.separate_pocl_cache(env, rank=2).name == "kcache-rank2" == Path(env["POCL_CACHE_DIR"]).name
