@@ -14,12 +14,21 @@ mkdir -p /tmp/icd && echo /usr/lib/libnvidia-opencl.so.1 >/tmp/icd/nvidia.icd &&
 M="--vocab 4096 --ctx 256 --embd 256 --ffn 1024 --heads 4 --layers 4 --batch 8"
 M6="--vocab 4096 --ctx 256 --embd 384 --ffn 1536 --heads 6 --layers 6 --batch 64"
 L="--vocab 8192 --ctx 512 --embd 768 --ffn 3072 --heads 12 --layers 12 --batch 16"
+# issue 30's shapes: the character recipe (vocabulary 260) and GPT-2 small and medium (vocabulary 50304), each as
+# gpt2 and as llama (SwiGLU width 2/3 of 4C, as llama sizes it), and the character recipe with 4 experts, 2 used
+CHAR="--vocab 260 --ctx 256 --embd 384 --ffn 1536 --heads 6 --layers 6 --batch 64"
+CHAR_L="--arch llama --vocab 260 --ctx 256 --embd 384 --ffn 1024 --heads 6 --layers 6 --batch 64"
+CHAR_MOE="$CHAR_L --experts 4 --experts-used 2"
+S="--vocab 50304 --ctx 1024 --embd 768 --ffn 3072 --heads 12 --layers 12 --batch 8"
+S_L="--arch llama --vocab 50304 --ctx 1024 --embd 768 --ffn 2048 --heads 12 --layers 12 --batch 8"
+MED="--vocab 50304 --ctx 1024 --embd 1024 --ffn 4096 --heads 16 --layers 24 --batch 8"
+MED_L="--arch llama --vocab 50304 --ctx 1024 --embd 1024 --ffn 2816 --heads 16 --layers 24 --batch 8"
 
 # clgpt_bf16 LABEL ARGS STEPS: `clgpt bench` in bf16 (settings from the caller's environment), its train: and
 # memory: lines into $O/train.txt; torch_peer LABEL ARGS STEPS: PyTorch as nanoGPT runs it on a GPU
 # (torch.compile, bf16 autocast, SDPA, fused AdamW), its train: line
 clgpt_bf16() {
-  echo "== $1 clgpt bf16" | tee -a $O/train.txt
+  echo "== $1 clgpt bf16 ${CLGPT_SIDE:-}" | tee -a $O/train.txt
   timeout 60 python3 -m clgpt bench $2 --steps $3 --gemm 0 --precision bf16 2>&1 | grep "train:\|memory:" | tee -a $O/train.txt
 }
 torch_peer() {

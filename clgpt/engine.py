@@ -48,6 +48,7 @@ def __getattr__(name):  # `from clgpt.engine import Engine`: the GPT-2 engine, a
 
 class EngineBase:
     arch = ""
+    saved: tuple[str, ...] = ()  # the per-layer activations (self.acts keys) the backward reads again as operands
     # grad_hook(i), when set, is called inside backward() right after layer i's gradient kernels are enqueued
     # (layers n_layer-1 .. 0): from then on blk.i.*'s gradients of this backward are final, so data-parallel
     # ranks can start summing them while the layers below still run (clgpt.dist.OverlappedReduce).
@@ -76,6 +77,8 @@ class EngineBase:
         self.ops.stable(*self.p.values())  # the weights change only between a backward and the next forward
         self._alloc_common()
         self._alloc()
+        # written once a forward, read until its backward ends: the launchers may keep derived copies of them
+        self.ops.stable(*(a[k] for a in self.acts for k in self.saved if k in a))
         self._fwd = None  # (B', T', sum(mask), dropout) of the last forward with targets
         self.set_params(params)
         self.set_optimizer_state(None)

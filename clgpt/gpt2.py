@@ -16,6 +16,7 @@ from clgpt.engine import EngineBase
 
 class GPT2Engine(EngineBase):
     arch = "gpt2"
+    saved = ("ln1", "atty", "ln2", "g")  # the products' inputs the backward reads again
 
     def _alloc(self):
         self.ops.build_gpt2()
@@ -28,7 +29,6 @@ class GPT2Engine(EngineBase):
                      ln2_rstd=buf(N), h=buf(N * F), g=buf(N * F))
             if self.dropout and not self.ops.flash:
                 a["att_d"] = buf(B * H * T * T)  # the dropped attention probabilities
-            self.ops.stable(a["ln1"], a["atty"], a["ln2"], a["g"])  # the products' inputs, read again backward
             self.acts.append(a)
         self.lnf_mean, self.lnf_rstd = buf(N), buf(N)
         # backward scratch, reused by every layer
@@ -84,33 +84,23 @@ class GPT2Engine(EngineBase):
             pre, a = f"blk.{i}.", self.acts[i]
             # ffn: x_out = x_mid + drop(g @ Wdown.T + b)
             dy = self._branch_grad(N, C, i, "ffn_res")
-            with ops.reuse(dy):  # (each gradient feeds two products: ops.reuse)
-                ops.matmul(C, F, N, dy, a["g"], g[pre + "ffn_down.weight"], ta=1, accum=True)
-                if cfg.bias:  # (off: the biases are not trained, ParamStore's trains)
-                    ops.bias_backward(N, C, dy, g[pre + "ffn_down.bias"])
-                ops.matmul_epi(N, F, C, dy, p[pre + "ffn_down.weight"], self.dh, epi=2, E=a["h"])  # dg * gelu'(h)
-            with ops.reuse(self.dh):
-                ops.matmul(F, C, N, self.dh, a["ln2"], g[pre + "ffn_up.weight"], ta=1, accum=True)
-                if cfg.bias:
-                    ops.bias_backward(N, F, self.dh, g[pre + "ffn_up.bias"])
-                ops.matmul(N, C, F, self.dh, p[pre + "ffn_up.weight"], dln)
+            # the bias gradients only where biases train (cfg.bias; ParamStore's trains)
+            db = (lambda name: g[pre + name + ".bias"] if cfg.bias else None)  # noqa: E731
+            ops.linear_backward(N, C, F, dy, a["g"], p[pre + "ffn_down.weight"], g[pre + "ffn_down.weight"], self.dh,
+                                db("ffn_down"), epi=2, E=a["h"])  # dh = dg * gelu'(h)
+            ops.linear_backward(N, F, C, self.dh, a["ln2"], p[pre + "ffn_up.weight"], g[pre + "ffn_up.weight"], dln,
+                                db("ffn_up"))
             ops.layernorm_backward(N, dln, a["x_mid"], a["ln2_mean"], a["ln2_rstd"], p[pre + "ffn_norm.weight"],
                                    g[pre + "ffn_norm.weight"], g[pre + "ffn_norm.bias"], dx, accum=1)
             # attention: x_mid = x + drop(atty @ Wo.T + b)
             dy = self._branch_grad(N, C, i, "attn_res")
-            with ops.reuse(dy):
-                ops.matmul(C, C, N, dy, a["atty"], g[pre + "attn_output.weight"], ta=1, accum=True)
-                if cfg.bias:
-                    ops.bias_backward(N, C, dy, g[pre + "attn_output.bias"])
-                ops.matmul(N, C, C, dy, p[pre + "attn_output.weight"], self.datty)
+            ops.linear_backward(N, C, C, dy, a["atty"], p[pre + "attn_output.weight"], g[pre + "attn_output.weight"],
+                                self.datty, db("attn_output"))
             drop = self._dropped(i, "attn")
             ops.attention_backward(Bp, Tp, self.datty, a["qkv"], a["att"], self.datt, self.dqkv,
                                    drop and (*drop, a.get("att_d")), out=a["atty"])
-            with ops.reuse(self.dqkv):
-                ops.matmul(3 * C, C, N, self.dqkv, a["ln1"], g[pre + "attn_qkv.weight"], ta=1, accum=True)
-                if cfg.bias:
-                    ops.bias_backward(N, 3 * C, self.dqkv, g[pre + "attn_qkv.bias"])
-                ops.matmul(N, C, 3 * C, self.dqkv, p[pre + "attn_qkv.weight"], dln)
+            ops.linear_backward(N, 3 * C, C, self.dqkv, a["ln1"], p[pre + "attn_qkv.weight"],
+                                g[pre + "attn_qkv.weight"], dln, db("attn_qkv"))
             ops.layernorm_backward(N, dln, a["x"], a["ln1_mean"], a["ln1_rstd"], p[pre + "attn_norm.weight"],
                                    g[pre + "attn_norm.weight"], g[pre + "attn_norm.bias"], dx, accum=1)
             self._layer_done(i)  # blk.i.* gradients final: data-parallel ranks may sum them now

@@ -50,6 +50,7 @@ _EXPERT_MATS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 
 class LlamaEngine(EngineBase):
     arch = "llama"
+    saved = ("ln1", "atty", "ln2", "act", "xg")  # the products' inputs the backward reads again
 
     def __init__(self, *args, **kwargs):
         self._fixed_routing = False
@@ -67,7 +68,7 @@ class LlamaEngine(EngineBase):
 
     def _alloc(self):
         self.ops.build_llama()
-        cfg, B, T, buf, dev = self.cfg, self.B, self.T, self.ops.buf, self.dev
+        cfg, B, T, buf = self.cfg, self.B, self.T, self.ops.buf
         N, C, F, H, L = B * T, cfg.n_embd, cfg.n_ff, cfg.n_head, cfg.n_layer
         Ckv, E, K = cfg.kv_heads * cfg.head_dim, cfg.n_expert, cfg.n_expert_used
         ib = lambda n: cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, max(1, n) * 4)  # noqa: E731
@@ -80,22 +81,6 @@ class LlamaEngine(EngineBase):
         if E:
             RM = self.ops.grouped_tiles()["RM"]
             self.R, self.max_tiles = N * K + E * (RM - 1), -(-N * K // RM) + E
-            for kname in ("moe_router_forward", "moe_route_packed", "moe_gather_packed", "moe_combine_forward",
-                          "moe_combine_backward", "moe_weight_backward", "moe_router_backward",
-                          "moe_scatter_backward"):
-                self.ops.k[kname] = dev.kernel("moe", kname, E=E, K=K, C=C, RM=RM)
-            # GPUs: the routing by one work-group (its local counts: 2 LW E words), dw one work-group a row
-            self.route_lw = 0
-            if self.ops.rows:
-                lw = min(256, dev.device.max_work_group_size)
-                while lw > 1 and lw * E > 4096:
-                    lw //= 2
-                if lw >= E:
-                    self.route_lw = lw
-                    self.ops.k["moe_route_packed_wg"] = dev.kernel("moe", "moe_route_packed_wg", E=E, K=K, C=C,
-                                                                   RM=RM, LW=lw)
-                self.ops.k["moe_weight_backward_wg"] = dev.kernel("moe", "moe_weight_backward_wg", E=E, K=K, C=C,
-                                                                  RM=RM, LW=64)
         self.acts = []
         for _ in range(L):
             a = dict(x=buf(N * C), ln1=buf(N * C), r1=buf(N), qkv=buf(N * 3 * C), att=buf(self.ops.att_floats(B, T)),
@@ -205,11 +190,7 @@ class LlamaEngine(EngineBase):
         ops.matmul(N, E, C, a["ln2"], p[pre + "ffn_gate_inp.weight"], self.rlogits, tb=1)
         ops.runp("moe_router_forward", (N,), i32(N), i32(self._fixed_routing), self.rlogits, a["probs"], a["sel"],
                  a["w"])
-        route_args = (i32(N), a["probs"], a["sel"], a["pos"], a["counts"], a["offs"], a["tiles"], a["pmean"])
-        if self.route_lw:
-            ops.run("moe_route_packed_wg", (self.route_lw,), *route_args, lsize=(self.route_lw,))
-        else:
-            ops.run("moe_route_packed", (E,), *route_args, lsize=(1,))
+        ops.moe_route(N, a["probs"], a["sel"], a["pos"], a["counts"], a["offs"], a["tiles"], a["pmean"])
         self._n_routed = N  # counts and pmean stay on the device until expert_usage / aux_loss ask
         ops.runp("moe_gather_packed", (C, N * cfg.n_expert_used), i32(N), a["pos"], a["ln2"], a["xg"])
         route = (a["counts"], a["offs"], a["tiles"])
@@ -235,24 +216,23 @@ class LlamaEngine(EngineBase):
             if cfg.n_expert:
                 self._moe_backward(i, a, N, scale, dy)
             else:  # x_out = x_mid + act @ Wdown.T, act = silu(hgu[:, :F]) * hgu[:, F:], hgu = ln2 @ [Wg; Wu].T
-                ops.matmul(C, F, N, dy, a["act"], g[pre + "ffn_down.weight"], ta=1, accum=True)
-                # dact = dy @ Wdown, and in its epilogue dhgu = dgate | dup (kernels/matmul.cl EPI 3)
-                ops.matmul_epi(N, F, C, dy, p[pre + "ffn_down.weight"], self.dhgu, epi=3, E=a["hgu"], ldc=2 * F)
-                ops.matmul(2 * F, C, N, self.dhgu, a["ln2"], g[pre + "ffn_gate+up"], ta=1, accum=True)
-                ops.matmul(N, C, 2 * F, self.dhgu, p[pre + "ffn_gate+up"], dln)
+                # dact = dy @ Wdown, and in its epilogue dhgu = dgate | dup (kernels/epilogue.cl EPI 3)
+                ops.linear_backward(N, C, F, dy, a["act"], p[pre + "ffn_down.weight"], g[pre + "ffn_down.weight"],
+                                    self.dhgu, epi=3, E=a["hgu"], ldc=2 * F)
+                ops.linear_backward(N, 2 * F, C, self.dhgu, a["ln2"], p[pre + "ffn_gate+up"], g[pre + "ffn_gate+up"],
+                                    dln)
             ops.rmsnorm_backward(N, dln, a["x_mid"], a["r2"], p[pre + "ffn_norm.weight"], g[pre + "ffn_norm.weight"],
                                  dx, 1)
             # attention: x_mid = x + drop(atty @ Wo.T)
             dy = self._branch_grad(N, C, i, "attn_res")
-            ops.matmul(C, C, N, dy, a["atty"], g[pre + "attn_output.weight"], ta=1, accum=True)
-            ops.matmul(N, C, C, dy, p[pre + "attn_output.weight"], self.datty)
+            ops.linear_backward(N, C, C, dy, a["atty"], p[pre + "attn_output.weight"], g[pre + "attn_output.weight"],
+                                self.datty)
             drop = self._dropped(i, "attn")
             ops.attention_backward(Bp, Tp, self.datty, a["qkv"], a["att"], self.datt, self.dqkv,
                                    drop and (*drop, a.get("att_d")), out=a["atty"])
             dh = self.dqkv if Ckv == C else self.dhqkv  # the q | k | v product's gradient (N, C + 2Ckv)
             ops.rope_backward(N, Tp, self.dqkv, self.rope_cos, self.rope_sin, dh)
-            ops.matmul(C + 2 * Ckv, C, N, dh, a["ln1"], g[pre + "attn_q+k+v"], ta=1, accum=True)
-            ops.matmul(N, C, C + 2 * Ckv, dh, p[pre + "attn_q+k+v"], dln)
+            ops.linear_backward(N, C + 2 * Ckv, C, dh, a["ln1"], p[pre + "attn_q+k+v"], g[pre + "attn_q+k+v"], dln)
             ops.rmsnorm_backward(N, dln, a["x"], a["r1"], p[pre + "attn_norm.weight"], g[pre + "attn_norm.weight"],
                                  dx, 1)
             self._layer_done(i)  # blk.i.* gradients final: data-parallel ranks may sum them now
@@ -267,10 +247,7 @@ class LlamaEngine(EngineBase):
         dln, mt = self.dln, self.max_tiles
         route = (a["counts"], a["offs"], a["tiles"])
         ops.runp("moe_combine_backward", (C, N * K), i32(N), dy, a["w"], a["pos"], self.dye)
-        if "moe_weight_backward_wg" in ops.k:
-            ops.run("moe_weight_backward_wg", (N * K * 64,), i32(N), dy, a["pos"], a["ye"], self.dwsel, lsize=(64,))
-        else:
-            ops.runp("moe_weight_backward", (N * K,), i32(N), dy, a["pos"], a["ye"], self.dwsel)
+        ops.moe_weight_backward(N, dy, a["pos"], a["ye"], self.dwsel)
         w = {name: p[f"{pre}{name}.weight"] for name in _EXPERT_MATS}
         gw = {name: g[f"{pre}{name}.weight"] for name in _EXPERT_MATS}
         # ye = act @ Wd_e.T:  dWd_e (C,F) += dye_e.T @ act_e;  dact = dye @ Wd_e
@@ -286,8 +263,8 @@ class LlamaEngine(EngineBase):
         aux_scale = scale * cfg.moe_aux_loss * E / (float(N) * N * K)
         ops.runp("moe_router_backward", (N,), i32(N), f32(aux_scale), self.dwsel, a["probs"], a["sel"], a["w"],
                  a["counts"], self.drlogits)
-        ops.matmul(E, C, N, self.drlogits, a["ln2"], g[pre + "ffn_gate_inp.weight"], ta=1, accum=True)
-        ops.matmul(N, C, E, self.drlogits, p[pre + "ffn_gate_inp.weight"], dln)
+        ops.linear_backward(N, E, C, self.drlogits, a["ln2"], p[pre + "ffn_gate_inp.weight"],
+                            g[pre + "ffn_gate_inp.weight"], dln)
         ops.runp("moe_scatter_backward", (C, N), i32(N), a["pos"], self.dxg, dln)
 
 

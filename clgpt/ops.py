@@ -278,7 +278,43 @@ class Ops:
             for kname in ("rmsnorm_forward_wg", "rmsnorm_backward_wg"):
                 k[kname] = dev.kernel("rmsnorm", kname, C=C, EPS=float(cfg.norm_eps), LW=self.rows)
             k["swiglu_rows_forward_el"] = dev.kernel("swiglu", "swiglu_rows_forward_el", F=cfg.n_ff)
+        if E:
+            self._build_moe()
         return k
+
+    def _build_moe(self):
+        """kernels/moe.cl: routing, gather, combine and their gradients, rows aligned to grouped_tiles' RM. GPUs
+        route in one work-group (its local counts: 2 LW E words) and take dw one work-group a row."""
+        cfg, dev, k = self.cfg, self.dev, self.k
+        moe = dict(E=cfg.n_expert, K=cfg.n_expert_used, C=cfg.n_embd, RM=self.grouped_tiles()["RM"])
+        for kname in ("moe_router_forward", "moe_route_packed", "moe_gather_packed", "moe_combine_forward",
+                      "moe_combine_backward", "moe_weight_backward", "moe_router_backward", "moe_scatter_backward"):
+            k[kname] = dev.kernel("moe", kname, **moe)
+        self.route_lw = 0
+        if self.rows:
+            lw = min(256, dev.device.max_work_group_size)
+            while lw > 1 and lw * moe["E"] > 4096:
+                lw //= 2
+            if lw >= moe["E"]:
+                self.route_lw = lw
+                k["moe_route_packed_wg"] = dev.kernel("moe", "moe_route_packed_wg", **moe, LW=lw)
+            k["moe_weight_backward_wg"] = dev.kernel("moe", "moe_weight_backward_wg", **moe, LW=64)
+
+    def moe_route(self, N, probs, sel, pos, counts, offs, tiles, pmean):
+        """Pack each expert's tokens in increasing order at a tile-aligned offset (kernels/moe.cl)."""
+        args = (i32(N), probs, sel, pos, counts, offs, tiles, pmean)
+        if self.route_lw:
+            self.run("moe_route_packed_wg", (self.route_lw,), *args, lsize=(self.route_lw,))
+        else:
+            self.run("moe_route_packed", (self.cfg.n_expert,), *args, lsize=(1,))
+
+    def moe_weight_backward(self, N, dy, pos, ye, dwsel):
+        """dwsel (N, K): the gradient of each pick's weight, dy . ye of its expert's row."""
+        if "moe_weight_backward_wg" in self.k:
+            self.run("moe_weight_backward_wg", (N * self.cfg.n_expert_used * 64,), i32(N), dy, pos, ye, dwsel,
+                     lsize=(64,))
+        else:
+            self.runp("moe_weight_backward", (N * self.cfg.n_expert_used,), i32(N), dy, pos, ye, dwsel)
 
     # ---- launch helpers ----
     def run(self, name, gsize, *args, lsize=None):
@@ -407,12 +443,11 @@ class Ops:
         (ldc = 2N: Cm's and E's rows ldc floats apart)."""
         if M <= 0 or N <= 0:
             return
-        # the tensor-core forms write rows N apart: a product with its own ldc (epi 3) takes the portable kernels
-        if self.bf16 is not None and ldc is None:
-            self._matmul_bf16(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E)
+        if self.bf16 is not None:
+            self._matmul_bf16(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E, ldc or N)
             return
-        if self.mma is not None and ldc is None:
-            self._matmul_mma(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E)
+        if self.mma is not None:
+            self._matmul_mma(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E, ldc or N)
             return
         if self.mm["kernel"] == "matmul_rb":
             self._matmul_rb(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E, ldc)
@@ -546,7 +581,7 @@ class Ops:
                 WM=mm["WM"], WN=mm["WN"], **extra)
         return kern
 
-    def _matmul_mma(self, M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E):
+    def _matmul_mma(self, M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E, ldc=None):
         lda, ldb = (M if ta else K), (K if tb else N)
         align4 = lda % 4 == 0 and ldb % 4 == 0
         mm = self._mma_tiles(M, N)
@@ -566,7 +601,7 @@ class Ops:
                 return
         kern = self._kernel_mma(mm, ta, tb, bias is not None, resid is not None, bool(accum), epi, align4)
         gsize, lsize = mma_launch(mm, M, N)
-        self._launch(kern, gsize, lsize, (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm, i32(N),
+        self._launch(kern, gsize, lsize, (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm, i32(ldc or N),
                                           bias, resid, f32(alpha), E))
 
     # ---- bf16 GEMM on bf16 operand copies (kernels/matmul_bf16.cl) ----
@@ -663,7 +698,7 @@ class Ops:
         B16 = self.to_bf16(1, B, N, K, Np, Kp, trans=not tb)
         return A16, True, Kp, B16, True, Kp, Kp
 
-    def _matmul_bf16(self, M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E):
+    def _matmul_bf16(self, M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E, ldc=None):
         for X in (A, B):  # a deferred GELU' is read from the reuse copy only
             if X.int_ptr in self._gelu_pending and not (X.int_ptr == self._reusing and self._wgmma_mn
                                                         and self.on_wgmma(M, N, K, epi)):
@@ -688,15 +723,16 @@ class Ops:
                 self._matmul_wgmma(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E,
                                    tiled_out=(self._kept_copy(E, M, N), None))
                 return
-            self._matmul_wgmma(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E)
+            self._matmul_wgmma(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E, ldc=ldc)
             return
         big, small = self.bf16
         mm = big if mma_groups(big, M, N) >= MMA_SMALL_GROUPS else small
         ops = self.bf16_operands(mm, M, N, K, A, B, ta, tb)
-        self.matmul_bf16(mm, M, N, *ops, Cm, bias, resid, accum, alpha, epi, E, split_k=K >= SPLIT_MIN_TOTAL_K)
+        self.matmul_bf16(mm, M, N, *ops, Cm, bias, resid, accum, alpha, epi, E, split_k=K >= SPLIT_MIN_TOTAL_K,
+                         ldc=ldc)
 
     def matmul_bf16(self, mm, M, N, A16, akc, lda, B16, bkc, ldb, Kp, Cm, bias=None, resid=None, accum=False,
-                    alpha=1.0, epi=0, E=None, split_k=True):
+                    alpha=1.0, epi=0, E=None, split_k=True, ldc=None):
         """Cm (M,N) = alpha op(A16) @ op(B16) [+ ...] on bf16 copies (bf16_operands) padded to mm's tiles and Kp."""
         groups = mma_groups(mm, M, N)
         if split_k and bias is None and resid is None and epi == 0 and groups < MMA_SPLIT_GROUPS:
@@ -713,8 +749,8 @@ class Ops:
                 return
         kern = self._kernel_bf16(mm, akc, bkc, bias is not None, resid is not None, bool(accum), epi)
         gsize, lsize = mma_launch(mm, M, N)
-        self._launch(kern, gsize, lsize, (i32(M), i32(N), i32(Kp), A16, i32(lda), B16, i32(ldb), Cm, i32(N), bias,
-                                          resid, f32(alpha), E))
+        self._launch(kern, gsize, lsize, (i32(M), i32(N), i32(Kp), A16, i32(lda), B16, i32(ldb), Cm, i32(ldc or N),
+                                          bias, resid, f32(alpha), E))
 
     # ---- bf16 GEMM on Hopper's wgmma (kernels/matmul_wgmma.cl) ----
     def _kernel_wgmma(self, mm, trans, bias, resid, accum, epi, split=0, tiled_out=0):
@@ -729,7 +765,7 @@ class Ops:
                 SMEM_BYTES=mm["STAGES"] * (mm["BM"] + mm["BN"]) * 128 + 64)
         return kern
 
-    def _matmul_wgmma(self, M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E, tiled_out=None):
+    def _matmul_wgmma(self, M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E, tiled_out=None, ldc=None):
         """Cm (M,N) = alpha op(A) @ op(B) [+ ...] on tiled bf16 copies: wgmma, split along K when the output
         gives too few work-groups (raw parts, then splitk_reduce adds them in order, as the fp32 path does).
         tiled_out = (copy, column sums): epi 1's E, or with epi 2 Cm itself (and its sums), written only as its
@@ -762,7 +798,7 @@ class Ops:
                 return
         kern = self._kernel_wgmma(mm, trans, bias is not None, resid is not None, bool(accum), epi,
                                   tiled_out=epi if tiled_out else 0)
-        self._launch(kern, gsize, lsize, (i32(M), i32(N), *operands, Cm, i32(N), bias, resid, f32(alpha), E,
+        self._launch(kern, gsize, lsize, (i32(M), i32(N), *operands, Cm, i32(ldc or N), bias, resid, f32(alpha), E,
                                           *(tiled_out or ())))
 
     def tiled_copy(self, slot, X, rows, cols):
@@ -876,6 +912,16 @@ class Ops:
             if gelu is not None and not gelu.copied:  # never copied: finish the fp32 gradient
                 self._settle(buf)
             self._gelu_pending.pop(buf.int_ptr, None)
+
+    def linear_backward(self, N, n_out, n_in, dy, x, W, dW, dx, db=None, epi=0, E=None, ldc=None):
+        """Both gradients of y (N, n_out) = x (N, n_in) @ W.T [+ b]: dW += dy.T @ x, db += dy's column sums,
+        dx = dy @ W through matmul_epi's epilogue `epi` (E, ldc as there). dy feeds both products, so the
+        operand copy made of it for the first serves the second (reuse)."""
+        with self.reuse(dy):
+            self.matmul(n_out, n_in, N, dy, x, dW, ta=1, accum=True)
+            if db is not None:
+                self.bias_backward(N, n_out, dy, db)
+            self.matmul_epi(N, n_in, n_out, dy, W, dx, epi=epi, E=E, ldc=ldc)
 
     def _grown(self, key, n):
         """Scratch floats `key` (see _grown_bufs), grown to at least n."""

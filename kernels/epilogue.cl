@@ -83,6 +83,11 @@ inline float2 epilogue2(const float2 acc, const int gm, const int gn, const int 
     const float2 e = *(__global const float2*)(E + o);
     c.x *= gelu_df(e.x);
     c.y *= gelu_df(e.y);
+#elif EPI == 3  // as epilogue's; up's pair need not be 8-byte aligned (N = ldc / 2 may be odd)
+    const float2 g = *(__global const float2*)(E + o), u = vload2(0, E + o + ldc / 2);
+    const float2 sg = 1.0f / (1.0f + exp(-g));
+    vstore2(c * g * sg, 0, Cm + o + ldc / 2);
+    c = c * u * sg * (1.0f + g * (1.0f - sg));
 #endif
     return c;
 }

@@ -581,7 +581,7 @@ def test_products_that_write_only_their_tiled_copy(dev, monkeypatch):
     ops = _bf16_ops(monkeypatch)
     calls = []
     monkeypatch.setattr(ops, "on_wgmma", lambda M, N, K, epi=0: epi != 2)
-    monkeypatch.setattr(ops, "_matmul_wgmma", lambda *a, tiled_out=None: calls.append((a[12], tiled_out)))
+    monkeypatch.setattr(ops, "_matmul_wgmma", lambda *a, tiled_out=None, **_: calls.append((a[12], tiled_out)))
     monkeypatch.setattr(ops, "_launch", lambda *a: calls.append(("launch", a[0])))
     ops.k["to_bf16_colsum_gelu"] = ops.k["to_bf16_colsum"] = "copy"
     M, N, K = 128, 192, 64
@@ -624,3 +624,39 @@ def test_layernorm_writes_its_tiled_copy(dev, N, C):
                    {**kw, "LN_TILED": 1}, lsize=(32, 4))
     assert all(np.array_equal(plain[k], tiled[k]) for k in ("out", "mean", "rstd"))
     assert np.array_equal(tiled["out16"][_tiled_index(N, C)], _bf16_pattern(plain["out"]))
+
+
+@pytest.mark.parametrize("shape", [dict(), dict(n_head=4, n_head_kv=2), dict(n_expert=4, n_expert_used=2)])
+def test_llama_engine_on_tensor_cores_against_float64(dev, monkeypatch, shape):
+    """llama's bf16 engine with every product on the tensor-core kernels (emulated), the SwiGLU backward's
+    two-output epilogue (EPI 3, rows 2F apart) among them, dense, grouped-query and MoE: loss and every gradient
+    against the float64 reference (MoE with the engine's routing: top-k may pick differently at a near tie), and
+    the same bytes twice."""
+    from clgpt import reference_llama
+    from clgpt.engine import make_engine
+
+    _engine(monkeypatch, "bf16", launch="nvidia", emulate=True)  # the launch row and tiles
+    cfg = ModelConfig(**{**dict(arch="llama", vocab_size=32, n_ctx=16, n_embd=32, n_head=2, n_layer=2, n_ff=64),
+                         **shape})
+    params = init_params(cfg, 0)
+    r = np.random.default_rng(7)
+    tok, tgt = (r.integers(0, 32, size=(2, 16)).astype(np.int32) for _ in range(2))
+    runs = []
+    for _ in range(2):
+        eng = make_engine(cfg, params, batch_size=2, seq_len=16, precision="bf16")
+        assert eng.ops.bf16 is not None
+        eng.zero_grad()
+        loss = eng.forward(tok, tgt)
+        eng.backward()
+        runs.append((loss, eng.get_grads()))
+    routing = None
+    if cfg.n_expert:
+        routing = [from_dev(dev, a["sel"], (tok.size, cfg.n_expert_used)).view(np.int32) for a in eng.acts]
+    want_loss, _, cache = reference_llama.llama_forward(params, cfg, tok, tgt, routing=routing)
+    want = reference_llama.llama_backward(cache)
+    (loss, grads), (loss2, grads2) = runs
+    assert abs(loss - want_loss) < 2e-2 * abs(want_loss), f"loss {loss} vs {want_loss}"
+    for name, g in want.items():
+        err = np.abs(grads[name] - g).max() / max(np.abs(g).max(), 1e-12)
+        assert err < 0.2, f"grad {name}: relative error {err:.2e}"
+    assert loss2 == loss and all(np.array_equal(grads[n], grads2[n]) for n in grads)
