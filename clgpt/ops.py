@@ -278,6 +278,8 @@ class Ops:
             for kname in ("rmsnorm_forward_wg", "rmsnorm_backward_wg"):
                 k[kname] = dev.kernel("rmsnorm", kname, C=C, EPS=float(cfg.norm_eps), LW=self.rows)
             k["swiglu_rows_forward_el"] = dev.kernel("swiglu", "swiglu_rows_forward_el", F=cfg.n_ff)
+            for kname in ("rope_forward_el", "rope_backward_el"):  # one work-item a pair
+                k[kname] = dev.kernel("rope", kname, C=C, D=D, G=cfg.n_head // cfg.kv_heads, CKV=cfg.kv_heads * D)
         if E:
             self._build_moe()
         return k
@@ -1326,7 +1328,12 @@ class Ops:
 
     # ---- llama pieces ----
     def _rope_launch(self, name, slots, N, args):
-        """(slots, N) work-items, one per (head slot, row); work-groups of about 64 (PoCL pays per group)."""
+        """GPUs: (slots * D/2, N) work-items, one per pair; else (slots, N), one per (head slot, row), in
+        work-groups of about 64 (PoCL pays per group)."""
+        if name + "_el" in self.k:
+            pairs = slots * self.cfg.head_dim // 2
+            self.run(name + "_el", (ceil_to(pairs, 64), N), *args, lsize=(64, 1))
+            return
         r = max(1, 64 // slots)
         self.run(name, (slots, ceil_to(N, r)), *args, lsize=(slots, r))
 

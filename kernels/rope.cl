@@ -111,3 +111,66 @@ __kernel void rope_backward(const int N, const int T, __global const float* dqkv
     }
 #endif
 }
+
+// GPUs: one work-item per pair (2-D launch (slots * D/2, N)), so neighbouring work-items read and write
+// neighbouring pairs; the loops above, one work-item a head, read D floats apart and left the memory system
+// mostly idle. The same operations pair by pair as rope_rotate's loop, so the same bits.
+__kernel void rope_forward_el(const int N, const int T, __global const float* src, __global const float* cosb,
+                              __global const float* sinb, __global float* qkv)
+{
+    const int p = get_global_id(0), n = get_global_id(1);
+    if (p >= FWD_SLOTS * HALF || n >= N) return;
+    const int h = p / HALF, i = p % HALF, t = n % T;
+    __global const float* row = src + (size_t)n * SW;
+    __global float* o = qkv + (size_t)n * 3 * C + h * D + 2 * i;
+    if (h < 2 * H) {
+        __global const float* s = row + (h < H ? h * D : C + ((h - H) / G) * D) + 2 * i;
+        const float c = cosb[t * HALF + i], si = 1.0f * sinb[t * HALF + i];
+        const float a = s[0], b = s[1];
+        o[0] = a * c - b * si;
+        o[1] = a * si + b * c;
+    } else {
+        __global const float* s = row + C + CKV + ((h - 2 * H) / G) * D + 2 * i;
+        o[0] = s[0];
+        o[1] = s[1];
+    }
+}
+
+__kernel void rope_backward_el(const int N, const int T, __global const float* dqkv, __global const float* cosb,
+                               __global const float* sinb, __global float* dsrc)
+{
+    const int p = get_global_id(0), n = get_global_id(1);
+    if (p >= BWD_SLOTS * HALF || n >= N) return;
+    const int h = p / HALF, i = p % HALF, t = n % T;
+    __global const float* row = dqkv + (size_t)n * 3 * C;
+    __global float* o = dsrc + (size_t)n * SW;
+    const float c = cosb[t * HALF + i], sn = sinb[t * HALF + i];
+#if G == 1
+    {
+#else
+    if (h < H) {
+#endif
+        const float si = -1.0f * sn, a = row[h * D + 2 * i], b = row[h * D + 2 * i + 1];
+        o[h * D + 2 * i] = a * c - b * si;
+        o[h * D + 2 * i + 1] = a * si + b * c;
+        return;
+    }
+#if G != 1
+    const int hkv = CKV / D, j = h - H;
+    const int is_v = j >= hkv, kvh = is_v ? j - hkv : j;
+    __global const float* d = row + (is_v ? 2 * C : C) + kvh * G * D + 2 * i;
+    float a = 0.0f, b = 0.0f;
+    for (int g = 0; g < G; g++) {
+        a += d[g * D];
+        b += d[g * D + 1];
+    }
+    __global float* out = o + C + (is_v ? CKV : 0) + kvh * D + 2 * i;
+    if (is_v) {
+        out[0] = a;
+        out[1] = b;
+    } else {
+        out[0] = a * c + b * sn;
+        out[1] = -a * sn + b * c;
+    }
+#endif
+}

@@ -153,12 +153,13 @@ def test_rmsnorm_kernels_blocked(launch, N, C):
                    atol=KERNEL_TOL, fd=FD(fwd, {"x": x, "w": w}, dout, grads={"dw": "w"}, base={"dw": 1.0}))
     assert np.array_equal(got["dw"], run_op(dev, "rmsnorm", "rmsnorm_param_backward", (C,), pargs, plain)["dw"])
 
-@pytest.mark.parametrize("D,vec", [(6, 0), (16, 0), (16, 1)])
+@pytest.mark.parametrize("D,form", [(6, "loop"), (16, "loop"), (16, "vec"), (6, "el"), (16, "el")])
 @pytest.mark.parametrize("H,Hkv", [(2, 2), (4, 2), (4, 1)])
-def test_rope_kernels(launch, H, Hkv, D, vec):
+def test_rope_kernels(launch, H, Hkv, D, form):
     """rope_forward / rope_backward on the q | k | v product (N, C + 2Ckv), into and from attention's
-    (N, 3C) layout; with Hkv == H in place (one buffer: src is qkv). vec: the CPU form (ROPE_VEC, 4 pairs a
-    step), which must also give the pair-by-pair loop's bits."""
+    (N, 3C) layout; with Hkv == H in place (one buffer: src is qkv). Against float64 and finite differences in
+    each form, which must also give the pair-by-pair loop's bits: "vec", the CPU form (ROPE_VEC, 4 pairs a
+    step), and "el", the GPU form (rope_*_el, one work-item a pair)."""
     B, T = 2, 5
     C, Ckv, N = H * D, Hkv * D, B * T
     src = rnd(N, C + 2 * Ckv, seed=1)
@@ -171,17 +172,19 @@ def test_rope_kernels(launch, H, Hkv, D, vec):
     want = fwd(src.astype(np.float64))
     d, dev = dict(C=C, D=D, G=H // Hkv, CKV=Ckv), launch.dev
     plain = dict(d)
-    if vec:
+    if form == "vec":
         d["ROPE_VEC"] = 1
-    tabs = [("cos", cos.astype(np.float32)), ("sin", sin.astype(np.float32))]
+    el = "_el" if form == "el" else ""
     inplace = H == Hkv  # then the output is the input buffer (v stays as it was)
+    fslots, bslots = (2 * H, 2 * H) if inplace else (3 * H, H + 2 * Hkv)
+    grid = (lambda slots: (slots * D // 2, N)) if el else (lambda slots: (slots, N))  # noqa: E731
+    tabs = [("cos", cos.astype(np.float32)), ("sin", sin.astype(np.float32))]
     out = ("qkv", "src") if inplace else ("qkv", np.zeros((N, 3 * C), np.float32))
     fargs = [("N", np.int32(N)), ("T", np.int32(T)), ("src", src), *tabs, out]
     fkey = "src" if inplace else "qkv"
-    got = check_op(dev, "rope", "rope_forward", (2 * H if inplace else 3 * H, N), fargs, {fkey: want}, d,
-                   atol=KERNEL_TOL)
-    if vec:
-        one = run_op(dev, "rope", "rope_forward", (2 * H if inplace else 3 * H, N), fargs, plain)
+    got = check_op(dev, "rope", "rope_forward" + el, grid(fslots), fargs, {fkey: want}, d, atol=KERNEL_TOL)
+    if form != "loop":
+        one = run_op(dev, "rope", "rope_forward", (fslots, N), fargs, plain)
         assert np.array_equal(got[fkey], one[fkey])
     dqkv = rnd(N, 3 * C, seed=4)
     dq, dk, dv = ref.rope_qkv_backward(dqkv.reshape(B, T, -1), H, Hkv, cos, sin)
@@ -189,10 +192,10 @@ def test_rope_kernels(launch, H, Hkv, D, vec):
     key = "dqkv" if inplace else "dsrc"
     out = ("dsrc", "dqkv") if inplace else ("dsrc", np.zeros_like(src))
     bargs = [("N", np.int32(N)), ("T", np.int32(T)), ("dqkv", dqkv), *tabs, out]
-    got = check_op(dev, "rope", "rope_backward", (2 * H if inplace else H + 2 * Hkv, N), bargs, {key: dsrc}, d,
+    got = check_op(dev, "rope", "rope_backward" + el, grid(bslots), bargs, {key: dsrc}, d,
                    atol=KERNEL_TOL, fd=FD(fwd, {"src": src}, dqkv, grads={key: "src"}))
-    if vec:
-        one = run_op(dev, "rope", "rope_backward", (2 * H if inplace else H + 2 * Hkv, N), bargs, plain)
+    if form != "loop":
+        one = run_op(dev, "rope", "rope_backward", (bslots, N), bargs, plain)
         assert np.array_equal(got[key], one[key])
     # the backward is the transpose of the forward: <dqkv, fwd(src)> = <bwd(dqkv), src>
     assert abs((dqkv * want).sum() - (dsrc * src).sum()) < 1e-9 * abs((dqkv * want).sum())
