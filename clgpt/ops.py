@@ -22,7 +22,6 @@ Buffers are pyopencl Buffers (or sub-buffers) of float32 (int32 for token ids), 
 from __future__ import annotations
 
 import math
-import os
 from collections import namedtuple
 from contextlib import contextmanager
 from operator import itemgetter
@@ -30,7 +29,7 @@ from operator import itemgetter
 import numpy as np
 import pyopencl as cl
 
-from clgpt import sm90a
+from clgpt import knobs, sm90a
 from clgpt.device import Device
 from clgpt.errors import ClgptError
 from clgpt.model import ModelConfig
@@ -92,6 +91,7 @@ class Ops:
                  batch_size: int | None = None):
         self.dev, self.cfg = dev, cfg
         self.ctx, self.queue = dev.ctx, dev.queue
+        kn = knobs.read()
         self.launch = launch_config(dev.device)
         self.mm = self.launch["matmul"]
         # matmul precision: ROUND for the portable kernels; the tensor-core kernel where the device has one
@@ -103,7 +103,7 @@ class Ops:
             self.mma = (self.launch["matmul_mma"], self.launch["matmul_mma_small"])
         # bf16: the GEMM on bf16 operand copies (kernels/matmul_bf16.cl: cp.async, ldmatrix), (big, small) tiles
         self.bf16, self._bf16_opts = None, {}
-        self._bf16_mn = os.environ.get("CLGPT_BF16_MN", "1") != "0"  # m/n-contiguous copies (ldmatrix.trans)
+        self._bf16_mn = kn.bf16_mn  # m/n-contiguous copies (ldmatrix.trans)
         # the bf16 copies of op(A), op(B); reuse's; a gradient's copy its product wrote (TILED_OUT 2)
         self._b16, self._b16_size = [None, None, None, None], [0, 0, 0, 0]
         if self.round == 1 and self.mma is not None and self.launch.get("matmul_bf16"):
@@ -112,23 +112,21 @@ class Ops:
         self.wgmma = None
         if self.bf16 is not None and self.launch.get("matmul_wgmma") and sm90a.supported(dev.device):
             self.wgmma = (self.launch["matmul_wgmma"], self.launch["matmul_wgmma_narrow"])
-        self.wgmma_min = int(os.environ.get("CLGPT_WGMMA_MIN_MNK", WGMMA_MIN_MNK))  # 0: every product (checks)
+        self.wgmma_min = WGMMA_MIN_MNK if kn.wgmma_min_mnk is None else kn.wgmma_min_mnk  # 0: every product
         # wgmma reads one tiled copy of a matrix for a product and for its transposes (M- / N-major operands);
         # CLGPT_WGMMA_MN=0 copies op(A), op(B) transposed to K-major for each product instead (comparisons).
         # Copies of `stable` buffers (the forward's activations, the weights) serve every product until the
         # next forward (forget_copies); one `reuse` buffer's copy serves the products inside its block.
-        self._wgmma_mn = os.environ.get("CLGPT_WGMMA_MN", "1") != "0"
+        self._wgmma_mn = kn.wgmma_mn
         # the GELU' product (epi 2): defer (default: wgmma, gelu' in its gradient's copy), wgmma (in the epilogue:
         # slower), mma (mma.sync's epilogue on copies of its own)
-        self._epi2 = os.environ.get("CLGPT_WGMMA_EPI2", "defer")
-        if self._epi2 not in ("defer", "wgmma", "mma"):
-            raise ClgptError(f"CLGPT_WGMMA_EPI2={self._epi2!r}: use defer, wgmma or mma")
+        self._epi2 = kn.wgmma_epi2
         self._stable, self._reusing = {}, None  # stable: handle -> buffer (held, so no handle is reused while kept)
         self._colsums = None  # (key, row chunks, buffer): the reuse copy's column sums (bias_backward)
         # products that wrote their output only as its tiled copy (matmul_wgmma.cl TILED_OUT 2): handle ->
         # (copy, Rp, Cp, column sums, row chunks), taken by the reuse block of that buffer
         self._premade = {}
-        self._tiled_out = os.environ.get("CLGPT_WGMMA_TILED_OUT", "1") != "0"  # 0: copies made apart (comparisons)
+        self._tiled_out = kn.wgmma_tiled_out  # 0: copies made apart (comparisons)
         # a GELU' deferred from the backward's product dg (epi 2) into its gradient's reuse copy: handle ->
         # _Deferred; once copied, the copy holds dg * gelu'(E) and the fp32 buffer dg, which nothing reads
         self._gelu_pending = {}
@@ -150,23 +148,21 @@ class Ops:
         # LayerNorm's one-work-item kernels: rows (forward, backward) and channels (dw, db) a work-item
         self.norm_rb, self.norm_cb = self.launch.get("norm_rb", 1), self.launch.get("norm_cb", 1)
         self.k = {}
+        self._nv_verbose_on = kn.nv_verbose  # NVIDIA's build log with registers and spills (_nv_verbose)
         self._build_common()
         if self.bf16 is not None:
             self._bf16_setup()
-        self.flash = self._use_flash(seq_len, batch_size)  # (after _bf16_setup: it may turn bf16 off)
+        self.flash = self._use_flash(kn.flash, seq_len, batch_size)  # (after _bf16_setup: it may turn bf16 off)
         if self.flash:
             self._flash_setup()
 
-    def _use_flash(self, T: int, B: int | None) -> bool:
+    def _use_flash(self, mode: str, T: int, B: int | None) -> bool:
         """bf16 attention as fused kernels (kernels/flash.cl: no T x T scores) where the bf16 GEMM runs and the
         head width is 16-64. CLGPT_FLASH: auto (default) | on | off. auto: flash when the forward's grid, B x H x
         ceil(T/64) work-groups of 4 warps, fills the GPU (FLASH_MIN_GROUPS a compute unit), or T >= FLASH_LONG_T
         (the T x T buffers' memory), or B is not known. On a grid that leaves units idle the batched form's
         large products use the GPU better than flash's few work-groups; once the grid fills it, flash's fused
         kernels, which never write the scores, win (bench/RESULTS_GPU.md)."""
-        mode = os.environ.get("CLGPT_FLASH", "auto")
-        if mode not in ("auto", "on", "off"):
-            raise ClgptError(f"CLGPT_FLASH={mode!r}: use auto, on or off")
         D = self.cfg.head_dim
         if mode == "off" or self.bf16 is None or D % 16 or D > 64:
             return False
@@ -638,7 +634,7 @@ class Ops:
     def _nv_verbose(self, opts: dict) -> tuple:
         """Build options: CLGPT_NV_VERBOSE=1 has NVIDIA's compiler report registers and spills in the build log
         (bench/gpu_tc.py), not for kernels built with MMA_EMULATE in `opts`."""
-        return ("-cl-nv-verbose",) if os.environ.get("CLGPT_NV_VERBOSE") and not opts.get("MMA_EMULATE") else ()
+        return ("-cl-nv-verbose",) if self._nv_verbose_on and not opts.get("MMA_EMULATE") else ()
 
     def _flash_setup(self):
         """kernels/flash.cl's three kernels, with the bf16 GEMM's options (MMA_EMULATE on PoCL, for tests)."""
