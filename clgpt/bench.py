@@ -12,13 +12,13 @@ prints where the device time goes, per kernel (and per matmul shape), before the
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections import defaultdict
 
 import numpy as np
 
+from clgpt import knobs
 from clgpt.errors import ClgptError
 
 WARMUP = 3
@@ -275,7 +275,7 @@ def run_bench(args) -> None:
               f"({_blas_info()}), OpenCL/numpy = {g['cl'] / g['np']:.3f}")
         print(f"gemm check: {'passed' if gemm_ok else 'FAILED'} (max rel err {g['err']:.2e} against float64 numpy, "
               f"tolerance {GEMM_TOL_PRECISION[eng.precision]:g})")
-    if os.environ.get("CLGPT_BENCH_PROFILE", "") not in ("", "0"):
+    if knobs.read().bench_profile:
         for line in profile(cfg, params, B, T, dev, batches, eng.precision):
             print(line)
     if not gemm_ok:

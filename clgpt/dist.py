@@ -27,6 +27,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from clgpt import knobs
 from clgpt.errors import ClgptError
 
 # Floats per bucket of the gradient all-reduce: the sum runs in pieces of this size, each an all-to-all
@@ -64,10 +65,11 @@ class Dist:
             # sum through shared memory when every rank is on this host (CLGPT_REDUCE=mpi: MPI messages anyway);
             # the same bits either way, shared memory is ~25% faster on the H200 host (bench/RESULTS_GPU.md)
             one_host = all(comm.allgather(self.node.Get_size() == self.size))
-            self.via = "shm" if os.environ.get("CLGPT_REDUCE", "shm") == "shm" and one_host else "mpi"
+            kn = knobs.read()
+            self.via = "shm" if kn.reduce == "shm" and one_host else "mpi"
             # host threads for the shared-memory sums (CLGPT_REDUCE_THREADS); one measured fastest on the H200
             # host: the copies are bound by memory bandwidth, not by one core
-            self.threads = max(1, int(os.environ.get("CLGPT_REDUCE_THREADS", 1)))
+            self.threads = kn.reduce_threads
         self.root = self.rank == 0
         self.where = f"rank {self.rank} of {self.size} (pid {os.getpid()} on {socket.gethostname()})"
 

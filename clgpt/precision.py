@@ -14,8 +14,7 @@ identically (kernels/precision.cl) and differ only in the order the tensor cores
 
 from __future__ import annotations
 
-import os
-
+from clgpt import knobs
 from clgpt.errors import ClgptError
 
 PRECISIONS = ("fp32", "tf32", "bf16", "auto")
@@ -47,7 +46,7 @@ def intel_matrix_path(device) -> str | None:
 def matrix_path(device) -> str | None:
     """'nv_mma' (kernels/matmul_mma.cl) on NVIDIA sm_80+; intel_matrix_path's on Intel; else None.
     CLGPT_MMA_EMULATE=1 gives 'nv_mma' on any device with the kernel's emulated mma (tests on PoCL)."""
-    if os.environ.get("CLGPT_MMA_EMULATE", "") not in ("", "0"):
+    if knobs.read().mma_emulate:
         return "nv_mma"
     import pyopencl as cl
 

@@ -9,7 +9,7 @@ import re
 import sys
 from pathlib import Path
 
-from clgpt.data import TEXT_SUFFIXES, _utf8_lines, corpus_files
+from clgpt.data.corpus import TEXT_SUFFIXES, _utf8_lines, corpus_files
 from clgpt.errors import ClgptError
 
 # corpus key -> the suffix of its files (the folders) or of the file (the held-out sets)
@@ -102,7 +102,7 @@ def warn_dropped_text(files: list[str], separator: str | None, scan_chars: int =
 
 def _texts_head(path: str, limit: int):
     """The chunks of a corpus file's texts, up to `limit` characters in all (a parse-time look, not a full read)."""
-    from clgpt.data import _texts
+    from clgpt.data.corpus import _texts
 
     seen = 0
     for chunks in _texts(path):
@@ -115,7 +115,7 @@ def _texts_head(path: str, limit: int):
 
 def parquet_null_texts(path: str) -> tuple[int, int]:
     """(rows whose `text` is null, rows) of a parquet file, from its statistics where it has them."""
-    from clgpt.data import _parquet_column
+    from clgpt.data.corpus import _parquet_column
 
     pf = _parquet_column(path)
     meta = pf.metadata

@@ -11,11 +11,11 @@ product); kernels/matmul_wgmma.cl the GEMM.
 
 from __future__ import annotations
 
-import os
 import re
 
 import pyopencl as cl
 
+from clgpt import knobs
 from clgpt.errors import ClgptError
 
 MARK = "// @sm90a@ "
@@ -42,7 +42,7 @@ def retarget(ctx: cl.Context, device: cl.Device, prg: cl.Program, smem_bytes: in
     (CL_DEVICE_LOCAL_MEM_SIZE); Hopper gives a block up to 227 KB, and a larger static array in the PTX runs
     (bench/probe_local_size.py), so the kernel declares 48 KB and its PTX array is set to smem_bytes."""
     ptx = patch_ptx(prg.get_info(cl.program_info.BINARIES)[0].decode(), smem_bytes)
-    verbose = bool(os.environ.get("CLGPT_SM90A_VERBOSE"))  # print ptxas's registers, spills and wgmma warnings
+    verbose = knobs.read().sm90a_verbose  # print ptxas's registers, spills and wgmma warnings
     out = cl.Program(ctx, [device], [ptx.encode()]).build(options=["-cl-nv-verbose"] if verbose else [])
     if verbose:
         print(out.get_build_info(device, cl.program_build_info.LOG), flush=True)

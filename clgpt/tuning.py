@@ -9,13 +9,14 @@ CLGPT_MMA and CLGPT_MMA_SMALL override the big and small tensor-core tiles, e.g.
 CLGPT_BF16 and CLGPT_BF16_SMALL do so for the bf16 GEMM (kernels/matmul_bf16.cl), e.g.
 `CLGPT_BF16=BM=128,BN=256,WM=2,WN=4,STAGES=2`; CLGPT_BF16=off sends bf16 to matmul_mma.cl instead.
 CLGPT_LAUNCH=cpu|nvidia|gpu takes that table row whatever the device (tests run the GPU paths on PoCL).
+clgpt/knobs.py lists these knobs with the others.
 """
 
 from __future__ import annotations
 
-import os
-
 import pyopencl as cl
+
+from clgpt import knobs
 
 # matmul: local-memory tiles TSM x TSN x TSK, WPTM x WPTN outputs per work-item (kernels/matmul.cl).
 # matmul_rb: RM rows x NV vectors of VW floats per work-item, no local memory; lsize in work-items.
@@ -122,29 +123,15 @@ TABLE = [
 _DEFAULT = dict(matmul=_GPU, local_1d=64, local_2d=(16, 4), vec=0, norm_parts=4096)
 
 
-def _parse(spec: str) -> dict:
-    out = {}
-    for item in spec.split(","):
-        key, _, value = item.partition("=")
-        key, value = key.strip(), value.strip()
-        if key == "lsize":
-            out[key] = tuple(int(v) for v in value.split("x"))
-        else:
-            out[key] = value if key == "kernel" else int(value)
-    return out
-
-
 def launch_config(device: cl.Device) -> dict:
     """-> dict(matmul=..., [matmul_small=...,] local_1d=int, local_2d=(int, int), vec=0/1 (float8 attention),
     norm_parts: partial sums of the grad norm (GPUs: many, strided)) for this device."""
     vendor = (device.vendor + " " + device.platform.name).lower()
     dtype_of = device.type
-    force = os.environ.get("CLGPT_LAUNCH", "").strip().lower()
-    if force:
-        if force not in ("cpu", "nvidia", "gpu"):
-            raise ValueError(f"CLGPT_LAUNCH={force!r}: expected cpu, nvidia or gpu")
-        dtype_of = cl.device_type.CPU if force == "cpu" else cl.device_type.GPU
-        vendor = "nvidia" if force == "nvidia" else "other"
+    kn = knobs.read()
+    if kn.launch:
+        dtype_of = cl.device_type.CPU if kn.launch == "cpu" else cl.device_type.GPU
+        vendor = "nvidia" if kn.launch == "nvidia" else "other"
     cfg = _DEFAULT
     for dtype, vend, row in TABLE:
         if dtype_of & dtype and vend in vendor:
@@ -153,10 +140,9 @@ def launch_config(device: cl.Device) -> dict:
     cfg = dict(cfg)
     if cfg["matmul"] is _CPU and device.native_vector_width_float < 16:
         cfg["matmul"] = _CPU_VEC8
-    spec = os.environ.get("CLGPT_MATMUL", "").strip()
-    if spec:
-        cfg["matmul"] = _parse(spec)
-        if os.environ.get("CLGPT_MATMUL_KEEP_SMALL", "") in ("", "0"):
+    if kn.matmul is not None:
+        cfg["matmul"] = dict(kn.matmul)
+        if not kn.matmul_keep_small:
             cfg.pop("matmul_small", None)
             cfg.pop("matmul_narrow", None)
     cfg.setdefault("matmul_mma", _NVIDIA_MMA)  # used only where clgpt.precision.matrix_path says so
@@ -165,14 +151,13 @@ def launch_config(device: cl.Device) -> dict:
     cfg.setdefault("matmul_bf16_small", _NVIDIA_BF16_SMALL)
     cfg.setdefault("matmul_wgmma", _NVIDIA_WGMMA)  # used only on sm_90 devices (clgpt.sm90a.supported)
     cfg.setdefault("matmul_wgmma_narrow", _NVIDIA_WGMMA_NARROW)
-    for key, var in (("matmul_mma", "CLGPT_MMA"), ("matmul_mma_small", "CLGPT_MMA_SMALL"),
-                     ("matmul_bf16", "CLGPT_BF16"), ("matmul_bf16_small", "CLGPT_BF16_SMALL"),
-                     ("matmul_wgmma", "CLGPT_WGMMA"), ("matmul_wgmma_narrow", "CLGPT_WGMMA_NARROW")):
-        spec = os.environ.get(var, "").strip()  # e.g. CLGPT_MMA=BM=128,BN=128,WM=2,WN=2
-        if spec == "off" and key in ("matmul_bf16", "matmul_wgmma"):
+    for key, tiles in (("matmul_mma", kn.mma), ("matmul_mma_small", kn.mma_small), ("matmul_bf16", kn.bf16),
+                       ("matmul_bf16_small", kn.bf16_small), ("matmul_wgmma", kn.wgmma),
+                       ("matmul_wgmma_narrow", kn.wgmma_narrow)):
+        if tiles == knobs.OFF:
             cfg[key] = None
-        elif spec and spec != "off":
-            cfg[key] = dict(_parse(spec), kernel=key.replace("_small", "").replace("_narrow", ""))
-    if os.environ.get("CLGPT_PRESET", "") in ("0", "1"):
-        cfg["preset"] = int(os.environ["CLGPT_PRESET"])
+        elif tiles is not None:
+            cfg[key] = dict(tiles, kernel=key.replace("_small", "").replace("_narrow", ""))
+    if kn.preset is not None:
+        cfg["preset"] = kn.preset
     return cfg

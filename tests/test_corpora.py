@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from clgpt import data
+from clgpt.data import corpus
 from clgpt.data import (
     check_text_corpus,
     encode_text_files,
@@ -90,8 +91,8 @@ def test_crlf_and_bom_are_read_as_plain_newlines(tmp_path, tok):
 
 
 def test_streaming_in_small_chunks_gives_the_ids_of_whole_documents(tmp_path, tok, monkeypatch):
-    monkeypatch.setattr(data, "CHUNK_CHARS", 7)
-    monkeypatch.setattr(data, "SEGMENT_CHARS", 11)
+    monkeypatch.setattr(corpus, "CHUNK_CHARS", 7)  # where the readers and the encoder look them up
+    monkeypatch.setattr(corpus, "SEGMENT_CHARS", 11)
     rng = random.Random(0)
     pieces = ["the ", "cat", " sat", "\n", "\n\n", " \n", "é", "<|endoftext|>", "\r\n", "12", ".", "  ", "Привет "]
     path = tmp_path / "f.txt"
@@ -113,7 +114,7 @@ def test_streaming_in_small_chunks_gives_the_ids_of_whole_documents(tmp_path, to
 
 
 def test_process_pool_gives_the_same_bytes(tmp_path, tok, monkeypatch):
-    monkeypatch.setattr(data, "SEGMENT_CHARS", 1000)
+    monkeypatch.setattr(corpus, "SEGMENT_CHARS", 1000)
     (tmp_path / "t").mkdir()
     (tmp_path / "t" / "a.txt").write_text(BOOK * 300)
     (tmp_path / "t" / "b.txt").write_text(STORIES * 300)

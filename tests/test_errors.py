@@ -506,8 +506,8 @@ def test_no_copies_of_the_defaults():
 
 
 def test_wheel_carries_kernels_and_schema(tmp_path):
-    """`pip wheel .` outside the checkout: the wheel holds kernels/*.cl and the schema, and an install of
-    it finds them with no checkout around."""
+    """`pip wheel .` outside the checkout: the wheel holds every package module (subpackages included),
+    kernels/*.cl and the schema, and an install of it finds them with no checkout around."""
     import zipfile
 
     src = tmp_path / "src"
@@ -521,6 +521,8 @@ def test_wheel_carries_kernels_and_schema(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     kernels = {f"clgpt/kernels/{p.name}" for p in (ROOT / "kernels").glob("*.cl")}
     assert kernels <= names and "clgpt/schemas/config.schema.yaml" in names
+    modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "clgpt").rglob("*.py")}
+    assert modules <= names, sorted(modules - names)  # a subpackage missing from pyproject's `packages`
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     code = ("from clgpt.config import load_workflow_config, SCHEMA_PATH; from clgpt.paths import data_path; "

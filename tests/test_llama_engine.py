@@ -426,12 +426,12 @@ def test_grouped_ops_gpu_row(monkeypatch, launch_row):
     """Ops' grouped launchers on a GPU table row (the tiled form, its tile choice, split-K of the weight
     gradients with the thresholds lowered so that small shapes split) against float64 per-expert products."""
     import pyopencl as cl
-    from clgpt import ops as ops_mod
+    from clgpt.ops import Ops, gemm
     monkeypatch.setenv("CLGPT_LAUNCH", launch_row)
-    monkeypatch.setattr(ops_mod, "SPLIT_MIN_TOTAL_K", 8)
-    monkeypatch.setattr(ops_mod, "SPLIT_MIN_K", {"big": 8, "small": 4})
+    monkeypatch.setattr(gemm, "SPLIT_MIN_TOTAL_K", 8)  # where split_plan reads them
+    monkeypatch.setattr(gemm, "SPLIT_MIN_K", {"big": 8, "small": 4})
     dev = get_device()
-    o = ops_mod.Ops(dev, llama_cfg(), 6)
+    o = Ops(dev, llama_cfg(), 6)
     assert o.grouped_local()
     E, C, F, RM = 4, 24, 40, o.grouped_tiles()["RM"]
     counts = np.array([30, 0, 70, 5], np.int32)

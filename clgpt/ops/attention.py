@@ -1,0 +1,153 @@
+"""Causal attention over qkv (N, 3C): one launch per pass (CPUs, short sequences), batched matmuls with softmax
+row kernels (GPUs, dropout), or flash attention's fused kernels (bf16).
+
+Launches kernels/attention.cl, kernels/cpu.cl (attention_*_u4, attention_rows_rb, attention_backward_key_rb) and
+kernels/flash.cl; the batched form's products go through bmm (kernels/matmul.cl, matmul_mma.cl).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from clgpt.ops.core import f32, i32
+from clgpt.ops.gemm import MATMUL_TILES
+
+FLASH_MIN_GROUPS, FLASH_LONG_T = 4, 1024  # flash attention's size rule (Ops._use_flash)
+
+
+class AttentionOps:
+    """attention_forward / attention_backward and flash attention's choice (mixed into clgpt.ops.Ops)."""
+
+    def _use_flash(self, mode: str, T: int, B: int | None) -> bool:
+        """bf16 attention as fused kernels (kernels/flash.cl: no T x T scores) where the bf16 GEMM runs and the
+        head width is 16-64. CLGPT_FLASH: auto (default) | on | off. auto: flash when the forward's grid, B x H x
+        ceil(T/64) work-groups of 4 warps, fills the GPU (FLASH_MIN_GROUPS a compute unit), or T >= FLASH_LONG_T
+        (the T x T buffers' memory), or B is not known. On a grid that leaves units idle the batched form's
+        large products use the GPU better than flash's few work-groups; once the grid fills it, flash's fused
+        kernels, which never write the scores, win (bench/RESULTS_GPU.md)."""
+        D = self.cfg.head_dim
+        if mode == "off" or self.bf16 is None or D % 16 or D > 64:
+            return False
+        groups = None if B is None else B * self.cfg.n_head * -(-T // 64)
+        return (mode == "on" or groups is None or T >= FLASH_LONG_T
+                or groups >= FLASH_MIN_GROUPS * self.dev.device.max_compute_units)
+
+    def _flash_setup(self):
+        """kernels/flash.cl's three kernels, with the bf16 GEMM's options (MMA_EMULATE on PoCL, for tests)."""
+        cfg = self.cfg
+        for kname in ("flash_forward", "flash_backward_dq", "flash_backward_dkv"):
+            self.k[kname] = self.dev.kernel("flash", kname, build_options=self._nv_verbose(self._bf16_opts),
+                                            C=cfg.n_embd, H=cfg.n_head, D=cfg.head_dim,
+                                            SCALE=float(1.0 / math.sqrt(cfg.head_dim)), **self._bf16_opts)
+        if self.wgmma is not None and self._wgmma_mn and self._tiled_out and cfg.n_embd % 64 == 0:
+            self.k["flash_forward_tiled"] = self.dev.kernel(  # the output's tiled copy on the way (wgmma)
+                "flash", "flash_forward", build_options=self._nv_verbose(self._bf16_opts), C=cfg.n_embd,
+                H=cfg.n_head, D=cfg.head_dim, SCALE=float(1.0 / math.sqrt(cfg.head_dim)), OUT_TILED=1,
+                **self._bf16_opts)
+
+    def att_floats(self, B: int, T: int) -> int:
+        """Floats of a layer's attention state (att, datt): the probabilities (B,H,T,T), or with flash
+        attention each row's softmax statistic (B,H,T)."""
+        return B * self.cfg.n_head * T * (1 if self.flash else T)
+
+    def _flash_grid(self, Bp, Tp, drop):
+        """kernels/flash.cl's global size (a 64-row block of one (batch, head) a work-group of 128) and its last
+        arguments: dropout's seed, site and p (p 0: none)."""
+        seed, site, p = drop[:3] if drop is not None else (0, 0, 0.0)
+        return (-(-Tp // 64) * 128, Bp * self.cfg.n_head), (np.uint32(seed), np.uint32(site), f32(p))
+
+    def attention_forward(self, Bp, Tp, qkv, out, att, drop=None):
+        """out (B',T',C), att (B',H,T',T') from qkv (B',T',3C). drop = (seed, site, p, att_d): dropout on the
+        probabilities, att_d (B',H,T',T') receives the dropped ones (att keeps the softmax for the backward).
+        Flash attention: att holds (B',H,T') row statistics, att_d is unused (the kernels redraw the mask)."""
+        cfg = self.cfg
+        C, H, D = cfg.n_embd, cfg.n_head, cfg.head_dim
+        if self.flash:
+            g, tail = self._flash_grid(Bp, Tp, drop)
+            kname, copy = self._with_copy("flash_forward", out, Bp * Tp, C)
+            self.run(kname, g, i32(Tp), qkv, out, att, *tail, *copy, lsize=(128, 1))
+            return
+        if drop is not None:
+            self._attention_forward_batched(Bp, Tp, qkv, out, att, drop)
+            return
+        if not self.attn_gemm:
+            self.runp("attention_forward", (Tp, Bp * H), i32(Bp), i32(Tp), qkv, out, att)
+            if "attention_rows_rb" in self.k:  # out = att @ v
+                self._rows_rb(Bp, Tp, att, qkv, 2 * C, 3 * C, out, 0, C, 1.0)
+            return
+        self._attention_forward_batched(Bp, Tp, qkv, out, att, None)
+
+    def _batched_tiles(self):
+        """Tiles and row kernels for batched attention: the table's on GPUs, the generic ones elsewhere
+        (CPUs take this form only for attention dropout)."""
+        if self.mm["kernel"] == "matmul":
+            return None, self.rows, ""
+        if "attention_softmax_cpu" not in self.k:
+            cfg, LW = self.cfg, 16
+            kw = dict(C=cfg.n_embd, H=cfg.n_head, D=cfg.head_dim, SCALE=float(1.0 / math.sqrt(cfg.head_dim)), VEC=0)
+            self.k["attention_softmax_cpu"] = self.dev.kernel("attention", "attention_softmax", LW=LW, **kw)
+            self.k["attention_dsoftmax_cpu"] = self.dev.kernel("attention", "attention_dsoftmax", LW=LW, **kw)
+        return dict(kernel="matmul", **MATMUL_TILES, LDSV=0), 16, "_cpu"
+
+    def _attention_forward_batched(self, Bp, Tp, qkv, out, att, drop):
+        C, H, D = self.cfg.n_embd, self.cfg.n_head, self.cfg.head_dim
+        mm, LW, sfx = self._batched_tiles()
+        T3, TT = Tp * 3 * C, Tp * Tp
+        nz, scale = Bp * H, 1.0 / math.sqrt(D)
+        # att = SCALE q k^T (causal tiles only), softmax rows, [dropout], out = att v
+        self.bmm(Tp, Tp, D, nz, H, qkv, 3 * C, (0, T3, D), qkv, 3 * C, (C, T3, D), att, Tp, (0, H * TT, TT),
+                 tb=1, alpha=scale, causal=1, mm=mm)
+        self.run("attention_softmax" + sfx, (nz * Tp * LW,), i32(Tp), att, lsize=(LW,))
+        probs = att
+        if drop is not None:
+            seed, site, p, probs = drop
+            self.dropout_forward(nz * TT, seed, site, p, att, probs)
+        self.bmm(Tp, D, Tp, nz, H, probs, Tp, (0, H * TT, TT), qkv, 3 * C, (2 * C, T3, D), out, C, (0, Tp * C, D),
+                 causal=2, mm=mm)
+
+    def attention_backward(self, Bp, Tp, dout, qkv, att, datt, dqkv, drop=None, out=None):
+        """dqkv (B',T',3C) from dout (B',T',C); datt is scratch. drop as in attention_forward. out: the forward's
+        output (B',T',C), which flash attention's backward reads."""
+        cfg = self.cfg
+        C, H, D = cfg.n_embd, cfg.n_head, cfg.head_dim
+        if self.flash:
+            g, tail = self._flash_grid(Bp, Tp, drop)
+            self.run("flash_backward_dq", g, i32(Tp), dout, qkv, out, att, datt, dqkv, *tail, lsize=(128, 1))
+            self.run("flash_backward_dkv", g, i32(Tp), dout, qkv, att, datt, dqkv, *tail, lsize=(128, 1))
+            return
+        if drop is None and not self.attn_gemm:
+            self.runp("attention_backward_query", (Tp, Bp * H), i32(Bp), i32(Tp), dout, qkv, att, datt, dqkv)
+            if "attention_backward_key_rb" in self.k:
+                self._rows_rb(Bp, Tp, datt, qkv, C, 3 * C, dqkv, 0, 3 * C, 1.0 / math.sqrt(D))  # dq = SCALE ds @ k
+                self.run("attention_backward_key_rb", (-(-Tp // 6), Bp * H * (D // 8)), i32(Bp), i32(Tp), dout, qkv,
+                         att, datt, dqkv, lsize=(1, D // 8))
+                return
+            self.runp("attention_backward_key", (Tp, Bp * H), i32(Bp), i32(Tp), dout, qkv, att, datt, dqkv)
+            return
+        mm, LW, sfx = self._batched_tiles()
+        T3, TT, TC = Tp * 3 * C, Tp * Tp, Tp * C
+        nz, scale = Bp * H, 1.0 / math.sqrt(D)
+        ATT = (0, H * TT, TT)
+        probs = att if drop is None else drop[3]
+        # dp = dout v^T [* mask / (1-p)]; ds = att (dp - sum att dp); dq = SCALE ds k; dk = SCALE ds^T q;
+        # dv = probs^T dout (probs: the dropped probabilities the forward multiplied v by)
+        self.bmm(Tp, Tp, D, nz, H, dout, C, (0, TC, D), qkv, 3 * C, (2 * C, T3, D), datt, Tp, ATT, tb=1, causal=1,
+                 mm=mm)
+        if drop is not None:
+            seed, site, p, _ = drop
+            self.dropout_backward(nz * TT, seed, site, p, datt)
+        self.run("attention_dsoftmax" + sfx, (nz * Tp * LW,), i32(Tp), att, datt, lsize=(LW,))
+        self.bmm(Tp, D, Tp, nz, H, datt, Tp, ATT, qkv, 3 * C, (C, T3, D), dqkv, 3 * C, (0, T3, D), alpha=scale,
+                 causal=2, mm=mm)
+        self.bmm(Tp, D, Tp, nz, H, datt, Tp, ATT, qkv, 3 * C, (0, T3, D), dqkv, 3 * C, (C, T3, D), ta=1,
+                 alpha=scale, causal=3, mm=mm)
+        self.bmm(Tp, D, Tp, nz, H, probs, Tp, ATT, dout, C, (0, TC, D), dqkv, 3 * C, (2 * C, T3, D), ta=1, causal=3,
+                 mm=mm)
+
+    def _rows_rb(self, Bp, Tp, A, Bm, boff, ldb, O, ooff, ldo, sc):
+        """CPUs: O[b, t, head h] = sc * sum_{t2 <= t} A[b, h, t, t2] Bm[b, t2, head h] (kernels/cpu.cl)."""
+        D = self.cfg.head_dim
+        self.run("attention_rows_rb", (-(-Tp // 6), Bp * self.cfg.n_head * (D // 16)), i32(Bp), i32(Tp), A, Bm,
+                 i32(boff), i32(ldb), O, i32(ooff), i32(ldo), f32(sc), lsize=(1, D // 16))

@@ -1,0 +1,299 @@
+"""The Ops base: what one device and one model's widths decide once, the kernels an architecture builds, and
+the launch helpers every other clgpt/ops module launches through.
+
+Builds, and launches none itself: kernels/embedding.cl, attention.cl, cpu.cl, xent.cl, matmul.cl, adamw.cl and
+dropout.cl for every architecture (_build_common), layernorm.cl for GPT-2 (build_gpt2), rmsnorm.cl, rope.cl,
+swiglu.cl and moe.cl for Llama (build_llama). The path a device takes comes from its clgpt.tuning row,
+clgpt.precision's matrix path and clgpt.knobs: the portable GEMM (self.mm), tensor cores (self.mma), the bf16
+GEMM (self.bf16) and wgmma (self.wgmma); clgpt/ops/gemm.py dispatches between them.
+"""
+
+from __future__ import annotations
+
+import math
+from operator import itemgetter
+
+import numpy as np
+import pyopencl as cl
+
+from clgpt import knobs, sm90a
+from clgpt.device import Device
+from clgpt.model import ModelConfig
+from clgpt.precision import ROUND, matrix_path, resolve
+from clgpt.tuning import WGMMA_MIN_MNK, launch_config
+
+F32 = 4
+i32, f32 = np.int32, np.float32
+
+
+def ceil_to(a: int, b: int) -> int:
+    return (a + b - 1) // b * b
+
+
+class BaseOps:
+    """State and kernels of one Ops (see clgpt.ops.Ops), and the launch helpers."""
+
+    def __init__(self, dev: Device, cfg: ModelConfig, seq_len: int, precision: str = "fp32",
+                 batch_size: int | None = None):
+        self.dev, self.cfg = dev, cfg
+        self.ctx, self.queue = dev.ctx, dev.queue
+        kn = knobs.read()
+        self.launch = launch_config(dev.device)
+        self.mm = self.launch["matmul"]
+        # matmul precision: ROUND for the portable kernels; the tensor-core kernel where the device has one
+        # (the big and small mma tiles), else None
+        self.precision = resolve(precision, dev.device)
+        self.round = ROUND[self.precision]
+        self.mma = None
+        if self.round and matrix_path(dev.device) == "nv_mma":
+            self.mma = (self.launch["matmul_mma"], self.launch["matmul_mma_small"])
+        # bf16: the GEMM on bf16 operand copies (kernels/matmul_bf16.cl: cp.async, ldmatrix), (big, small) tiles
+        self.bf16, self._bf16_opts = None, {}
+        self._bf16_mn = kn.bf16_mn  # m/n-contiguous copies (ldmatrix.trans)
+        # the bf16 copies of op(A), op(B); reuse's; a gradient's copy its product wrote (TILED_OUT 2)
+        self._b16, self._b16_size = [None, None, None, None], [0, 0, 0, 0]
+        if self.round == 1 and self.mma is not None and self.launch.get("matmul_bf16"):
+            self.bf16 = (self.launch["matmul_bf16"], self.launch["matmul_bf16_small"])
+        # bf16 on sm_90 (H100, H200): wgmma (kernels/matmul_wgmma.cl) on tiled copies, (wide, narrow) tiles
+        self.wgmma = None
+        if self.bf16 is not None and self.launch.get("matmul_wgmma") and sm90a.supported(dev.device):
+            self.wgmma = (self.launch["matmul_wgmma"], self.launch["matmul_wgmma_narrow"])
+        self.wgmma_min = WGMMA_MIN_MNK if kn.wgmma_min_mnk is None else kn.wgmma_min_mnk  # 0: every product
+        # wgmma reads one tiled copy of a matrix for a product and for its transposes (M- / N-major operands);
+        # CLGPT_WGMMA_MN=0 copies op(A), op(B) transposed to K-major for each product instead (comparisons).
+        # Copies of `stable` buffers (the forward's activations, the weights) serve every product until the
+        # next forward (forget_copies); one `reuse` buffer's copy serves the products inside its block.
+        self._wgmma_mn = kn.wgmma_mn
+        # the GELU' product (epi 2): defer (default: wgmma, gelu' in its gradient's copy), wgmma (in the epilogue:
+        # slower), mma (mma.sync's epilogue on copies of its own)
+        self._epi2 = kn.wgmma_epi2
+        self._stable, self._reusing = {}, None  # stable: handle -> buffer (held, so no handle is reused while kept)
+        self._colsums = None  # (key, row chunks, buffer): the reuse copy's column sums (bias_backward)
+        # products that wrote their output only as its tiled copy (matmul_wgmma.cl TILED_OUT 2): handle ->
+        # (copy, Rp, Cp, column sums, row chunks), taken by the reuse block of that buffer
+        self._premade = {}
+        self._tiled_out = kn.wgmma_tiled_out  # 0: copies made apart (comparisons)
+        # a GELU' deferred from the backward's product dg (epi 2) into its gradient's reuse copy: handle ->
+        # _Deferred; once copied, the copy holds dg * gelu'(E) and the fp32 buffer dg, which nothing reads
+        self._gelu_pending = {}
+        self._kept, self._kept_bufs = {}, {}  # (buffer, rows, cols) -> (copy, Rp, Cp) while valid; buffer -> its copy's
+        self.align = max(64, dev.device.mem_base_addr_align // 8 // F32)  # sub-buffer alignment, in floats
+        self.rows = int(self.launch.get("rows", 0))  # GPUs: one work-group of `rows` work-items per row
+        self.attn_gemm = bool(self.launch.get("attn_gemm", 0)) and seq_len >= self.launch.get("attn_gemm_min_t", 0)
+        self.preset = bool(self.launch.get("preset", 0))
+        self._plans = {}  # preset launches: (kernel, gsize, lsize, buffers) -> [a cl.Kernel, the args it holds]
+        self._buffer_args = {}  # kernel -> a function picking its non-scalar arguments (_launch's key)
+        self._scratch, self._scratch_size = [None, None], [0, 0]  # transposed B, A for matmul_rb
+        # scratch floats grown as asked (_grown): "parts" split-K partial products, "cparts" column-sum partials,
+        # "tparts" the column sums a TILED_OUT 2 product wrote (GPUs)
+        self._grown_bufs = {}
+        self._mm = {}
+        self._rb_variants = {}  # matmul_rb tiles with fewer vectors per work-item, by NV (_rb_tiles)
+        self._rb_plans = {}  # matmul_rb launches by product shape (_rb_plan)
+        self._subs = {}  # sub-buffers by (buffer, offset): the K chunks of split products (_sub)
+        # LayerNorm's one-work-item kernels: rows (forward, backward) and channels (dw, db) a work-item
+        self.norm_rb, self.norm_cb = self.launch.get("norm_rb", 1), self.launch.get("norm_cb", 1)
+        self.k = {}
+        self._nv_verbose_on = kn.nv_verbose  # NVIDIA's build log with registers and spills (_nv_verbose)
+        self._build_common()
+        if self.bf16 is not None:
+            self._bf16_setup()
+        self.flash = self._use_flash(kn.flash, seq_len, batch_size)  # (after _bf16_setup: it may turn bf16 off)
+        if self.flash:
+            self._flash_setup()
+
+    # ---- kernels ----
+    def buf(self, nfloats: int) -> cl.Buffer:
+        return cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, max(1, int(nfloats)) * F32)
+
+    def _build_common(self):
+        """Kernels every architecture launches: matmul helpers, attention, cross-entropy, embedding, AdamW."""
+        cfg, dev, k, launch = self.cfg, self.dev, self.k, self.launch
+        C, H, D = cfg.n_embd, cfg.n_head, cfg.head_dim
+        scale = float(1.0 / math.sqrt(D))
+        k["embedding_forward"] = dev.kernel("embedding", "embedding_forward", C=C)
+        if launch.get("cpu_vec"):  # CPUs: a row a work-item, float8
+            k["embedding_forward_rows"] = dev.kernel("embedding", "embedding_forward_rows", C=C)
+        k["embedding_backward_wte"] = dev.kernel("embedding", "embedding_backward_wte", C=C)
+        for kname in ("attention_forward", "attention_backward_query", "attention_backward_key"):
+            k[kname] = dev.kernel("attention", kname, C=C, H=H, D=D, SCALE=scale, VEC=launch["vec"])
+        if launch.get("cpu_attn"):  # CPUs: same kernels, dot products 4 keys at a time (kernels/cpu.cl)
+            for kname in ("attention_forward", "attention_backward_query"):
+                k[kname] = dev.kernel("cpu", kname + "_u4", C=C, H=H, D=D, SCALE=scale)
+            if D % 16 == 0:  # the products with att / datt as register-blocked ones (6 rows x 16 columns a
+                # work-item): key side, and att @ v, datt @ k after the u4 kernels (ROWS_RB=1: softmax only)
+                kw = dict(C=C, H=H, D=D, SCALE=scale)
+                k["attention_backward_key_rb"] = dev.kernel("cpu", "attention_backward_key_rb", **kw)
+                k["attention_rows_rb"] = dev.kernel("cpu", "attention_rows_rb", **kw)
+                for kname in ("attention_forward", "attention_backward_query"):
+                    k[kname] = dev.kernel("cpu", kname + "_u4", ROWS_RB=1, **kw)
+        for kname in ("xent_forward", "xent_backward"):
+            k[kname] = dev.kernel("xent", kname, V=cfg.vocab_size)
+        if launch.get("xent_fused"):  # CPUs: loss and unscaled gradient in one vectorised pass per row
+            k["xent_fused"] = dev.kernel("xent", "xent_fused", V=cfg.vocab_size)
+        if launch.get("cpu_bias"):  # CPUs: float8 column sums (kernels/cpu.cl)
+            k["bias_backward_v8"] = dev.kernel("cpu", "bias_backward_v8")
+        if self.rows:
+            LW = self.rows
+            k["xent_forward_wg"] = dev.kernel("xent", "xent_forward_wg", V=cfg.vocab_size, LW=LW)
+            for kname in ("attention_softmax", "attention_dsoftmax"):
+                k[kname] = dev.kernel("attention", kname, C=C, H=H, D=D, SCALE=scale, VEC=0, LW=LW)
+            k["bias_partial"] = dev.kernel("matmul", "bias_partial")
+            k["bias_final"] = dev.kernel("matmul", "bias_final")
+        k["splitk_reduce"] = dev.kernel("matmul", "splitk_reduce")
+        for kname in ("grad_norm_partial", "grad_norm_final", "adamw"):
+            k[kname] = dev.kernel("adamw", kname, STRIDED=int(launch["norm_parts"] > 256))
+        if self.rows:  # GPUs: the norm's sums as work-groups
+            for kname in ("grad_norm_partial_wg", "grad_norm_final_wg"):
+                k[kname] = dev.kernel("adamw", kname, LW=self.rows)
+        k["bias_backward"] = dev.kernel("matmul", "bias_backward")
+        k["transpose"] = dev.kernel("matmul", "transpose")
+        if launch.get("cpu_vec"):  # CPUs: float8 AdamW (kernels/adamw.cl), register transposes (kernels/cpu.cl)
+            k["adamw_v8"] = dev.kernel("adamw", "adamw_v8", STRIDED=int(launch["norm_parts"] > 256))
+            k["transpose_v8"] = dev.kernel("cpu", "transpose_v8")
+        if launch.get("ld_pad"):
+            k["transpose_ld_v8"] = dev.kernel("cpu", "transpose_ld_v8")
+            k["copy_ld_v8"] = dev.kernel("cpu", "copy_ld_v8")
+            if launch["norm_parts"] <= 256:  # chunked partial sums (not STRIDED): float8 chains
+                k["grad_norm_partial"] = dev.kernel("cpu", "grad_norm_partial_v8")
+        for kname in ("dropout_forward", "dropout_residual", "dropout_backward"):
+            k[kname] = dev.kernel("dropout", kname)
+
+    def build_gpt2(self):
+        """GPT-2's own kernels: LayerNorm (with its GPU row forms), the position embedding, GELU."""
+        cfg, dev, k = self.cfg, self.dev, self.k
+        C = cfg.n_embd
+        k["embedding_backward_wpe"] = dev.kernel("embedding", "embedding_backward_wpe", C=C)
+        rb, cb = self.norm_rb, self.norm_cb
+        for kname in ("layernorm_forward", "layernorm_backward", "layernorm_param_backward"):
+            # RB rows / CB channels a work-item only where the table asks (CPUs): other builds keep their bytes
+            k[kname] = dev.kernel("layernorm", kname, C=C, EPS=float(cfg.norm_eps),
+                                  **({"RB": rb} if rb > 1 else {}), **({"CB": cb} if cb > 1 else {}))
+        if self.rows:
+            for kname in ("layernorm_forward_wg", "layernorm_backward_wg", "layernorm_param_partial",
+                          "layernorm_param_final"):
+                k[kname] = dev.kernel("layernorm", kname, C=C, EPS=float(cfg.norm_eps), LW=self.rows)
+            if C % 128 == 0 and C <= 2048 and self.launch.get("ln_rw"):  # 32 work-items a row, RW rows a group
+                for kname in ("layernorm_forward_rows", "layernorm_backward_rows", "layernorm_param_final_rows"):
+                    k[kname] = dev.kernel("layernorm", kname, C=C, EPS=float(cfg.norm_eps), RW=self.launch["ln_rw"])
+                if self.wgmma is not None and self._wgmma_mn and self._tiled_out:  # the output's tiled copy too
+                    k["layernorm_forward_rows_tiled"] = dev.kernel("layernorm", "layernorm_forward_rows", C=C,
+                                                                   EPS=float(cfg.norm_eps), RW=self.launch["ln_rw"],
+                                                                   LN_TILED=1)
+
+    def build_llama(self):
+        """Llama's own kernels: RMSNorm, RoPE with the q | k | v packing, SwiGLU, the MoE routing."""
+        cfg, dev, k = self.cfg, self.dev, self.k
+        C, D, E = cfg.n_embd, cfg.head_dim, cfg.n_expert
+        rb, cb = self.norm_rb, self.norm_cb
+        for kname in ("rmsnorm_forward", "rmsnorm_backward", "rmsnorm_param_backward"):
+            # as LayerNorm's: RB rows / CB channels a work-item only where the table asks (CPUs)
+            k[kname] = dev.kernel("rmsnorm", kname, C=C, EPS=float(cfg.norm_eps),
+                                  **({"RB": rb} if rb > 1 else {}), **({"CB": cb} if cb > 1 else {}))
+        for kname in ("rope_forward", "rope_backward"):  # CPUs: 4 pairs a step (ROPE_VEC), the same bits
+            k[kname] = dev.kernel("rope", kname, C=C, D=D, G=cfg.n_head // cfg.kv_heads, CKV=cfg.kv_heads * D,
+                                  **({"ROPE_VEC": 1} if self.launch.get("cpu_vec") and D % 8 == 0 else {}))
+        for kname in ("swiglu_forward", "swiglu_backward"):  # mixture of experts: gate, up apart
+            k[kname] = dev.kernel("swiglu", kname)
+        # dense: h = gate | up per row (the backward is the dact product's epilogue 3)
+        # CPUs with 16-float vectors (the matmul row's VW 16: AVX-512) take float16 blocks, the same bits
+        wide = {"SW": 16} if self.mm.get("kernel") == "matmul_rb" and self.mm.get("VW") == 16 else {}
+        k["swiglu_rows_forward"] = dev.kernel("swiglu", "swiglu_rows_forward", F=cfg.n_ff, **wide)
+        if self.rows:
+            for kname in ("rmsnorm_param_partial", "rmsnorm_param_final"):
+                k[kname] = dev.kernel("rmsnorm", kname, C=C, EPS=float(cfg.norm_eps))
+            # one work-group per row (as LayerNorm's): one work-item a row left most of a GPU idle
+            for kname in ("rmsnorm_forward_wg", "rmsnorm_backward_wg"):
+                k[kname] = dev.kernel("rmsnorm", kname, C=C, EPS=float(cfg.norm_eps), LW=self.rows)
+            k["swiglu_rows_forward_el"] = dev.kernel("swiglu", "swiglu_rows_forward_el", F=cfg.n_ff)
+            for kname in ("rope_forward_el", "rope_backward_el"):  # one work-item a pair
+                k[kname] = dev.kernel("rope", kname, C=C, D=D, G=cfg.n_head // cfg.kv_heads, CKV=cfg.kv_heads * D)
+        if E:
+            self._build_moe()
+        return k
+
+    def _build_moe(self):
+        """kernels/moe.cl: routing, gather, combine and their gradients, rows aligned to grouped_tiles' RM. GPUs
+        route in one work-group (its local counts: 2 LW E words) and take dw one work-group a row."""
+        cfg, dev, k = self.cfg, self.dev, self.k
+        moe = dict(E=cfg.n_expert, K=cfg.n_expert_used, C=cfg.n_embd, RM=self.grouped_tiles()["RM"])
+        for kname in ("moe_router_forward", "moe_route_packed", "moe_gather_packed", "moe_combine_forward",
+                      "moe_combine_backward", "moe_weight_backward", "moe_router_backward", "moe_scatter_backward"):
+            k[kname] = dev.kernel("moe", kname, **moe)
+        self.route_lw = 0
+        if self.rows:
+            lw = min(256, dev.device.max_work_group_size)
+            while lw > 1 and lw * moe["E"] > 4096:
+                lw //= 2
+            if lw >= moe["E"]:
+                self.route_lw = lw
+                k["moe_route_packed_wg"] = dev.kernel("moe", "moe_route_packed_wg", **moe, LW=lw)
+            k["moe_weight_backward_wg"] = dev.kernel("moe", "moe_weight_backward_wg", **moe, LW=64)
+
+    def _nv_verbose(self, opts: dict) -> tuple:
+        """Build options: CLGPT_NV_VERBOSE=1 has NVIDIA's compiler report registers and spills in the build log
+        (bench/gpu_tc.py), not for kernels built with MMA_EMULATE in `opts`."""
+        return ("-cl-nv-verbose",) if self._nv_verbose_on and not opts.get("MMA_EMULATE") else ()
+
+    # ---- launch helpers ----
+    def run(self, name, gsize, *args, lsize=None):
+        self._launch(self.k[name], gsize, lsize, args)
+
+    def _launch(self, kern, gsize, lsize, args):
+        """kern(queue, gsize, lsize, *args); with `preset`, through a cl.Kernel kept per (kernel, sizes, buffers)
+        whose arguments were set once: a repeated launch (every step of training) is one enqueue, and one whose
+        scalars change every step (a dropout seed, AdamW's bias corrections) sets them again on the same
+        cl.Kernel instead of making a new one each step."""
+        if not self.preset or not isinstance(kern, cl.Kernel):
+            kern(self.queue, gsize, lsize, *args)
+            return
+        ptr = kern.int_ptr
+        buffers = self._buffer_args.get(ptr)  # the kernel's non-scalar arguments (buffers, None), by position
+        if buffers is None:
+            pos = tuple(i for i, a in enumerate(args) if not isinstance(a, np.generic))
+            buffers = self._buffer_args[ptr] = (itemgetter(*pos) if len(pos) > 1 else
+                                                 (lambda a, i=pos[0]: a[i]) if pos else (lambda a: ()))
+        key = (ptr, tuple(gsize), lsize and tuple(lsize), buffers(args))
+        try:
+            plan = self._plans.get(key)
+        except TypeError:  # an unhashable argument: launch it plainly
+            kern(self.queue, gsize, lsize, *args)
+            return
+        if plan is None:
+            if len(self._plans) >= 4096:
+                self._plans.clear()
+            plan = self._plans[key] = [cl.Kernel(kern.program, kern.function_name), None]
+        if plan[1] != args:
+            plan[0].set_args(*args)
+            plan[1] = args
+        cl.enqueue_nd_range_kernel(self.queue, plan[0], gsize, lsize)
+
+    def runp(self, name, gsize, *args):
+        """run with the device's fixed local size, the global size padded to it (the kernel bounds-checks).
+        A fixed local size matters on PoCL: it compiles a kernel once per local size, and lets it pick one
+        that divides the global size when none is given, so a size that changes per call (distinct tokens,
+        T') would compile again and again."""
+        lsize = (self.launch["local_1d"],) if len(gsize) == 1 else tuple(self.launch["local_2d"])
+        self._launch(self.k[name], tuple(ceil_to(g, l) for g, l in zip(gsize, lsize)), lsize, args)
+
+    def _rows(self, name, N, args):
+        """A one-work-item-per-row kernel over N work-items: CPUs one work-item a work-group (explicit vector loops,
+        as kernels/cpu.cl's kernels are launched; so that a few, LayerNorm's dw, db at C / norm_cb, still spread
+        over the cores), other devices the fixed 1-D local size."""
+        if self.launch.get("cpu_vec"):
+            self.run(name, (N,), *args, lsize=(1,))
+        else:
+            self.runp(name, (N,), *args)
+
+    # ---- scratch ----
+    def _grown(self, key, n):
+        """Scratch floats `key` (see _grown_bufs), grown to at least n."""
+        buf = self._grown_bufs.get(key)
+        if buf is None or buf.size < n * F32:
+            buf = self._grown_bufs[key] = self.buf(n)
+        return buf
+
+    def _scratch_buf(self, slot, n):
+        if self._scratch_size[slot] < n:
+            self._scratch[slot], self._scratch_size[slot] = self.buf(n), n
+        return self._scratch[slot]

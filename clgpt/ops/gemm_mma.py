@@ -1,0 +1,64 @@
+"""The GEMM on tensor cores with fp32 buffers as operands (mma.sync, NVIDIA sm_80+; emulated on other devices
+for tests): tf32, and bf16 where the bf16 GEMM is off (bmm, in gemm.py, builds its batched form here).
+
+Launches kernels/matmul_mma.cl (and kernels/matmul.cl's splitk_reduce for split-K).
+"""
+
+from __future__ import annotations
+
+from clgpt.errors import ClgptError
+from clgpt.ops.core import ceil_to, f32, i32
+from clgpt.precision import mma_bk, mma_groups, mma_launch, mma_threads
+from clgpt.tuning import MMA_SMALL_GROUPS, MMA_SPLIT_GROUPS, MMA_SPLIT_MIN_K, SPLIT_MIN_TOTAL_K
+
+
+class MmaOps:
+    """matmul on kernels/matmul_mma.cl (mixed into clgpt.ops.Ops)."""
+
+    def _mma_tiles(self, M, N, nz=1):
+        """The big mma tiles, or the small ones where the big give fewer than MMA_SMALL_GROUPS work-groups."""
+        big, small = self.mma
+        return big if mma_groups(big, M, N) * nz >= MMA_SMALL_GROUPS else small
+
+    def _kernel_mma(self, mm, ta, tb, bias, resid, accum, epi, align4, split=0, batch=0, causal=0):
+        key = ("mma", ta, tb, bias, resid, accum, epi, align4, split, batch, causal, id(mm))
+        kern = self._mm.get(key)
+        if kern is None:
+            nth = mma_threads(mm)
+            if (mm["BM"] * 4) % nth or (mm["BN"] * 4) % nth or mm["BM"] % (16 * mm["WM"]) or mm["BN"] % (8 * mm["WN"]):
+                raise ClgptError(f"mma tiles {mm}: BM, BN times 4 must divide by the work-group's threads, "
+                                 "BM by 16 WM, BN by 8 WN")
+            extra = dict(SPLITK=1) if split else {}
+            if batch:
+                extra.update(BATCH=1, CAUSAL=causal)
+            if "nvidia" not in self.dev.device.vendor.lower():
+                extra["MMA_EMULATE"] = 1  # CLGPT_MMA_EMULATE on a device without tensor cores (tests)
+            build = self._nv_verbose(extra)
+            kern = self._mm[key] = self.dev.kernel(
+                "matmul_mma", "matmul_mma", build_options=build, TA=ta, TB=tb, BIAS=int(bias), RESID=int(resid),
+                ACCUM=int(accum), EPI=epi, ROUND=self.round, ALIGN4=int(align4), BM=mm["BM"], BN=mm["BN"],
+                WM=mm["WM"], WN=mm["WN"], **extra)
+        return kern
+
+    def _matmul_mma(self, M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E, ldc=None):
+        lda, ldb = (M if ta else K), (K if tb else N)
+        align4 = lda % 4 == 0 and ldb % 4 == 0
+        mm = self._mma_tiles(M, N)
+        groups = mma_groups(mm, M, N)
+        if bias is None and resid is None and epi == 0 and K >= SPLIT_MIN_TOTAL_K and groups < MMA_SPLIT_GROUPS:
+            # split-K as the fp32 kernel does: S raw partial products, then splitk_reduce adds them in order
+            S = min(-(-MMA_SPLIT_GROUPS * 2 // groups), K // MMA_SPLIT_MIN_K)
+            if S >= 2:
+                kc = ceil_to(-(-K // S), mma_bk(self.round))
+                S = -(-K // kc)
+                P = self._grown("parts", S * M * N)
+                kern = self._kernel_mma(mm, ta, tb, False, False, False, 0, align4, split=1)
+                (gx, gy), lsize = mma_launch(mm, M, N)
+                self._launch(kern, (gx, gy, S), lsize + (1,), (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), P,
+                             i32(N), None, None, f32(1.0), None, i32(kc), i32(1), *(i32(0),) * 9))
+                self.runp("splitk_reduce", (M * N,), i32(M * N), i32(S), i32(bool(accum)), f32(alpha), P, Cm)
+                return
+        kern = self._kernel_mma(mm, ta, tb, bias is not None, resid is not None, bool(accum), epi, align4)
+        gsize, lsize = mma_launch(mm, M, N)
+        self._launch(kern, gsize, lsize, (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm, i32(ldc or N),
+                                          bias, resid, f32(alpha), E))

@@ -1,0 +1,134 @@
+"""Mixture of experts: every expert's product in one launch (grouped products), the routing and the routing
+weights' gradient.
+
+CPUs run the register-blocked matmul_rb_grouped (the CPU row's RM x NV), GPUs (the local-memory `matmul` form in
+their table row) the `matmul` kernel built with GROUP, its tiles chosen as _tiles chooses them for a plain
+product of the same size, weight gradients split along K as split_plan splits them.
+
+Launches kernels/matmul.cl (matmul and matmul_rb_grouped with GROUP, splitk_reduce_grouped) and kernels/moe.cl
+(moe_route_packed[_wg], moe_weight_backward[_wg]); the rest of moe.cl the architecture launches through run.
+"""
+
+from __future__ import annotations
+
+from clgpt.errors import ClgptError
+from clgpt.ops.core import ceil_to, f32, i32
+from clgpt.ops.gemm import matmul_defines, matmul_launch
+
+
+class GroupedOps:
+    """Grouped products and MoE routing (mixed into clgpt.ops.Ops)."""
+
+    def grouped_local(self) -> bool:
+        """Whether the grouped products run the local-memory tiled form (GPU rows of the tuning table)."""
+        return self.mm["kernel"] == "matmul"
+
+    def grouped_tiles(self) -> dict:
+        """RM: the rows every expert's packed rows are aligned to (kernels/moe.cl): the register-blocked form's
+        rows per work-item (the CPU row's, else 6 x 16 columns), or the tiled form's largest TSM (so every
+        tile size the products pick divides it)."""
+        if self.grouped_local():
+            tiles = [self.launch.get(k) for k in ("matmul", "matmul_small", "matmul_narrow")]
+            return dict(RM=max(t["TSM"] for t in tiles if t is not None and t["kernel"] == "matmul"))
+        if self.mm["kernel"] == "matmul_rb":
+            return dict(RM=self.mm["RM"], NV=self.mm["NV"], VW=self.mm.get("VW", 8), lsize=tuple(self.mm.get("lsize", (1, 4))))
+        return dict(RM=6, NV=2, VW=8, lsize=(1, 16))
+
+    def _grouped_kernel(self, group, E, ta, accum):
+        g = self.grouped_tiles()
+        return self.dev.kernel("matmul", "matmul_rb_grouped", GROUP=group, NGROUPS=E, TA=ta, TB=0,
+                               ACCUM=int(accum), RM=g["RM"], NV=g["NV"], VW=g["VW"]), g
+
+    def _grouped_kernel_local(self, mm, group, E, ta, tb, accum, split=0):
+        key = ("grouped", group, E, ta, tb, accum, split, id(mm))
+        kern = self._mm.get(key)
+        if kern is None:
+            kern = self._mm[key] = self.dev.kernel("matmul", "matmul", GROUP=group, NGROUPS=E, TA=ta, TB=tb,
+                                                   ACCUM=int(accum), SPLITK=split, **matmul_defines(mm))
+        return kern
+
+    def matmul_grouped_rows(self, E, max_tiles, N, K, A, lda, B, ldb, bstride, Cm, ldc, counts, offs, tiles,
+                            accum=False, alpha=1.0, tb=0):
+        """For each group e: Cm[rows of e] (,N) = alpha A[rows of e] (,K) @ op(B_e) [+ Cm], B_e = B + e*bstride
+        with rows ldb apart (tb: B_e is (N,K), e.g. a slice of a stacked (E, N, K) weight, used transposed);
+        group e's rows are offs[e] .. offs[e]+counts[e]-1 (device buffers), max_tiles * RM rows in all."""
+        if self.grouped_local():
+            rows = max_tiles * self.grouped_tiles()["RM"]
+            mm, _ = self._tiles(rows, N)
+            kern = self._grouped_kernel_local(mm, 1, E, 0, tb, accum)
+            gsize, lsize = matmul_launch(mm, rows, N)
+            self._launch(kern, gsize, lsize, (i32(rows), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm, i32(ldc),
+                                              None, None, f32(alpha), None, i32(0), i32(1), i32(bstride), i32(0),
+                                              counts, offs))
+            return
+        if tb:  # the register-blocked form reads op(B) rows: stacked (E*N, K) -> (K, E*N), B_e at column e*N
+            if ldb != K or bstride != N * K:
+                raise ClgptError(f"matmul_grouped_rows: tb needs a contiguous stacked (E, N, K) B "
+                                 f"(ldb {ldb}, bstride {bstride}, N {N}, K {K})")
+            B, ldb = self.transposed_b(B, E * N, K)
+            bstride = N
+        kern, g = self._grouped_kernel(1, E, 0, accum)
+        ls = g["lsize"]
+        gsize = (ceil_to(max_tiles, ls[0]), ceil_to(-(-N // (g["VW"] * g["NV"])), ls[1]))
+        self._launch(kern, gsize, ls, (i32(0), i32(N), i32(K), A, i32(lda), B, i32(ldb), i32(bstride), Cm, i32(ldc),
+                                       i32(0), f32(alpha), counts, offs, tiles))
+
+    def matmul_grouped_k(self, E, M, N, A, lda, B, ldb, Cm, ldc, cstride, counts, offs, ta=1, accum=True,
+                         alpha=1.0, max_rows=None, total_rows=None):
+        """For each group e: C_e (M,N) = alpha op(A_e) @ B_e [+ C_e], C_e = Cm + e*cstride, the K = counts[e]
+        rows of A_e, B_e from offs[e] (weight gradients: op(A) = dY.T, TA=1). The tiled form splits K where
+        split_plan would split a product of total_rows / E rows; chunks cover max_rows (the most one group
+        can hold), and those past a group's count do nothing."""
+        if self.grouped_local():
+            if max_rows is None:
+                raise ClgptError("matmul_grouped_k: the tiled form needs max_rows (the most rows one group holds)")
+            kavg = -(-(total_rows or max_rows * E) // E)
+            mm, S, kc = self.split_plan(M * E, N, kavg)  # the E outputs' tiles as one (E*M, N) output's
+            GS = -(-max_rows // kc) if S > 1 else 1
+            if GS > 1 and (cstride != M * N or ldc != N):
+                GS = 1  # splitk_reduce_grouped wants the E outputs back to back
+            if GS == 1:
+                kc = 1 << 30  # one chunk: all of a group's rows
+            (gx, gy), lsize = matmul_launch(mm, M, N)
+            out = self._grown("parts", GS * E * M * N) if GS > 1 else Cm
+            kern = self._grouped_kernel_local(mm, 2, E, ta, 0, accum and GS == 1, split=int(GS > 1))
+            self._launch(kern, (gx, gy, E * GS), lsize + (1,),
+                         (i32(M), i32(N), i32(0), A, i32(lda), B, i32(ldb), out, i32(ldc), None, None,
+                          f32(1.0 if GS > 1 else alpha), None, i32(kc), i32(GS), i32(0), i32(cstride), counts, offs))
+            if GS > 1:
+                red = self._mm.get(("grouped_reduce", E))
+                if red is None:
+                    red = self._mm[("grouped_reduce", E)] = self.dev.kernel("matmul", "splitk_reduce_grouped",
+                                                                           GROUP=2, NGROUPS=E)
+                lsz = tuple(self.launch["local_2d"])
+                self._launch(red, (ceil_to(M * N, lsz[0]), ceil_to(E, lsz[1])), lsz,
+                             (i32(M * N), i32(kc), i32(bool(accum)), f32(alpha), counts, out, Cm))
+            return
+        kern, g = self._grouped_kernel(2, E, ta, accum)
+        ls = g["lsize"]
+        gsize = (ceil_to(-(-M // g["RM"]), ls[0]), ceil_to(-(-N // (g["VW"] * g["NV"])), ls[1]), E)
+        self._launch(kern, gsize, ls + (1,), (i32(M), i32(N), i32(0), A, i32(lda), B, i32(ldb), i32(0), Cm, i32(ldc),
+                                              i32(cstride), f32(alpha), counts, offs, counts))
+
+    def transposed_b(self, x, rows, cols):
+        """(x (rows, cols) transposed into scratch, its row stride): a B operand for the grouped products,
+        rows padded off multiples of 64 floats where the table pads (ld_pad)."""
+        pad = self.launch.get("ld_pad", 0)
+        ld = rows + pad if pad and rows % 64 == 0 else rows
+        return self._transposed(0, x, rows, cols, ld), ld
+
+    def moe_route(self, N, probs, sel, pos, counts, offs, tiles, pmean):
+        """Pack each expert's tokens in increasing order at a tile-aligned offset (kernels/moe.cl)."""
+        args = (i32(N), probs, sel, pos, counts, offs, tiles, pmean)
+        if self.route_lw:
+            self.run("moe_route_packed_wg", (self.route_lw,), *args, lsize=(self.route_lw,))
+        else:
+            self.run("moe_route_packed", (self.cfg.n_expert,), *args, lsize=(1,))
+
+    def moe_weight_backward(self, N, dy, pos, ye, dwsel):
+        """dwsel (N, K): the gradient of each pick's weight, dy . ye of its expert's row."""
+        if "moe_weight_backward_wg" in self.k:
+            self.run("moe_weight_backward_wg", (N * self.cfg.n_expert_used * 64,), i32(N), dy, pos, ye, dwsel,
+                     lsize=(64,))
+        else:
+            self.runp("moe_weight_backward", (N * self.cfg.n_expert_used,), i32(N), dy, pos, ye, dwsel)

@@ -1,0 +1,130 @@
+"""The other layers' launchers: cross-entropy, embeddings, Llama's RoPE and SwiGLU, dropout, and the optimizer's
+gradient norm and AdamW over flat parameter buffers (clgpt/params.py).
+
+Launches kernels/xent.cl, kernels/embedding.cl, kernels/rope.cl, kernels/swiglu.cl, kernels/dropout.cl (masks from
+clgpt.dropout's hash of seed, site, element) and kernels/adamw.cl.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from clgpt.ops.core import ceil_to, f32, i32
+
+
+class LayerOps:
+    """Cross-entropy, embedding, RoPE, SwiGLU, dropout, grad norm and AdamW (mixed into clgpt.ops.Ops)."""
+
+    # ---- cross-entropy ----
+    def xent_forward(self, N, logits, targets, mask, losses, lse, dlogits):
+        """losses (N), lse (N); on CPUs (xent_fused) also mask * (softmax - onehot) into dlogits."""
+        if self.launch.get("xent_fused"):
+            self.runp("xent_fused", (N,), i32(N), logits, targets, mask, losses, lse, dlogits)
+            return
+        if self.rows:
+            self.run("xent_forward_wg", (N * self.rows,), i32(N), logits, targets, mask, losses, lse,
+                     lsize=(self.rows,))
+            return
+        self.runp("xent_forward", (N,), i32(N), logits, targets, mask, losses, lse)
+
+    def xent_backward(self, N, s, logits, targets, mask, lse, dlogits) -> float:
+        """dlogits = s * mask * (softmax - onehot), or, after the fused forward, leaves dlogits unscaled;
+        -> the factor the caller's matmuls on dlogits take as alpha (s, or 1)."""
+        if self.launch.get("xent_fused"):  # the forward left the unscaled gradient in dlogits
+            return s
+        V = self.cfg.vocab_size
+        if (dlogits.int_ptr == self._reusing and self._wgmma_mn and self.on_wgmma(N, self.cfg.n_embd, V)
+                and self.on_wgmma(V, self.cfg.n_embd, N)):
+            # both products on dlogits read its tiled bf16 copy: write that instead of the fp32 gradient
+            Rp, Cp = ceil_to(N, 64), ceil_to(V, 64)
+            out = self._b16_slot(2, Rp * Cp * 2)
+            self._launch(self.k["xent_backward_tiled"], (Cp // 8, Rp), (4, 32),
+                         (i32(N), f32(s), logits, targets, mask, lse, out))
+            self._kept[(dlogits.int_ptr, N, V)] = (out, Rp, Cp)
+            return 1.0
+        self.run("xent_backward", (ceil_to(V, 64), N), i32(N), f32(s), logits, targets, mask, lse, dlogits,
+                 lsize=(64, 1))
+        return 1.0
+
+    # ---- embedding ----
+    def embedding_forward(self, N, Tp, tokens, wte, wpe, out):
+        """out (N,C) = wte[tokens] + wpe[n % T'] (llama passes a zero position table)."""
+        if "embedding_forward_rows" in self.k:
+            self.runp("embedding_forward_rows", (N,), i32(N), i32(Tp), tokens, wte, wpe, out)
+            return
+        self.runp("embedding_forward", (self.cfg.n_embd, N), i32(N), i32(Tp), tokens, wte, wpe, out)
+
+    def token_embd_backward(self, n_rows, rows, starts, order, dx, dwte):
+        """dwte[rows[r]] += sum of dx rows order[starts[r]..starts[r+1]) (host-sorted: deterministic)."""
+        self.runp("embedding_backward_wte", (self.cfg.n_embd, n_rows), i32(n_rows), rows, starts, order, dx, dwte)
+
+    def position_embd_backward(self, Bp, Tp, dx, dwpe):
+        self.runp("embedding_backward_wpe", (self.cfg.n_embd, Tp), i32(Bp), i32(Tp), dx, dwpe)
+
+    # ---- llama pieces ----
+    def _rope_launch(self, name, slots, N, args):
+        """GPUs: (slots * D/2, N) work-items, one per pair; else (slots, N), one per (head slot, row), in
+        work-groups of about 64 (PoCL pays per group)."""
+        if name + "_el" in self.k:
+            pairs = slots * self.cfg.head_dim // 2
+            self.run(name + "_el", (ceil_to(pairs, 64), N), *args, lsize=(64, 1))
+            return
+        r = max(1, 64 // slots)
+        self.run(name, (slots, ceil_to(N, r)), *args, lsize=(slots, r))
+
+    def rope_forward(self, N, Tp, src, cos, sin, qkv):
+        """qkv (N,3C) = RoPE'd q, k and v (kv heads repeated) from the q | k | v product src (N, C+2Ckv);
+        with n_head_kv == n_head in place (src is qkv)."""
+        H, G = self.cfg.n_head, self.cfg.n_head // self.cfg.kv_heads
+        self._rope_launch("rope_forward", 2 * H if G == 1 else 3 * H, N, (i32(N), i32(Tp), src, cos, sin, qkv))
+
+    def rope_backward(self, N, Tp, dqkv, cos, sin, dsrc):
+        """dsrc (N, C+2Ckv), the q | k | v product's gradient, from dqkv (N,3C); in place when G == 1."""
+        H, Hkv = self.cfg.n_head, self.cfg.kv_heads
+        self._rope_launch("rope_backward", 2 * H if H == Hkv else H + 2 * Hkv, N,
+                          (i32(N), i32(Tp), dqkv, cos, sin, dsrc))
+
+    def swiglu_rows_forward(self, N, h, out):
+        """out (N,F) = silu(h[:, :F]) * h[:, F:], h (N,2F) = gate | up."""
+        if "swiglu_rows_forward_el" in self.k:  # GPUs: one work-item per output
+            F = self.cfg.n_ff
+            self.run("swiglu_rows_forward_el", (ceil_to(F, 64), N), i32(N), h, out, lsize=(64, 1))
+            return
+        self._rows("swiglu_rows_forward", N, (i32(N), h, out))
+
+    def swiglu_forward(self, n, gate, up, out):
+        self.run("swiglu_forward", (ceil_to(n, 256),), i32(n), gate, up, out, lsize=(256,))
+
+    def swiglu_backward(self, n, dy, gate, up, dgate, dup):
+        self.run("swiglu_backward", (ceil_to(n, 256),), i32(n), dy, gate, up, dgate, dup, lsize=(256,))
+
+    # ---- dropout ----
+    def dropout_forward(self, n, seed, site, p, x, out):
+        """out = x * keep / (1 - p) over n elements (out may be x)."""
+        self.runp("dropout_forward", (n,), i32(n), np.uint32(seed), np.uint32(site), f32(p), x, out)
+
+    def dropout_residual(self, n, seed, site, p, resid, y, out):
+        """out = resid + y * keep / (1 - p) (a residual branch; out may be resid)."""
+        self.runp("dropout_residual", (n,), i32(n), np.uint32(seed), np.uint32(site), f32(p), resid, y, out)
+
+    def dropout_backward(self, n, seed, site, p, dx, out=None):
+        """out = dx * keep / (1 - p) (out defaults to dx: in place)."""
+        self.runp("dropout_backward", (n,), i32(n), np.uint32(seed), np.uint32(site), f32(p), dx,
+                  dx if out is None else out)
+
+    # ---- optimizer ----
+    def grad_norm(self, n, chunk, n_parts, flat_g, partials, clip, norm_buf):
+        """norm_buf[0] = ||flat_g||, norm_buf[1] = the clip factor (clip <= 0: 1)."""
+        if "grad_norm_partial_wg" in self.k:  # GPUs: n_parts work-groups
+            LW = self.rows
+            self.run("grad_norm_partial_wg", (n_parts * LW,), i32(n), flat_g, partials, lsize=(LW,))
+            self.run("grad_norm_final_wg", (LW,), i32(n_parts), f32(clip), partials, norm_buf, lsize=(LW,))
+            return
+        self.run("grad_norm_partial", (n_parts,), i32(n), i32(chunk), flat_g, partials)
+        self.run("grad_norm_final", (1,), i32(n_parts), f32(clip), partials, norm_buf)
+
+    def adamw(self, n, n_decay, p, g, m, v, norm_buf, lr, beta1, beta2, bc1, bc2, eps, weight_decay):
+        lsize = (self.launch["local_1d"],)  # lr and the bias corrections change every step: no preset
+        name, per = ("adamw_v8", 8) if "adamw_v8" in self.k else ("adamw", 1)  # adamw_v8: 8 parameters a work-item
+        self.k[name](self.queue, (ceil_to(-(-n // per), lsize[0]),), lsize, i32(n), i32(n_decay), p, g, m, v,
+                     norm_buf, f32(lr), f32(beta1), f32(beta2), f32(bc1), f32(bc2), f32(eps), f32(weight_decay))

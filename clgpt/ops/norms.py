@@ -1,0 +1,72 @@
+"""LayerNorm (GPT-2) and RMSNorm (Llama), forward and backward: GPUs a work-group a row (or 32 work-items a row,
+LayerNorm with C % 128 == 0) and the weight gradients as two-stage column sums, CPUs a work-item per RB rows.
+
+Launches kernels/layernorm.cl and kernels/rmsnorm.cl.
+"""
+
+from __future__ import annotations
+
+from clgpt.ops.core import ceil_to, i32
+
+
+class NormOps:
+    """layernorm[_backward], rmsnorm[_backward] (mixed into clgpt.ops.Ops)."""
+
+    def layernorm(self, N, x, w, b, out, mean, rstd):
+        if "layernorm_forward_rows" in self.k:  # GPUs, C % 128 == 0: a row a 32-work-item slice, RW a group
+            rw = self.launch["ln_rw"]
+            kname, copy = self._with_copy("layernorm_forward_rows", out, N, self.cfg.n_embd)
+            self.run(kname, (32, ceil_to(N, rw)), i32(N), x, w, b, out, mean, rstd, *copy, lsize=(32, rw))
+            return
+        if self.rows:
+            self.run("layernorm_forward_wg", (N * self.rows,), i32(N), x, w, b, out, mean, rstd, lsize=(self.rows,))
+            return
+        self._rows("layernorm_forward", -(-N // self.norm_rb), (i32(N), x, w, b, out, mean, rstd))
+
+    def layernorm_backward(self, N, dout, x, mean, rstd, w, dw, db, dx, accum):
+        C = self.cfg.n_embd
+        if "layernorm_backward_rows" in self.k:  # dx and each work-group's dw, db part in one pass, then their sum
+            rw = self.launch["ln_rw"]
+            rpi = max(1, N // (rw * self.launch["ln_parts"]))  # rows a row-slot
+            P = -(-N // (rw * rpi))
+            part = self._grown("cparts", 2 * P * C)
+            self.run("layernorm_backward_rows", (32, P * rw), i32(N), i32(rpi), i32(accum), dout, x, w, mean, rstd,
+                     dx, part, lsize=(32, rw))
+            self.run("layernorm_param_final_rows", (C // 2, 32), i32(P), part, dw, db, lsize=(8, 32))
+            return
+        if self.rows:
+            self.run("layernorm_backward_wg", (N * self.rows,), i32(N), i32(accum), dout, x, w, mean, rstd, dx,
+                     lsize=(self.rows,))
+            rc = self.launch["colsum_rows"]
+            R = -(-N // rc)
+            if R < self.launch["colsum_min_parts"]:
+                self.runp("layernorm_param_backward", (-(-C // self.norm_cb),), i32(N), dout, x, mean, rstd, dw, db)
+                return
+            part = self._grown("cparts", 2 * R * C)
+            self.runp("layernorm_param_partial", (C, R), i32(N), i32(rc), dout, x, mean, rstd, part)
+            self.runp("layernorm_param_final", (C,), i32(R), part, dw, db)
+            return
+        self._rows("layernorm_backward", -(-N // self.norm_rb), (i32(N), i32(accum), dout, x, w, mean, rstd, dx))
+        self._rows("layernorm_param_backward", -(-C // self.norm_cb), (i32(N), dout, x, mean, rstd, dw, db))
+
+    def rmsnorm(self, N, x, w, out, rstd):
+        if self.rows:
+            self.run("rmsnorm_forward_wg", (N * self.rows,), i32(N), x, w, out, rstd, lsize=(self.rows,))
+            return
+        self._rows("rmsnorm_forward", -(-N // self.norm_rb), (i32(N), x, w, out, rstd))
+
+    def rmsnorm_backward(self, N, dout, x, rstd, w, dw, dx, accum):
+        if self.rows:
+            self.run("rmsnorm_backward_wg", (N * self.rows,), i32(N), i32(accum), dout, x, w, rstd, dx,
+                     lsize=(self.rows,))
+        else:
+            self._rows("rmsnorm_backward", -(-N // self.norm_rb), (i32(N), i32(accum), dout, x, w, rstd, dx))
+        if self.rows:  # GPUs: column sums in two stages over row chunks, as LayerNorm's
+            rc = self.launch["colsum_rows"]
+            R = -(-N // rc)
+            if R >= self.launch["colsum_min_parts"]:
+                part = self._grown("cparts", R * self.cfg.n_embd)
+                self.runp("rmsnorm_param_partial", (self.cfg.n_embd, R), i32(N), i32(rc), dout, x, rstd, part)
+                self.runp("rmsnorm_param_final", (self.cfg.n_embd,), i32(R), part, dw)
+                return
+        self._rows("rmsnorm_param_backward", -(-self.cfg.n_embd // self.norm_cb), (i32(N), dout, x, rstd, dw))
