@@ -211,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--gemm", type=int, default=1024, help="square GEMM size (0 = skip)")
-    p.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16", "auto"],
+    p.add_argument("--precision", default="auto", choices=["fp32", "tf32", "bf16", "auto"],
                    help="matmul operands (clgpt/precision.py)")
     p.add_argument("--dropout", type=float, default=0.0, help="dropout probability, as a training stage's")
     p.add_argument("--device", default=None)

@@ -457,7 +457,7 @@ def test_training_curve_reduced_precision_tracks_fp32(dev, monkeypatch):
 
 def test_precision_setting(dev):
     cfg = validate_config({"pretrain": {"precision": "bf16"}})
-    assert cfg["pretrain"]["precision"] == "bf16" and cfg["tune"]["precision"] == "fp32"
+    assert cfg["pretrain"]["precision"] == "bf16" and cfg["tune"]["precision"] == "auto"  # the default
     with pytest.raises(ClgptError, match="pretrain.precision"):
         validate_config({"pretrain": {"precision": "fp16"}})
     assert resolve("auto", dev.device) == ("bf16" if dev.device.vendor.lower().startswith("nvidia") else "fp32")
