@@ -19,10 +19,10 @@ L="--vocab 8192 --ctx 512 --embd 768 --ffn 3072 --heads 12 --layers 12 --batch 1
 CHAR="--vocab 260 --ctx 256 --embd 384 --ffn 1536 --heads 6 --layers 6 --batch 64"
 CHAR_L="--arch llama --vocab 260 --ctx 256 --embd 384 --ffn 1024 --heads 6 --layers 6 --batch 64"
 CHAR_MOE="$CHAR_L --experts 4 --experts-used 2"
-S="--vocab 50304 --ctx 1024 --embd 768 --ffn 3072 --heads 12 --layers 12 --batch 8"
-S_L="--arch llama --vocab 50304 --ctx 1024 --embd 768 --ffn 2048 --heads 12 --layers 12 --batch 8"
-MED="--vocab 50304 --ctx 1024 --embd 1024 --ffn 4096 --heads 16 --layers 24 --batch 8"
-MED_L="--arch llama --vocab 50304 --ctx 1024 --embd 1024 --ffn 2816 --heads 16 --layers 24 --batch 8"
+GPT2S="--vocab 50304 --ctx 1024 --embd 768 --ffn 3072 --heads 12 --layers 12 --batch 8"
+GPT2S_L="--arch llama --vocab 50304 --ctx 1024 --embd 768 --ffn 2048 --heads 12 --layers 12 --batch 8"
+GPT2M="--vocab 50304 --ctx 1024 --embd 1024 --ffn 4096 --heads 16 --layers 24 --batch 8"
+GPT2M_L="--arch llama --vocab 50304 --ctx 1024 --embd 1024 --ffn 2816 --heads 16 --layers 24 --batch 8"
 
 # clgpt_bf16 LABEL ARGS STEPS: `clgpt bench` in bf16 (settings from the caller's environment), its train: and
 # memory: lines into $O/train.txt; torch_peer LABEL ARGS STEPS: PyTorch as nanoGPT runs it on a GPU

@@ -13,7 +13,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw --
 [ -n "${NOWARM:-}" ] || (O=/tmp; clgpt_bf16 warm-up "$M6" 20 >/dev/null; torch_peer warm-up "$M6" 20 >/dev/null)
 for rep in $(seq ${REPS:-3}); do
   for shape in ${SHAPES:-M6 L M}; do
-    eval args=\$$shape; steps=50; case $shape in L|S*|MED*) steps=20;; esac
+    eval args=\$$shape; steps=50; case $shape in L|GPT2*) steps=20;; esac
     if [ -n "${BASE:-}" ]; then
       (cd "$BASE" && PYTHONPATH=/tmp/site:$PWD CLGPT_SIDE=base clgpt_bf16 "rep $rep $shape" "$args" $steps)
     fi
