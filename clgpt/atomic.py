@@ -40,9 +40,9 @@ def publish(staged: str | os.PathLike, published: str | os.PathLike, mtime_ns: i
     published model takes no second copy of disk; where links cannot be made (another file system, a
     file system without them) it is copied.
 
-    The published file is stamped `mtime_ns` (now by default): a link keeps the staged file's time, which
-    is older than a sibling input staged after it (export writes model.gguf, then Modelfile), and Snakemake
-    fails a job whose output is older than one of its inputs."""
+    The published file is stamped `mtime_ns` (now by default): a link keeps the staged file's time, and
+    Snakemake fails a job whose output is older than one of its inputs. Since the two names share one inode,
+    a publish job has one output (rules/publish.smk)."""
     staged, published = os.fspath(staged), os.fspath(published)
     mtime_ns = time.time_ns() if mtime_ns is None else mtime_ns
     os.makedirs(os.path.dirname(published) or ".", exist_ok=True)
@@ -56,13 +56,6 @@ def publish(staged: str | os.PathLike, published: str | os.PathLike, mtime_ns: i
                 raise
             shutil.copyfile(staged, tmp)
         os.utime(tmp, ns=(mtime_ns, mtime_ns))
-
-
-def publish_all(pairs: list[tuple[str | os.PathLike, str | os.PathLike]]) -> None:
-    """`publish` each (staged, published) pair with one time stamp, so no output is older than an input."""
-    now = time.time_ns()
-    for staged, published in pairs:
-        publish(staged, published, now)
 
 
 def size_text(n: float) -> str:

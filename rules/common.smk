@@ -9,7 +9,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from clgpt.atomic import publish, publish_all
+from clgpt.atomic import publish
 from clgpt.config import load_workflow_config
 from clgpt.data import check_corpus as check_text_corpus
 from clgpt.device import get_device
@@ -70,7 +70,7 @@ def publish_input(wildcards):
 
 
 def publish_model_input(wildcards):
-    """publish_input of model.gguf and Modelfile, published together."""
+    """publish_input of model.gguf and of Modelfile: both staged files (export writes them together)."""
     return {"gguf": staged("model.gguf"), "modelfile": staged("Modelfile"), "stage_input": list(rules.export.input)}
 
 

@@ -5,12 +5,32 @@
 # model.gguf, Modelfile and checkpoints as they were.
 
 
-rule publish_model:
+# One output a job: Snakemake touches a job's outputs one by one after it ends, then fails the job if an output
+# is older than an input. A published file shares its inode with its staged input, so touching a second output
+# would make its staged input newer than the first output whenever the two touches fall in different clock
+# ticks. model.gguf's job takes the published Modelfile as an input, so `snakemake model.gguf` publishes both.
+rule publish_modelfile:
     input:
         unpack(publish_model_input),
     output:
-        gguf="model.gguf",
-        modelfile="Modelfile",
+        "Modelfile",
+    log:
+        "logs/publish_modelfile.log",
+    benchmark:
+        "benchmarks/publish_modelfile.tsv"
+    params:
+        settings=config["export"],
+    localrule: True
+    run:
+        publish(input.modelfile, output[0])
+
+
+rule publish_model:
+    input:
+        unpack(publish_model_input),
+        published_modelfile="Modelfile",
+    output:
+        "model.gguf",
     log:
         "logs/publish_model.log",
     benchmark:
@@ -19,7 +39,7 @@ rule publish_model:
         settings=config["export"],
     localrule: True
     run:
-        publish_all([(input.gguf, output.gguf), (input.modelfile, output.modelfile)])
+        publish(input.gguf, output[0])
 
 
 rule publish:

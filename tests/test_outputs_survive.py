@@ -7,6 +7,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -14,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from clgpt.atomic import publish, publish_all
+from clgpt.atomic import publish
 from test_errors import one_line_error
-from test_pipeline import TINY, make_workdir, planned_rules, snakemake, write_config
+from test_pipeline import ROOT, TINY, make_workdir, planned_rules, snakemake, write_config
 
 KEPT = ("model.gguf", "Modelfile", "results/pretrain/model.ckpt", "results/pretrain/log.csv",
         "results/tune/model.ckpt", "results/tune/log.csv")
@@ -40,17 +41,27 @@ def test_publish_links_the_file_and_a_failed_publish_keeps_the_old_one(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.gguf", "staging"]  # no .tmp left
 
 
-def test_published_files_are_not_older_than_any_staged_input(tmp_path):
-    """Snakemake fails a job whose output is older than an input; a link keeps the staged file's time, and
-    export stages model.gguf before Modelfile."""
-    (tmp_path / "staging").mkdir()
-    pairs = [(tmp_path / "staging" / n, tmp_path / n) for n in ("model.gguf", "Modelfile")]
-    for i, (staged, _) in enumerate(pairs):
-        staged.write_bytes(b"x")
-        os.utime(staged, ns=(10**18 + i * 10**9,) * 2)  # Modelfile staged a second after model.gguf
-    publish_all(pairs)
-    newest_input = max(staged.stat().st_mtime_ns for staged, _ in pairs)
-    assert all(published.stat().st_mtime_ns >= newest_input for _, published in pairs)
+def test_each_publish_job_has_one_output():
+    """Snakemake touches a job's outputs one by one, then fails it if an output is older than an input. A
+    published file is its staged input's inode, so a job publishing two files fails whenever the two touches
+    fall in different clock ticks (model.gguf touched, then Modelfile, which moves the staged Modelfile past
+    model.gguf): one output a publish job."""
+    text = (ROOT / "rules" / "publish.smk").read_text()
+    rules = re.findall(r"^rule (\w+):\n(.*?)(?=^rule |\Z)", text, re.M | re.S)
+    assert {name for name, _ in rules} >= {"publish_model", "publish_modelfile", "publish"}
+    for name, body in rules:
+        outputs = re.search(r"^    output:\n((?:        .*\n)+)", body, re.M).group(1).strip().splitlines()
+        assert len(outputs) == 1, f"rule {name}: {outputs}"
+
+
+def test_published_file_is_stamped_now(tmp_path):
+    """A link keeps the staged file's old time; the published name gets the time of publishing."""
+    staged = tmp_path / "staged"
+    staged.write_bytes(b"x")
+    os.utime(staged, ns=(10**18, 10**18))
+    before = time.time_ns()
+    publish(staged, tmp_path / "published")
+    assert (tmp_path / "published").stat().st_mtime_ns >= before - 10**7
 
 
 # ---- a finished project on a small disk ------------------------------------------------------------
