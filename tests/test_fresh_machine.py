@@ -62,8 +62,9 @@ def test_bench_on_a_device_that_cannot_run_our_kernels_is_one_line(monkeypatch, 
 
 
 def test_ci_runs_the_kernels_on_two_implementations():
-    """CI (.ci/run sets up PoCL beside Intel's runtime) runs the kernel tests on both compilers; elsewhere the
-    tests run on whatever implementations work, one at least."""
+    """CI runs the kernel tests on two compilers: PyPI's PoCL and Intel's runtime, or, where PyPI's PoCL runs
+    none of our kernels, the distribution's PoCL that .ci/run adds; elsewhere the tests run on whatever
+    implementations work, one at least."""
     from clgpt.device import cpu_implementations
 
     found = cpu_implementations()
