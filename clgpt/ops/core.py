@@ -286,6 +286,16 @@ class BaseOps:
             self.runp(name, (N,), *args)
 
     # ---- scratch ----
+    def _split_k(self, kern, gsize, lsize, M, N, S, operands, tail, accum, alpha, Cm):
+        """Split-K as every GEMM backend runs it: `kern` (built with split=1) writes S raw M x N partial products,
+        one per slice of K along grid dimension 2, into the "parts" scratch; splitk_reduce then adds them in
+        order into Cm (alpha, accum). operands: the kernel's arguments between M, N and its output; tail: those
+        after its epilogue's (the slice depth kc and what follows)."""
+        P = self._grown("parts", S * M * N)
+        self._launch(kern, (*gsize, S), (*lsize, 1),
+                     (i32(M), i32(N), *operands, P, i32(N), None, None, f32(1.0), None, *tail))
+        self.runp("splitk_reduce", (M * N,), i32(M * N), i32(S), i32(bool(accum)), f32(alpha), P, Cm)
+
     def _grown(self, key, n):
         """Scratch floats `key` (see _grown_bufs), grown to at least n."""
         buf = self._grown_bufs.get(key)

@@ -147,12 +147,9 @@ class GemmOps:
         if mm["kernel"] == "matmul" and bias is None and resid is None and epi == 0 and K > 0:
             mm, S, kc = self.split_plan(M, N, K)
             if S > 1:
-                P = self._grown("parts", S * M * N)
-                kern = self._kernel_mm(mm, ta, tb, False, False, False, 0, split=1)
-                (gx, gy), lsize = matmul_launch(mm, M, N)
-                self._launch(kern, (gx, gy, S), lsize + (1,), (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), P,
-                             i32(N), None, None, f32(1.0), None, i32(kc), i32(1), *(i32(0),) * 9))
-                self.runp("splitk_reduce", (M * N,), i32(M * N), i32(S), i32(bool(accum)), f32(alpha), P, Cm)
+                self._split_k(self._kernel_mm(mm, ta, tb, False, False, False, 0, split=1), *matmul_launch(mm, M, N),
+                              M, N, S, (i32(K), A, i32(lda), B, i32(ldb)), (i32(kc), i32(1), *(i32(0),) * 9),
+                              accum, alpha, Cm)
                 return
         kern = self._kernel_mm(mm, ta, tb, bias is not None, resid is not None, bool(accum), epi)
         gsize, lsize = matmul_launch(mm, M, N)

@@ -140,12 +140,8 @@ class Bf16Ops:
             plan = split_k_chunks(Kp, groups, MMA_SPLIT_GROUPS, MMA_SPLIT_MIN_K, 32)
             if plan:
                 S, kc = plan
-                P = self._grown("parts", S * M * N)
-                kern = self._kernel_bf16(mm, akc, bkc, False, False, False, 0, split=1)
-                (gx, gy), lsize = mma_launch(mm, M, N)
-                self._launch(kern, (gx, gy, S), lsize + (1,), (i32(M), i32(N), i32(Kp), A16, i32(lda), B16, i32(ldb),
-                                                              P, i32(N), None, None, f32(1.0), None, i32(kc)))
-                self.runp("splitk_reduce", (M * N,), i32(M * N), i32(S), i32(bool(accum)), f32(alpha), P, Cm)
+                self._split_k(self._kernel_bf16(mm, akc, bkc, False, False, False, 0, split=1), *mma_launch(mm, M, N),
+                              M, N, S, (i32(Kp), A16, i32(lda), B16, i32(ldb)), (i32(kc),), accum, alpha, Cm)
                 return
         kern = self._kernel_bf16(mm, akc, bkc, bias is not None, resid is not None, bool(accum), epi)
         gsize, lsize = mma_launch(mm, M, N)

@@ -51,12 +51,9 @@ class MmaOps:
             if S >= 2:
                 kc = ceil_to(-(-K // S), mma_bk(self.round))
                 S = -(-K // kc)
-                P = self._grown("parts", S * M * N)
-                kern = self._kernel_mma(mm, ta, tb, False, False, False, 0, align4, split=1)
-                (gx, gy), lsize = mma_launch(mm, M, N)
-                self._launch(kern, (gx, gy, S), lsize + (1,), (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), P,
-                             i32(N), None, None, f32(1.0), None, i32(kc), i32(1), *(i32(0),) * 9))
-                self.runp("splitk_reduce", (M * N,), i32(M * N), i32(S), i32(bool(accum)), f32(alpha), P, Cm)
+                self._split_k(self._kernel_mma(mm, ta, tb, False, False, False, 0, align4, split=1),
+                              *mma_launch(mm, M, N), M, N, S, (i32(K), A, i32(lda), B, i32(ldb)),
+                              (i32(kc), i32(1), *(i32(0),) * 9), accum, alpha, Cm)
                 return
         kern = self._kernel_mma(mm, ta, tb, bias is not None, resid is not None, bool(accum), epi, align4)
         gsize, lsize = mma_launch(mm, M, N)

@@ -56,10 +56,8 @@ class WgmmaOps:
             plan = split_k_chunks(Kp, groups, WGMMA_SPLIT_GROUPS, WGMMA_SPLIT_MIN_K, 64)
             if plan:
                 S, kc = plan
-                P = self._grown("parts", S * M * N)
-                self._launch(self._kernel_wgmma(mm, trans, False, False, False, 0, split=1), gsize + (S,),
-                             lsize + (1,), (i32(M), i32(N), *operands, P, i32(N), None, None, f32(1.0), None, i32(kc)))
-                self.runp("splitk_reduce", (M * N,), i32(M * N), i32(S), i32(bool(accum)), f32(alpha), P, Cm)
+                self._split_k(self._kernel_wgmma(mm, trans, False, False, False, 0, split=1), gsize, lsize, M, N, S,
+                              operands, (i32(kc),), accum, alpha, Cm)
                 return
         kern = self._kernel_wgmma(mm, trans, bias is not None, resid is not None, bool(accum), epi,
                                   tiled_out=epi if tiled_out else 0)
