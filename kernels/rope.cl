@@ -125,7 +125,7 @@ __kernel void rope_forward_el(const int N, const int T, __global const float* sr
     __global float* o = qkv + (size_t)n * 3 * C + h * D + 2 * i;
     if (h < 2 * H) {
         __global const float* s = row + (h < H ? h * D : C + ((h - H) / G) * D) + 2 * i;
-        const float c = cosb[t * HALF + i], si = 1.0f * sinb[t * HALF + i];
+        const float c = cosb[t * HALF + i], si = sinb[t * HALF + i];  // rope_rotate's sign * sn, sign 1
         const float a = s[0], b = s[1];
         o[0] = a * c - b * si;
         o[1] = a * si + b * c;
@@ -145,17 +145,13 @@ __kernel void rope_backward_el(const int N, const int T, __global const float* d
     __global const float* row = dqkv + (size_t)n * 3 * C;
     __global float* o = dsrc + (size_t)n * SW;
     const float c = cosb[t * HALF + i], sn = sinb[t * HALF + i];
-#if G == 1
-    {
-#else
-    if (h < H) {
-#endif
-        const float si = -1.0f * sn, a = row[h * D + 2 * i], b = row[h * D + 2 * i + 1];
+    if (G == 1 || h < H) {  // q heads, and with G == 1 k heads in place
+        const float si = -sn, a = row[h * D + 2 * i], b = row[h * D + 2 * i + 1];
         o[h * D + 2 * i] = a * c - b * si;
         o[h * D + 2 * i + 1] = a * si + b * c;
         return;
     }
-#if G != 1
+#if G != 1  // k and v heads: each sums its G query heads' gradients
     const int hkv = CKV / D, j = h - H;
     const int is_v = j >= hkv, kvh = is_v ? j - hkv : j;
     __global const float* d = row + (is_v ? 2 * C : C) + kvh * G * D + 2 * i;
