@@ -52,7 +52,7 @@ PUBLISHED = {
     "Modelfile": "export",
     **{f"results/{stage}/{name}": stage for stage in ("pretrain", "tune") for name in ("model.ckpt", "log.csv")},
 }
-PUBLISHED_PATTERN = "|".join(re.escape(p) for p, stage in PUBLISHED.items() if stage != "export")
+PUBLISHED_PATTERN = "|".join(re.escape(p) for p in PUBLISHED if p != "model.gguf")  # model.gguf: publish_model
 
 
 def staged(path):
@@ -70,8 +70,8 @@ def publish_input(wildcards):
 
 
 def publish_model_input(wildcards):
-    """publish_input of model.gguf and of Modelfile: both staged files (export writes them together)."""
-    return {"gguf": staged("model.gguf"), "modelfile": staged("Modelfile"), "stage_input": list(rules.export.input)}
+    """publish_input of model.gguf, and the published Modelfile, so that `snakemake model.gguf` publishes both."""
+    return {"staged": staged("model.gguf"), "modelfile": "Modelfile", "stage_input": list(rules.export.input)}
 
 
 def publish_settings(wildcards):

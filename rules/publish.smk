@@ -8,27 +8,12 @@
 # One output a job: Snakemake touches a job's outputs one by one after it ends, then fails the job if an output
 # is older than an input. A published file shares its inode with its staged input, so touching a second output
 # would make its staged input newer than the first output whenever the two touches fall in different clock
-# ticks. model.gguf's job takes the published Modelfile as an input, so `snakemake model.gguf` publishes both.
-rule publish_modelfile:
-    input:
-        unpack(publish_model_input),
-    output:
-        "Modelfile",
-    log:
-        "logs/publish_modelfile.log",
-    benchmark:
-        "benchmarks/publish_modelfile.tsv"
-    params:
-        settings=config["export"],
-    localrule: True
-    run:
-        publish(input.modelfile, output[0])
-
-
+# ticks. For the same reason a job takes no other job's staged file as an input: publishing that file later
+# would leave this job's output older than it, and every later run would publish again. model.gguf's job takes
+# the published Modelfile (the generic rule below publishes it) instead.
 rule publish_model:
     input:
         unpack(publish_model_input),
-        published_modelfile="Modelfile",
     output:
         "model.gguf",
     log:
@@ -39,7 +24,7 @@ rule publish_model:
         settings=config["export"],
     localrule: True
     run:
-        publish(input.gguf, output[0])
+        publish(input.staged, output[0])
 
 
 rule publish:
