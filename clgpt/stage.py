@@ -4,6 +4,7 @@
   folder, a full disk) or Ctrl-C ends the stage with one line (exit 1, or 130 for Ctrl-C) instead of a
   traceback; and the stage stops (saving its checkpoint, like Ctrl-C) when the Snakemake that started it
   is gone (kill -9 leaves its jobs running otherwise).
+- `quiet_after_ctrl_c`: in the Snakemake process, after Ctrl-C, the stage's own line is the last word.
 - `code_inputs`: the package modules a stage script imports, directly or through each other, and the
   kernels when it builds them: the rules list these as inputs, so editing any of them re-runs the stage.
 """
@@ -11,6 +12,7 @@
 from __future__ import annotations
 
 import ast
+import logging
 import os
 import signal
 import sys
@@ -97,6 +99,35 @@ def _watch(chain: list[tuple[int, int]], stop: threading.Event, on_gone: Callabl
             if stat is None or stat[1] != ppid:  # gone, or its parent died and it was re-parented
                 on_gone(chain[-1][0])
                 return
+
+
+_ctrl_c = threading.Event()  # set in the Snakemake process once the user pressed Ctrl-C
+
+
+class _AfterCtrlC(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (_ctrl_c.is_set() and record.levelno >= logging.ERROR)
+
+
+def quiet_after_ctrl_c(logger: logging.Logger) -> None:
+    """Call in the Snakemake process (the Snakefile): after Ctrl-C, drop Snakemake's error records.
+
+    Ctrl-C reaches the running stage and Snakemake together. The stage saves its checkpoint and says so in
+    one line (run_script); Snakemake then sees a job that exited 130 and prints its failed-job block (the
+    CalledProcessError, the whole shell line, "Error in rule", "WorkflowError"), which reads as a crash and
+    buries that line. Its info lines stay ("Terminating processes on user request"). Nothing changes when
+    SIGINT is ignored (a run started in the background) or when this is not the main thread."""
+    previous = signal.getsignal(signal.SIGINT)
+    if not callable(previous) or threading.current_thread() is not threading.main_thread():
+        return
+
+    def on_ctrl_c(signum, frame):
+        _ctrl_c.set()
+        return previous(signum, frame)
+
+    signal.signal(signal.SIGINT, on_ctrl_c)
+    if not any(isinstance(f, _AfterCtrlC) for f in logger.filters):
+        logger.addFilter(_AfterCtrlC())
 
 
 RESUME_AFTER_KILL = "run `snakemake --unlock`, then the same snakemake command with --rerun-incomplete to resume"

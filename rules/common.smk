@@ -9,14 +9,17 @@ import shlex
 import sys
 from pathlib import Path
 
+from snakemake.logging import logger as snakemake_logger
+
 from clgpt.atomic import publish
 from clgpt.config import load_workflow_config
 from clgpt.data import check_corpus as check_text_corpus
 from clgpt.device import get_device
 from clgpt.errors import ClgptError
 from clgpt.preflight import check_corpus, check_outputs
-from clgpt.stage import ANOTHER_RUN, RESUME_AFTER_KILL, code_inputs, live_run, stale_lock
+from clgpt.stage import ANOTHER_RUN, RESUME_AFTER_KILL, code_inputs, live_run, quiet_after_ctrl_c, stale_lock
 
+quiet_after_ctrl_c(snakemake_logger)  # after Ctrl-C, the interrupted stage's one line is not followed by a failed-job block
 _settings = workflow.config_settings
 try:
     if not {"--unlock", "--nolock", "--target-jobs"} & set(sys.argv):  # --target-jobs: a job of a running one

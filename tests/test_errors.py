@@ -402,6 +402,53 @@ def test_ctrl_c_gives_no_traceback(tmp_path):
     assert proc.returncode == 130 and "interrupted" in one_line_error(err)
 
 
+def _ctrl_c_in_a_terminal(cmd: list[str], cwd: Path, when: bytes, timeout: float = 300) -> tuple[str, int]:
+    """Run `cmd` on a pseudo-terminal and type Ctrl-C once its output shows `when`, as a user at a terminal
+    does (the terminal sends SIGINT to every process of the run); its output and exit status."""
+    import pty
+    import select
+
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.chdir(cwd)
+        os.execvp(cmd[0], cmd)
+    out, typed, deadline = b"", False, time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if select.select([fd], [], [], 0.5)[0]:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:  # the run ended and closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+        if not typed and when in out:
+            os.write(fd, b"\x03")
+            typed = True
+    else:
+        os.kill(pid, signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+    assert typed, out.decode(errors="replace")
+    return out.decode(errors="replace"), os.waitstatus_to_exitcode(status)
+
+
+def test_ctrl_c_in_the_pipeline_ends_with_clgpts_line(tmp_path):
+    """Ctrl-C during pretrain: the stage's checkpoint line and its one `error:` line, and no failed-job block
+    from Snakemake after them (it would print the whole shell line and a CalledProcessError)."""
+    config = json.loads(json.dumps(TINY))
+    config["pretrain"].update(steps=100000, checkpoint_every=100000)
+    path = make_workdir(tmp_path / "wf", config)
+    out, code = _ctrl_c_in_a_terminal([sys.executable, "-m", "snakemake", "--cores", "1", "model.gguf"], path,
+                                      when=b"step/s")
+    assert code != 0
+    tail = out[out.index("^C"):] if "^C" in out else out
+    assert "interrupted; saved step" in tail and "run again to resume" in tail, tail
+    assert one_line_error(tail) == "error: interrupted; run snakemake again to resume"
+    for block in ("CalledProcessError", "Error in rule", "WorkflowError", "RuleException"):
+        assert block not in tail, tail
+    assert (path / "results/staging/pretrain/model.ckpt.partial").exists()
+
+
 def test_stage_stops_when_snakemake_is_killed(tmp_path):
     """A stand-in `snakemake` starts a stage script and is killed with -9: the stage stops by itself
     (as on Ctrl-C, so training saves its checkpoint) and says to --unlock."""
