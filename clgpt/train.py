@@ -494,6 +494,10 @@ def _run_stage(stage, encoded, s, ckpt_out, log_csv, dist, *, model, init_ckpt, 
         elif dist.root:
             save(partial, resume_state)
             say(f"{stage}: interrupted; saved step {prog.step} to {partial}; run again to resume")
+        if log is not None:  # its rows up to the saved step are in log_partial; a log.csv left behind would be
+            log.close()      # an output Snakemake marked incomplete, and the next run would stop on it
+            log = None
+            os.remove(log_csv)
         raise
     finally:
         bar.close()

@@ -434,7 +434,8 @@ def _ctrl_c_in_a_terminal(cmd: list[str], cwd: Path, when: bytes, timeout: float
 
 def test_ctrl_c_in_the_pipeline_ends_with_clgpts_line(tmp_path):
     """Ctrl-C during pretrain: the stage's checkpoint line and its one `error:` line, and no failed-job block
-    from Snakemake after them (it would print the whole shell line and a CalledProcessError)."""
+    from Snakemake after them (it would print the whole shell line and a CalledProcessError); the next run
+    plans pretrain again (to resume) instead of stopping on an incomplete file."""
     config = json.loads(json.dumps(TINY))
     config["pretrain"].update(steps=100000, checkpoint_every=100000)
     path = make_workdir(tmp_path / "wf", config)
@@ -447,6 +448,10 @@ def test_ctrl_c_in_the_pipeline_ends_with_clgpts_line(tmp_path):
     for block in ("CalledProcessError", "Error in rule", "WorkflowError", "RuleException"):
         assert block not in tail, tail
     assert (path / "results/staging/pretrain/model.ckpt.partial").exists()
+    # "run snakemake again" works as said: no output is left that Snakemake marked incomplete
+    assert not (path / "results/staging/pretrain/log.csv").exists()
+    assert (path / "results/staging/pretrain/log.csv.partial").exists()
+    assert "pretrain" in planned_rules(path)
 
 
 def test_stage_stops_when_snakemake_is_killed(tmp_path):
