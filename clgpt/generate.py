@@ -68,8 +68,9 @@ def sampling_probs(
     """(V,) float64 distribution after suppression, temperature, top-k then top-p (nucleus: the fewest
     most-likely tokens whose probability sums to >= top_p), renormalised."""
     z = np.array(logits, dtype=np.float64)
-    for i in suppress_ids:
-        z[i] = -np.inf
+    suppress = list(suppress_ids)
+    if suppress:
+        z[suppress] = -np.inf
     if not np.isfinite(z).any():
         raise ClgptError("every token is suppressed; nothing left to sample")
     z = z / temperature
@@ -78,7 +79,10 @@ def sampling_probs(
         z[z < kth] = -np.inf
     p = softmax(z)
     if top_p < 1.0:
-        order = np.argsort(-p, kind="stable")
+        # the tokens left after top-k, most likely first (ties by id); the zeros past them would sort last
+        # and never change what is kept, so they are left out of the sort: the same order, over fewer tokens
+        live = np.flatnonzero(p)
+        order = live[np.argsort(-p[live], kind="stable")]
         cum = np.cumsum(p[order])
         keep = order[: int(np.searchsorted(cum, top_p)) + 1]  # first index where cum >= top_p, inclusive
         mask = np.zeros_like(p, dtype=bool)

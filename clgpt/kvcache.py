@@ -41,14 +41,21 @@ class KVCache:
         self.kc = [ops.buf(B * T * C) for _ in range(cfg.n_layer)]  # keys (B, T, C) a layer
         self.vc = [ops.buf(B * T * C) for _ in range(cfg.n_layer)]
         self.q = ops.buf(B * C)  # this step's queries (B, C)
-        self.tokens = cl.Buffer(eng.ctx, mf.READ_ONLY, B * 4)
-        self.pos = cl.Buffer(eng.ctx, mf.READ_ONLY, B * 4)
+        # tokens and positions in one buffer, written by one copy a step: pos starts at an aligned offset
+        align = max(dev.device.mem_base_addr_align // 8, 4)
+        self._pos_at = -(-B * 4 // align) * align
+        self._tp = cl.Buffer(eng.ctx, mf.READ_ONLY, self._pos_at + B * 4)
+        self._tp_host = np.zeros((self._pos_at + B * 4) // 4, np.int32)
+        self.tokens = self._tp.get_sub_region(0, B * 4)
+        self.pos = self._tp.get_sub_region(self._pos_at, B * 4)
         if llama:
             self.wpe, self.cos, self.sin = eng.zero_pos, eng.rope_cos, eng.rope_sin
         else:  # no RoPE: the tables are unread, any buffer stands in
             self.wpe = self.cos = self.sin = eng.p["position_embd.weight"]
         self._host = None
         self._gemv = {}
+        self._plans = {}  # B' -> the step's launches, arguments set once (llama, dense: _llama_plan)
+        self.fused = llama and not cfg.n_expert and cfg.n_layer > 0 and self._fits(max(C, cfg.n_ff))
 
     # ---- prefill ----
     def prefill(self, tokens, last) -> np.ndarray:
@@ -70,20 +77,34 @@ class KVCache:
         """Logits (B', V) of token tokens[b] at position pos[b] of sequence b, after the cached positions
         0..pos[b]-1; its key and value join the cache."""
         eng, ops, cfg = self.eng, self.ops, self.cfg
-        tokens = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
-        pos = np.ascontiguousarray(pos, dtype=np.int32).reshape(-1)
-        Bp = tokens.size
-        if not 0 < Bp <= eng.B or pos.shape != tokens.shape:
-            raise ClgptError(f"step: {Bp} tokens and {pos.size} positions for a cache of {eng.B} sequences")
-        if pos.min() < 0 or pos.max() >= eng.T:
-            raise ClgptError(f"step: positions must lie in [0, {eng.T}), got {pos.min()}..{pos.max()}")
-        if tokens.min() < 0 or tokens.max() >= cfg.vocab_size:
+        tokens = [int(t) for t in np.ravel(tokens)]
+        pos = [int(t) for t in np.ravel(pos)]
+        Bp = len(tokens)
+        if not 0 < Bp <= eng.B or len(pos) != Bp:
+            raise ClgptError(f"step: {Bp} tokens and {len(pos)} positions for a cache of {eng.B} sequences")
+        if min(pos) < 0 or max(pos) >= eng.T:
+            raise ClgptError(f"step: positions must lie in [0, {eng.T}), got {min(pos)}..{max(pos)}")
+        if min(tokens) < 0 or max(tokens) >= cfg.vocab_size:
             raise ClgptError(f"step: token ids must lie in [0, {cfg.vocab_size})")
         eng._fwd = None
         ops.forget_copies()  # the stable buffers are written again
-        self._host = (tokens, pos)  # alive during the non-blocking copies
-        cl.enqueue_copy(self.queue, self.tokens, tokens, is_blocking=False)
-        cl.enqueue_copy(self.queue, self.pos, pos, is_blocking=False)
+        tp = self._tp_host  # the last step's copy from it is done: that step ended with a blocking read
+        tp[:Bp] = tokens
+        tp[self._pos_at // 4:self._pos_at // 4 + Bp] = pos
+        cl.enqueue_copy(self.queue, self._tp, tp, is_blocking=False)
+        if self.fused:
+            plan = self._plans.get(Bp) or self._plans.setdefault(Bp, self._llama_plan(Bp))
+            for kern, gsize, lsize in plan:
+                cl.enqueue_nd_range_kernel(self.queue, kern, gsize, lsize)
+        else:
+            self._step_by_op(Bp)
+        out = np.empty((Bp, cfg.vocab_size), np.float32)
+        cl.enqueue_copy(self.queue, out, eng.logits, is_blocking=True)
+        return out
+
+    def _step_by_op(self, Bp):
+        """The step as the engine's own launchers and the decode kernels, one op a launch (gpt2, MoE)."""
+        eng, ops, cfg = self.eng, self.ops, self.cfg
         C, V = cfg.n_embd, cfg.vocab_size
         x0 = eng.acts[0]["x"] if cfg.n_layer else eng.x_out
         self._run("embed_at", (C, Bp), i32(Bp), self.tokens, self.pos, eng.p["token_embd.weight"], self.wpe, x0)
@@ -96,9 +117,50 @@ class KVCache:
             ops.layernorm(Bp, eng.x_out, eng.p["output_norm.weight"], eng.p["output_norm.bias"], eng.lnf,
                           eng.lnf_mean, eng.lnf_rstd)
         self.gemv(Bp, V, C, eng.lnf, eng._w_out(), eng.logits)
-        out = np.empty((Bp, V), np.float32)
-        cl.enqueue_copy(self.queue, out, eng.logits, is_blocking=True)
-        return out
+
+    # ---- a dense llama step: five launches a block (kernels/gemv.cl gemv_pairs), their arguments set once ----
+    def _fits(self, K) -> bool:
+        """Whether gemv_pairs' local row (K floats and the norm's partial sums) fits the device's local memory."""
+        return (K + self.ops.launch["local_1d"]) * F32 <= self.eng.dev.device.local_mem_size
+
+    def _pairs(self, Bp, N, K, x, W, y, norm_w=None, resid=None, epi=0, embed=False, i=0):
+        """One gemv_pairs launch: (cl.Kernel with its arguments set, global size, local size)."""
+        cfg = self.cfg
+        lw = self.ops.launch["local_1d"]
+        defines = dict(K=K, NORM=int(norm_w is not None), EMBED=int(embed), EPI=epi, RESID=int(resid is not None),
+                       LW=lw, EPS=float(cfg.norm_eps))
+        if epi == 1:
+            ckv = cfg.kv_heads * cfg.head_dim
+            defines.update(C=cfg.n_embd, D=cfg.head_dim, CKV=ckv, G=cfg.n_head * cfg.head_dim // ckv, TMAX=self.eng.T)
+        built = self.eng.dev.kernel("gemv", "gemv_pairs", **defines)
+        kern = cl.Kernel(built.program, "gemv_pairs")  # a kernel object a launch: each keeps its own arguments
+        p = self.eng.p
+        kern.set_args(i32(Bp), i32(N), x, self.tokens, p["token_embd.weight"], norm_w, W, resid, y, self.pos,
+                      self.cos, self.sin, self.kc[i], self.vc[i])
+        pairs = -(-N // 2) if epi != 2 else N // 2
+        return kern, (-(-pairs // lw) * lw, Bp), (lw, 1)
+
+    def _llama_plan(self, Bp):
+        eng, cfg, p = self.eng, self.cfg, self.eng.p
+        C, F, H = cfg.n_embd, cfg.n_ff, cfg.n_head
+        ckv = cfg.kv_heads * cfg.head_dim
+        lsize = tuple(self.ops.launch["local_2d"])
+        attend = cl.Kernel(self.k["attention_decode"].program, "attention_decode")
+        plan = []
+        for i, a in enumerate(eng.acts):
+            pre, x_next = f"blk.{i}.", eng.acts[i + 1]["x"] if i + 1 < cfg.n_layer else eng.x_out
+            plan.append(self._pairs(Bp, C + 2 * ckv, C, a["x"], p[pre + "attn_q+k+v"], self.q,
+                                    norm_w=p[pre + "attn_norm.weight"], epi=1, embed=i == 0, i=i))
+            attend = cl.Kernel(self.k["attention_decode"].program, "attention_decode")
+            attend.set_args(i32(Bp), self.q, self.kc[i], self.vc[i], self.pos, a["atty"])
+            plan.append((attend, tuple(-(-g // l) * l for g, l in zip((H, Bp), lsize)), lsize))
+            plan.append(self._pairs(Bp, C, C, a["atty"], p[pre + "attn_output.weight"], a["x_mid"], resid=a["x"]))
+            plan.append(self._pairs(Bp, 2 * F, C, a["x_mid"], p[pre + "ffn_gate+up"], a["act"],
+                                    norm_w=p[pre + "ffn_norm.weight"], epi=2))
+            plan.append(self._pairs(Bp, C, F, a["act"], p[pre + "ffn_down.weight"], x_next, resid=a["x_mid"]))
+        plan.append(self._pairs(Bp, cfg.vocab_size, C, eng.x_out, eng._w_out(), eng.logits,
+                                norm_w=p["output_norm.weight"]))
+        return plan
 
     def gemv(self, Bp, N, K, x, W, y, bias=None, resid=None, gelu=None):
         """y (B', N) = x (B', K) @ W.T [+ bias] [+ resid] with W (N, K) read in place (kernels/gemv.cl); gelu: a

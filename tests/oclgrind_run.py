@@ -1,4 +1,4 @@
-"""One training step and one generation step of every architecture at a tiny shape, on the device named by
+"""One training step, one generation step and one cached decoding step of every architecture at a tiny shape, on the device named by
 argv[1] (the Oclgrind simulator in tests/test_oclgrind.py, which reports memory errors, races and barrier
 divergence on stderr) with the matmuls' precision argv[2]. CLGPT_LAUNCH picks the CPU, GPU or NVIDIA kernels
 (the last with tensor-core instructions emulated). Prints "ok" at the end."""
@@ -8,6 +8,7 @@ import sys
 import numpy as np
 
 from clgpt.engine import make_engine
+from clgpt.kvcache import KVCache
 from clgpt.model import ModelConfig, init_params
 
 SHAPES = [
@@ -32,7 +33,10 @@ def main(device: str, precision: str) -> None:
         eng.backward()
         eng.step(1e-3)
         logits = eng.next_logits(tokens[:1, :5], [4])
-        assert np.isfinite(loss) and np.isfinite(logits).all(), shape
+        cache = KVCache(eng)  # decoding with the key/value cache: a prefill, then a step at its own position
+        cache.prefill(tokens[:, :4], [3, 1])
+        stepped = cache.step(tokens[:, 4], [4, 2])
+        assert np.isfinite(loss) and np.isfinite(logits).all() and np.isfinite(stepped).all(), shape
         print(shape["arch"], shape.get("n_expert", 0), float(loss), flush=True)
     from clgpt.device import get_device
 

@@ -21,7 +21,7 @@ i32 = np.int32
 
 
 @pytest.fixture(scope="module")
-def dev():
+def dev(opencl):  # opencl: each CPU implementation in turn (tests/conftest.py)
     return get_device()
 
 
@@ -111,6 +111,75 @@ def test_gemv_matches_float64(dev, K, bias, resid, gelu):
              want=want, defines=dict(K=K, BIAS=bias, RESID=resid, GELU=gelu), lsize=(16, 1), atol=1e-6, rtol=1e-5)
 
 
+def _rms64(x, w, eps=1e-5):
+    x = x.astype(np.float64)
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+
+@pytest.mark.parametrize("K,N,norm,resid", [(128, 70, 1, 0), (37, 9, 0, 1), (8, 1024, 1, 1)])
+def test_gemv_pairs_matches_float64(dev, K, N, norm, resid):
+    """The plain form: an optional RMSNorm of the row first, two outputs a work-item (N odd too), residual."""
+    rng = np.random.default_rng(K + N)
+    B = 3
+    x, W = rng.standard_normal((B, K)).astype(np.float32), rng.standard_normal((N, K)).astype(np.float32)
+    nw, r = rng.standard_normal(K).astype(np.float32), rng.standard_normal((B, N)).astype(np.float32)
+    xn = _rms64(x, nw) if norm else x.astype(np.float64)
+    want = xn @ W.T.astype(np.float64) + (r if resid else 0)
+    check_op(dev, "gemv", "gemv_pairs", (-(-N // 32) * 16, B),
+             [("B", i32(B)), ("N", i32(N)), ("x", x), ("tokens", None), ("wte", None),
+              ("nw", nw if norm else None), ("W", W), ("resid", r if resid else None),
+              ("y", np.zeros((B, N), np.float32)), ("pos", None), ("cos", None), ("sin", None), ("kc", None),
+              ("vc", None)],
+             want={"y": want, "x": x}, defines=dict(K=K, NORM=norm, EMBED=0, EPI=0, RESID=resid, LW=16),
+             lsize=(16, 1), atol=1e-6, rtol=1e-5)
+
+
+def test_gemv_pairs_swiglu_matches_float64(dev):
+    rng = np.random.default_rng(5)
+    B, K, F = 2, 40, 24
+    x, W = rng.standard_normal((B, K)).astype(np.float32), rng.standard_normal((2 * F, K)).astype(np.float32)
+    nw = rng.standard_normal(K).astype(np.float32)
+    h = _rms64(x, nw) @ W.T.astype(np.float64)
+    g, u = h[:, :F], h[:, F:]
+    check_op(dev, "gemv", "gemv_pairs", (32, B),
+             [("B", i32(B)), ("N", i32(2 * F)), ("x", x), ("tokens", None), ("wte", None), ("nw", nw), ("W", W),
+              ("resid", None), ("y", np.zeros((B, F), np.float32)), ("pos", None), ("cos", None), ("sin", None),
+              ("kc", None), ("vc", None)],
+             want={"y": g / (1 + np.exp(-g)) * u}, defines=dict(K=K, NORM=1, EMBED=0, EPI=2, RESID=0, LW=16),
+             lsize=(16, 1), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("G", [1, 2])
+def test_gemv_pairs_qkv_matches_float64(dev, G):
+    """The q|k|v form from the token table (EMBED): x takes the embedding row, q and k pairs turned at pos[b],
+    k and v written to the caches with each kv head repeated G times; the rest of the caches untouched."""
+    rng = np.random.default_rng(6 + G)
+    B, H, D, TMAX, V = 3, 4, 8, 16, 11
+    C, CKV = H * D, H * D // G
+    N = C + 2 * CKV
+    wte, W = rng.standard_normal((V, C)).astype(np.float32), rng.standard_normal((N, C)).astype(np.float32)
+    nw = rng.standard_normal(C).astype(np.float32)
+    tokens, pos = np.array([3, 10, 0], np.int32), np.array([0, 5, 15], np.int32)
+    ang = np.arange(TMAX)[:, None] * 10000.0 ** (-np.arange(0, D, 2) / D)[None]
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    kc0, vc0 = rng.standard_normal((2, B, TMAX, C)).astype(np.float32)
+    h = _rms64(wte[tokens], nw) @ W.T.astype(np.float64)
+    q = h[:, :C].reshape(B, H, D)
+    k = np.repeat(h[:, C:C + CKV].reshape(B, H // G, D), G, axis=1)
+    v = np.repeat(h[:, C + CKV:].reshape(B, H // G, D), G, axis=1)
+    kc, vc = kc0.astype(np.float64), vc0.astype(np.float64)
+    for b in range(B):
+        q[b], k[b] = rope64(q[b], pos[b]), rope64(k[b], pos[b])
+        kc[b, pos[b]], vc[b, pos[b]] = k[b].reshape(C), v[b].reshape(C)
+    check_op(dev, "gemv", "gemv_pairs", (-(-N // 32) * 16, B),
+             [("B", i32(B)), ("N", i32(N)), ("x", np.zeros((B, C), np.float32)), ("tokens", tokens), ("wte", wte),
+              ("nw", nw), ("W", W), ("resid", None), ("y", np.zeros((B, C), np.float32)), ("pos", pos),
+              ("cos", cos), ("sin", sin), ("kc", kc0), ("vc", vc0)],
+             want={"x": wte[tokens], "y": q.reshape(B, C), "kc": kc, "vc": vc},
+             defines=dict(K=C, NORM=1, EMBED=1, EPI=1, RESID=0, LW=16, C=C, D=D, CKV=CKV, G=G, TMAX=TMAX),
+             lsize=(16, 1), atol=1e-6, rtol=1e-5)
+
+
 SHAPES = {
     "gpt2": dict(arch="gpt2", n_head=2, n_ff=128),
     "llama_gqa": dict(arch="llama", n_head=4, n_head_kv=2, n_ff=96),
@@ -118,8 +187,8 @@ SHAPES = {
 }
 
 
-@pytest.mark.parametrize("kind", list(SHAPES))
-def test_prefill_then_steps_match_full_forward(dev, kind):
+@pytest.mark.parametrize("kind,by_op", [(kind, False) for kind in SHAPES] + [("llama_gqa", True)])
+def test_prefill_then_steps_match_full_forward(dev, kind, by_op):
     """Three sequences of different lengths: prefill, then 12 steps each at its own position; each step's logits
     equal the full forward's at that position (same weights, every earlier token) to float32 rounding."""
     cfg = ModelConfig(vocab_size=97, n_ctx=64, n_embd=32, n_layer=2, **SHAPES[kind])
@@ -132,6 +201,9 @@ def test_prefill_then_steps_match_full_forward(dev, kind):
     eng = make_engine(cfg, params, batch_size=3, seq_len=cfg.n_ctx, device=dev)
     ref = make_engine(cfg, params, batch_size=1, seq_len=cfg.n_ctx, device=dev)
     cache = KVCache(eng)
+    assert cache.fused == (kind == "llama_gqa")  # dense llama: the step as gemv_pairs launches
+    if by_op:
+        cache.fused = False
     W = 32
     tokens = np.zeros((3, W), np.int32)
     for b, (s, n) in enumerate(zip(seqs, lengths)):
