@@ -27,7 +27,7 @@ class Bf16Ops:
         """Build the copy kernels; on NVIDIA, find how a local pointer becomes a shared-window address for
         cp.async / ldmatrix (its integer value, or cvta.to.shared of it): kernels/matmul_bf16.cl smem_probe.
         Neither works -> self.bf16 = None (bf16 runs on matmul_mma.cl)."""
-        if "nvidia" not in self.dev.device.vendor.lower():
+        if self.caps.mma_emulated:
             self._bf16_opts = dict(MMA_EMULATE=1)  # CLGPT_MMA_EMULATE (tests on PoCL)
         else:
             out = np.zeros(4, np.uint32)
@@ -38,15 +38,16 @@ class Bf16Ops:
                 self._bf16_opts = dict(SMEM_CVTA=0)
             elif out[2] == 0x5EED0003:
                 self._bf16_opts = dict(SMEM_CVTA=1)
-            else:
+            else:  # the record's bf16 backend cannot run here: tensor cores on fp32 operands
                 self.bf16 = self.wgmma = None
+                self.gemm, self.tiled_outputs, self.colsum_copies = "mma", False, False
                 return
         self.k["to_bf16"] = self.dev.kernel("matmul_bf16", "to_bf16", **self._bf16_opts)
         self.k["to_bf16_t"] = self.dev.kernel("matmul_bf16", "to_bf16_t", **self._bf16_opts)
         if self.wgmma is not None:
             self.k["to_bf16_tiled"] = self.dev.kernel("matmul_bf16", "to_bf16", TILED=1, **self._bf16_opts)
             self.k["to_bf16_t_tiled"] = self.dev.kernel("matmul_bf16", "to_bf16_t", TILED=1, **self._bf16_opts)
-            if self.rows and self.launch.get("colsum_rows") == 64:  # reuse copies: bias_partial's sums too
+            if self.colsum_copies:  # reuse copies: bias_partial's sums too
                 for name, extra in (("to_bf16_colsum", {}), ("to_bf16_colsum_gelu", dict(GELU_GRAD=1))):
                     self.k[name] = self.dev.kernel("matmul_bf16", "to_bf16", TILED=1, COLSUM=1, **extra,
                                                    **self._bf16_opts)
@@ -103,7 +104,7 @@ class Bf16Ops:
             if X.int_ptr in self._gelu_pending and not (X.int_ptr == self._reusing and self._wgmma_mn
                                                         and self.on_wgmma(M, N, K, epi)):
                 self._settle(X)
-        if (epi == 2 and self._epi2 == "defer" and "to_bf16_colsum_gelu" in self.k and self._wgmma_mn
+        if (epi == 2 and self._epi2 == "defer" and self.colsum_copies and self._wgmma_mn
                 and self.on_wgmma(M, N, K)
                 and bias is None and resid is None and not accum):
             if self._tiled_out and M % 64 == 0 and N % 64 == 0:
