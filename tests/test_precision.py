@@ -190,14 +190,13 @@ def _bf16_ops(tiles="4warps", **over):
 
 @pytest.mark.parametrize("tiles,ta,tb,epilogues,N", [("4warps", 0, 1, True, 70), ("4warps", 0, 1, True, 37),
                                                       ("4warps", 0, 0, False, 70), ("4warps", 1, 0, False, 70),
-                                                      ("1warp", 1, 1, False, 37), ("64", 1, 0, False, 70),
-                                                      ("4warps", 1, 0, "k-major", 70)])
+                                                      ("1warp", 1, 1, False, 37), ("64", 1, 0, False, 70)])
 def test_bf16_gemm_moves_data_like_the_portable_kernel(dev, tiles, ta, tb, epilogues, N):
     """matmul_bf16 (cp.async stages, swizzled local rows, ldmatrix with and without .trans, mma.m16n8k16 fragments,
     all emulated; products summed in k order) on the bf16 copies equals the portable bf16 kernel bit for bit,
-    epilogues included (N even: float2 outputs; odd: single floats), in every operand layout (m/n-contiguous
-    copies; "k-major": both copies transposed)."""
-    ops = _bf16_ops(tiles, bf16_mn=epilogues != "k-major")
+    epilogues included (N even: float2 outputs; odd: single floats), in every operand layout (ta, tb: each copy
+    k-contiguous or m/n-contiguous as its fp32 buffer lies)."""
+    ops = _bf16_ops(tiles)
     M, K = 45, 67
     A, B = operands(ta, tb, M, N, K)
     bias = rng.normal(size=N).astype(f32)
@@ -574,7 +573,7 @@ def test_products_that_write_only_their_tiled_copy(dev, monkeypatch):
     """On wgmma (emulated here: the launches recorded, not run), the GELU product writes g = gelu(h) only as g's
     kept tiled copy (TILED_OUT 1) and the GELU' product dh only as dh's tiled copy with its column sums (TILED_OUT
     2), which dh's reuse block then takes without a copy; reading such a dh any other way, or never, is an error;
-    sizes off multiples of 64 and CLGPT_WGMMA_TILED_OUT=0 keep the fp32 outputs."""
+    sizes off multiples of 64 and K-major copies (CLGPT_WGMMA_MN=0) keep the fp32 outputs."""
     ops = _bf16_ops()
     calls = []
     monkeypatch.setattr(ops, "on_wgmma", lambda M, N, K, epi=0: epi != 2)
@@ -604,7 +603,7 @@ def test_products_that_write_only_their_tiled_copy(dev, monkeypatch):
     ops.forget_copies()
     ops._matmul_bf16(M + 8, N, K, A, B, h, 0, 1, None, None, False, 1.0, 1, g)  # M off 64: fp32 g
     assert calls[-1] == (1, None)
-    monkeypatch.setattr(ops, "_tiled_out", False)
+    monkeypatch.setattr(ops, "tiled_outputs", False)
     ops._matmul_bf16(M, N, K, A, B, h, 0, 1, None, None, False, 1.0, 1, g)
     assert calls[-1] == (1, None) and not ops._kept
 

@@ -41,7 +41,7 @@ class AttentionOps:
             self.k[kname] = self.dev.kernel("flash", kname, build_options=self._nv_verbose(self._bf16_opts),
                                             C=cfg.n_embd, H=cfg.n_head, D=cfg.head_dim,
                                             SCALE=float(1.0 / math.sqrt(cfg.head_dim)), **self._bf16_opts)
-        if self.wgmma is not None and self._wgmma_mn and self._tiled_out and cfg.n_embd % 64 == 0:
+        if self.tiled_outputs and cfg.n_embd % 64 == 0:
             self.k["flash_forward_tiled"] = self.dev.kernel(  # the output's tiled copy on the way (wgmma)
                 "flash", "flash_forward", build_options=self._nv_verbose(self._bf16_opts), C=cfg.n_embd,
                 H=cfg.n_head, D=cfg.head_dim, SCALE=float(1.0 / math.sqrt(cfg.head_dim)), OUT_TILED=1,

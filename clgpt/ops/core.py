@@ -58,7 +58,6 @@ class BaseOps:
         if self.gemm == "wgmma":
             self.wgmma = (self.launch["matmul_wgmma"], self.launch["matmul_wgmma_narrow"])
         self._bf16_opts = {}
-        self._bf16_mn = kn.bf16_mn  # m/n-contiguous copies (ldmatrix.trans)
         # the bf16 copies of op(A), op(B); reuse's; a gradient's copy its product wrote (TILED_OUT 2)
         self._b16, self._b16_size = [None, None, None, None], [0, 0, 0, 0]
         self.wgmma_min = WGMMA_MIN_MNK if kn.wgmma_min_mnk is None else kn.wgmma_min_mnk  # 0: every product
@@ -75,7 +74,6 @@ class BaseOps:
         # products that wrote their output only as its tiled copy (matmul_wgmma.cl TILED_OUT 2): handle ->
         # (copy, Rp, Cp, column sums, row chunks), taken by the reuse block of that buffer
         self._premade = {}
-        self._tiled_out = kn.wgmma_tiled_out  # 0: copies made apart (comparisons)
         # a GELU' deferred from the backward's product dg (epi 2) into its gradient's reuse copy: handle ->
         # _Deferred; once copied, the copy holds dg * gelu'(E) and the fp32 buffer dg, which nothing reads
         self._gelu_pending = {}
@@ -91,7 +89,7 @@ class BaseOps:
         self.preset = caps.preset
         # on wgmma: outputs whose producers also write their tiled copies (LayerNorm's, flash's, the GELU
         # products'), reuse copies that also give the bias gradient's column sums
-        self.tiled_outputs = self.wgmma is not None and self._wgmma_mn and self._tiled_out
+        self.tiled_outputs = self.wgmma is not None and self._wgmma_mn
         self.colsum_copies = self.wgmma is not None and caps.colsum_copies
         self._plans = {}  # preset launches: (kernel, gsize, lsize, buffers) -> [a cl.Kernel, the args it holds]
         self._buffer_args = {}  # kernel -> a function picking its non-scalar arguments (_launch's key)
