@@ -18,24 +18,26 @@ import pyopencl as cl
 
 from clgpt.device import Device, resolve_device
 from clgpt.errors import ClgptError
+from clgpt.knobs import Knobs
 from clgpt.model import ModelConfig, decays, param_shapes, trains
 from clgpt.ops import Ops
 from clgpt.params import ParamStore
 
 
 def make_engine(cfg: ModelConfig, params: dict, batch_size: int, seq_len: int, device: Device | str | None = None,
-                dropout: float = 0.0, precision: str = "fp32", optimizer: bool = True) -> EngineBase:
+                dropout: float = 0.0, precision: str = "fp32", optimizer: bool = True,
+                knobs: Knobs | None = None) -> EngineBase:
     """The engine for cfg.arch (GPT2Engine or LlamaEngine, same interface); device: a Device, a spec string
     or None (clgpt.device.resolve_device); dropout: the probability on embeddings, attention probabilities
     and residual branches, active in forward calls with targets and a dropout_seed; precision: the matmuls'
     operands, fp32 | tf32 | bf16 | auto (clgpt/precision.py); optimizer=False: no AdamW moments (a frozen
-    base under LoRA adapters, clgpt.lora)."""
+    base under LoRA adapters, clgpt.lora); knobs: the clgpt.knobs switches (None: the environment's)."""
     if cfg.arch == "llama":
         from clgpt.llama import LlamaEngine as cls
     else:
         from clgpt.gpt2 import GPT2Engine as cls
     return cls(cfg, params, batch_size=batch_size, seq_len=seq_len, device=device, dropout=dropout,
-               precision=precision, optimizer=optimizer)
+               precision=precision, optimizer=optimizer, knobs=knobs)
 
 
 def __getattr__(name):  # `from clgpt.engine import Engine`: the GPT-2 engine, as before the split
@@ -56,7 +58,7 @@ class EngineBase:
 
     def __init__(self, cfg: ModelConfig, params: dict, batch_size: int, seq_len: int,
                  device: Device | str | None = None, dropout: float = 0.0, precision: str = "fp32",
-                 optimizer: bool = True):
+                 optimizer: bool = True, knobs: Knobs | None = None):
         cfg.validate()
         if cfg.arch != self.arch:
             raise ClgptError(f"{type(self).__name__} runs arch {self.arch!r}, not {cfg.arch!r}; "
@@ -68,7 +70,7 @@ class EngineBase:
         self.cfg, self.B, self.T, self.dropout = cfg, int(batch_size), int(seq_len), float(dropout)
         self.dev = resolve_device(device)
         self.ctx, self.queue = self.dev.ctx, self.dev.queue
-        self.ops = Ops(self.dev, cfg, self.T, precision, batch_size=self.B)
+        self.ops = Ops(self.dev, cfg, self.T, precision, batch_size=self.B, knobs=knobs)
         # the matmuls' precision, resolved ("auto" -> the device's best), its ROUND and tensor-core tiles
         self.precision, self.round, self.mma = self.ops.precision, self.ops.round, self.ops.mma
         self.shapes = param_shapes(cfg)

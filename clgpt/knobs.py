@@ -17,11 +17,9 @@ value read() cannot use is a one-line ClgptError naming the variable and what to
     CLGPT_WGMMA_NARROW=BM=..,... (tuning)     the narrow wgmma tiles
     CLGPT_PRESET=0|1 (tuning)                 launch through cl.Kernels whose arguments were set once
     CLGPT_MMA_EMULATE=0|1 (0)                 1: the tensor-core path on any device, mma emulated (tests on PoCL)
-    CLGPT_BF16_MN=0|1 (1)                     0: bf16 operand copies transposed to k-contiguous rows (comparisons)
     CLGPT_WGMMA_MIN_MNK=integer (2**30)       smaller products (M*N*K) stay on mma.sync; 0: all on wgmma (checks)
     CLGPT_WGMMA_MN=0|1 (1)                    0: wgmma's copies transposed to K-major per product (comparisons)
     CLGPT_WGMMA_EPI2=defer|wgmma|mma (defer)  where GELU' goes: its gradient's copy, wgmma's or mma.sync's epilogue
-    CLGPT_WGMMA_TILED_OUT=0|1 (1)             0: outputs copied apart, not written as their tiled copies
     CLGPT_FLASH=auto|on|off (auto)            bf16 attention as kernels/flash.cl; auto: by grid size (Ops._use_flash)
     CLGPT_NV_VERBOSE=any (unset)              NVIDIA's compiler reports registers and spills in the build log
     CLGPT_SM90A_VERBOSE=any (unset)           ptxas prints registers, spills and wgmma warnings of sm_90a rebuilds
@@ -60,11 +58,9 @@ class Knobs:
     preset: int | None = None  # 0 | 1 overrides the row's `preset`
     # clgpt.precision, clgpt.ops: which GEMM path and how its copies are made
     mma_emulate: bool = False
-    bf16_mn: bool = True
     wgmma_min_mnk: int | None = None  # None: clgpt.tuning.WGMMA_MIN_MNK
     wgmma_mn: bool = True
     wgmma_epi2: str = "defer"  # defer | wgmma | mma
-    wgmma_tiled_out: bool = True
     flash: str = "auto"  # auto | on | off
     # diagnostics
     nv_verbose: bool = False
@@ -140,11 +136,9 @@ def read(env: Mapping[str, str] | None = None) -> Knobs:
         wgmma_narrow=_tiles(env, "CLGPT_WGMMA_NARROW"),
         preset=int(preset) if preset in ("0", "1") else None,
         mma_emulate=_on(env.get("CLGPT_MMA_EMULATE")),
-        bf16_mn=env.get("CLGPT_BF16_MN", "1") != "0",
         wgmma_min_mnk=None if min_mnk is None else _int("CLGPT_WGMMA_MIN_MNK", min_mnk, "an integer, e.g. 0"),
         wgmma_mn=env.get("CLGPT_WGMMA_MN", "1") != "0",
         wgmma_epi2=_choice("CLGPT_WGMMA_EPI2", env.get("CLGPT_WGMMA_EPI2", "defer"), ("defer", "wgmma", "mma")),
-        wgmma_tiled_out=env.get("CLGPT_WGMMA_TILED_OUT", "1") != "0",
         flash=_choice("CLGPT_FLASH", env.get("CLGPT_FLASH", "auto"), ("auto", "on", "off")),
         nv_verbose=bool(env.get("CLGPT_NV_VERBOSE")),
         sm90a_verbose=bool(env.get("CLGPT_SM90A_VERBOSE")),

@@ -43,10 +43,11 @@ def intel_matrix_path(device) -> str | None:
     return None
 
 
-def matrix_path(device) -> str | None:
+def matrix_path(device, kn: knobs.Knobs | None = None) -> str | None:
     """'nv_mma' (kernels/matmul_mma.cl) on NVIDIA sm_80+; intel_matrix_path's on Intel; else None.
-    CLGPT_MMA_EMULATE=1 gives 'nv_mma' on any device with the kernel's emulated mma (tests on PoCL)."""
-    if knobs.read().mma_emulate:
+    Knobs(mma_emulate=True) (CLGPT_MMA_EMULATE=1) gives 'nv_mma' on any device with the kernel's emulated mma
+    (tests on PoCL); kn None: clgpt.knobs.read()."""
+    if (knobs.read() if kn is None else kn).mma_emulate:
         return "nv_mma"
     import pyopencl as cl
 
@@ -56,12 +57,12 @@ def matrix_path(device) -> str | None:
     return intel_matrix_path(device)
 
 
-def resolve(precision: str, device) -> str:
+def resolve(precision: str, device, kn: knobs.Knobs | None = None) -> str:
     """fp32 | tf32 | bf16 for this device ('auto': bf16 where there is a matrix path, else fp32)."""
     if precision not in PRECISIONS:
         raise ClgptError(f"precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
     if precision == "auto":
-        return "bf16" if matrix_path(device) else "fp32"
+        return "bf16" if matrix_path(device, kn) else "fp32"
     return precision
 
 

@@ -16,6 +16,7 @@ from clgpt import reference_llama as ref_llama
 from clgpt.device import get_device
 from clgpt.dropout import dropout_seed, keep_mask, site
 from clgpt.engine import make_engine
+from clgpt.knobs import Knobs
 from clgpt.model import ModelConfig
 from clgpt.reference import fd_entries
 from test_llama_engine import batch, max_rel, noisy_params  # one helper each, shared with the engine tests
@@ -72,15 +73,13 @@ def test_dropout_kernels_match_the_numpy_mask(p):
 
 @pytest.mark.parametrize("launch", ["", "nvidia"])
 @pytest.mark.parametrize("arch", ["gpt2", "llama", "moe"])
-def test_engine_with_dropout_vs_reference(monkeypatch, arch, launch):
+def test_engine_with_dropout_vs_reference(arch, launch):
     """Loss and gradients with dropout against the float64 reference with the same masks; on this device's
     launch row and on the GPU row (batched attention, row kernels, split-K)."""
-    if launch:
-        monkeypatch.setenv("CLGPT_LAUNCH", launch)
     cfg = CFGS[arch]
     p = noisy_params(cfg)
     tokens, targets, mask = batch(cfg, 3, 6)
-    eng = make_engine(cfg, p, batch_size=3, seq_len=6, dropout=P)
+    eng = make_engine(cfg, p, batch_size=3, seq_len=6, dropout=P, knobs=Knobs(launch=launch))
     seed = dropout_seed(1234, 5, 1)
     loss = eng.forward(tokens, targets, mask, dropout_seed=seed)
     eng.zero_grad()

@@ -10,6 +10,7 @@ from clgpt import reference as ref
 from clgpt.device import get_device, list_devices
 from clgpt.gpt2 import GPT2Engine as Engine
 from clgpt.errors import ClgptError
+from clgpt.knobs import Knobs
 from clgpt.model import ModelConfig, init_params
 
 
@@ -226,11 +227,10 @@ def test_determinism_and_state_roundtrip():
 
 
 @pytest.mark.parametrize("launch,C", [("nvidia", 16), ("gpu", 16), ("gpu", 128)])
-def test_gpu_launch_path_vs_reference_and_determinism(monkeypatch, launch, C):
+def test_gpu_launch_path_vs_reference_and_determinism(launch, C):
     """The GPU launch row (split-K, batched attention, one work-group per row, two-stage column sums; C = 128:
     LayerNorm as 32 work-items a row) on this device: grads against the float64 reference, two runs
     bit-identical."""
-    monkeypatch.setenv("CLGPT_LAUNCH", launch)
     cfg = ModelConfig(vocab_size=37, n_ctx=80, n_embd=C, n_head=2, n_layer=1, n_ff=32)
     p = noisy_params(cfg, seed=3)
     tokens, targets, mask = batch(cfg, 4, 80, seed=5)
@@ -238,7 +238,7 @@ def test_gpu_launch_path_vs_reference_and_determinism(monkeypatch, launch, C):
     want_g = ref.gpt_backward(cache)
     runs = []
     for _ in range(2):
-        eng = Engine(cfg, p, batch_size=4, seq_len=80)
+        eng = Engine(cfg, p, batch_size=4, seq_len=80, knobs=Knobs(launch=launch))
         eng.ops.attn_gemm = True  # T = 80 is below the table's shortest sequence for batched attention
         eng.ops.launch["colsum_min_parts"] = 2  # 320 rows: two-stage column sums all the same
         assert eng.ops.rows and eng.ops.preset and ("layernorm_forward_rows" in eng.ops.k) == (C % 128 == 0)
@@ -258,14 +258,13 @@ def test_gpu_launch_path_vs_reference_and_determinism(monkeypatch, launch, C):
 
 @pytest.mark.parametrize("M,N,K,ta,accum,kmax", [(37, 40, 300, 0, 0, 128), (37, 40, 300, 1, 1, 128),
                                                  (50, 33, 500, 0, 1, 64), (19, 64, 200, 0, 0, 64)])
-def test_matmul_split_along_k_is_one_chain(monkeypatch, M, N, K, ta, accum, kmax):
+def test_matmul_split_along_k_is_one_chain(M, N, K, ta, accum, kmax):
     """The CPU row's products with K above rb_kmax run as several launches, each going on with the raw sums of
     the one before (INIT): bit for bit what one launch gives, and the float64 product within fp32 rounding."""
     import pyopencl as cl
 
-    monkeypatch.setenv("CLGPT_LAUNCH", "cpu")
     cfg = ModelConfig(vocab_size=64, n_ctx=8, n_embd=16, n_ff=32, n_head=2, n_layer=1)
-    ops = Engine(cfg, init_params(cfg, 0), 1, 8).ops
+    ops = Engine(cfg, init_params(cfg, 0), 1, 8, knobs=Knobs(launch="cpu")).ops
     rng = np.random.default_rng(M + K)
     A = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
     B, C0 = rng.standard_normal((K, N)).astype(np.float32), rng.standard_normal((M, N)).astype(np.float32)
@@ -284,16 +283,15 @@ def test_matmul_split_along_k_is_one_chain(monkeypatch, M, N, K, ta, accum, kmax
     assert np.abs(out[1] - want).max() < 1e-4 * np.abs(want).max()
 
 
-def test_engine_lm_head_split_along_k_same_grads(monkeypatch):
+def test_engine_lm_head_split_along_k_same_grads():
     """A vocabulary above rb_kmax: the LM head's dx product (K = V) splits; the loss and every gradient are the
     bits of the unsplit run."""
-    monkeypatch.setenv("CLGPT_LAUNCH", "cpu")
     cfg = ModelConfig(vocab_size=200, n_ctx=16, n_embd=16, n_head=2, n_layer=1, n_ff=32)
     p = noisy_params(cfg, seed=4)
     tokens, targets, mask = batch(cfg, 3, 16, seed=6)
     runs = []
     for km in (0, 64):
-        eng = Engine(cfg, p, batch_size=3, seq_len=16)
+        eng = Engine(cfg, p, batch_size=3, seq_len=16, knobs=Knobs(launch="cpu"))
         eng.ops.launch["rb_kmax"] = km
         loss = eng.forward(tokens, targets, mask)
         eng.zero_grad()

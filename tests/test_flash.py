@@ -21,6 +21,7 @@ from clgpt.device import get_device
 from clgpt.dropout import scale_mask
 from clgpt.engine import Engine
 from clgpt.errors import ClgptError
+from clgpt.knobs import Knobs
 from clgpt.model import ModelConfig, init_params
 from clgpt.ops import FLASH_LONG_T, FLASH_MIN_GROUPS
 from opcheck import bf16_pattern, tiled_index
@@ -105,28 +106,23 @@ def test_flash_backward_against_finite_differences(dev):
         assert abs(got - fd) < 0.02 * abs(fd), f"directional derivative {got} vs finite differences {fd}"
 
 
-def _engine(monkeypatch, flash, arch="gpt2", heads=H, batch=B, seq=T):
+def _engine(flash, arch="gpt2", heads=H, batch=B, seq=T):
     """A bf16 engine with dropout whose tensor-core path is emulated; flash True / False / "auto" (CLGPT_FLASH)."""
-    monkeypatch.setenv("CLGPT_LAUNCH", "nvidia")
-    monkeypatch.setenv("CLGPT_MMA_EMULATE", "1")
-    monkeypatch.setenv("CLGPT_FLASH", flash if isinstance(flash, str) else "on" if flash else "off")
-    from test_precision import BF16_TILES  # small tiles: PoCL compiles them quickly
-    monkeypatch.setenv("CLGPT_MMA", "BM=32,BN=32,WM=2,WN=2")
-    monkeypatch.setenv("CLGPT_MMA_SMALL", "BM=32,BN=16,WM=1,WN=1")
-    monkeypatch.setenv("CLGPT_BF16", BF16_TILES["4warps"])
-    monkeypatch.setenv("CLGPT_BF16_SMALL", BF16_TILES["1warp"])
+    from test_precision import emulated_knobs  # small tiles: PoCL compiles them quickly
+
+    kn = emulated_knobs(flash=flash if isinstance(flash, str) else "on" if flash else "off")
     cfg = ModelConfig(vocab_size=32, n_ctx=seq, n_embd=C, n_head=heads, n_layer=2, n_ff=64, arch=arch)
-    return Engine(cfg, init_params(cfg, 0), batch_size=batch, seq_len=seq, precision="bf16", dropout=0.2)
+    return Engine(cfg, init_params(cfg, 0), batch_size=batch, seq_len=seq, precision="bf16", dropout=0.2, knobs=kn)
 
 
-def test_engine_flash_matches_the_batched_form_with_dropout(dev, monkeypatch):
+def test_engine_flash_matches_the_batched_form_with_dropout(dev):
     """A bf16 engine with dropout: flash attention (no T x T state: att holds (B,H,T) floats) gives the loss and
     every gradient of the batched form (T x T probabilities through the GEMM) within bf16's tolerance."""
     r = np.random.default_rng(7)
     tok, tgt = (r.integers(0, 32, size=(B, T)).astype(np.int32) for _ in range(2))
     res, mem = {}, {}
     for flash in (True, False):
-        eng = _engine(monkeypatch, flash)
+        eng = _engine(flash)
         assert eng.ops.flash is flash
         assert eng.ops.att_floats(B, T) == B * H * T * (1 if flash else T)
         mem[flash] = device_bytes(eng)
@@ -147,20 +143,19 @@ def test_flash_needs_the_bf16_path_and_a_head_width_of_16_to_64(dev, monkeypatch
     """Flash runs where the bf16 GEMM does and the head width is a multiple of 16 up to 64; CLGPT_FLASH=off
     turns it off; PoCL without emulation (the CPU path) never takes it. auto (the default): flash when B x H x
     ceil(T/64) work-groups reach FLASH_MIN_GROUPS a compute unit, or T >= FLASH_LONG_T."""
-    monkeypatch.delenv("CLGPT_MMA_EMULATE", raising=False)
-    monkeypatch.setenv("CLGPT_LAUNCH", "cpu")
     cfg = ModelConfig(vocab_size=32, n_ctx=16, n_embd=C, n_head=H, n_layer=1, n_ff=64)
-    assert not Engine(cfg, init_params(cfg, 0), batch_size=1, seq_len=16, precision="bf16").ops.flash
-    assert _engine(monkeypatch, True).ops.flash and not _engine(monkeypatch, False).ops.flash
-    eng = _engine(monkeypatch, True, heads=4)  # head width 8
+    assert not Engine(cfg, init_params(cfg, 0), batch_size=1, seq_len=16, precision="bf16",
+                      knobs=Knobs(launch="cpu", flash="on")).ops.flash
+    assert _engine(True).ops.flash and not _engine(False).ops.flash
+    eng = _engine(True, heads=4)  # head width 8
     assert eng.ops.bf16 is not None and not eng.ops.flash
     units = dev.device.max_compute_units
     for batch, seq in ((1, 70), (FLASH_MIN_GROUPS * units, 64), (FLASH_MIN_GROUPS * units - 1, 64),
                        (1, FLASH_LONG_T)):
         groups = batch * H * -(-seq // 64)
         want = groups >= FLASH_MIN_GROUPS * units or seq >= FLASH_LONG_T
-        assert _engine(monkeypatch, "auto", batch=batch, seq=seq).ops.flash is want, (batch, seq)
-    monkeypatch.setenv("CLGPT_FLASH", "maybe")
+        assert _engine("auto", batch=batch, seq=seq).ops.flash is want, (batch, seq)
+    monkeypatch.setenv("CLGPT_FLASH", "maybe")  # knobs not given: the engine reads the environment's
     with pytest.raises(ClgptError, match="CLGPT_FLASH='maybe': use auto, on or off"):
         Engine(cfg, init_params(cfg, 0), batch_size=1, seq_len=16, precision="bf16")
 

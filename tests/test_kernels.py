@@ -13,6 +13,7 @@ import pytest
 
 from clgpt import reference as ref
 from clgpt.device import get_device
+from clgpt.knobs import Knobs
 from clgpt.ops import MATMUL_TILES, matmul_defines, matmul_launch
 from opcheck import FD, check_op, run_op
 
@@ -179,23 +180,23 @@ def test_matmul_swiglu_backward_epilogue(dev, form, M, N, K):
              rtol=1e-4, fd=FD(fwd, {"h": h}, dact, grads={"dh": "h"}))
 
 
-def _gpu_engine(monkeypatch, launch="nvidia", **shape):
+def _gpu_engine(launch="nvidia", **shape):
     """An Engine whose launch table row is a GPU's (split-K, batched attention, row kernels), on any device."""
     from clgpt.gpt2 import GPT2Engine as Engine
     from clgpt.model import ModelConfig, init_params
 
-    monkeypatch.setenv("CLGPT_LAUNCH", launch)
     cfg = ModelConfig(vocab_size=16, n_ctx=shape.get("T", 8), n_embd=shape.get("C", 16), n_head=shape.get("H", 2),
                       n_layer=1, n_ff=32)
-    return Engine(cfg, init_params(cfg, 0), batch_size=shape.get("B", 1), seq_len=shape.get("T", 8))
+    return Engine(cfg, init_params(cfg, 0), batch_size=shape.get("B", 1), seq_len=shape.get("T", 8),
+                  knobs=Knobs(launch=launch))
 
 
 @pytest.mark.parametrize("launch", ["nvidia", "gpu"])
 @pytest.mark.parametrize("ta,tb", [(1, 0), (0, 0), (0, 1)])
 @pytest.mark.parametrize("M,N,K", [(40, 37, 1100), (130, 7, 1500), (1100, 1030, 2048), (64, 300, 4096)])
-def test_matmul_split_k(dev, monkeypatch, launch, ta, tb, M, N, K):
+def test_matmul_split_k(dev, launch, ta, tb, M, N, K):
     """Engine.matmul on a GPU row: small outputs with a deep K are split along K, the parts summed in order."""
-    eng = _gpu_engine(monkeypatch, launch)
+    eng = _gpu_engine(launch)
     assert eng.ops.split_plan(M, N, K)[1] > 1
     A = rng.normal(size=(K, M) if ta else (M, K)).astype(f32)
     B = rng.normal(size=(N, K) if tb else (K, N)).astype(f32)
@@ -211,9 +212,9 @@ def test_matmul_split_k(dev, monkeypatch, launch, ta, tb, M, N, K):
 
 
 @pytest.mark.parametrize("B,T,C,H", [(2, 70, 16, 2), (1, 5, 8, 1), (2, 33, 24, 3)])
-def test_attention_batched_matmuls(dev, monkeypatch, B, T, C, H):
+def test_attention_batched_matmuls(dev, B, T, C, H):
     """The GPU attention (batched causal matmuls + softmax rows) against the float64 reference."""
-    eng = _gpu_engine(monkeypatch, B=B, T=T, C=C, H=H)
+    eng = _gpu_engine(B=B, T=T, C=C, H=H)
     eng.ops.attn_gemm = True  # whatever the table's shortest sequence for it
     qkv = rng.normal(size=(B, T, 3 * C)).astype(f32)
     dout = rng.normal(size=(B, T, C)).astype(f32)
@@ -383,7 +384,7 @@ def test_layernorm_rows(dev, N, C, rpi):
 def test_engine_layernorm_rows(dev, monkeypatch, C, new):
     """Ops on a GPU row: C % 128 == 0 takes the row-slice kernels (one row-slot taking several rows here), other
     widths the one-work-group-per-row ones; both against the float64 reference (dw, db added to what was there)."""
-    eng = _gpu_engine(monkeypatch, "gpu", C=C, H=2)
+    eng = _gpu_engine("gpu", C=C, H=2)
     ops, N, eps = eng.ops, 37, eng.cfg.norm_eps
     ops.launch["ln_parts"] = 2  # 37 // (4 * 2) = 4 rows a row-slot, 3 parts
     names = []  # the kernels launched
@@ -694,15 +695,14 @@ def test_copy_ld_v8(dev, K, N, pad):
 
 @pytest.mark.parametrize("ta,tb", [(0, 1), (0, 0), (1, 0)])
 @pytest.mark.parametrize("M,N,K", [(70, 128, 130), (13, 64, 256), (40, 192, 64)])
-def test_engine_matmul_ld_pad(dev, monkeypatch, ta, tb, M, N, K):
+def test_engine_matmul_ld_pad(dev, ta, tb, M, N, K):
     """Engine.matmul on the CPU row with op(B) (and the transposed op(A)) in rows padded off multiples of 64
     floats (ld_pad): the float64 product, and bit for bit the unpadded result (same order of summation)."""
     from clgpt.gpt2 import GPT2Engine as Engine
     from clgpt.model import ModelConfig, init_params
 
-    monkeypatch.setenv("CLGPT_LAUNCH", "cpu")
     cfg = ModelConfig(vocab_size=16, n_ctx=8, n_embd=16, n_head=2, n_layer=1, n_ff=32)
-    eng = Engine(cfg, init_params(cfg, 0), batch_size=1, seq_len=8, device=dev)
+    eng = Engine(cfg, init_params(cfg, 0), batch_size=1, seq_len=8, device=dev, knobs=Knobs(launch="cpu"))
     assert eng.ops.launch.get("ld_pad") and "copy_ld_v8" in eng.ops.k
     A = rng.normal(size=(K, M) if ta else (M, K)).astype(f32)
     B = rng.normal(size=(N, K) if tb else (K, N)).astype(f32)

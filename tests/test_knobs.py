@@ -47,11 +47,9 @@ def test_read_takes_os_environ_when_called(monkeypatch):
     ("CLGPT_WGMMA_NARROW", "BM=128,BN=64,STAGES=3,PIPE=1", "wgmma_narrow", dict(BM=128, BN=64, STAGES=3, PIPE=1)),
     ("CLGPT_PRESET", "0", "preset", 0),
     ("CLGPT_MMA_EMULATE", "1", "mma_emulate", True),
-    ("CLGPT_BF16_MN", "0", "bf16_mn", False),
     ("CLGPT_WGMMA_MIN_MNK", "0", "wgmma_min_mnk", 0),
     ("CLGPT_WGMMA_MN", "0", "wgmma_mn", False),
     ("CLGPT_WGMMA_EPI2", "mma", "wgmma_epi2", "mma"),
-    ("CLGPT_WGMMA_TILED_OUT", "0", "wgmma_tiled_out", False),
     ("CLGPT_FLASH", "on", "flash", "on"),
     ("CLGPT_NV_VERBOSE", "1", "nv_verbose", True),
     ("CLGPT_SM90A_VERBOSE", "1", "sm90a_verbose", True),
@@ -92,7 +90,7 @@ def test_a_value_that_cannot_be_used_is_a_one_line_error_naming_the_variable(var
     ("CLGPT_PRESET", "2", "preset", None),  # only 0 and 1 override the table's
     ("CLGPT_MMA", "off", "mma", None),  # only the bf16 and wgmma GEMMs can be turned off
     ("CLGPT_BF16_SMALL", "off", "bf16_small", None),
-    ("CLGPT_BF16_MN", "no", "bf16_mn", True),  # on-by-default switches: any value but 0 is on
+    ("CLGPT_WGMMA_MN", "no", "wgmma_mn", True),  # on-by-default switches: any value but 0 is on
     ("CLGPT_MMA_EMULATE", "0", "mma_emulate", False),
     ("CLGPT_NV_VERBOSE", "0", "nv_verbose", True),  # any non-empty value
     ("CLGPT_REDUCE", "", "reduce", ""),  # anything but shm sums through MPI (clgpt.dist)

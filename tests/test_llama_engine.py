@@ -16,6 +16,7 @@ from clgpt import reference_llama as ref
 from clgpt.device import get_device
 from clgpt.gpt2 import GPT2Engine as Engine
 from clgpt.engine import make_engine
+from clgpt.knobs import Knobs
 from clgpt.llama import LlamaEngine
 from clgpt.errors import ClgptError
 from clgpt.model import ModelConfig, init_params, param_shapes
@@ -427,11 +428,10 @@ def test_grouped_ops_gpu_row(monkeypatch, launch_row):
     gradients with the thresholds lowered so that small shapes split) against float64 per-expert products."""
     import pyopencl as cl
     from clgpt.ops import Ops, gemm
-    monkeypatch.setenv("CLGPT_LAUNCH", launch_row)
     monkeypatch.setattr(gemm, "SPLIT_MIN_TOTAL_K", 8)  # where split_plan reads them
     monkeypatch.setattr(gemm, "SPLIT_MIN_K", {"big": 8, "small": 4})
     dev = get_device()
-    o = Ops(dev, llama_cfg(), 6)
+    o = Ops(dev, llama_cfg(), 6, knobs=Knobs(launch=launch_row))
     assert o.grouped_local()
     E, C, F, RM = 4, 24, 40, o.grouped_tiles()["RM"]
     counts = np.array([30, 0, 70, 5], np.int32)
@@ -483,13 +483,11 @@ def test_reference_grads_vs_finite_differences(kind):
 
 
 @pytest.mark.parametrize("kind,launch_row", [(k, "") for k in CFGS] + [("moe", "gpu"), ("moe_k1", "nvidia")])
-def test_engine_loss_logits_and_grads_vs_reference(monkeypatch, kind, launch_row):
+def test_engine_loss_logits_and_grads_vs_reference(kind, launch_row):
     """On this device's table row, and MoE on the GPU rows too (tiled grouped products, one-work-group routing)."""
-    if launch_row:
-        monkeypatch.setenv("CLGPT_LAUNCH", launch_row)
     cfg = CFGS[kind]
     p = noisy_params(cfg)
-    eng = LlamaEngine(cfg, p, batch_size=3, seq_len=6)
+    eng = LlamaEngine(cfg, p, batch_size=3, seq_len=6, knobs=Knobs(launch=launch_row))
     tokens, targets, mask = batch(cfg, 3, 6)
     loss = eng.forward(tokens, targets, mask)
     eng.zero_grad()

@@ -11,7 +11,6 @@ Tolerances, relative to |op(A)| @ |op(B)| (the scale of each output's sum):
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pyopencl as cl
@@ -24,6 +23,7 @@ from clgpt.device import get_device
 from clgpt.engine import Engine
 from clgpt.ops import matmul_defines, matmul_launch
 from clgpt.errors import ClgptError
+from clgpt.knobs import OFF, Knobs
 from clgpt.model import ModelConfig, init_params
 from clgpt.precision import ROUND, matrix_path, resolve
 from opcheck import bf16_pattern as _bf16_pattern, run_op, tiled_index as _tiled_index
@@ -166,33 +166,37 @@ def test_mma_kernel_moves_data_like_the_portable_kernel(dev, form, precision, ta
 
 
 BF16_TILES = {  # small tiles of kernels/matmul_bf16.cl (PoCL emulates them slowly): 4 warps / 1 warp / 8-row masks
-    "4warps": "BM=32,BN=32,WM=2,WN=2,STAGES=3",
-    "1warp": "BM=32,BN=32,WM=1,WN=1,STAGES=2",
-    "64": "BM=64,BN=64,WM=2,WN=2,STAGES=2",
+    "4warps": dict(BM=32, BN=32, WM=2, WN=2, STAGES=3),
+    "1warp": dict(BM=32, BN=32, WM=1, WN=1, STAGES=2),
+    "64": dict(BM=64, BN=64, WM=2, WN=2, STAGES=2),
 }
 
 
-def _bf16_ops(monkeypatch, tiles="4warps"):
+def emulated_knobs(launch="nvidia", **over) -> Knobs:
+    """Knobs for the tensor-core path emulated on any device, on the launch row `launch`, with small tiles (PoCL
+    compiles them quickly); `over` replaces any field."""
+    return Knobs(**{**dict(launch=launch, mma_emulate=True, mma=dict(BM=32, BN=32, WM=2, WN=2),
+                           mma_small=dict(BM=32, BN=16, WM=1, WN=1), bf16=BF16_TILES["4warps"],
+                           bf16_small=BF16_TILES["1warp"]), **over})
+
+
+def _bf16_ops(tiles="4warps", **over):
     """The Ops of a bf16 engine whose tensor-core path is emulated (launch row nvidia), bf16 GEMM tiles `tiles`."""
-    monkeypatch.setenv("CLGPT_BF16", BF16_TILES[tiles])
-    monkeypatch.setenv("CLGPT_BF16_SMALL", BF16_TILES[tiles])
-    ops = _engine(monkeypatch, "bf16", launch="nvidia", emulate=True).ops
+    kn = emulated_knobs(bf16=BF16_TILES[tiles], bf16_small=BF16_TILES[tiles], **over)
+    ops = _engine("bf16", knobs=kn).ops
     assert ops.bf16 is not None
     return ops
 
 
 @pytest.mark.parametrize("tiles,ta,tb,epilogues,N", [("4warps", 0, 1, True, 70), ("4warps", 0, 1, True, 37),
                                                       ("4warps", 0, 0, False, 70), ("4warps", 1, 0, False, 70),
-                                                      ("1warp", 1, 1, False, 37), ("64", 1, 0, False, 70),
-                                                      ("4warps", 1, 0, "k-major", 70)])
-def test_bf16_gemm_moves_data_like_the_portable_kernel(dev, monkeypatch, tiles, ta, tb, epilogues, N):
+                                                      ("1warp", 1, 1, False, 37), ("64", 1, 0, False, 70)])
+def test_bf16_gemm_moves_data_like_the_portable_kernel(dev, tiles, ta, tb, epilogues, N):
     """matmul_bf16 (cp.async stages, swizzled local rows, ldmatrix with and without .trans, mma.m16n8k16 fragments,
     all emulated; products summed in k order) on the bf16 copies equals the portable bf16 kernel bit for bit,
-    epilogues included (N even: float2 outputs; odd: single floats), in every operand layout (m/n-contiguous
-    copies; "k-major": both copies transposed)."""
-    if epilogues == "k-major":
-        monkeypatch.setenv("CLGPT_BF16_MN", "0")
-    ops = _bf16_ops(monkeypatch, tiles)
+    epilogues included (N even: float2 outputs; odd: single floats), in every operand layout (ta, tb: each copy
+    k-contiguous or m/n-contiguous as its fp32 buffer lies)."""
+    ops = _bf16_ops(tiles)
     M, K = 45, 67
     A, B = operands(ta, tb, M, N, K)
     bias = rng.normal(size=N).astype(f32)
@@ -214,10 +218,10 @@ def test_bf16_gemm_moves_data_like_the_portable_kernel(dev, monkeypatch, tiles, 
 
 
 @pytest.mark.parametrize("trans", [False, True])
-def test_bf16_copies_round_like_numpy_and_pad_with_zeros(dev, monkeypatch, trans):
+def test_bf16_copies_round_like_numpy_and_pad_with_zeros(dev, trans):
     """to_bf16 / to_bf16_t: X (or X.T) rounded to bf16 as numpy rounds it (ties, signs, inf, NaN), zeros in the
     padding rows and columns."""
-    ops = _bf16_ops(monkeypatch)
+    ops = _bf16_ops()
     rows, cols, Rp, Cp = 37, 45, 64, 64
     X = rng.normal(size=(cols, rows) if trans else (rows, cols)).astype(f32)
     special = np.array([0x3F808000, 0x3F818000, 0xBF808000, 0x7F800000, 0x7FC00000, 0xFF800000], np.uint32)
@@ -230,10 +234,10 @@ def test_bf16_copies_round_like_numpy_and_pad_with_zeros(dev, monkeypatch, trans
 
 
 @pytest.mark.parametrize("trans", [False, True])
-def test_bf16_tiled_copies_are_the_wgmma_layout(dev, monkeypatch, trans):
+def test_bf16_tiled_copies_are_the_wgmma_layout(dev, trans):
     """to_bf16 / to_bf16_t with TILED 1 (what kernels/matmul_wgmma.cl reads): the same rounded, zero-padded
     values, in Kp/64 x Rp/8 atoms of 8 rows x 64 k, row r's 16-byte chunk c stored at c ^ r."""
-    ops = _bf16_ops(monkeypatch)
+    ops = _bf16_ops()
     for name in ("to_bf16", "to_bf16_t"):
         ops.k[name + "_tiled"] = dev.kernel("matmul_bf16", name, TILED=1, **ops._bf16_opts)
     rows, cols, Rp, Cp = 37, 100, 128, 128
@@ -313,51 +317,45 @@ class FakeDevice:
     ("NVIDIA Corporation", None, True, None),  # no cl_nv_device_attribute_query: capability unknown
     ("NVIDIA Corporation", (9, 0), False, None),
     ("Intel(R) Corporation", None, True, None), ("The pocl project", None, False, None)])
-def test_matrix_path_guard_on_vendor_and_compute_capability(monkeypatch, vendor, cc, gpu, path):
+def test_matrix_path_guard_on_vendor_and_compute_capability( vendor, cc, gpu, path):
     """Tensor cores only on NVIDIA GPUs of compute capability 8.0 or more; auto is bf16 there, fp32 elsewhere."""
-    monkeypatch.delenv("CLGPT_MMA_EMULATE", raising=False)
     d = FakeDevice(vendor, cc, gpu)
-    assert matrix_path(d) == path
-    assert resolve("auto", d) == ("bf16" if path else "fp32")
-    assert resolve("tf32", d) == "tf32" and resolve("fp32", d) == "fp32"
+    assert matrix_path(d, Knobs()) == path
+    assert resolve("auto", d, Knobs()) == ("bf16" if path else "fp32")
+    assert resolve("tf32", d, Knobs()) == "tf32" and resolve("fp32", d, Knobs()) == "fp32"
 
 
-def test_kernel_selection_per_precision(dev, monkeypatch):
+def test_kernel_selection_per_precision(dev):
     """Which kernel each precision runs: PoCL (no matrix path) -> the portable kernels, auto -> fp32; a matrix
     path (emulated) -> bf16 on kernels/matmul_bf16.cl (CLGPT_BF16=off: matmul_mma.cl), tf32 on matmul_mma.cl."""
     for precision in ("bf16", "tf32", "auto"):
-        ops = _engine(monkeypatch, precision, launch="nvidia").ops
+        ops = _engine(precision, launch="nvidia").ops
         assert ops.mma is None and ops.bf16 is None and ops.precision == ("fp32" if precision == "auto" else precision)
-    ops = _engine(monkeypatch, "bf16", launch="nvidia", emulate=True).ops
+    ops = _engine("bf16", launch="nvidia", emulate=True).ops
     assert ops.mma is not None and ops.bf16 is not None and ops._bf16_opts == {"MMA_EMULATE": 1}
-    assert _engine(monkeypatch, "auto", launch="nvidia", emulate=True).ops.bf16 is not None
-    ops = _engine(monkeypatch, "tf32", launch="nvidia", emulate=True).ops
+    assert _engine("auto", launch="nvidia", emulate=True).ops.bf16 is not None
+    ops = _engine("tf32", launch="nvidia", emulate=True).ops
     assert ops.mma is not None and ops.bf16 is None
-    monkeypatch.setenv("CLGPT_BF16", "off")
-    ops = _engine(monkeypatch, "bf16", launch="nvidia", emulate=True).ops
+    ops = _engine("bf16", knobs=emulated_knobs(bf16=OFF)).ops
     assert ops.mma is not None and ops.bf16 is None
 
 
-def _engine(monkeypatch, precision, launch="cpu", emulate=False, **shape):
-    monkeypatch.setenv("CLGPT_LAUNCH", launch)
-    if emulate:
-        monkeypatch.setenv("CLGPT_MMA_EMULATE", "1")
-        monkeypatch.setenv("CLGPT_MMA", "BM=32,BN=32,WM=2,WN=2")  # small tiles: PoCL compiles them quickly
-        monkeypatch.setenv("CLGPT_MMA_SMALL", "BM=32,BN=16,WM=1,WN=1")
-        for var, tiles in (("CLGPT_BF16", "4warps"), ("CLGPT_BF16_SMALL", "1warp")):
-            if var not in os.environ:  # (a test may have chosen them)
-                monkeypatch.setenv(var, BF16_TILES[tiles])
+def _engine(precision, launch="cpu", emulate=False, knobs=None, **shape):
+    """A GPT-2 engine of `shape` on the launch row `launch`, the tensor-core path emulated with `emulate`; or
+    under `knobs` as given."""
+    if knobs is None:
+        knobs = emulated_knobs(launch) if emulate else Knobs(launch=launch)
     cfg = ModelConfig(vocab_size=shape.get("V", 16), n_ctx=shape.get("T", 8), n_embd=shape.get("C", 16),
                       n_head=shape.get("H", 2), n_layer=shape.get("L", 1), n_ff=shape.get("F", 32))
     return Engine(cfg, init_params(cfg, 0), batch_size=shape.get("B", 1), seq_len=shape.get("T", 8),
-                  precision=precision)
+                  precision=precision, knobs=knobs)
 
 
 @pytest.mark.parametrize("precision,ta,tb,M,N,K", [("bf16", 1, 0, 40, 37, 1100), ("bf16", 0, 0, 130, 70, 40),
                                                    ("tf32", 1, 0, 40, 37, 1100)])
-def test_engine_tensor_core_path(dev, monkeypatch, precision, ta, tb, M, N, K):
+def test_engine_tensor_core_path(dev, precision, ta, tb, M, N, K):
     """Engine.matmul through the mma kernel (emulated): split-K for the deep product, tiles otherwise."""
-    eng = _engine(monkeypatch, precision, launch="nvidia", emulate=True)
+    eng = _engine(precision, launch="nvidia", emulate=True)
     assert eng.mma is not None
     A, B = operands(ta, tb, M, N, K)
     C0 = rng.normal(size=(M, N)).astype(f32)
@@ -369,10 +367,10 @@ def test_engine_tensor_core_path(dev, monkeypatch, precision, ta, tb, M, N, K):
     assert_scaled(from_dev(dev, cbuf, (M, N)), 0.5 * opA @ opB + C0, scale, ROUNDED_TOL, f"engine mma {precision}")
 
 
-def test_engine_tensor_core_attention(dev, monkeypatch):
+def test_engine_tensor_core_attention(dev):
     """GPU attention (batched causal products) on the mma kernel (emulated) with bf16 operands."""
     B, T, C, H = 2, 40, 16, 2
-    eng = _engine(monkeypatch, "bf16", launch="nvidia", emulate=True, B=B, T=T, C=C, H=H)
+    eng = _engine("bf16", launch="nvidia", emulate=True, B=B, T=T, C=C, H=H)
     eng.ops.attn_gemm = True
     qkv = rng.normal(size=(B, T, 3 * C)).astype(f32)
     want, _ = ref.attention_forward(qkv, H)
@@ -383,8 +381,8 @@ def test_engine_tensor_core_attention(dev, monkeypatch):
     assert 1e-5 < err < 3e-2, f"bf16 attention: max error {err:.2e} (expected bf16's, not fp32's or worse)"
 
 
-def _losses_and_grads(monkeypatch, precision, steps=0, **kw):
-    eng = _engine(monkeypatch, precision, V=32, T=16, C=32, H=2, F=64, B=2, L=2, **kw)
+def _losses_and_grads(precision, steps=0, **kw):
+    eng = _engine(precision, V=32, T=16, C=32, H=2, F=64, B=2, L=2, **kw)
     r = np.random.default_rng(7)
     tok = r.integers(0, 32, size=(2, 16)).astype(np.int32)
     tgt = r.integers(0, 32, size=(2, 16)).astype(np.int32)
@@ -396,10 +394,10 @@ def _losses_and_grads(monkeypatch, precision, steps=0, **kw):
 
 
 @pytest.mark.parametrize("launch,precision", [("cpu", "bf16"), ("cpu", "tf32"), ("nvidia", "bf16")])
-def test_engine_precision_loss_grads_and_determinism(dev, monkeypatch, launch, precision):
+def test_engine_precision_loss_grads_and_determinism(dev, launch, precision):
     """Loss and grads of a reduced-precision engine (portable kernels) against the float64 reference, within a
     band that fp32 meets 100x tighter; and the same bytes run to run."""
-    eng, loss, grads, tok, tgt = _losses_and_grads(monkeypatch, precision, launch=launch)
+    eng, loss, grads, tok, tgt = _losses_and_grads(precision, launch=launch)
     want_loss, cache = ref.gpt_forward(init_params(eng.cfg, 0), eng.cfg, tok, tgt)
     want_grads = ref.gpt_backward(cache)
     band = 2e-2 if precision == "bf16" else 5e-3
@@ -407,19 +405,18 @@ def test_engine_precision_loss_grads_and_determinism(dev, monkeypatch, launch, p
     for name, g in want_grads.items():
         err = np.abs(grads[name] - g).max() / max(np.abs(g).max(), 1e-12)
         assert err < 10 * band, f"{precision} grad {name}: relative error {err:.2e}"
-    _, loss2, grads2, _, _ = _losses_and_grads(monkeypatch, precision, launch=launch)
+    _, loss2, grads2, _, _ = _losses_and_grads(precision, launch=launch)
     assert loss2 == loss and all(np.array_equal(grads[n], grads2[n]) for n in grads)
 
 
-def test_engine_fp32_is_unchanged(dev, monkeypatch):
+def test_engine_fp32_is_unchanged(dev):
     """precision fp32 is the engine as it was: same loss and gradient bytes as the default."""
-    monkeypatch.setenv("CLGPT_LAUNCH", "cpu")
     cfg = ModelConfig(vocab_size=32, n_ctx=16, n_embd=32, n_head=2, n_layer=1, n_ff=64)
     r = np.random.default_rng(3)
     tok, tgt = (r.integers(0, 32, size=(2, 16)).astype(np.int32) for _ in range(2))
     out = []
     for kw in (dict(), dict(precision="fp32"), dict(precision="auto")):  # auto: PoCL has no matrix path
-        eng = Engine(cfg, init_params(cfg, 0), batch_size=2, seq_len=16, **kw)
+        eng = Engine(cfg, init_params(cfg, 0), batch_size=2, seq_len=16, knobs=Knobs(launch="cpu"), **kw)
         assert eng.round == 0 and eng.mma is None
         loss = eng.forward(tok, tgt)
         eng.zero_grad()
@@ -429,17 +426,16 @@ def test_engine_fp32_is_unchanged(dev, monkeypatch):
         assert loss == out[0][0] and all(np.array_equal(g[n], out[0][1][n]) for n in g)
 
 
-def test_training_curve_reduced_precision_tracks_fp32(dev, monkeypatch):
+def test_training_curve_reduced_precision_tracks_fp32(dev):
     """60 AdamW steps on a fixed small set: bf16 and tf32 losses stay within 0.05 nats of fp32's at every
     step past the first 10, and all three learn (the loss falls by over 1 nat)."""
-    monkeypatch.setenv("CLGPT_LAUNCH", "cpu")
     cfg = ModelConfig(vocab_size=32, n_ctx=16, n_embd=32, n_head=2, n_layer=1, n_ff=64)
     r = np.random.default_rng(11)
     data = [(r.integers(0, 8, size=(4, 16)).astype(np.int32),) for _ in range(2)]
     data = [(t, np.roll(t, -1, axis=1)) for (t,) in data]  # learnable: the next token of a short cycle
     curves = {}
     for precision in ("fp32", "bf16", "tf32"):
-        eng = Engine(cfg, init_params(cfg, 0), batch_size=4, seq_len=16, precision=precision)
+        eng = Engine(cfg, init_params(cfg, 0), batch_size=4, seq_len=16, precision=precision, knobs=Knobs(launch="cpu"))
         losses = []
         for step in range(60):
             tok, tgt = data[step % 2]
@@ -542,7 +538,7 @@ def test_grad_norm_work_groups_against_float64(dev, clip):
 def test_tiled_copies_kept_for_stable_and_reused_buffers(dev, monkeypatch):
     """Ops.tiled_copy: a stable buffer's copy is made once per forward (forget_copies drops it), a reuse block's
     buffer's once per block, any other buffer's at every call; the copy holds the tiled bf16 values."""
-    ops = _bf16_ops(monkeypatch)
+    ops = _bf16_ops()
     ops.k["to_bf16_tiled"] = dev.kernel("matmul_bf16", "to_bf16", TILED=1, **ops._bf16_opts)
     rows, cols = 100, 70
     X, Y, Z = (rng.normal(size=(rows, cols)).astype(f32) for _ in range(3))
@@ -577,13 +573,15 @@ def test_products_that_write_only_their_tiled_copy(dev, monkeypatch):
     """On wgmma (emulated here: the launches recorded, not run), the GELU product writes g = gelu(h) only as g's
     kept tiled copy (TILED_OUT 1) and the GELU' product dh only as dh's tiled copy with its column sums (TILED_OUT
     2), which dh's reuse block then takes without a copy; reading such a dh any other way, or never, is an error;
-    sizes off multiples of 64 and CLGPT_WGMMA_TILED_OUT=0 keep the fp32 outputs."""
-    ops = _bf16_ops(monkeypatch)
+    sizes off multiples of 64 and K-major copies (CLGPT_WGMMA_MN=0) keep the fp32 outputs."""
+    ops = _bf16_ops()
     calls = []
     monkeypatch.setattr(ops, "on_wgmma", lambda M, N, K, epi=0: epi != 2)
     monkeypatch.setattr(ops, "_matmul_wgmma", lambda *a, tiled_out=None, **_: calls.append((a[12], tiled_out)))
     monkeypatch.setattr(ops, "_launch", lambda *a: calls.append(("launch", a[0])))
     ops.k["to_bf16_colsum_gelu"] = ops.k["to_bf16_colsum"] = "copy"
+    monkeypatch.setattr(ops, "colsum_copies", True)
+    monkeypatch.setattr(ops, "tiled_outputs", True)
     M, N, K = 128, 192, 64
     A, B, h, g, dh = (ops.buf(n) for n in (M * K, N * K, M * N, M * N, M * N))
     ops.stable(g)
@@ -605,7 +603,7 @@ def test_products_that_write_only_their_tiled_copy(dev, monkeypatch):
     ops.forget_copies()
     ops._matmul_bf16(M + 8, N, K, A, B, h, 0, 1, None, None, False, 1.0, 1, g)  # M off 64: fp32 g
     assert calls[-1] == (1, None)
-    monkeypatch.setattr(ops, "_tiled_out", False)
+    monkeypatch.setattr(ops, "tiled_outputs", False)
     ops._matmul_bf16(M, N, K, A, B, h, 0, 1, None, None, False, 1.0, 1, g)
     assert calls[-1] == (1, None) and not ops._kept
 
@@ -627,7 +625,7 @@ def test_layernorm_writes_its_tiled_copy(dev, N, C):
 
 
 @pytest.mark.parametrize("shape", [dict(), dict(n_head=4, n_head_kv=2), dict(n_expert=4, n_expert_used=2)])
-def test_llama_engine_on_tensor_cores_against_float64(dev, monkeypatch, shape):
+def test_llama_engine_on_tensor_cores_against_float64(dev, shape):
     """llama's bf16 engine with every product on the tensor-core kernels (emulated), the SwiGLU backward's
     two-output epilogue (EPI 3, rows 2F apart) among them, dense, grouped-query and MoE: loss and every gradient
     against the float64 reference (MoE with the engine's routing: top-k may pick differently at a near tie), and
@@ -635,7 +633,6 @@ def test_llama_engine_on_tensor_cores_against_float64(dev, monkeypatch, shape):
     from clgpt import reference_llama
     from clgpt.engine import make_engine
 
-    _engine(monkeypatch, "bf16", launch="nvidia", emulate=True)  # the launch row and tiles
     cfg = ModelConfig(**{**dict(arch="llama", vocab_size=32, n_ctx=16, n_embd=32, n_head=2, n_layer=2, n_ff=64),
                          **shape})
     params = init_params(cfg, 0)
@@ -643,7 +640,7 @@ def test_llama_engine_on_tensor_cores_against_float64(dev, monkeypatch, shape):
     tok, tgt = (r.integers(0, 32, size=(2, 16)).astype(np.int32) for _ in range(2))
     runs = []
     for _ in range(2):
-        eng = make_engine(cfg, params, batch_size=2, seq_len=16, precision="bf16")
+        eng = make_engine(cfg, params, batch_size=2, seq_len=16, precision="bf16", knobs=emulated_knobs())
         assert eng.ops.bf16 is not None
         eng.zero_grad()
         loss = eng.forward(tok, tgt)

@@ -20,6 +20,7 @@ Buffers are pyopencl Buffers (or sub-buffers) of float32 (int32 for token ids), 
 
 One class, Ops, composed of a mixin a file; each file names the kernels/*.cl files it launches:
 
+    capabilities.py  the record of which op forms and GEMM backend a device runs, read once per device
     core.py        BaseOps: __init__ (path choice), kernel builds, run / runp / _launch, scratch buffers
     gemm.py        matmul / matmul_epi dispatch, the portable tiled and register-blocked forms, split-K, bmm,
                    bias_backward, linear_backward

@@ -41,7 +41,7 @@ class AttentionOps:
             self.k[kname] = self.dev.kernel("flash", kname, build_options=self._nv_verbose(self._bf16_opts),
                                             C=cfg.n_embd, H=cfg.n_head, D=cfg.head_dim,
                                             SCALE=float(1.0 / math.sqrt(cfg.head_dim)), **self._bf16_opts)
-        if self.wgmma is not None and self._wgmma_mn and self._tiled_out and cfg.n_embd % 64 == 0:
+        if self.tiled_outputs and cfg.n_embd % 64 == 0:
             self.k["flash_forward_tiled"] = self.dev.kernel(  # the output's tiled copy on the way (wgmma)
                 "flash", "flash_forward", build_options=self._nv_verbose(self._bf16_opts), C=cfg.n_embd,
                 H=cfg.n_head, D=cfg.head_dim, SCALE=float(1.0 / math.sqrt(cfg.head_dim)), OUT_TILED=1,
@@ -74,7 +74,7 @@ class AttentionOps:
             return
         if not self.attn_gemm:
             self.runp("attention_forward", (Tp, Bp * H), i32(Bp), i32(Tp), qkv, out, att)
-            if "attention_rows_rb" in self.k:  # out = att @ v
+            if self.attn_rb:  # out = att @ v
                 self._rows_rb(Bp, Tp, att, qkv, 2 * C, 3 * C, out, 0, C, 1.0)
             return
         self._attention_forward_batched(Bp, Tp, qkv, out, att, None)
@@ -119,7 +119,7 @@ class AttentionOps:
             return
         if drop is None and not self.attn_gemm:
             self.runp("attention_backward_query", (Tp, Bp * H), i32(Bp), i32(Tp), dout, qkv, att, datt, dqkv)
-            if "attention_backward_key_rb" in self.k:
+            if self.attn_rb:
                 self._rows_rb(Bp, Tp, datt, qkv, C, 3 * C, dqkv, 0, 3 * C, 1.0 / math.sqrt(D))  # dq = SCALE ds @ k
                 self.run("attention_backward_key_rb", (-(-Tp // 6), Bp * H * (D // 8)), i32(Bp), i32(Tp), dout, qkv,
                          att, datt, dqkv, lsize=(1, D // 8))

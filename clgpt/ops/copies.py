@@ -79,7 +79,7 @@ class CopyOps:
             out = self._kept[key] = pre[:3]
             return out
         if key[0] == self._reusing:  # slot 2, with the column sums for bias_backward where the GPU has them
-            if "to_bf16_colsum" not in self.k:
+            if not self.colsum_copies:
                 out = self._kept[key] = (self.to_bf16(2, X, rows, cols, Rp, Cp, tiled=True), Rp, Cp)
                 return out
             out, part = self._b16_slot(2, Rp * Cp * 2), self._grown("cparts", Rp // 64 * cols)
@@ -113,7 +113,7 @@ class CopyOps:
         """-> (kernel, extra arguments): kname's _tiled form, writing stable X's kept tiled copy as it writes X
         (LayerNorm's LN_TILED, flash's OUT_TILED), where that form was built and rows, cols are multiples of 64;
         else kname itself."""
-        if kname + "_tiled" not in self.k or X.int_ptr not in self._stable or rows % 64 or cols % 64:
+        if not self.tiled_outputs or X.int_ptr not in self._stable or rows % 64 or cols % 64:
             return kname, ()
         return kname + "_tiled", (self._kept_copy(X, rows, cols),)
 

@@ -4,7 +4,7 @@ the launch helpers every other clgpt/ops module launches through.
 Builds, and launches none itself: kernels/embedding.cl, attention.cl, cpu.cl, xent.cl, matmul.cl, adamw.cl and
 dropout.cl for every architecture (_build_common), layernorm.cl for GPT-2 (build_gpt2), rmsnorm.cl, rope.cl,
 swiglu.cl and moe.cl for Llama (build_llama). The path a device takes comes from its clgpt.tuning row,
-clgpt.precision's matrix path and clgpt.knobs: the portable GEMM (self.mm), tensor cores (self.mma), the bf16
+clgpt.precision's matrix path and clgpt.knobs, read once into clgpt/ops/capabilities.py's record: the portable GEMM (self.mm), tensor cores (self.mma), the bf16
 GEMM (self.bf16) and wgmma (self.wgmma); clgpt/ops/gemm.py dispatches between them.
 """
 
@@ -16,11 +16,13 @@ from operator import itemgetter
 import numpy as np
 import pyopencl as cl
 
-from clgpt import knobs, sm90a
 from clgpt.device import Device
+from clgpt.knobs import Knobs
+from clgpt.knobs import read as read_knobs
 from clgpt.model import ModelConfig
-from clgpt.precision import ROUND, matrix_path, resolve
-from clgpt.tuning import WGMMA_MIN_MNK, launch_config
+from clgpt.ops.capabilities import capabilities
+from clgpt.precision import ROUND, resolve
+from clgpt.tuning import WGMMA_MIN_MNK
 
 F32 = 4
 i32, f32 = np.int32, np.float32
@@ -34,30 +36,30 @@ class BaseOps:
     """State and kernels of one Ops (see clgpt.ops.Ops), and the launch helpers."""
 
     def __init__(self, dev: Device, cfg: ModelConfig, seq_len: int, precision: str = "fp32",
-                 batch_size: int | None = None):
+                 batch_size: int | None = None, knobs: Knobs | None = None):
         self.dev, self.cfg = dev, cfg
         self.ctx, self.queue = dev.ctx, dev.queue
-        kn = knobs.read()
-        self.launch = launch_config(dev.device)
+        kn = read_knobs() if knobs is None else knobs
+        self.knobs = kn
+        self.caps = caps = capabilities(dev.device, kn)
+        self.launch = dict(caps.launch)
         self.mm = self.launch["matmul"]
-        # matmul precision: ROUND for the portable kernels; the tensor-core kernel where the device has one
-        # (the big and small mma tiles), else None
-        self.precision = resolve(precision, dev.device)
+        # matmul precision: ROUND for the portable kernels; the GEMM backend the record gives for it, with its
+        # (big, small) tiles: mma on fp32 operands, the bf16 GEMM on bf16 operand copies (kernels/matmul_bf16.cl:
+        # cp.async, ldmatrix), and on sm_90 (H100, H200) wgmma (kernels/matmul_wgmma.cl) on tiled copies
+        self.precision = resolve(precision, dev.device, kn)
         self.round = ROUND[self.precision]
-        self.mma = None
-        if self.round and matrix_path(dev.device) == "nv_mma":
+        self.gemm = caps.gemm_backend(self.round)
+        self.mma = self.bf16 = self.wgmma = None
+        if self.gemm != "portable":
             self.mma = (self.launch["matmul_mma"], self.launch["matmul_mma_small"])
-        # bf16: the GEMM on bf16 operand copies (kernels/matmul_bf16.cl: cp.async, ldmatrix), (big, small) tiles
-        self.bf16, self._bf16_opts = None, {}
-        self._bf16_mn = kn.bf16_mn  # m/n-contiguous copies (ldmatrix.trans)
+        if self.gemm in ("bf16", "wgmma"):
+            self.bf16 = (self.launch["matmul_bf16"], self.launch["matmul_bf16_small"])
+        if self.gemm == "wgmma":
+            self.wgmma = (self.launch["matmul_wgmma"], self.launch["matmul_wgmma_narrow"])
+        self._bf16_opts = {}
         # the bf16 copies of op(A), op(B); reuse's; a gradient's copy its product wrote (TILED_OUT 2)
         self._b16, self._b16_size = [None, None, None, None], [0, 0, 0, 0]
-        if self.round == 1 and self.mma is not None and self.launch.get("matmul_bf16"):
-            self.bf16 = (self.launch["matmul_bf16"], self.launch["matmul_bf16_small"])
-        # bf16 on sm_90 (H100, H200): wgmma (kernels/matmul_wgmma.cl) on tiled copies, (wide, narrow) tiles
-        self.wgmma = None
-        if self.bf16 is not None and self.launch.get("matmul_wgmma") and sm90a.supported(dev.device):
-            self.wgmma = (self.launch["matmul_wgmma"], self.launch["matmul_wgmma_narrow"])
         self.wgmma_min = WGMMA_MIN_MNK if kn.wgmma_min_mnk is None else kn.wgmma_min_mnk  # 0: every product
         # wgmma reads one tiled copy of a matrix for a product and for its transposes (M- / N-major operands);
         # CLGPT_WGMMA_MN=0 copies op(A), op(B) transposed to K-major for each product instead (comparisons).
@@ -72,15 +74,23 @@ class BaseOps:
         # products that wrote their output only as its tiled copy (matmul_wgmma.cl TILED_OUT 2): handle ->
         # (copy, Rp, Cp, column sums, row chunks), taken by the reuse block of that buffer
         self._premade = {}
-        self._tiled_out = kn.wgmma_tiled_out  # 0: copies made apart (comparisons)
         # a GELU' deferred from the backward's product dg (epi 2) into its gradient's reuse copy: handle ->
         # _Deferred; once copied, the copy holds dg * gelu'(E) and the fp32 buffer dg, which nothing reads
         self._gelu_pending = {}
         self._kept, self._kept_bufs = {}, {}  # (buffer, rows, cols) -> (copy, Rp, Cp) while valid; buffer -> its copy's
         self.align = max(64, dev.device.mem_base_addr_align // 8 // F32)  # sub-buffer alignment, in floats
-        self.rows = int(self.launch.get("rows", 0))  # GPUs: one work-group of `rows` work-items per row
-        self.attn_gemm = bool(self.launch.get("attn_gemm", 0)) and seq_len >= self.launch.get("attn_gemm_min_t", 0)
-        self.preset = bool(self.launch.get("preset", 0))
+        # the record's op forms where this model's widths allow them (see clgpt/ops/capabilities.py)
+        C, D = cfg.n_embd, cfg.head_dim
+        self.rows = caps.group_rows  # GPUs: one work-group of `rows` work-items per row
+        self.ln_rows = caps.layernorm_rows and C % 128 == 0 and C <= 2048
+        self.attn_rb = caps.attention_rb and D % 16 == 0
+        self.rope_vec = caps.rope_vec and D % 8 == 0
+        self.attn_gemm = caps.attention_gemm_min_t is not None and seq_len >= caps.attention_gemm_min_t
+        self.preset = caps.preset
+        # on wgmma: outputs whose producers also write their tiled copies (LayerNorm's, flash's, the GELU
+        # products'), reuse copies that also give the bias gradient's column sums
+        self.tiled_outputs = self.wgmma is not None and self._wgmma_mn
+        self.colsum_copies = self.wgmma is not None and caps.colsum_copies
         self._plans = {}  # preset launches: (kernel, gsize, lsize, buffers) -> [a cl.Kernel, the args it holds]
         self._buffer_args = {}  # kernel -> a function picking its non-scalar arguments (_launch's key)
         self._scratch, self._scratch_size = [None, None], [0, 0]  # transposed B, A for matmul_rb
@@ -108,19 +118,19 @@ class BaseOps:
 
     def _build_common(self):
         """Kernels every architecture launches: matmul helpers, attention, cross-entropy, embedding, AdamW."""
-        cfg, dev, k, launch = self.cfg, self.dev, self.k, self.launch
+        cfg, dev, k, launch, caps = self.cfg, self.dev, self.k, self.launch, self.caps
         C, H, D = cfg.n_embd, cfg.n_head, cfg.head_dim
         scale = float(1.0 / math.sqrt(D))
         k["embedding_forward"] = dev.kernel("embedding", "embedding_forward", C=C)
-        if launch.get("cpu_vec"):  # CPUs: a row a work-item, float8
+        if caps.embedding_rows:  # CPUs: a row a work-item, float8
             k["embedding_forward_rows"] = dev.kernel("embedding", "embedding_forward_rows", C=C)
         k["embedding_backward_wte"] = dev.kernel("embedding", "embedding_backward_wte", C=C)
         for kname in ("attention_forward", "attention_backward_query", "attention_backward_key"):
             k[kname] = dev.kernel("attention", kname, C=C, H=H, D=D, SCALE=scale, VEC=launch["vec"])
-        if launch.get("cpu_attn"):  # CPUs: same kernels, dot products 4 keys at a time (kernels/cpu.cl)
+        if caps.attention_u4:  # CPUs: same kernels, dot products 4 keys at a time (kernels/cpu.cl)
             for kname in ("attention_forward", "attention_backward_query"):
                 k[kname] = dev.kernel("cpu", kname + "_u4", C=C, H=H, D=D, SCALE=scale)
-            if D % 16 == 0:  # the products with att / datt as register-blocked ones (6 rows x 16 columns a
+            if self.attn_rb:  # the products with att / datt as register-blocked ones (6 rows x 16 columns a
                 # work-item): key side, and att @ v, datt @ k after the u4 kernels (ROWS_RB=1: softmax only)
                 kw = dict(C=C, H=H, D=D, SCALE=scale)
                 k["attention_backward_key_rb"] = dev.kernel("cpu", "attention_backward_key_rb", **kw)
@@ -129,9 +139,9 @@ class BaseOps:
                     k[kname] = dev.kernel("cpu", kname + "_u4", ROWS_RB=1, **kw)
         for kname in ("xent_forward", "xent_backward"):
             k[kname] = dev.kernel("xent", kname, V=cfg.vocab_size)
-        if launch.get("xent_fused"):  # CPUs: loss and unscaled gradient in one vectorised pass per row
+        if caps.xent_fused:  # CPUs: loss and unscaled gradient in one vectorised pass per row
             k["xent_fused"] = dev.kernel("xent", "xent_fused", V=cfg.vocab_size)
-        if launch.get("cpu_bias"):  # CPUs: float8 column sums (kernels/cpu.cl)
+        if caps.bias_v8:  # CPUs: float8 column sums (kernels/cpu.cl)
             k["bias_backward_v8"] = dev.kernel("cpu", "bias_backward_v8")
         if self.rows:
             LW = self.rows
@@ -143,19 +153,20 @@ class BaseOps:
         k["splitk_reduce"] = dev.kernel("matmul", "splitk_reduce")
         for kname in ("grad_norm_partial", "grad_norm_final", "adamw"):
             k[kname] = dev.kernel("adamw", kname, STRIDED=int(launch["norm_parts"] > 256))
-        if self.rows:  # GPUs: the norm's sums as work-groups
+        if caps.grad_norm_groups:  # GPUs: the norm's sums as work-groups
             for kname in ("grad_norm_partial_wg", "grad_norm_final_wg"):
                 k[kname] = dev.kernel("adamw", kname, LW=self.rows)
         k["bias_backward"] = dev.kernel("matmul", "bias_backward")
         k["transpose"] = dev.kernel("matmul", "transpose")
-        if launch.get("cpu_vec"):  # CPUs: float8 AdamW (kernels/adamw.cl), register transposes (kernels/cpu.cl)
+        if caps.adamw_v8:  # CPUs: float8 AdamW (kernels/adamw.cl)
             k["adamw_v8"] = dev.kernel("adamw", "adamw_v8", STRIDED=int(launch["norm_parts"] > 256))
+        if caps.transpose_v8:  # register transposes (kernels/cpu.cl)
             k["transpose_v8"] = dev.kernel("cpu", "transpose_v8")
-        if launch.get("ld_pad"):
+        if caps.pad_ld:
             k["transpose_ld_v8"] = dev.kernel("cpu", "transpose_ld_v8")
             k["copy_ld_v8"] = dev.kernel("cpu", "copy_ld_v8")
-            if launch["norm_parts"] <= 256:  # chunked partial sums (not STRIDED): float8 chains
-                k["grad_norm_partial"] = dev.kernel("cpu", "grad_norm_partial_v8")
+        if caps.grad_norm_v8:  # chunked partial sums (not STRIDED): float8 chains
+            k["grad_norm_partial"] = dev.kernel("cpu", "grad_norm_partial_v8")
         for kname in ("dropout_forward", "dropout_residual", "dropout_backward"):
             k[kname] = dev.kernel("dropout", kname)
 
@@ -173,10 +184,10 @@ class BaseOps:
             for kname in ("layernorm_forward_wg", "layernorm_backward_wg", "layernorm_param_partial",
                           "layernorm_param_final"):
                 k[kname] = dev.kernel("layernorm", kname, C=C, EPS=float(cfg.norm_eps), LW=self.rows)
-            if C % 128 == 0 and C <= 2048 and self.launch.get("ln_rw"):  # 32 work-items a row, RW rows a group
+            if self.ln_rows:  # 32 work-items a row, RW rows a group
                 for kname in ("layernorm_forward_rows", "layernorm_backward_rows", "layernorm_param_final_rows"):
                     k[kname] = dev.kernel("layernorm", kname, C=C, EPS=float(cfg.norm_eps), RW=self.launch["ln_rw"])
-                if self.wgmma is not None and self._wgmma_mn and self._tiled_out:  # the output's tiled copy too
+                if self.tiled_outputs:  # the output's tiled copy too
                     k["layernorm_forward_rows_tiled"] = dev.kernel("layernorm", "layernorm_forward_rows", C=C,
                                                                    EPS=float(cfg.norm_eps), RW=self.launch["ln_rw"],
                                                                    LN_TILED=1)
@@ -192,7 +203,7 @@ class BaseOps:
                                   **({"RB": rb} if rb > 1 else {}), **({"CB": cb} if cb > 1 else {}))
         for kname in ("rope_forward", "rope_backward"):  # CPUs: 4 pairs a step (ROPE_VEC), the same bits
             k[kname] = dev.kernel("rope", kname, C=C, D=D, G=cfg.n_head // cfg.kv_heads, CKV=cfg.kv_heads * D,
-                                  **({"ROPE_VEC": 1} if self.launch.get("cpu_vec") and D % 8 == 0 else {}))
+                                  **({"ROPE_VEC": 1} if self.rope_vec else {}))
         for kname in ("swiglu_forward", "swiglu_backward"):  # mixture of experts: gate, up apart
             k[kname] = dev.kernel("swiglu", kname)
         # dense: h = gate | up per row (the backward is the dact product's epilogue 3)
@@ -205,7 +216,9 @@ class BaseOps:
             # one work-group per row (as LayerNorm's): one work-item a row left most of a GPU idle
             for kname in ("rmsnorm_forward_wg", "rmsnorm_backward_wg"):
                 k[kname] = dev.kernel("rmsnorm", kname, C=C, EPS=float(cfg.norm_eps), LW=self.rows)
+        if self.caps.swiglu_per_element:
             k["swiglu_rows_forward_el"] = dev.kernel("swiglu", "swiglu_rows_forward_el", F=cfg.n_ff)
+        if self.caps.rope_per_pair:
             for kname in ("rope_forward_el", "rope_backward_el"):  # one work-item a pair
                 k[kname] = dev.kernel("rope", kname, C=C, D=D, G=cfg.n_head // cfg.kv_heads, CKV=cfg.kv_heads * D)
         if E:
@@ -221,13 +234,14 @@ class BaseOps:
                       "moe_combine_backward", "moe_weight_backward", "moe_router_backward", "moe_scatter_backward"):
             k[kname] = dev.kernel("moe", kname, **moe)
         self.route_lw = 0
-        if self.rows:
+        if self.caps.moe_route_group:
             lw = min(256, dev.device.max_work_group_size)
             while lw > 1 and lw * moe["E"] > 4096:
                 lw //= 2
             if lw >= moe["E"]:
                 self.route_lw = lw
                 k["moe_route_packed_wg"] = dev.kernel("moe", "moe_route_packed_wg", **moe, LW=lw)
+        if self.caps.moe_weight_backward_groups:
             k["moe_weight_backward_wg"] = dev.kernel("moe", "moe_weight_backward_wg", **moe, LW=64)
 
     def _nv_verbose(self, opts: dict) -> tuple:
@@ -280,7 +294,7 @@ class BaseOps:
         """A one-work-item-per-row kernel over N work-items: CPUs one work-item a work-group (explicit vector loops,
         as kernels/cpu.cl's kernels are launched; so that a few, LayerNorm's dw, db at C / norm_cb, still spread
         over the cores), other devices the fixed 1-D local size."""
-        if self.launch.get("cpu_vec"):
+        if self.caps.row_groups_of_one:
             self.run(name, (N,), *args, lsize=(1,))
         else:
             self.runp(name, (N,), *args)

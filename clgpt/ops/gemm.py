@@ -281,7 +281,7 @@ class GemmOps:
             self._bias_final(self._colsums[1], N, self._colsums[2], db)
             return
         self._settle(dy)
-        if self.launch.get("cpu_bias"):
+        if self.caps.bias_v8:
             self.run("bias_backward_v8", (-(-N // 8),), i32(M), i32(N), dy, db, lsize=(1,))
             return
         if not self.rows:
@@ -307,7 +307,7 @@ class GemmOps:
             self.run("transpose_ld_v8", (ceil_to(-(-cols // 8), 4), -(-rows // 16)), i32(rows), i32(cols), x, out,
                      i32(ldo), lsize=(4, 1))
             return
-        if "transpose_v8" in self.k:  # 16 x 8 blocks
+        if self.caps.transpose_v8:  # 16 x 8 blocks
             self.run("transpose_v8", (ceil_to(-(-cols // 8), 4), -(-rows // 16)), i32(rows), i32(cols), x, out,
                      lsize=(4, 1))
             return

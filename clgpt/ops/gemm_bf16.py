@@ -27,7 +27,7 @@ class Bf16Ops:
         """Build the copy kernels; on NVIDIA, find how a local pointer becomes a shared-window address for
         cp.async / ldmatrix (its integer value, or cvta.to.shared of it): kernels/matmul_bf16.cl smem_probe.
         Neither works -> self.bf16 = None (bf16 runs on matmul_mma.cl)."""
-        if "nvidia" not in self.dev.device.vendor.lower():
+        if self.caps.mma_emulated:
             self._bf16_opts = dict(MMA_EMULATE=1)  # CLGPT_MMA_EMULATE (tests on PoCL)
         else:
             out = np.zeros(4, np.uint32)
@@ -38,15 +38,16 @@ class Bf16Ops:
                 self._bf16_opts = dict(SMEM_CVTA=0)
             elif out[2] == 0x5EED0003:
                 self._bf16_opts = dict(SMEM_CVTA=1)
-            else:
+            else:  # the record's bf16 backend cannot run here: tensor cores on fp32 operands
                 self.bf16 = self.wgmma = None
+                self.gemm, self.tiled_outputs, self.colsum_copies = "mma", False, False
                 return
         self.k["to_bf16"] = self.dev.kernel("matmul_bf16", "to_bf16", **self._bf16_opts)
         self.k["to_bf16_t"] = self.dev.kernel("matmul_bf16", "to_bf16_t", **self._bf16_opts)
         if self.wgmma is not None:
             self.k["to_bf16_tiled"] = self.dev.kernel("matmul_bf16", "to_bf16", TILED=1, **self._bf16_opts)
             self.k["to_bf16_t_tiled"] = self.dev.kernel("matmul_bf16", "to_bf16_t", TILED=1, **self._bf16_opts)
-            if self.rows and self.launch.get("colsum_rows") == 64:  # reuse copies: bias_partial's sums too
+            if self.colsum_copies:  # reuse copies: bias_partial's sums too
                 for name, extra in (("to_bf16_colsum", {}), ("to_bf16_colsum_gelu", dict(GELU_GRAD=1))):
                     self.k[name] = self.dev.kernel("matmul_bf16", "to_bf16", TILED=1, COLSUM=1, **extra,
                                                    **self._bf16_opts)
@@ -87,26 +88,22 @@ class Bf16Ops:
 
     def bf16_operands(self, mm, M, N, K, A, B, ta, tb):
         """-> (A16, akc, lda, B16, bkc, ldb, Kp): bf16 copies of op(A), op(B) in the layout the fp32 buffers
-        have (akc/bkc = 1: k-contiguous rows), padded to mm's tiles and Kp = K rounded up to 32. With
-        CLGPT_BF16_MN=0 both are transposed to k-contiguous rows instead."""
+        have (akc/bkc = 1: k-contiguous rows; the kernel reads m/n-contiguous ones with ldmatrix.trans), padded
+        to mm's tiles and Kp = K rounded up to 32."""
         Kp, Mp, Np = ceil_to(max(K, 1), 32), ceil_to(M, mm["BM"]), ceil_to(N, mm["BN"])
-        if self._bf16_mn:
-            A16 = self.to_bf16(0, A, K, M, Kp, Mp) if ta else self.to_bf16(0, A, M, K, Mp, Kp)
-            B16 = self.to_bf16(1, B, N, K, Np, Kp) if tb else self.to_bf16(1, B, K, N, Kp, Np)
-            return A16, not ta, (Mp if ta else Kp), B16, bool(tb), (Kp if tb else Np), Kp
-        A16 = self.to_bf16(0, A, M, K, Mp, Kp, trans=bool(ta))
-        B16 = self.to_bf16(1, B, N, K, Np, Kp, trans=not tb)
-        return A16, True, Kp, B16, True, Kp, Kp
+        A16 = self.to_bf16(0, A, K, M, Kp, Mp) if ta else self.to_bf16(0, A, M, K, Mp, Kp)
+        B16 = self.to_bf16(1, B, N, K, Np, Kp) if tb else self.to_bf16(1, B, K, N, Kp, Np)
+        return A16, not ta, (Mp if ta else Kp), B16, bool(tb), (Kp if tb else Np), Kp
 
     def _matmul_bf16(self, M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E, ldc=None):
         for X in (A, B):  # a deferred GELU' is read from the reuse copy only
             if X.int_ptr in self._gelu_pending and not (X.int_ptr == self._reusing and self._wgmma_mn
                                                         and self.on_wgmma(M, N, K, epi)):
                 self._settle(X)
-        if (epi == 2 and self._epi2 == "defer" and "to_bf16_colsum_gelu" in self.k and self._wgmma_mn
+        if (epi == 2 and self._epi2 == "defer" and self.colsum_copies and self._wgmma_mn
                 and self.on_wgmma(M, N, K)
                 and bias is None and resid is None and not accum):
-            if self._tiled_out and M % 64 == 0 and N % 64 == 0:
+            if M % 64 == 0 and N % 64 == 0:
                 # dh = dg * gelu'(E) written only as dh's tiled copy and its column sums, for dh's reuse block
                 copy, part = self._b16_slot(3, M * N * 2), self._grown("tparts", M // 64 * N)
                 self._matmul_wgmma(M, N, K, A, B, Cm, ta, tb, None, None, False, alpha, 2, E, tiled_out=(copy, part))
@@ -117,7 +114,7 @@ class Bf16Ops:
             self._gelu_pending[Cm.int_ptr] = _Deferred(Cm, E, M, N, False)
             return
         if self.on_wgmma(M, N, K, epi):
-            if (epi == 1 and self._tiled_out and self._wgmma_mn and E.int_ptr in self._stable and M % 64 == 0
+            if (epi == 1 and self.tiled_outputs and E.int_ptr in self._stable and M % 64 == 0
                     and N % 64 == 0):
                 # g = gelu(h) written only as g's kept tiled copy (the products read g through it alone)
                 self._matmul_wgmma(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E,

@@ -31,7 +31,7 @@ class MmaOps:
             extra = dict(SPLITK=1) if split else {}
             if batch:
                 extra.update(BATCH=1, CAUSAL=causal)
-            if "nvidia" not in self.dev.device.vendor.lower():
+            if self.caps.mma_emulated:
                 extra["MMA_EMULATE"] = 1  # CLGPT_MMA_EMULATE on a device without tensor cores (tests)
             build = self._nv_verbose(extra)
             kern = self._mm[key] = self.dev.kernel(

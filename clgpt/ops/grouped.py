@@ -127,7 +127,7 @@ class GroupedOps:
 
     def moe_weight_backward(self, N, dy, pos, ye, dwsel):
         """dwsel (N, K): the gradient of each pick's weight, dy . ye of its expert's row."""
-        if "moe_weight_backward_wg" in self.k:
+        if self.caps.moe_weight_backward_groups:
             self.run("moe_weight_backward_wg", (N * self.cfg.n_expert_used * 64,), i32(N), dy, pos, ye, dwsel,
                      lsize=(64,))
         else:

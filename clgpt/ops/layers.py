@@ -18,7 +18,7 @@ class LayerOps:
     # ---- cross-entropy ----
     def xent_forward(self, N, logits, targets, mask, losses, lse, dlogits):
         """losses (N), lse (N); on CPUs (xent_fused) also mask * (softmax - onehot) into dlogits."""
-        if self.launch.get("xent_fused"):
+        if self.caps.xent_fused:
             self.runp("xent_fused", (N,), i32(N), logits, targets, mask, losses, lse, dlogits)
             return
         if self.rows:
@@ -30,7 +30,7 @@ class LayerOps:
     def xent_backward(self, N, s, logits, targets, mask, lse, dlogits) -> float:
         """dlogits = s * mask * (softmax - onehot), or, after the fused forward, leaves dlogits unscaled;
         -> the factor the caller's matmuls on dlogits take as alpha (s, or 1)."""
-        if self.launch.get("xent_fused"):  # the forward left the unscaled gradient in dlogits
+        if self.caps.xent_fused:  # the forward left the unscaled gradient in dlogits
             return s
         V = self.cfg.vocab_size
         if (dlogits.int_ptr == self._reusing and self._wgmma_mn and self.on_wgmma(N, self.cfg.n_embd, V)
@@ -49,7 +49,7 @@ class LayerOps:
     # ---- embedding ----
     def embedding_forward(self, N, Tp, tokens, wte, wpe, out):
         """out (N,C) = wte[tokens] + wpe[n % T'] (llama passes a zero position table)."""
-        if "embedding_forward_rows" in self.k:
+        if self.caps.embedding_rows:
             self.runp("embedding_forward_rows", (N,), i32(N), i32(Tp), tokens, wte, wpe, out)
             return
         self.runp("embedding_forward", (self.cfg.n_embd, N), i32(N), i32(Tp), tokens, wte, wpe, out)
@@ -65,7 +65,7 @@ class LayerOps:
     def _rope_launch(self, name, slots, N, args):
         """GPUs: (slots * D/2, N) work-items, one per pair; else (slots, N), one per (head slot, row), in
         work-groups of about 64 (PoCL pays per group)."""
-        if name + "_el" in self.k:
+        if self.caps.rope_per_pair:
             pairs = slots * self.cfg.head_dim // 2
             self.run(name + "_el", (ceil_to(pairs, 64), N), *args, lsize=(64, 1))
             return
@@ -86,7 +86,7 @@ class LayerOps:
 
     def swiglu_rows_forward(self, N, h, out):
         """out (N,F) = silu(h[:, :F]) * h[:, F:], h (N,2F) = gate | up."""
-        if "swiglu_rows_forward_el" in self.k:  # GPUs: one work-item per output
+        if self.caps.swiglu_per_element:  # GPUs: one work-item per output
             F = self.cfg.n_ff
             self.run("swiglu_rows_forward_el", (ceil_to(F, 64), N), i32(N), h, out, lsize=(64, 1))
             return
@@ -115,7 +115,7 @@ class LayerOps:
     # ---- optimizer ----
     def grad_norm(self, n, chunk, n_parts, flat_g, partials, clip, norm_buf):
         """norm_buf[0] = ||flat_g||, norm_buf[1] = the clip factor (clip <= 0: 1)."""
-        if "grad_norm_partial_wg" in self.k:  # GPUs: n_parts work-groups
+        if self.caps.grad_norm_groups:  # GPUs: n_parts work-groups
             LW = self.rows
             self.run("grad_norm_partial_wg", (n_parts * LW,), i32(n), flat_g, partials, lsize=(LW,))
             self.run("grad_norm_final_wg", (LW,), i32(n_parts), f32(clip), partials, norm_buf, lsize=(LW,))
@@ -125,6 +125,6 @@ class LayerOps:
 
     def adamw(self, n, n_decay, p, g, m, v, norm_buf, lr, beta1, beta2, bc1, bc2, eps, weight_decay):
         lsize = (self.launch["local_1d"],)  # lr and the bias corrections change every step: no preset
-        name, per = ("adamw_v8", 8) if "adamw_v8" in self.k else ("adamw", 1)  # adamw_v8: 8 parameters a work-item
+        name, per = ("adamw_v8", 8) if self.caps.adamw_v8 else ("adamw", 1)  # adamw_v8: 8 parameters a work-item
         self.k[name](self.queue, (ceil_to(-(-n // per), lsize[0]),), lsize, i32(n), i32(n_decay), p, g, m, v,
                      norm_buf, f32(lr), f32(beta1), f32(beta2), f32(bc1), f32(bc2), f32(eps), f32(weight_decay))

@@ -13,7 +13,7 @@ class NormOps:
     """layernorm[_backward], rmsnorm[_backward] (mixed into clgpt.ops.Ops)."""
 
     def layernorm(self, N, x, w, b, out, mean, rstd):
-        if "layernorm_forward_rows" in self.k:  # GPUs, C % 128 == 0: a row a 32-work-item slice, RW a group
+        if self.ln_rows:  # GPUs, C % 128 == 0: a row a 32-work-item slice, RW a group
             rw = self.launch["ln_rw"]
             kname, copy = self._with_copy("layernorm_forward_rows", out, N, self.cfg.n_embd)
             self.run(kname, (32, ceil_to(N, rw)), i32(N), x, w, b, out, mean, rstd, *copy, lsize=(32, rw))
@@ -25,7 +25,7 @@ class NormOps:
 
     def layernorm_backward(self, N, dout, x, mean, rstd, w, dw, db, dx, accum):
         C = self.cfg.n_embd
-        if "layernorm_backward_rows" in self.k:  # dx and each work-group's dw, db part in one pass, then their sum
+        if self.ln_rows:  # dx and each work-group's dw, db part in one pass, then their sum
             rw = self.launch["ln_rw"]
             rpi = max(1, N // (rw * self.launch["ln_parts"]))  # rows a row-slot
             P = -(-N // (rw * rpi))
