@@ -91,16 +91,16 @@ _GPU_ROWS = dict(rows=128, attn_gemm=1, attn_gemm_min_t=128, split_k=1, colsum_r
 
 # The CPU row also names: xent_fused = 1, cross-entropy forward and gradient in one vectorised pass per row
 # (kernels/xent.cl; the backward folds scale / sum(mask) into the matmuls' alpha); cpu_bias = 1, the float8
-# column sums of kernels/cpu.cl for the bias gradients; ta_direct: matmul_rb reads op(A) = A.T in place (TA=1)
+# column sums of kernels/bias.cl for the bias gradients; ta_direct: matmul_rb reads op(A) = A.T in place (TA=1)
 # when M*K is at most this many floats, else through a transposed copy (wide strided A: 2-2.5x slower).
-# cpu_attn = 1: attention forward and query backward from kernels/cpu.cl (q.k, dout.v 4 keys at a time); with
+# cpu_attn = 1: attention forward and query backward as attention.cl's CPU forms (q.k, dout.v 4 keys at a time); with
 # head_dim % 16 == 0 also att @ v, datt @ k (attention_rows_rb) and the key side (attention_backward_key_rb) as
 # register-blocked products, 6 rows x 16 columns a work-item (a row of q.k sums a work-item starves the FMA ports).
 # cpu_vec = 1: AdamW 8 parameters a work-item as float8 (adamw_v8, kernels/adamw.cl: same results bit for bit;
 # PoCL does not vectorise the one-parameter kernel) and transposes as 16x8 blocks through register shuffles
-# (transpose_v8, kernels/cpu.cl) and the grad norm's chunk sums as float8 chains (grad_norm_partial_v8).
+# (transpose_v8, kernels/transpose.cl) and the grad norm's chunk sums as float8 chains (grad_norm_partial_v8).
 # ld_pad = 16: matmul_rb's op(B) rows a multiple of 64 floats apart get 16 floats of padding (a transposed B
-# written so by transpose_ld_v8, a plain one of >= ld_pad_copy floats copied by copy_ld_v8; kernels/cpu.cl):
+# written so by transpose_ld_v8, a plain one of >= ld_pad_copy floats copied by copy_ld_v8; kernels/transpose.cl):
 # such strides map a column strip onto a few cache sets.
 # preset = 1 here too: on 2 cores the host's Python per launch competes with PoCL's workers. norm_rb / norm_cb: LayerNorm's and RMSNorm's one-work-item kernels take 8 rows (dw, db: 16
 # channels) a work-item, one work-item a work-group. 8 rows are one float8 of in-order sums, 8x8 blocks turned in

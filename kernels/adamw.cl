@@ -120,3 +120,24 @@ void grad_norm_final_wg(const int n_parts, const float clip, __global const floa
     }
 }
 #endif
+
+// CPUs (PoCL): grad_norm_partial (chunks, not STRIDED; same launch and arguments): partials[i] = sum of g[j]^2
+// over chunk i, as four float8 chains (32 floats a step), the 32 lanes summed in a fixed order at the end,
+// then the scalar tail. Deterministic; another order of summation than grad_norm_partial's.
+__kernel void grad_norm_partial_v8(const int n, const int chunk, __global const float* g, __global float* partials)
+{
+    const int i = get_global_id(0);
+    const int lo = i * chunk, hi = min(n, lo + chunk);
+    float8 s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+    int j = lo;
+    for (; j + 32 <= hi; j += 32) {
+        const float8 a = VLD8(g + j), b = VLD8(g + j + 8), c = VLD8(g + j + 16), d = VLD8(g + j + 24);
+        s0 += a * a; s1 += b * b; s2 += c * c; s3 += d * d;
+    }
+    const float8 sv = (s0 + s1) + (s2 + s3);
+    const float4 h4 = sv.lo + sv.hi;
+    const float2 h2 = h4.lo + h4.hi;
+    float s = h2.x + h2.y;
+    for (; j < hi; j++) s += g[j] * g[j];
+    partials[i] = s;
+}

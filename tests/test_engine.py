@@ -403,7 +403,7 @@ def test_probe_runs_a_real_kernel_on_the_chosen_device():
 
 
 def test_engine_head_dim_16_vs_reference():
-    """Heads of 16 (D % 16 == 0): on CPUs the register-blocked attention products of kernels/cpu.cl run;
+    """Heads of 16 (D % 16 == 0): on CPUs the register-blocked attention products of kernels/attention.cl run;
     loss and grads against the float64 reference, and bit-identical repeats."""
     cfg = ModelConfig(vocab_size=23, n_ctx=13, n_embd=32, n_head=2, n_layer=2, n_ff=40, tied=False)
     p = noisy_params(cfg)

@@ -233,14 +233,14 @@ def test_attention_batched_matmuls(dev, B, T, C, H):
 def test_transpose(dev, K, N):
     x = rng.normal(size=(K, N)).astype(f32)
     out = empty(dev, N * K)
-    dev.kernel("matmul", "transpose")(dev.queue, (-(-N // 8), -(-K // 8)), None, i32(K), i32(N), to_dev(dev, x), out)
+    dev.kernel("transpose", "transpose")(dev.queue, (-(-N // 8), -(-K // 8)), None, i32(K), i32(N), to_dev(dev, x), out)
     assert np.array_equal(from_dev(dev, out, (N, K)), x.T)
 
 
 def test_bias_backward(dev):
     M, N = 37, 29
     dy, db0 = rng.normal(size=(M, N)).astype(f32), rng.normal(size=N).astype(f32)
-    check_op(dev, "matmul", "bias_backward", (N,), [("M", i32(M)), ("N", i32(N)), ("dy", dy), ("db", db0)],
+    check_op(dev, "bias", "bias_backward", (N,), [("M", i32(M)), ("N", i32(N)), ("dy", dy), ("db", db0)],
              {"db": db0 + dy.astype(np.float64).sum(0)}, scaled=False)
 
 
@@ -249,7 +249,7 @@ def test_bias_final(dev, R, N):
     """bias_final (GPUs): db += the sums of R rows of parts, 16 slices of rows a column then the slices in order,
     against float64; N off multiples of the 16-column work-group and R off multiples of the 16 slices."""
     part, db0 = rng.normal(size=(R, N)).astype(f32), rng.normal(size=N).astype(f32)
-    check_op(dev, "matmul", "bias_final", (-(-N // 16) * 16, 16), [("R", i32(R)), ("N", i32(N)), ("part", part),
+    check_op(dev, "bias", "bias_final", (-(-N // 16) * 16, 16), [("R", i32(R)), ("N", i32(N)), ("part", part),
              ("db", db0)], {"db": db0 + part.astype(np.float64).sum(0)}, lsize=(16, 16), scaled=False)
 
 
@@ -585,7 +585,7 @@ def test_ref_adamw_matches_formula():
     assert abs(float(pn) - want) < 1e-12 and abs(float(mn) - m2) < 1e-15 and abs(float(vn) - v2) < 1e-15
 
 
-# ---------------- CPU forms (kernels/xent.cl xent_fused, kernels/cpu.cl) ----------------
+# ---------------- CPU forms (xent_fused, the float8 transposes, bias sums, attention forms) ----------------
 @pytest.mark.parametrize("N,V", [(13, 37), (9, 512), (5, 4099)])
 def test_xent_fused(dev, N, V):
     """Loss as xent_forward; dlogits = mask * (softmax - onehot), unscaled (the engine's matmuls scale it)."""
@@ -614,17 +614,17 @@ def test_bias_backward_v8(dev, M, N):
     db0 = rng.normal(size=N).astype(f32)
     buf, old = to_dev(dev, db0), to_dev(dev, db0)
     dyb = to_dev(dev, dy)
-    dev.kernel("cpu", "bias_backward_v8")(dev.queue, (-(-N // 8),), (1,), i32(M), i32(N), dyb, buf)
+    dev.kernel("bias", "bias_backward_v8")(dev.queue, (-(-N // 8),), (1,), i32(M), i32(N), dyb, buf)
     got = from_dev(dev, buf, N)
     # float32 sums of M terms in order: the error grows with M (the order itself is checked just below)
     assert_close(got, db0 + dy.astype(np.float64).sum(0), 1e-6 * M, 1e-5, "bias_backward_v8")
-    dev.kernel("matmul", "bias_backward")(dev.queue, (N,), None, i32(M), i32(N), dyb, old)
+    dev.kernel("bias", "bias_backward")(dev.queue, (N,), None, i32(M), i32(N), dyb, old)
     assert np.array_equal(got, from_dev(dev, old, N)), "bias_backward_v8 sums in another order than bias_backward"
 
 
 @pytest.mark.parametrize("B,T,C,H", [(2, 7, 12, 3), (1, 1, 8, 1), (3, 9, 16, 2), (2, 13, 48, 3), (1, 21, 64, 2)])
 def test_attention_u4(dev, B, T, C, H):
-    """kernels/cpu.cl's 4-keys-at-a-time attention: the float64 reference's values; given the same att, its
+    """kernels/attention.cl's 4-keys-at-a-time CPU attention: the float64 reference's values; given the same att, its
     query backward gives attention.cl's (VEC=1) datt and dq bit for bit (backward_key reads that datt)."""
     D = C // H
     qkv = rng.normal(size=(B, T, 3 * C)).astype(f32)
@@ -634,8 +634,8 @@ def test_attention_u4(dev, B, T, C, H):
     kw = dict(C=C, H=H, D=D, SCALE=1.0 / math.sqrt(D))
     qb, dob = to_dev(dev, qkv), to_dev(dev, dout)
     res = {}
-    for form, (fw, bq) in {"u4": ("cpu", "_u4"), "vec": ("attention", "")}.items():
-        kf = dict(kw, VEC=1) if fw == "attention" else kw
+    for form, (fw, bq) in {"u4": ("attention", "_u4"), "vec": ("attention", "")}.items():
+        kf = dict(kw, VEC=1)
         ob, ab = empty(dev, B * T * C), empty(dev, B * H * T * T)
         datt, dq = empty(dev, B * H * T * T), empty(dev, B * T * 3 * C)
         dev.kernel(fw, "attention_forward" + bq, **kf)(dev.queue, (T, B * H), None, i32(B), i32(T), qb, ob, ab)
@@ -658,10 +658,10 @@ def test_attention_u4(dev, B, T, C, H):
 
 @pytest.mark.parametrize("K,N", [(37, 53), (16, 8), (5, 3), (130, 70), (64, 256)])
 def test_transpose_v8(dev, K, N):
-    """kernels/cpu.cl's register-shuffle transpose: exactly x.T, full 16x8 blocks and ragged edges alike."""
+    """kernels/transpose.cl's register-shuffle transpose: exactly x.T, full 16x8 blocks and ragged edges alike."""
     x = rng.normal(size=(K, N)).astype(f32)
     out = empty(dev, K * N)
-    dev.kernel("cpu", "transpose_v8")(dev.queue, (-(-(-(-N // 8)) // 4) * 4, -(-K // 16)), (4, 1), i32(K), i32(N),
+    dev.kernel("transpose", "transpose_v8")(dev.queue, (-(-(-(-N // 8)) // 4) * 4, -(-K // 16)), (4, 1), i32(K), i32(N),
                                       to_dev(dev, x), out)
     assert np.array_equal(from_dev(dev, out, (N, K)), x.T)
 
@@ -673,7 +673,7 @@ def test_transpose_ld_v8(dev, K, N, pad):
     ldo = K + pad
     init = np.full((N, ldo), -7.0, f32)
     out = to_dev(dev, init)
-    dev.kernel("cpu", "transpose_ld_v8")(dev.queue, (-(-(-(-N // 8)) // 4) * 4, -(-K // 16)), (4, 1), i32(K),
+    dev.kernel("transpose", "transpose_ld_v8")(dev.queue, (-(-(-(-N // 8)) // 4) * 4, -(-K // 16)), (4, 1), i32(K),
                                          i32(N), to_dev(dev, x), out, i32(ldo))
     got = from_dev(dev, out, (N, ldo))
     assert np.array_equal(got[:, :K], x.T)
@@ -686,7 +686,7 @@ def test_copy_ld_v8(dev, K, N, pad):
     x = rng.normal(size=(K, N)).astype(f32)
     ldo = N + pad
     out = to_dev(dev, np.full((K, ldo), -7.0, f32))
-    dev.kernel("cpu", "copy_ld_v8")(dev.queue, (-(-N // 64), K), (1, 1), i32(K), i32(N), to_dev(dev, x), out,
+    dev.kernel("transpose", "copy_ld_v8")(dev.queue, (-(-N // 64), K), (1, 1), i32(K), i32(N), to_dev(dev, x), out,
                                     i32(ldo))
     got = from_dev(dev, out, (K, ldo))
     assert np.array_equal(got[:, :N], x)
@@ -749,7 +749,7 @@ def test_adamw_v8(dev, clip, n, n_decay):
 
 @pytest.mark.parametrize("B,T,C,H", [(2, 37, 64, 2), (1, 5, 32, 2), (2, 13, 48, 3), (1, 1, 16, 1)])
 def test_attention_rb(dev, B, T, C, H):
-    """kernels/cpu.cl's register-blocked attention products (D % 16 == 0): the u4 kernels with ROWS_RB=1
+    """kernels/attention.cl's register-blocked CPU attention products (D % 16 == 0): the u4 kernels with ROWS_RB=1
     plus attention_rows_rb (att @ v, datt @ k) and attention_backward_key_rb give the float64 reference's
     values, and att, datt, out and dqkv bit for bit as the u4 kernels with attention.cl's key backward."""
     D = C // H
@@ -757,24 +757,24 @@ def test_attention_rb(dev, B, T, C, H):
     dout = rng.normal(size=(B, T, C)).astype(f32)
     want, att = ref.attention_forward(qkv, H)
     dqkv_want = ref.attention_backward(dout, qkv, att, H)
-    kw = dict(C=C, H=H, D=D, SCALE=1.0 / math.sqrt(D))
+    kw = dict(C=C, H=H, D=D, SCALE=1.0 / math.sqrt(D), VEC=1)
     qb, dob = to_dev(dev, qkv), to_dev(dev, dout)
     q, res = dev.queue, {}
     for rb in (0, 1):
         ob, ab = empty(dev, B * T * C), empty(dev, B * H * T * T)
         datt, dq = empty(dev, B * H * T * T), empty(dev, B * T * 3 * C)
         kf = dict(kw, ROWS_RB=rb)
-        dev.kernel("cpu", "attention_forward_u4", **kf)(q, (T, B * H), None, i32(B), i32(T), qb, ob, ab)
+        dev.kernel("attention", "attention_forward_u4", **kf)(q, (T, B * H), None, i32(B), i32(T), qb, ob, ab)
         g_rows = (-(-T // 6), B * H * (D // 16))
-        rows = dev.kernel("cpu", "attention_rows_rb", **kw)
+        rows = dev.kernel("attention", "attention_rows_rb", **kw)
         if rb:
             rows(q, g_rows, None, i32(B), i32(T), ab, qb, i32(2 * C), i32(3 * C), ob, i32(0), i32(C), f32(1.0))
-        dev.kernel("cpu", "attention_backward_query_u4", **kf)(q, (T, B * H), None, i32(B), i32(T), dob, qb, ab,
+        dev.kernel("attention", "attention_backward_query_u4", **kf)(q, (T, B * H), None, i32(B), i32(T), dob, qb, ab,
                                                                 datt, dq)
         if rb:
             rows(q, g_rows, None, i32(B), i32(T), datt, qb, i32(C), i32(3 * C), dq, i32(0), i32(3 * C),
                  f32(1.0 / math.sqrt(D)))
-            dev.kernel("cpu", "attention_backward_key_rb", **kw)(q, (-(-T // 6), B * H * (D // 8)), None, i32(B),
+            dev.kernel("attention", "attention_backward_key_rb", **kw)(q, (-(-T // 6), B * H * (D // 8)), None, i32(B),
                                                                   i32(T), dob, qb, ab, datt, dq)
         else:
             dev.kernel("attention", "attention_backward_key", **dict(kw, VEC=1))(q, (T, B * H), None, i32(B),
@@ -791,11 +791,11 @@ def test_attention_rb(dev, B, T, C, H):
 
 @pytest.mark.parametrize("n,parts", [(1000, 7), (4096, 4), (77, 77), (5, 8)])
 def test_grad_norm_partial_v8(dev, n, parts):
-    """kernels/cpu.cl's float8 chunk sums of squares: the float64 sums over each chunk."""
+    """kernels/adamw.cl's float8 chunk sums of squares: the float64 sums over each chunk."""
     g = rng.normal(size=n).astype(f32)
     chunk = -(-n // parts)
     out = empty(dev, parts)
-    dev.kernel("cpu", "grad_norm_partial_v8")(dev.queue, (parts,), None, i32(n), i32(chunk), to_dev(dev, g), out)
+    dev.kernel("adamw", "grad_norm_partial_v8")(dev.queue, (parts,), None, i32(n), i32(chunk), to_dev(dev, g), out)
     g64 = g.astype(np.float64)
     want = np.array([(g64[i * chunk: min(n, (i + 1) * chunk)] ** 2).sum() for i in range(parts)])
     assert_close(from_dev(dev, out, parts), want, 1e-5, 1e-5, "grad_norm_partial_v8")

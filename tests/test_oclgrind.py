@@ -24,7 +24,7 @@ REPORTS = ("Invalid read", "Invalid write", "Data race", "divergence", "Uninitia
 
 
 COMMON = {"adamw", "dropout", "embedding", "moe", "rmsnorm", "rope", "swiglu", "xent", "layernorm", "kvcache", "gemv"}
-FAMILIES = {"cpu": COMMON | {"cpu", "matmul", "attention"}, "gpu": COMMON | {"matmul", "attention"},
+FAMILIES = {"cpu": COMMON | {"bias", "transpose", "matmul", "attention"}, "gpu": COMMON | {"bias", "transpose", "matmul", "attention"},
             "nvidia": COMMON | {"matmul_bf16", "matmul_mma", "flash"}}
 
 

@@ -1,8 +1,8 @@
 """Causal attention over qkv (N, 3C): one launch per pass (CPUs, short sequences), batched matmuls with softmax
 row kernels (GPUs, dropout), or flash attention's fused kernels (bf16).
 
-Launches kernels/attention.cl, kernels/cpu.cl (attention_*_u4, attention_rows_rb, attention_backward_key_rb) and
-kernels/flash.cl; the batched form's products go through bmm (kernels/matmul.cl, matmul_mma.cl).
+Launches kernels/attention.cl (its CPU forms too: attention_*_u4, attention_rows_rb, attention_backward_key_rb)
+and kernels/flash.cl; the batched form's products go through bmm (kernels/matmul.cl, matmul_mma.cl).
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ class AttentionOps:
                  mm=mm)
 
     def _rows_rb(self, Bp, Tp, A, Bm, boff, ldb, O, ooff, ldo, sc):
-        """CPUs: O[b, t, head h] = sc * sum_{t2 <= t} A[b, h, t, t2] Bm[b, t2, head h] (kernels/cpu.cl)."""
+        """CPUs: O[b, t, head h] = sc * sum_{t2 <= t} A[b, h, t, t2] Bm[b, t2, head h] (kernels/attention.cl)."""
         D = self.cfg.head_dim
         self.run("attention_rows_rb", (-(-Tp // 6), Bp * self.cfg.n_head * (D // 16)), i32(Bp), i32(Tp), A, Bm,
                  i32(boff), i32(ldb), O, i32(ooff), i32(ldo), f32(sc), lsize=(1, D // 16))

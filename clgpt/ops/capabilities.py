@@ -7,8 +7,8 @@ taken on any device, emulated tensor cores, GEMM tiles turned off).
 
 The forms it picks among: kernels/layernorm.cl and rmsnorm.cl (a work-item, a work-group or a 32-wide slice a
 row), kernels/rope.cl and swiglu.cl (a work-item a pair or an output on GPUs), kernels/adamw.cl (float8 AdamW,
-work-group norm sums), kernels/cpu.cl (float8 transposes and column sums, the u4 and register-blocked attention
-kernels), kernels/attention.cl (batched attention with row kernels), kernels/moe.cl (a work-group a row) and the
+work-group norm sums), kernels/transpose.cl and bias.cl (float8 transposes and column sums),
+kernels/attention.cl (the u4 and register-blocked CPU forms, batched attention with row kernels), kernels/moe.cl (a work-group a row) and the
 GEMMs of kernels/matmul.cl, matmul_mma.cl, matmul_bf16.cl and matmul_wgmma.cl.
 """
 

@@ -1,7 +1,7 @@
 """The Ops base: what one device and one model's widths decide once, the kernels an architecture builds, and
 the launch helpers every other clgpt/ops module launches through.
 
-Builds, and launches none itself: kernels/embedding.cl, attention.cl, cpu.cl, xent.cl, matmul.cl, adamw.cl and
+Builds, and launches none itself: kernels/embedding.cl, attention.cl, xent.cl, bias.cl, transpose.cl, matmul.cl, adamw.cl and
 dropout.cl for every architecture (_build_common), layernorm.cl for GPT-2 (build_gpt2), rmsnorm.cl, rope.cl,
 swiglu.cl and moe.cl for Llama (build_llama). The path a device takes comes from its clgpt.tuning row,
 clgpt.precision's matrix path and clgpt.knobs, read once into clgpt/ops/capabilities.py's record: the portable GEMM (self.mm), tensor cores (self.mma), the bf16
@@ -127,46 +127,46 @@ class BaseOps:
         k["embedding_backward_wte"] = dev.kernel("embedding", "embedding_backward_wte", C=C)
         for kname in ("attention_forward", "attention_backward_query", "attention_backward_key"):
             k[kname] = dev.kernel("attention", kname, C=C, H=H, D=D, SCALE=scale, VEC=launch["vec"])
-        if caps.attention_u4:  # CPUs: same kernels, dot products 4 keys at a time (kernels/cpu.cl)
+        if caps.attention_u4:  # CPUs: same kernels, dot products 4 keys at a time (kernels/attention.cl)
             for kname in ("attention_forward", "attention_backward_query"):
-                k[kname] = dev.kernel("cpu", kname + "_u4", C=C, H=H, D=D, SCALE=scale)
+                k[kname] = dev.kernel("attention", kname + "_u4", C=C, H=H, D=D, SCALE=scale, VEC=1)
             if self.attn_rb:  # the products with att / datt as register-blocked ones (6 rows x 16 columns a
                 # work-item): key side, and att @ v, datt @ k after the u4 kernels (ROWS_RB=1: softmax only)
-                kw = dict(C=C, H=H, D=D, SCALE=scale)
-                k["attention_backward_key_rb"] = dev.kernel("cpu", "attention_backward_key_rb", **kw)
-                k["attention_rows_rb"] = dev.kernel("cpu", "attention_rows_rb", **kw)
+                kw = dict(C=C, H=H, D=D, SCALE=scale, VEC=1)
+                k["attention_backward_key_rb"] = dev.kernel("attention", "attention_backward_key_rb", **kw)
+                k["attention_rows_rb"] = dev.kernel("attention", "attention_rows_rb", **kw)
                 for kname in ("attention_forward", "attention_backward_query"):
-                    k[kname] = dev.kernel("cpu", kname + "_u4", ROWS_RB=1, **kw)
+                    k[kname] = dev.kernel("attention", kname + "_u4", ROWS_RB=1, **kw)
         for kname in ("xent_forward", "xent_backward"):
             k[kname] = dev.kernel("xent", kname, V=cfg.vocab_size)
         if caps.xent_fused:  # CPUs: loss and unscaled gradient in one vectorised pass per row
             k["xent_fused"] = dev.kernel("xent", "xent_fused", V=cfg.vocab_size)
-        if caps.bias_v8:  # CPUs: float8 column sums (kernels/cpu.cl)
-            k["bias_backward_v8"] = dev.kernel("cpu", "bias_backward_v8")
+        if caps.bias_v8:  # CPUs: float8 column sums (kernels/bias.cl)
+            k["bias_backward_v8"] = dev.kernel("bias", "bias_backward_v8")
         if self.rows:
             LW = self.rows
             k["xent_forward_wg"] = dev.kernel("xent", "xent_forward_wg", V=cfg.vocab_size, LW=LW)
             for kname in ("attention_softmax", "attention_dsoftmax"):
                 k[kname] = dev.kernel("attention", kname, C=C, H=H, D=D, SCALE=scale, VEC=0, LW=LW)
-            k["bias_partial"] = dev.kernel("matmul", "bias_partial")
-            k["bias_final"] = dev.kernel("matmul", "bias_final")
+            k["bias_partial"] = dev.kernel("bias", "bias_partial")
+            k["bias_final"] = dev.kernel("bias", "bias_final")
         k["splitk_reduce"] = dev.kernel("matmul", "splitk_reduce")
         for kname in ("grad_norm_partial", "grad_norm_final", "adamw"):
             k[kname] = dev.kernel("adamw", kname, STRIDED=int(launch["norm_parts"] > 256))
         if caps.grad_norm_groups:  # GPUs: the norm's sums as work-groups
             for kname in ("grad_norm_partial_wg", "grad_norm_final_wg"):
                 k[kname] = dev.kernel("adamw", kname, LW=self.rows)
-        k["bias_backward"] = dev.kernel("matmul", "bias_backward")
-        k["transpose"] = dev.kernel("matmul", "transpose")
+        k["bias_backward"] = dev.kernel("bias", "bias_backward")
+        k["transpose"] = dev.kernel("transpose", "transpose")
         if caps.adamw_v8:  # CPUs: float8 AdamW (kernels/adamw.cl)
             k["adamw_v8"] = dev.kernel("adamw", "adamw_v8", STRIDED=int(launch["norm_parts"] > 256))
-        if caps.transpose_v8:  # register transposes (kernels/cpu.cl)
-            k["transpose_v8"] = dev.kernel("cpu", "transpose_v8")
+        if caps.transpose_v8:  # register transposes (kernels/transpose.cl)
+            k["transpose_v8"] = dev.kernel("transpose", "transpose_v8")
         if caps.pad_ld:
-            k["transpose_ld_v8"] = dev.kernel("cpu", "transpose_ld_v8")
-            k["copy_ld_v8"] = dev.kernel("cpu", "copy_ld_v8")
+            k["transpose_ld_v8"] = dev.kernel("transpose", "transpose_ld_v8")
+            k["copy_ld_v8"] = dev.kernel("transpose", "copy_ld_v8")
         if caps.grad_norm_v8:  # chunked partial sums (not STRIDED): float8 chains
-            k["grad_norm_partial"] = dev.kernel("cpu", "grad_norm_partial_v8")
+            k["grad_norm_partial"] = dev.kernel("adamw", "grad_norm_partial_v8", STRIDED=int(launch["norm_parts"] > 256))
         for kname in ("dropout_forward", "dropout_residual", "dropout_backward"):
             k[kname] = dev.kernel("dropout", kname)
 
@@ -292,7 +292,7 @@ class BaseOps:
 
     def _rows(self, name, N, args):
         """A one-work-item-per-row kernel over N work-items: CPUs one work-item a work-group (explicit vector loops,
-        as kernels/cpu.cl's kernels are launched; so that a few, LayerNorm's dw, db at C / norm_cb, still spread
+        as the CPU forms' float8 kernels are launched; so that a few, LayerNorm's dw, db at C / norm_cb, still spread
         over the cores), other devices the fixed 1-D local size."""
         if self.caps.row_groups_of_one:
             self.run(name, (N,), *args, lsize=(1,))

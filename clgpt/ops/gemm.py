@@ -3,8 +3,8 @@
 bias gradients and the CPU form's operand transposes.
 
 Launches kernels/matmul.cl (matmul: local-memory tiles, split-K with splitk_reduce; matmul_rb: register-blocked,
-CPUs; bias_backward, bias_partial, bias_final, transpose), kernels/cpu.cl (bias_backward_v8, transpose_v8,
-transpose_ld_v8, copy_ld_v8) and, for bmm with tensor cores, kernels/matmul_mma.cl.
+CPUs), kernels/bias.cl (bias_backward, bias_partial, bias_final, bias_backward_v8), kernels/transpose.cl
+(transpose, transpose_v8, transpose_ld_v8, copy_ld_v8) and, for bmm with tensor cores, kernels/matmul_mma.cl.
 """
 
 from __future__ import annotations
