@@ -18,7 +18,7 @@ from clgpt import sm90a
 from clgpt.errors import ClgptError
 from clgpt.icd import register_pip_runtimes, separate_pocl_cache
 from clgpt.paths import data_path
-from clgpt.stage import env_rank
+from clgpt.ranks import env_rank
 
 KERNEL_DIR = data_path("kernels")  # beside the package in a checkout, inside it in a wheel
 

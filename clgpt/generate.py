@@ -92,8 +92,8 @@ class Generator:
     """Next-token logits and sampling from the OpenCL engine for one sequence at a time."""
 
     def __init__(self, cfg: ModelConfig, params: dict[str, np.ndarray], device=None):
-        from clgpt.engine import make_engine  # import here: reading a GGUF must not need OpenCL
         from clgpt.kvcache import KVCache
+        from clgpt.models.factory import make_engine  # import here: reading a GGUF must not need OpenCL
 
         self.cfg = cfg
         self.engine = make_engine(cfg, params, batch_size=1, seq_len=cfg.n_ctx, device=device)

@@ -1,5 +1,5 @@
 """Flash attention (kernels/flash.cl): the fused causal attention the bf16 path runs on NVIDIA tensor cores, here
-with its mma and quad shuffles emulated (MMA_EMULATE=1, PoCL), against the float64 reference (clgpt/reference.py)
+with its mma and quad shuffles emulated (MMA_EMULATE=1, PoCL), against the float64 reference (clgpt/models/reference.py)
 and finite differences, with and without dropout; and in the engine, against the batched form it replaces.
 
 Tolerance (bf16 operands: q, k, v, dout, the probabilities and their gradient rounded to 8 significant bits;
@@ -15,13 +15,13 @@ import numpy as np
 import pyopencl as cl
 import pytest
 
-from clgpt import reference as ref
 from clgpt.bench import device_bytes
 from clgpt.device import get_device
-from clgpt.dropout import scale_mask
-from clgpt.engine import Engine
 from clgpt.errors import ClgptError
 from clgpt.model import ModelConfig, init_params
+from clgpt.models import reference as ref
+from clgpt.models.dropout import scale_mask
+from clgpt.models.gpt2 import GPT2Engine
 from clgpt.ops import FLASH_LONG_T, FLASH_MIN_GROUPS
 from opcheck import bf16_pattern, tiled_index
 
@@ -116,7 +116,7 @@ def _engine(monkeypatch, flash, arch="gpt2", heads=H, batch=B, seq=T):
     monkeypatch.setenv("CLGPT_BF16", BF16_TILES["4warps"])
     monkeypatch.setenv("CLGPT_BF16_SMALL", BF16_TILES["1warp"])
     cfg = ModelConfig(vocab_size=32, n_ctx=seq, n_embd=C, n_head=heads, n_layer=2, n_ff=64, arch=arch)
-    return Engine(cfg, init_params(cfg, 0), batch_size=batch, seq_len=seq, precision="bf16", dropout=0.2)
+    return GPT2Engine(cfg, init_params(cfg, 0), batch_size=batch, seq_len=seq, precision="bf16", dropout=0.2)
 
 
 def test_engine_flash_matches_the_batched_form_with_dropout(dev, monkeypatch):
@@ -150,7 +150,7 @@ def test_flash_needs_the_bf16_path_and_a_head_width_of_16_to_64(dev, monkeypatch
     monkeypatch.delenv("CLGPT_MMA_EMULATE", raising=False)
     monkeypatch.setenv("CLGPT_LAUNCH", "cpu")
     cfg = ModelConfig(vocab_size=32, n_ctx=16, n_embd=C, n_head=H, n_layer=1, n_ff=64)
-    assert not Engine(cfg, init_params(cfg, 0), batch_size=1, seq_len=16, precision="bf16").ops.flash
+    assert not GPT2Engine(cfg, init_params(cfg, 0), batch_size=1, seq_len=16, precision="bf16").ops.flash
     assert _engine(monkeypatch, True).ops.flash and not _engine(monkeypatch, False).ops.flash
     eng = _engine(monkeypatch, True, heads=4)  # head width 8
     assert eng.ops.bf16 is not None and not eng.ops.flash
@@ -162,7 +162,7 @@ def test_flash_needs_the_bf16_path_and_a_head_width_of_16_to_64(dev, monkeypatch
         assert _engine(monkeypatch, "auto", batch=batch, seq=seq).ops.flash is want, (batch, seq)
     monkeypatch.setenv("CLGPT_FLASH", "maybe")
     with pytest.raises(ClgptError, match="CLGPT_FLASH='maybe': use auto, on or off"):
-        Engine(cfg, init_params(cfg, 0), batch_size=1, seq_len=16, precision="bf16")
+        GPT2Engine(cfg, init_params(cfg, 0), batch_size=1, seq_len=16, precision="bf16")
 
 
 def test_flash_forward_writes_its_tiled_copy(dev):
