@@ -102,8 +102,8 @@ def main(argv=None) -> int:
 
     from clgpt.bench import profile
     from clgpt.device import get_device
-    from clgpt.engine import make_engine
     from clgpt.model import ModelConfig, init_params
+    from clgpt.models.factory import make_engine
 
     what = set(args.what.split(","))
     V, T, C, F, H, L, B = SHAPES[args.shape]

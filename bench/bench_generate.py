@@ -34,7 +34,7 @@ def main(argv=None) -> int:
     import numpy as np
 
     from clgpt.generate import Generator, eog_ids
-    from clgpt.gguf_io import read_gguf
+    from clgpt.io.gguf import read_gguf
 
     cfg, params, tok, kv = read_gguf(a.model)
     eog = sorted(eog_ids(kv))

@@ -1,11 +1,11 @@
-"""Data-parallel scaling over MPI (clgpt.dist): tokens/s of one rank against N ranks, where each goes.
+"""Data-parallel scaling over MPI (clgpt.training.dist): tokens/s of one rank against N ranks, where each goes.
 
     mpiexec -n 2 python bench/bench_mpi.py --shape S6 --shape L [--accum 1 --accum 4] [--curve 40]
 
 Per shape (S6: 6 layers, 384 channels, batch 64, context 256, vocab 8192; L: 12 layers, 768 channels,
 batch 16, context 512, vocab 8192; or --custom "V,T,C,F,H,L,B"):
 - weak scaling: rank 0 alone trains with its batch B (one device), then all N ranks train with B each
-  (global batch N*B), both through clgpt.train.accumulate_grads + Engine.step, the code the stages run;
+  (global batch N*B), both through clgpt.training.train.accumulate_grads + Engine.step, the code the stages run;
   N ranks twice: the all-reduce after the backward pass, and (the default) during it, layer by layer;
   tokens/s of each and the speedup N-rank / 1-rank, for every --accum (micro-batches per optimizer step:
   the all-reduce runs once per step, so accumulation shrinks its share);
@@ -29,10 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 
-from clgpt.dist import BUCKET, Dist  # noqa: E402
-from clgpt.engine_llama import make_engine  # noqa: E402
 from clgpt.model import ModelConfig, init_params, num_params  # noqa: E402
-from clgpt.train import ADAM_EPS, PretrainBatches, accumulate_grads, lr_at  # noqa: E402
+from clgpt.models.factory import make_engine  # noqa: E402
+from clgpt.training.dist import BUCKET, Dist  # noqa: E402
+from clgpt.training.train import ADAM_EPS, PretrainBatches, accumulate_grads, lr_at  # noqa: E402
 
 SHAPES = {  # V, T, C, F, H, L, B (per rank)
     "S6": (8192, 256, 384, 1536, 6, 6, 64),
@@ -57,7 +57,7 @@ class RandomBatches:
 
 def timed_steps(eng, batches, accum, dist, steps, warmup, overlap=True, via="mpi"):
     """Seconds per optimizer step (accumulate_grads + AdamW), after `warmup` steps; via: how the gradients
-    are summed (MPI messages, or shared memory: clgpt.dist)."""
+    are summed (MPI messages, or shared memory: clgpt.training.dist)."""
     prev, dist.via = dist.via, via
     for i in range(warmup + steps):
         if i == warmup:

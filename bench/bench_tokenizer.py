@@ -71,7 +71,7 @@ def documents(files):
 
 def side_train_clgpt(files, vocab_size, out):
     from clgpt.data import text_segments
-    from clgpt.tokenizer import Tokenizer
+    from clgpt.text.tokenizer import Tokenizer
 
     tok = Tokenizer.train(lambda: (s for s, _ in text_segments(files, "file", None)), vocab_size)
     tok.save(out)
@@ -82,7 +82,7 @@ def side_train_hf(files, vocab_size, out):
     from tokenizers import Regex, models, pre_tokenizers, trainers
     from tokenizers import Tokenizer as HFTokenizer
 
-    from clgpt.tokenizer import GPT2_SPLIT_PATTERN, SPECIAL_TOKENS
+    from clgpt.text.tokenizer import GPT2_SPLIT_PATTERN, SPECIAL_TOKENS
 
     hf = HFTokenizer(models.BPE())
     hf.pre_tokenizer = pre_tokenizers.Sequence([
@@ -97,7 +97,7 @@ def side_train_hf(files, vocab_size, out):
 
 def side_encode_clgpt(files, tokenizer, out):
     from clgpt.data import encode_text_files
-    from clgpt.tokenizer import Tokenizer
+    from clgpt.text.tokenizer import Tokenizer
 
     tok = Tokenizer.load(tokenizer)
     side = encode_text_files(tok, files, out, document="file", workers=os.cpu_count(), tokenizer_path=tokenizer)

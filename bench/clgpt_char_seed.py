@@ -6,13 +6,13 @@ RESULTS_DIR holds encoded/ and tokenizer/ of that config (default results); KEEP
 import runpy
 import sys
 
-from clgpt.checkpoint import load_checkpoint
 from clgpt.config import load_workflow_config
 from clgpt.data import load_encoded, text_batches
 from clgpt.device import get_device
-from clgpt.engine import make_engine
-from clgpt.evaluate import mean_loss, text_bytes, token_byte_lengths
-from clgpt.tokenizer import Tokenizer
+from clgpt.eval.evaluate import mean_loss, text_bytes, token_byte_lengths
+from clgpt.io.checkpoint import load_checkpoint
+from clgpt.models.factory import make_engine
+from clgpt.text.tokenizer import Tokenizer
 
 seed = int(sys.argv[1])
 res = sys.argv[2] if len(sys.argv) > 2 else "results"

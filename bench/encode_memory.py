@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from clgpt.data import corpus_files, encode_text_files, read_text
-from clgpt.tokenizer import Tokenizer
+from clgpt.text.tokenizer import Tokenizer
 
 
 def main() -> None:

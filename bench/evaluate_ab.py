@@ -14,7 +14,7 @@ sys.path.insert(0, code)
 sys.path.insert(0, os.path.join(code, "scripts"))
 import clgpt  # noqa: E402
 from clgpt.config import load_workflow_config  # noqa: E402
-from clgpt.preflight import check_corpus  # noqa: E402
+from clgpt.data.preflight import check_corpus  # noqa: E402
 
 import evaluate as script  # noqa: E402  (CODE_ROOT/scripts/evaluate.py)
 

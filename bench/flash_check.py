@@ -2,7 +2,7 @@
 
     python bench/flash_check.py
 
-check  the three kernels on the tensor cores against the float64 reference (clgpt/reference.py) at 6 heads of
+check  the three kernels on the tensor cores against the float64 reference (clgpt/models/reference.py) at 6 heads of
        64, T = 300 (five 64-row blocks, the last partial), with and without dropout: relative error below 1e-2
        (bf16 operands), and a rerun gives the same bytes;
 time   attention forward + backward at M6 (B 64, T 256, 6 x 64) and L (B 16, T 512, 12 x 64): flash, the batched
@@ -18,10 +18,10 @@ import numpy as np
 import pyopencl as cl
 
 sys.path.insert(0, os.getcwd())
-from clgpt import reference as ref  # noqa: E402
 from clgpt.device import get_device  # noqa: E402
-from clgpt.dropout import scale_mask  # noqa: E402
 from clgpt.model import ModelConfig  # noqa: E402
+from clgpt.models import reference as ref  # noqa: E402
+from clgpt.models.dropout import scale_mask  # noqa: E402
 from clgpt.ops import Ops  # noqa: E402
 
 dev = get_device()

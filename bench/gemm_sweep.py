@@ -5,8 +5,8 @@ import pyopencl as cl
 
 sys.path.insert(0, os.getcwd())
 from clgpt.device import get_device
-from clgpt.gpt2 import GPT2Engine as Engine
 from clgpt.model import ModelConfig, init_params
+from clgpt.models.gpt2 import GPT2Engine as Engine
 
 n = int(sys.argv[1]) if len(sys.argv) > 1 else 4096
 CONFIGS = [

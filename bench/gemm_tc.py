@@ -18,10 +18,10 @@ import numpy as np
 import pyopencl as cl
 
 sys.path.insert(0, os.getcwd())
-from clgpt import reference as ref  # noqa: E402
 from clgpt.device import get_device  # noqa: E402
-from clgpt.engine import Engine  # noqa: E402
 from clgpt.model import ModelConfig, init_params  # noqa: E402
+from clgpt.models import reference as ref  # noqa: E402
+from clgpt.models.gpt2 import GPT2Engine  # noqa: E402
 from clgpt.ops import ceil_to  # noqa: E402
 
 dev = get_device()
@@ -34,7 +34,8 @@ CONFIGS = [  # BM, BN, WM, WN, STAGES (16 warps: 512 work-items, registers cappe
     (128, 128, 2, 4, 3), (256, 128, 4, 4, 2), (128, 256, 4, 4, 2), (128, 256, 2, 8, 2), (256, 128, 8, 2, 2),
     (128, 64, 2, 2, 4), (64, 64, 2, 2, 4),
 ]
-# (name, M, N, K, ta, tb) as the engine calls them (clgpt/gpt2.py): y = x @ W.T (tb=1), dx = dy @ W, dW = dy.T @ x
+# (name, M, N, K, ta, tb) as the engine calls them (clgpt/models/gpt2.py):
+# y = x @ W.T (tb=1), dx = dy @ W, dW = dy.T @ x
 SHAPES = [("4096^2 NT", 4096, 4096, 4096, 0, 1), ("4096^2 NN", 4096, 4096, 4096, 0, 0),
           ("M6 qkv", 16384, 1152, 384, 0, 1), ("M6 fc", 16384, 1536, 384, 0, 1), ("M6 proj", 16384, 384, 1536, 0, 1),
           ("M6 dx fc", 16384, 384, 1536, 0, 0), ("M6 dW fc", 1536, 384, 16384, 1, 0),
@@ -60,7 +61,7 @@ def spec(c):
 def engine(bf16):
     os.environ["CLGPT_BF16"] = bf16
     os.environ["CLGPT_BF16_SMALL"] = bf16 if bf16 != "off" else ""
-    return Engine(TINY, init_params(TINY, 0), 1, 8, dev, precision="bf16")
+    return GPT2Engine(TINY, init_params(TINY, 0), 1, 8, dev, precision="bf16")
 
 
 def best(fn, sync, reps=10, rounds=3):

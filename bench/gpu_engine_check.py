@@ -3,7 +3,7 @@ the tensor cores (CLGPT_WGMMA_MIN_MNK=0 on sm_90: even the small ones on wgmma),
 
     python bench/gpu_engine_check.py       # prints one line per model, then `check: passed` or `check: FAILED`
 
-The float64 references are clgpt/reference.py (gpt2) and clgpt/reference_llama.py (llama, MoE), written
+The float64 references are clgpt/models/reference.py (gpt2) and clgpt/models/reference_llama.py (llama, MoE), written
 apart from the kernels. The band is test_precision's for bf16: loss within 2%, each gradient's largest error
 within 20% of its largest entry.
 """
@@ -15,11 +15,11 @@ import pyopencl as cl
 
 sys.path.insert(0, os.getcwd())
 os.environ.setdefault("CLGPT_WGMMA_MIN_MNK", "0")
-from clgpt import reference as ref  # noqa: E402
-from clgpt import reference_llama as ref_llama  # noqa: E402
 from clgpt.device import get_device  # noqa: E402
-from clgpt.engine import make_engine  # noqa: E402
 from clgpt.model import ModelConfig, init_params  # noqa: E402
+from clgpt.models import reference as ref  # noqa: E402
+from clgpt.models import reference_llama as ref_llama  # noqa: E402
+from clgpt.models.factory import make_engine  # noqa: E402
 
 MODELS = {  # widths multiples of 64, so every tiled path (kept copies, tiled outputs, EPI 3) is taken
     "gpt2": dict(arch="gpt2", vocab_size=320, n_ctx=128, n_embd=128, n_ff=512, n_head=2, n_layer=2),

@@ -18,10 +18,10 @@ import numpy as np
 import pyopencl as cl
 
 sys.path.insert(0, os.getcwd())
-from clgpt import reference as ref  # noqa: E402
 from clgpt.device import get_device  # noqa: E402
-from clgpt.engine import Engine  # noqa: E402
 from clgpt.model import ModelConfig, init_params  # noqa: E402
+from clgpt.models import reference as ref  # noqa: E402
+from clgpt.models.gpt2 import GPT2Engine  # noqa: E402
 
 dev = get_device()
 print("device:", dev.name, "|", dev.device.platform.name, dev.device.version, flush=True)
@@ -45,7 +45,7 @@ def engine(precision, mma=None):
         os.environ["CLGPT_MMA"] = mma
     else:
         os.environ.pop("CLGPT_MMA", None)
-    return Engine(TINY, init_params(TINY, 0), 1, 8, dev, precision=precision)
+    return GPT2Engine(TINY, init_params(TINY, 0), 1, 8, dev, precision=precision)
 
 
 def check():
@@ -167,7 +167,7 @@ def curve(steps=200):
     starts = rng.integers(0, len(data) - T - 1, size=(steps, B))
     curves, hashes = {}, {}
     for precision in ("fp32", "tf32", "bf16", "bf16"):
-        eng = Engine(cfg, init_params(cfg, 0), B, T, dev, precision=precision)
+        eng = GPT2Engine(cfg, init_params(cfg, 0), B, T, dev, precision=precision)
         losses = []
         t0 = time.perf_counter()
         for s in range(steps):

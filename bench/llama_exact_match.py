@@ -7,9 +7,9 @@ in a real chat: after a system prompt, and as the 2nd and 3rd turn of a conversa
            `llama-cli` and `llama-server --no-jinja` use), then greedy generation until EOS/EOT.
 
 The questions are the single-turn dialogs of the given files; the system prompts are those the files'
-conversations use with questions of the same file (clgpt.chat.chat_probes builds the conversations).
+conversations use with questions of the same file (clgpt.text.chat.chat_probes builds the conversations).
 With --heldout, also the same questions after the system prompts that only the held-out dialogs use
-(clgpt.chat.system_probes: first turn, and 2nd or 3rd), one line and paragraph ones apart.
+(clgpt.text.chat.system_probes: first turn, and 2nd or 3rd), one line and paragraph ones apart.
 Needs the test extra (llama-cpp-python).
 
     python bench/llama_exact_match.py model.gguf data/tune/*.jsonl --heldout data/heldout/tune.jsonl
@@ -24,8 +24,8 @@ import sys
 
 import llama_cpp
 
-from clgpt.chat import PARAGRAPH_WORDS, PROBE_KINDS, chat_probes, heldout_systems, system_probes
 from clgpt.data import read_dialogs
+from clgpt.text.chat import PARAGRAPH_WORDS, PROBE_KINDS, chat_probes, heldout_systems, system_probes
 
 PATHS = ("jinja", "builtin")
 

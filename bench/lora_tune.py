@@ -15,9 +15,10 @@ import time
 
 import numpy as np
 
-from clgpt.checkpoint import load_checkpoint
-from clgpt.engine import make_engine
-from clgpt.lora import LoraEngine, lora_spec
+from clgpt.io.checkpoint import load_checkpoint
+from clgpt.models.factory import make_engine
+from clgpt.models.lora import lora_spec
+from clgpt.models.lora_engine import LoraEngine
 from clgpt.ops import Ops
 
 

@@ -140,7 +140,7 @@ def _profiling_device(dev):
 
 def profile(cfg, params, B, T, dev, batches, precision="fp32") -> list[str]:
     """Train PROFILE_STEPS steps with event profiling; -> report lines (device time per kernel)."""
-    from clgpt.engine import make_engine
+    from clgpt.models.factory import make_engine
 
     pdev = _profiling_device(dev)
     eng = make_engine(cfg, params, batch_size=B, seq_len=T, device=pdev, precision=precision)
@@ -202,8 +202,8 @@ def device_bytes(eng) -> int:
 
 def run_bench(args) -> None:
     from clgpt.device import get_device
-    from clgpt.engine import make_engine
     from clgpt.model import ModelConfig, init_params, num_params
+    from clgpt.models.factory import make_engine
 
     if args.steps < 1:
         raise ClgptError(f"bench: --steps must be at least 1, got {args.steps}")

@@ -13,10 +13,10 @@ from clgpt.errors import ClgptError
 def _load_tokenizer(path: str):
     """The tokenizer of a GGUF file or of a tokenizer JSON file."""
     if path.endswith(".gguf"):
-        from clgpt.gguf_io import read_gguf
+        from clgpt.io.gguf import read_gguf
 
         return read_gguf(path)[2]
-    from clgpt.tokenizer import Tokenizer
+    from clgpt.text.tokenizer import Tokenizer
 
     return Tokenizer.load(path)
 
@@ -43,7 +43,7 @@ def cmd_tokenize(args) -> None:
 
 def cmd_train_tokenizer(args) -> None:
     from clgpt.data import dialog_texts, read_dialogs, read_text
-    from clgpt.tokenizer import Tokenizer
+    from clgpt.text.tokenizer import Tokenizer
 
     out_dir = os.path.dirname(os.path.abspath(args.out))
     if not os.path.isdir(out_dir):
@@ -80,10 +80,10 @@ class _Turn(argparse.Action):
 def chat_messages(chat: str | None, turns: list[dict]) -> list[dict]:
     """The conversation `clgpt generate` answers: --system/--user/--assistant turns in order, then --chat,
     which is a JSON messages file (a list, or {"messages": [...]}) when it names an existing *.json file and
-    otherwise one more user message. Checked by clgpt.chat.check_messages: it ends on a user turn."""
+    otherwise one more user message. Checked by clgpt.text.chat.check_messages: it ends on a user turn."""
     import os
 
-    from clgpt.chat import check_messages
+    from clgpt.text.chat import check_messages
 
     where = "generate"
     messages = list(turns)
@@ -104,9 +104,9 @@ def chat_messages(chat: str | None, turns: list[dict]) -> list[dict]:
 
 
 def cmd_generate(args) -> None:
-    from clgpt.chat import encode_prompt
     from clgpt.generate import Generator, eog_ids
-    from clgpt.gguf_io import read_gguf
+    from clgpt.io.gguf import read_gguf
+    from clgpt.text.chat import encode_prompt
 
     turns = getattr(args, "turns", None) or []
     if (args.prompt is None) == (args.chat is None and not turns):

@@ -18,7 +18,7 @@ from clgpt import sm90a
 from clgpt.errors import ClgptError
 from clgpt.icd import register_pip_runtimes, separate_pocl_cache
 from clgpt.paths import data_path
-from clgpt.stage import env_rank
+from clgpt.ranks import env_rank
 
 KERNEL_DIR = data_path("kernels")  # beside the package in a checkout, inside it in a wheel
 
@@ -216,7 +216,7 @@ def matching_devices(spec: str | None) -> list[cl.Device]:
     """Every device `spec` could mean, in listing order: "" (and no PYOPENCL_CTX) -> every working GPU, else the
     one CPU device the automatic choice takes (ranks on one CPU share it: two implementations would give two
     ranks different sums); "p:d" -> that one; "p" -> every device of platform p; a name part -> every device
-    whose name holds it. Ranks of a data-parallel stage take these by their local index (clgpt.dist)."""
+    whose name holds it. Ranks of a data-parallel stage take these by their local index (clgpt.training.dist)."""
     devs = _all_devices()
     spec = (spec or "").strip() or os.environ.get("PYOPENCL_CTX", "").strip()
     return _explicit(spec, devs) if spec else _auto(devs)

@@ -1,6 +1,6 @@
 """Sampling on the OpenCL forward pass: greedy, temperature, top-k, top-p, seeded.
 
-The Generator runs the engine for cfg.arch (`clgpt.engine.make_engine`: GPT2Engine for gpt2,
+The Generator runs the engine for cfg.arch (`clgpt.models.factory.make_engine`: GPT2Engine for gpt2,
 LlamaEngine for llama; batch 1, seq_len = n_ctx) on any parameters -- typically the
 float32 weights `gguf_io.read_gguf` reads back, so q8_0/q4_0 exports generate from the same dequantized
 weights llama.cpp runs. It prefills the prompt in one forward pass, then decodes one token a step against a
@@ -96,8 +96,8 @@ class Generator:
     """Next-token logits and sampling from the OpenCL engine for one sequence at a time."""
 
     def __init__(self, cfg: ModelConfig, params: dict[str, np.ndarray], device=None):
-        from clgpt.engine import make_engine  # import here: reading a GGUF must not need OpenCL
         from clgpt.kvcache import KVCache
+        from clgpt.models.factory import make_engine  # import here: reading a GGUF must not need OpenCL
 
         self.cfg = cfg
         self.engine = make_engine(cfg, params, batch_size=1, seq_len=cfg.n_ctx, device=device)

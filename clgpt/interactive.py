@@ -5,7 +5,7 @@ that a byte-level token splits appears whole when its last byte comes, never as 
 
 The chat keeps the conversation as token ids (the system prompt, then each exchange: the user's ChatML block and
 the reply's tokens as generated, closed by `<|im_end|>`), as llama-cli does, and asks for each reply with the
-whole conversation as the prompt (clgpt.chat's ChatML: what `clgpt generate --chat` and llama.cpp's template
+whole conversation as the prompt (clgpt.text.chat's ChatML: what `clgpt generate --chat` and llama.cpp's template
 render for the same messages). When the next prompt would not leave `min(max_tokens, n_ctx / 4)` positions for
 the reply, the oldest exchanges are dropped (the system prompt stays). Commands: `/reset` starts over with the
 same system prompt, `/exit` (or end of input) leaves; Ctrl-C stops a reply, and at the prompt leaves.
@@ -53,12 +53,12 @@ class Conversation:
     """The token ids of a chat: BOS and the system block, then (user block, reply) exchanges."""
 
     def __init__(self, tok, system: str | None):
-        from clgpt.chat import encode_chat
+        from clgpt.text.chat import encode_chat
 
         self.tok = tok
         msgs = [{"role": "system", "content": system}] if system else []
         if msgs:
-            from clgpt.chat import check_messages
+            from clgpt.text.chat import check_messages
 
             check_messages(msgs + [{"role": "user", "content": "x"}], "--system", prompt=True)
         self.head = encode_chat(tok, msgs)[0]  # [BOS] (+ the system block and "\n")
@@ -76,7 +76,7 @@ class Conversation:
 
     def user_block(self, text: str) -> list[int]:
         """`<|im_start|>user\\n{text}<|im_end|>\\n<|im_start|>assistant\\n` (a ClgptError for a bad message)."""
-        from clgpt.chat import check_messages, encode_chat
+        from clgpt.text.chat import check_messages, encode_chat
 
         msgs = check_messages([{"role": "user", "content": text}], "message", prompt=True)
         return encode_chat(self.tok, msgs, add_generation_prompt=True)[0][1:]  # without BOS
@@ -85,7 +85,7 @@ class Conversation:
 def run_chat(args, stdin=None, stdout=None, stderr=None) -> None:
     from clgpt.device import get_device
     from clgpt.generate import Generator, eog_ids
-    from clgpt.gguf_io import read_gguf
+    from clgpt.io.gguf import read_gguf
 
     stdin, stdout, stderr = stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr
     cfg, params, tok, kv = read_gguf(args.model)

@@ -28,7 +28,7 @@ value read() cannot use is a one-line ClgptError naming the variable and what to
     CLGPT_REDUCE_THREADS=integer (1)          host threads of the shared-memory sums (at least 1)
 
 The 0 | 1 switches read as the code always has: for those defaulting to 1, any value but 0 is on; for those
-defaulting to 0, any value but empty or 0 is on. CLGPT_RANK_DIR (clgpt.dist, clgpt.launch) is not a knob but
+defaulting to 0, any value but empty or 0 is on. CLGPT_RANK_DIR (clgpt.training.dist, clgpt.training.launch) is not a knob but
 how the launcher and its ranks find their status folder, so it is read where it is used.
 """
 
@@ -66,7 +66,7 @@ class Knobs:
     nv_verbose: bool = False
     sm90a_verbose: bool = False
     bench_profile: bool = False
-    # clgpt.dist: the gradient all-reduce
+    # clgpt.training.dist: the gradient all-reduce
     reduce: str = "shm"  # shm, or anything else: MPI messages
     reduce_threads: int = 1
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from clgpt.errors import ClgptError
+from clgpt.ranks import env_rank
 
 PACKAGE = "clgpt"
 WATCH_SECONDS = 1.0  # how often the watchdog looks for the Snakemake process
@@ -42,15 +43,6 @@ class _Tee:
 
     def isatty(self):
         return self.streams[0].isatty()
-
-
-def env_rank() -> int:
-    """This process's MPI rank from the launcher's environment (MPICH, Open MPI, Slurm), before MPI starts;
-    0 when not launched as one of several ranks (clgpt.dist)."""
-    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
-        if os.environ.get(var, "").isdigit():
-            return int(os.environ[var])
-    return 0
 
 
 # ---- the parent watchdog ------------------------------------------------------------------------

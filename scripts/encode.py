@@ -13,7 +13,7 @@ from clgpt.data import (
     read_dialogs_split,
 )
 from clgpt.stage import run_script
-from clgpt.tokenizer import Tokenizer
+from clgpt.text.tokenizer import Tokenizer
 
 
 def main(tokenizer: str, pretrain: list, tune: list, corpus: dict, n_ctx: int, out: dict) -> None:

@@ -4,7 +4,7 @@ continuations; metrics.json, report.md, plots. Without a tune stage: the pretrai
 import os
 
 from clgpt.data import read_dialogs_split
-from clgpt.evaluate import run_evaluate
+from clgpt.eval.evaluate import run_evaluate
 from clgpt.stage import run_script
 
 

@@ -6,12 +6,12 @@ import hashlib
 import json
 import os
 
-from clgpt.checkpoint import load_checkpoint
 from clgpt.errors import ClgptError
-from clgpt.gguf_io import export_gguf, write_modelfile
-from clgpt.lora import checkpoint_lora, export_adapter
+from clgpt.io.checkpoint import load_checkpoint
+from clgpt.io.gguf import export_gguf, write_modelfile
+from clgpt.models.lora import checkpoint_lora, export_adapter
 from clgpt.stage import run_script
-from clgpt.tokenizer import Tokenizer
+from clgpt.text.tokenizer import Tokenizer
 
 
 def provenance(ckpt: dict, metrics_path: str) -> dict:

@@ -5,10 +5,10 @@ generation_config.json) that transformers loads with AutoModelForCausalLM / Auto
 import os
 import sys
 
-from clgpt.checkpoint import load_checkpoint
-from clgpt.hf_export import export_hf, hf_architecture
+from clgpt.io.checkpoint import load_checkpoint
+from clgpt.io.hf_export import export_hf, hf_architecture
 from clgpt.stage import run_script
-from clgpt.tokenizer import Tokenizer
+from clgpt.text.tokenizer import Tokenizer
 
 
 def main(model: str, tokenizer: str, out_dir: str) -> None:

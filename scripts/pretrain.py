@@ -1,14 +1,14 @@
 """Stage pretrain: train the model from scratch on windows of the encoded text.
 
 Run by Snakemake as `python scripts/pretrain.py SETTINGS_JSON PATHS_JSON LOG` (main's keyword arguments),
-under `mpiexec -n N` when pretrain.ranks is N > 1 (each process one rank, clgpt.dist)."""
+under `mpiexec -n N` when pretrain.ranks is N > 1 (each process one rank, clgpt.training.dist)."""
 
 import json
 import sys
 
 from clgpt.stage import run_script
-from clgpt.tokenizer import Tokenizer
-from clgpt.train import run_stage
+from clgpt.text.tokenizer import Tokenizer
+from clgpt.training.train import run_stage
 
 
 def main(encoded: str, heldout: str, tokenizer: str, model: dict, settings: dict, device: str, checkpoint: str,

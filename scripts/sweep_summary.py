@@ -1,7 +1,7 @@
 """Stage sweep_summary: rank the sweep's runs by held-out loss; summary.csv, summary.md, summary.png."""
 
 from clgpt.stage import run_script
-from clgpt.sweep import summarize
+from clgpt.training.sweep import summarize
 
 
 def main(runs: dict, metrics: list, logs: list, csv: str, md: str, png: str) -> None:

@@ -3,7 +3,7 @@
 from clgpt.data import dialog_texts, read_dialogs, text_segments
 from clgpt.errors import ClgptError
 from clgpt.stage import run_script
-from clgpt.tokenizer import SPECIAL_TOKENS, TRAIN_BUFFER_MB, Tokenizer
+from clgpt.text.tokenizer import SPECIAL_TOKENS, TRAIN_BUFFER_MB, Tokenizer
 
 
 def main(pretrain: list, tune: list, vocab_size: int, document: str, separator, tokenizer_out: str,

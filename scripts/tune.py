@@ -1,13 +1,13 @@
 """Stage tune: continue from the pretrained checkpoint on User/Assistant dialogs (loss on replies only).
 
 Run by Snakemake as `python scripts/tune.py SETTINGS_JSON PATHS_JSON LOG` (main's keyword arguments),
-under `mpiexec -n N` when tune.ranks is N > 1 (each process one rank, clgpt.dist)."""
+under `mpiexec -n N` when tune.ranks is N > 1 (each process one rank, clgpt.training.dist)."""
 
 import json
 import sys
 
 from clgpt.stage import run_script
-from clgpt.train import run_stage
+from clgpt.training.train import run_stage
 
 
 def main(pretrained: str, encoded: str, heldout: str, mix: str, settings: dict, device: str, checkpoint: str,

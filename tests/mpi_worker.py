@@ -1,6 +1,6 @@
 """One rank of the MPI tests (tests/test_mpi.py runs it as `mpiexec -n N python tests/mpi_worker.py SPEC`).
 
-SPEC is JSON: {"mode": "grads", ...}: one step's gradients with N ranks (clgpt.train.accumulate_grads,
+SPEC is JSON: {"mode": "grads", ...}: one step's gradients with N ranks (clgpt.training.train.accumulate_grads,
 reduced during backward and after it) and, on rank 0, with one rank on the same batch; saved to
 spec["out"] (.npz).
 {"mode": "stage", "args": {...run_stage keywords...}, "kill": [rank, step]}: run_stage; the given rank
@@ -19,15 +19,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 
-from clgpt.dist import Dist  # noqa: E402
 from clgpt.stage import run_script  # noqa: E402
-from clgpt.train import run_stage  # noqa: E402
+from clgpt.training.dist import Dist  # noqa: E402
+from clgpt.training.train import run_stage  # noqa: E402
 
 
 def grads(spec: dict) -> None:
-    from clgpt.engine_llama import make_engine
     from clgpt.model import ModelConfig, init_params
-    from clgpt.train import accumulate_grads, stage_settings, _pretrain_inputs, _tune_inputs
+    from clgpt.models.factory import make_engine
+    from clgpt.training.train import accumulate_grads, stage_settings, _pretrain_inputs, _tune_inputs
 
     stage = spec["stage"]
     s = stage_settings(stage, spec["settings"])

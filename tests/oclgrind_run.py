@@ -7,9 +7,9 @@ import sys
 
 import numpy as np
 
-from clgpt.engine import make_engine
 from clgpt.kvcache import KVCache
 from clgpt.model import ModelConfig, init_params
+from clgpt.models.factory import make_engine
 
 SHAPES = [
     dict(arch="gpt2", vocab_size=19, n_ctx=8, n_embd=32, n_head=2, n_layer=1, n_ff=64),

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyopencl as cl
 
-from clgpt import reference as ref
+from clgpt.models import reference as ref
 
 
 @dataclass

@@ -36,8 +36,8 @@ def test_bench_tiny_shape():
 def test_bench_gemm_figure_against_numpy():
     """The GEMM path on a size that is no multiple of the tiles, checked in process."""
     from clgpt.bench import gemm_figure
-    from clgpt.gpt2 import GPT2Engine as Engine
     from clgpt.model import ModelConfig, init_params
+    from clgpt.models.gpt2 import GPT2Engine as Engine
 
     cfg = ModelConfig(vocab_size=300, n_ctx=8, n_embd=16, n_head=2, n_layer=1, n_ff=32)
     eng = Engine(cfg, init_params(cfg, 0), batch_size=1, seq_len=8)

@@ -1,4 +1,4 @@
-"""The compiled engines (clgpt.bpe_engine) against the readable reference in clgpt.tokenizer: the same
+"""The compiled engines (clgpt.text.bpe_engine) against the readable reference in clgpt.text.tokenizer: the same
 merges from rustbpe on varied corpora, the same ids from tiktoken, and the fallbacks."""
 
 import random
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-import clgpt.bpe_engine as engine
+import clgpt.text.bpe_engine as engine
 from clgpt.errors import ClgptError
-from clgpt.tokenizer import SPECIAL_TOKENS, Tokenizer, split_words, train_reference
+from clgpt.text.tokenizer import SPECIAL_TOKENS, Tokenizer, split_words, train_reference
 from test_tokenizer import ROUND_TRIP_CASES, make_corpus, varied_strings
 
 N_SPECIAL = len(SPECIAL_TOKENS)

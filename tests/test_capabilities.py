@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from clgpt.device import get_device
-from clgpt.engine import make_engine
+from clgpt.models.factory import make_engine
 from clgpt.knobs import OFF, Knobs
 from clgpt.model import ModelConfig, init_params
 from clgpt.ops.capabilities import Capabilities, capabilities

@@ -18,7 +18,7 @@ import jinja2.sandbox
 import llama_cpp
 import pytest
 
-from clgpt.chat import (
+from clgpt.text.chat import (
     CHAT_TEMPLATE,
     IM_END,
     IM_START,
@@ -32,10 +32,10 @@ from clgpt.chat import (
 )
 from clgpt.cli import chat_messages
 from clgpt.errors import ClgptError
-from clgpt.gguf_io import export_gguf
+from clgpt.io.gguf import export_gguf
 from clgpt.model import ModelConfig, init_params
-from clgpt.tokenizer import Tokenizer
-from clgpt.train import pad_dialogs
+from clgpt.text.tokenizer import Tokenizer
+from clgpt.training.train import pad_dialogs
 
 from gotemplate import render as go_render
 
@@ -116,7 +116,7 @@ def test_ollama_template_without_system_prompt(tok):
 
 
 def test_modelfile_stops_at_end_of_turn(tmp_path):
-    from clgpt.gguf_io import write_modelfile
+    from clgpt.io.gguf import write_modelfile
 
     write_modelfile(str(tmp_path / "Modelfile"), "model.gguf", ModelConfig(n_ctx=256))
     text = (tmp_path / "Modelfile").read_text()
@@ -235,7 +235,7 @@ def training_conversations() -> list[list[dict]]:
 @pytest.fixture(scope="module")
 def chat_model(tmp_path_factory):
     """A 2-layer model trained on the conversations above (full batch, AdamW), as GGUF."""
-    from clgpt.engine_llama import make_engine
+    from clgpt.models.factory import make_engine
 
     convs = training_conversations()
     texts = [f"{m['role']}\n{m['content']}" for c in convs for m in c]

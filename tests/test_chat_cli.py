@@ -11,7 +11,7 @@ from pathlib import Path
 import llama_cpp
 import pexpect
 
-from clgpt.gguf_io import export_gguf
+from clgpt.io.gguf import export_gguf
 
 from test_llama_parity import train_tiny
 

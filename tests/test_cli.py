@@ -7,12 +7,12 @@ import sys
 import numpy as np
 import pytest
 
-from clgpt.chat import encode_prompt
 from clgpt.generate import Generator, eog_ids
 from clgpt.interactive import stream_text
-from clgpt.gguf_io import export_gguf, read_gguf
+from clgpt.io.gguf import export_gguf, read_gguf
 from clgpt.model import ModelConfig, init_params
-from clgpt.tokenizer import Tokenizer
+from clgpt.text.chat import encode_prompt
+from clgpt.text.tokenizer import Tokenizer
 
 TEXTS = ["The cat sat on the mat.", "Water boils at one hundred degrees.", "Кошка сидит на коврике!"]
 

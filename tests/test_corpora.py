@@ -23,7 +23,7 @@ from clgpt.data import (
     text_segments,
 )
 from clgpt.errors import ClgptError
-from clgpt.tokenizer import Tokenizer
+from clgpt.text.tokenizer import Tokenizer
 
 BOOK = "CHAPTER 1\n\nIt was a dark night.\n  The wind blew.\n\n\n\nCHAPTER 2\n\nMorning came.\n"
 STORIES = "Once there was a cat.\n<|endoftext|>\nThe cat slept.\n\nThe end.\n<|endoftext|>\n"
@@ -197,7 +197,7 @@ def test_bad_corpus_stops_the_workflow_at_parse_time(tmp_path):
     write_config(path, {**TINY, "corpus": {**TINY["corpus"], "pretrain": "empty"}})
     r = snakemake(path, "-n", "model.gguf")
     assert r.returncode != 0
-    # the file check (clgpt/preflight.py) speaks first: one line naming the key and the empty file
+    # the file check (clgpt/data/preflight.py) speaks first: one line naming the key and the empty file
     assert "error: corpus.pretrain: empty/a.txt is empty" in r.stdout + r.stderr
     assert not (path / "results").exists()
 
@@ -221,7 +221,7 @@ def split_corpus(tmp_path_factory, tok):
 
 
 def _train(d, tok, name, settings=VALIDATED, callback=None):
-    from clgpt.train import run_stage
+    from clgpt.training.train import run_stage
 
     return run_stage("pretrain", str(d / "train.bin"), settings, str(d / f"{name}.ckpt"), str(d / f"{name}.csv"),
                      model={**TINY_MODEL, "vocab_size": tok.vocab_size}, tokenizer_hash=tok.hash(),
@@ -229,7 +229,7 @@ def _train(d, tok, name, settings=VALIDATED, callback=None):
 
 
 def test_validation_logs_held_out_loss_and_keeps_the_best(split_corpus, tok):
-    from clgpt.checkpoint import load_checkpoint
+    from clgpt.io.checkpoint import load_checkpoint
 
     d = split_corpus
     r = _train(d, tok, "full")
@@ -308,7 +308,7 @@ def test_no_tune_dag_ships_the_pretrained_model(no_tune_workdir):
 def test_no_tune_gguf_is_byte_level_and_loads_in_llama_cpp(no_tune_workdir):
     import llama_cpp
 
-    from clgpt.gguf_io import read_gguf
+    from clgpt.io.gguf import read_gguf
 
     path = str(no_tune_workdir / "model.gguf")
     _, _, gguf_tok, kv = read_gguf(path)

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from clgpt.chat import encode_dialog
+from clgpt.text.chat import encode_dialog
 from clgpt.data import (
     corpus_files,
     encode_dialog_files,
@@ -17,7 +17,7 @@ from clgpt.data import (
     read_text,
 )
 from clgpt.errors import ClgptError
-from clgpt.tokenizer import Tokenizer
+from clgpt.text.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Dropout: the counter-hash masks (clgpt.dropout, kernels/dropout.cl), the engines with dropout against the
+"""Dropout: the counter-hash masks (clgpt.models.dropout, kernels/dropout.cl), the engines with dropout against the
 float64 references drawing the same masks, finite differences through the engine with the masks fixed by the
 seed, determinism, and dropout off where it must be (no seed, no targets: evaluation and generation).
 
@@ -11,14 +11,14 @@ import numpy as np
 import pyopencl as cl
 import pytest
 
-from clgpt import reference as ref
-from clgpt import reference_llama as ref_llama
 from clgpt.device import get_device
-from clgpt.dropout import dropout_seed, keep_mask, site
-from clgpt.engine import make_engine
 from clgpt.knobs import Knobs
 from clgpt.model import ModelConfig
-from clgpt.reference import fd_entries
+from clgpt.models import reference as ref
+from clgpt.models import reference_llama as ref_llama
+from clgpt.models.dropout import dropout_seed, keep_mask, site
+from clgpt.models.factory import make_engine
+from clgpt.models.reference import fd_entries
 from test_llama_engine import batch, max_rel, noisy_params  # one helper each, shared with the engine tests
 
 CFGS = {

@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from clgpt import reference as ref
 from clgpt.device import get_device, list_devices
-from clgpt.gpt2 import GPT2Engine as Engine
 from clgpt.errors import ClgptError
 from clgpt.knobs import Knobs
 from clgpt.model import ModelConfig, init_params
+from clgpt.models import reference as ref
+from clgpt.models.gpt2 import GPT2Engine as Engine
 
 
 def tiny_cfg(tied: bool) -> ModelConfig:
@@ -426,7 +426,7 @@ def test_engine_head_dim_16_vs_reference():
 def test_next_logits_are_the_forward_logits_at_those_positions(arch):
     """Engine.next_logits (greedy decoding's step: the output projection at one position a row) gives exactly
     forward's logits there, bit for bit, for rows of different lengths; a position outside a row is an error."""
-    from clgpt.engine import make_engine
+    from clgpt.models.factory import make_engine
 
     moe = dict(n_expert=4, n_expert_used=2) if arch == "moe" else {}
     cfg = ModelConfig(arch="gpt2" if arch == "gpt2" else "llama", vocab_size=61, n_ctx=16, n_embd=16, n_head=2,

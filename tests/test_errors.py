@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from clgpt.config import defaults, load_schema, load_workflow_config, plain_scalar, read_yaml, validate_config
 from clgpt.data import read_dialogs, read_text
+from clgpt.data.preflight import check_corpus
 from clgpt.errors import ClgptError
-from clgpt.preflight import check_corpus
 from clgpt.stage import code_inputs, run_script, stale_lock
 from test_pipeline import TINY, make_workdir, planned_rules, snakemake, write_config
 
@@ -311,9 +311,9 @@ def clgpt(*args, env=None, timeout=300):
 
 @pytest.fixture(scope="module")
 def gguf(tmp_path_factory):
-    from clgpt.gguf_io import export_gguf
+    from clgpt.io.gguf import export_gguf
     from clgpt.model import ModelConfig, init_params
-    from clgpt.tokenizer import Tokenizer
+    from clgpt.text.tokenizer import Tokenizer
 
     d = tmp_path_factory.mktemp("cli")
     tok = Tokenizer.train(["The cat sat on the mat.", "Water boils at one hundred degrees."], 280)
@@ -546,10 +546,10 @@ def test_code_inputs_cover_every_module_the_script_loads(stage):
 
 def test_no_copies_of_the_defaults():
     """Settings and defaults live in the schema only: the stages fill theirs from it."""
-    from clgpt.evaluate import eval_settings
-    from clgpt.train import stage_settings
+    from clgpt.eval.evaluate import eval_settings
+    from clgpt.training.train import stage_settings
 
-    for module in ("train", "evaluate"):
+    for module in ("training.train", "eval.evaluate"):
         assert not hasattr(__import__(f"clgpt.{module}", fromlist=["x"]), "DEFAULTS")
     for stage in ("pretrain", "tune"):
         s = stage_settings(stage, {})
@@ -593,7 +593,7 @@ def test_log_survives_a_resume_after_snakemake_deleted_it(tmp_path):
     """An interrupted stage leaves no log.csv (Snakemake would hold a half one against the next run); the resumed
     run still logs every step, and its elapsed time runs on from the interrupted run's."""
     from test_train import TINY as TRAIN_TINY, read_log, settings, stop_at, text_docs, write_encoded
-    from clgpt.train import run_stage
+    from clgpt.training.train import run_stage
 
     data = write_encoded(tmp_path / "pretrain.bin", text_docs())
     args = ("pretrain", data, settings(checkpoint_every=2), str(tmp_path / "model.ckpt"), str(tmp_path / "log.csv"))
@@ -611,7 +611,7 @@ def test_log_survives_a_resume_after_snakemake_deleted_it(tmp_path):
 
 def test_dialog_longer_than_seq_len_is_named(tmp_path, capsys):
     from test_train import TINY as TRAIN_TINY, dialog_docs, settings, text_docs, write_encoded
-    from clgpt.train import run_stage
+    from clgpt.training.train import run_stage
 
     text = write_encoded(tmp_path / "pretrain.bin", text_docs())
     docs, pos = dialog_docs()

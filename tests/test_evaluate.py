@@ -9,12 +9,12 @@ import math
 import numpy as np
 import pytest
 
-from clgpt import reference
-from clgpt.checkpoint import load_checkpoint
 from clgpt.data import encode_dialog_files, encode_text_files, load_encoded, read_dialogs
-from clgpt.evaluate import exact_match, run_evaluate, score, text_batches
-from clgpt.tokenizer import Tokenizer
-from clgpt.train import run_stage
+from clgpt.eval.evaluate import exact_match, run_evaluate, score, text_batches
+from clgpt.io.checkpoint import load_checkpoint
+from clgpt.models import reference
+from clgpt.text.tokenizer import Tokenizer
+from clgpt.training.train import run_stage
 
 TEXT = ["The cat sat on the mat.", "A dog ran in the park.", "The sun is warm today.", "Birds sing in the morning."]
 DIALOGS = [
@@ -146,7 +146,7 @@ def test_heldout_loss_matches_reference(stages, tmp_path):
 
 def test_exact_match_counts_generated_answers(stages, tmp_path, monkeypatch):
     """Answers that get the first tune prompt right (with stray spaces) and the rest wrong."""
-    import clgpt.evaluate
+    import clgpt.eval.evaluate
 
     d, tok = stages
     right = DIALOGS[0]["user"]
@@ -161,7 +161,7 @@ def test_exact_match_counts_generated_answers(stages, tmp_path, monkeypatch):
             out.append(tok.encode(" " + DIALOGS[0]["assistant"] + " " if last_user == right else "wrong"))
         return out
 
-    monkeypatch.setattr(clgpt.evaluate, "greedy_answers", fake_answers)
+    monkeypatch.setattr(clgpt.eval.evaluate, "greedy_answers", fake_answers)
     m = evaluate(d, tmp_path)
     assert {k: m["exact_match"]["tune"][k] for k in ("matches", "total", "rate")} == {"matches": 1, "total": 3,
                                                                                       "rate": 1 / 3}
@@ -188,10 +188,10 @@ def test_exact_match_counts_generated_answers(stages, tmp_path, monkeypatch):
 
 def test_batched_greedy_answers_match_the_generator(stages):
     """greedy_answers (rows of different lengths in one padded batch) gives the Generator's greedy replies."""
-    from clgpt.chat import encode_prompt
-    from clgpt.engine_llama import make_engine
-    from clgpt.evaluate import greedy_answers
+    from clgpt.eval.evaluate import greedy_answers
     from clgpt.generate import Generator
+    from clgpt.models.factory import make_engine
+    from clgpt.text.chat import encode_prompt
 
     d, tok = stages
     ck = load_checkpoint(str(d / "tune.ckpt"))

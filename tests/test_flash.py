@@ -1,5 +1,5 @@
 """Flash attention (kernels/flash.cl): the fused causal attention the bf16 path runs on NVIDIA tensor cores, here
-with its mma and quad shuffles emulated (MMA_EMULATE=1, PoCL), against the float64 reference (clgpt/reference.py)
+with its mma and quad shuffles emulated (MMA_EMULATE=1, PoCL), against the float64 reference (clgpt/models/reference.py)
 and finite differences, with and without dropout; and in the engine, against the batched form it replaces.
 
 Tolerance (bf16 operands: q, k, v, dout, the probabilities and their gradient rounded to 8 significant bits;
@@ -15,14 +15,14 @@ import numpy as np
 import pyopencl as cl
 import pytest
 
-from clgpt import reference as ref
 from clgpt.bench import device_bytes
 from clgpt.device import get_device
-from clgpt.dropout import scale_mask
-from clgpt.engine import Engine
 from clgpt.errors import ClgptError
 from clgpt.knobs import Knobs
 from clgpt.model import ModelConfig, init_params
+from clgpt.models import reference as ref
+from clgpt.models.dropout import scale_mask
+from clgpt.models.gpt2 import GPT2Engine
 from clgpt.ops import FLASH_LONG_T, FLASH_MIN_GROUPS
 from opcheck import bf16_pattern, tiled_index
 
@@ -112,7 +112,7 @@ def _engine(flash, arch="gpt2", heads=H, batch=B, seq=T):
 
     kn = emulated_knobs(flash=flash if isinstance(flash, str) else "on" if flash else "off")
     cfg = ModelConfig(vocab_size=32, n_ctx=seq, n_embd=C, n_head=heads, n_layer=2, n_ff=64, arch=arch)
-    return Engine(cfg, init_params(cfg, 0), batch_size=batch, seq_len=seq, precision="bf16", dropout=0.2, knobs=kn)
+    return GPT2Engine(cfg, init_params(cfg, 0), batch_size=batch, seq_len=seq, precision="bf16", dropout=0.2, knobs=kn)
 
 
 def test_engine_flash_matches_the_batched_form_with_dropout(dev):
@@ -144,7 +144,7 @@ def test_flash_needs_the_bf16_path_and_a_head_width_of_16_to_64(dev, monkeypatch
     turns it off; PoCL without emulation (the CPU path) never takes it. auto (the default): flash when B x H x
     ceil(T/64) work-groups reach FLASH_MIN_GROUPS a compute unit, or T >= FLASH_LONG_T."""
     cfg = ModelConfig(vocab_size=32, n_ctx=16, n_embd=C, n_head=H, n_layer=1, n_ff=64)
-    assert not Engine(cfg, init_params(cfg, 0), batch_size=1, seq_len=16, precision="bf16",
+    assert not GPT2Engine(cfg, init_params(cfg, 0), batch_size=1, seq_len=16, precision="bf16",
                       knobs=Knobs(launch="cpu", flash="on")).ops.flash
     assert _engine(True).ops.flash and not _engine(False).ops.flash
     eng = _engine(True, heads=4)  # head width 8
@@ -157,7 +157,7 @@ def test_flash_needs_the_bf16_path_and_a_head_width_of_16_to_64(dev, monkeypatch
         assert _engine("auto", batch=batch, seq=seq).ops.flash is want, (batch, seq)
     monkeypatch.setenv("CLGPT_FLASH", "maybe")  # knobs not given: the engine reads the environment's
     with pytest.raises(ClgptError, match="CLGPT_FLASH='maybe': use auto, on or off"):
-        Engine(cfg, init_params(cfg, 0), batch_size=1, seq_len=16, precision="bf16")
+        GPT2Engine(cfg, init_params(cfg, 0), batch_size=1, seq_len=16, precision="bf16")
 
 
 def test_flash_forward_writes_its_tiled_copy(dev):

@@ -12,12 +12,12 @@ from gguf import GGMLQuantizationType
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from clgpt import gguf_io
-from clgpt.chat import CHAT_TEMPLATE, OLLAMA_TEMPLATE
 from clgpt.errors import ClgptError
-from clgpt.gguf_io import check_export_shape, export_gguf, read_gguf, write_modelfile
+from clgpt.io import gguf as gguf_io
+from clgpt.io.gguf import check_export_shape, export_gguf, read_gguf, write_modelfile
 from clgpt.model import ModelConfig, init_params, param_shapes
-from clgpt.tokenizer import Tokenizer
+from clgpt.text.chat import CHAT_TEMPLATE, OLLAMA_TEMPLATE
+from clgpt.text.tokenizer import Tokenizer
 
 TEXTS = [
     "The cat sat on the mat. The dog sat on the log!",

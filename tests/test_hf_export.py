@@ -18,21 +18,21 @@ import safetensors.numpy
 import torch
 import transformers
 
-from clgpt import hf_export
-from clgpt.chat import CHAT_TEMPLATE, encode_chat, encode_prompt
-from clgpt.engine import make_engine
 from clgpt.errors import ClgptError
 from clgpt.generate import Generator
-from clgpt.hf_export import HF_FILES, export_hf, hf_state_dict, rope_to_halves, rope_to_pairs
+from clgpt.io import hf_export
+from clgpt.io.hf_export import HF_FILES, export_hf, hf_state_dict, rope_to_halves, rope_to_pairs
 from clgpt.model import ModelConfig, init_params
-from clgpt.tokenizer import Tokenizer
-from clgpt.train import pad_dialogs
+from clgpt.models.factory import make_engine
+from clgpt.text.chat import CHAT_TEMPLATE, encode_chat, encode_prompt
+from clgpt.text.tokenizer import Tokenizer
+from clgpt.training.train import pad_dialogs
 
 TEXT = ["The cat sat on the mat.", "The dog sat on the log.", "Birds fly over the sea.",
         "Привет, мир! Кошка сидит на ковре.", "One, two, three: numbers 123 and 4567."]
 DIALOGS = [("Where is the cat?", "The cat sat on the mat."), ("What flies?", "Birds fly over the sea.")]
 HELDOUT = ["The bird sat on the sea, the dog on the mat.", "Кошка летит над морем: 89 птиц!", "zebra 🙂 quantum?!\n\n  x"]
-N_CTX = 256  # gpt2 exports need a multiple of 256 (clgpt.gguf_io); the HF export does not, but keep one shape
+N_CTX = 256  # gpt2 exports need a multiple of 256 (clgpt.io.gguf); the HF export does not, but keep one shape
 LOGIT_TOL = 1e-4
 SHAPES = {
     "gpt2": dict(arch="gpt2"),
@@ -212,7 +212,7 @@ def test_snakemake_hf_target_exports_the_final_model(tmp_path):
     stages; transformers gives the engine's logits on held-out text and our tokenizer's ids."""
     from test_pipeline import make_workdir, snakemake
 
-    from clgpt.checkpoint import load_checkpoint
+    from clgpt.io.checkpoint import load_checkpoint
 
     path = make_workdir(tmp_path / "wf")
     r = snakemake(path, "hf")

@@ -1,4 +1,4 @@
-"""Every OpenCL kernel against the float64 numpy reference (clgpt.reference), and every reference
+"""Every OpenCL kernel against the float64 numpy reference (clgpt.models.reference), and every reference
 backward against central finite differences in float64. The op kernels go through tests/opcheck.py's
 check_op, which also checks each backward kernel's gradients against finite differences of the float64
 forward."""
@@ -11,9 +11,9 @@ import numpy as np
 import pyopencl as cl
 import pytest
 
-from clgpt import reference as ref
 from clgpt.device import get_device
 from clgpt.knobs import Knobs
+from clgpt.models import reference as ref
 from clgpt.ops import MATMUL_TILES, matmul_defines, matmul_launch
 from opcheck import FD, check_op, run_op
 
@@ -163,7 +163,7 @@ def test_matmul_swiglu_backward_epilogue(dev, form, M, N, K):
     """EPI 3 (llama's dense feed-forward backward): dact = dy @ W, and from h = gate | up (M, 2N) the
     product's epilogue writes dh = dgate | dup (rows 2N floats apart): the float64 reference and finite
     differences of silu(gate) * up."""
-    from clgpt import reference_llama as ref_llama
+    from clgpt.models import reference_llama as ref_llama
 
     mm = MATMUL_FORMS[form]
     dy, W = rng.normal(size=(M, K)).astype(f32), rng.normal(size=(K, N)).astype(f32)
@@ -182,8 +182,8 @@ def test_matmul_swiglu_backward_epilogue(dev, form, M, N, K):
 
 def _gpu_engine(launch="nvidia", **shape):
     """An Engine whose launch table row is a GPU's (split-K, batched attention, row kernels), on any device."""
-    from clgpt.gpt2 import GPT2Engine as Engine
     from clgpt.model import ModelConfig, init_params
+    from clgpt.models.gpt2 import GPT2Engine as Engine
 
     cfg = ModelConfig(vocab_size=16, n_ctx=shape.get("T", 8), n_embd=shape.get("C", 16), n_head=shape.get("H", 2),
                       n_layer=1, n_ff=32)
@@ -698,8 +698,8 @@ def test_copy_ld_v8(dev, K, N, pad):
 def test_engine_matmul_ld_pad(dev, ta, tb, M, N, K):
     """Engine.matmul on the CPU row with op(B) (and the transposed op(A)) in rows padded off multiples of 64
     floats (ld_pad): the float64 product, and bit for bit the unpadded result (same order of summation)."""
-    from clgpt.gpt2 import GPT2Engine as Engine
     from clgpt.model import ModelConfig, init_params
+    from clgpt.models.gpt2 import GPT2Engine as Engine
 
     cfg = ModelConfig(vocab_size=16, n_ctx=8, n_embd=16, n_head=2, n_layer=1, n_ff=32)
     eng = Engine(cfg, init_params(cfg, 0), batch_size=1, seq_len=8, device=dev, knobs=Knobs(launch="cpu"))

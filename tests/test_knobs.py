@@ -14,7 +14,7 @@ from clgpt.errors import ClgptError
 from clgpt.knobs import OFF, Knobs
 
 ROOT = Path(__file__).resolve().parent.parent
-PROTOCOL = {"CLGPT_RANK_DIR"}  # how clgpt.launch and its ranks find their status folder, not a knob
+PROTOCOL = {"CLGPT_RANK_DIR"}  # how clgpt.training.launch and its ranks find their status folder, not a knob
 
 
 def var(field: dataclasses.Field) -> str:
@@ -93,7 +93,7 @@ def test_a_value_that_cannot_be_used_is_a_one_line_error_naming_the_variable(var
     ("CLGPT_WGMMA_MN", "no", "wgmma_mn", True),  # on-by-default switches: any value but 0 is on
     ("CLGPT_MMA_EMULATE", "0", "mma_emulate", False),
     ("CLGPT_NV_VERBOSE", "0", "nv_verbose", True),  # any non-empty value
-    ("CLGPT_REDUCE", "", "reduce", ""),  # anything but shm sums through MPI (clgpt.dist)
+    ("CLGPT_REDUCE", "", "reduce", ""),  # anything but shm sums through MPI (clgpt.training.dist)
     ("CLGPT_REDUCE_THREADS", "0", "reduce_threads", 1),
 ])
 def test_lenient_values_read_as_they_always_have(variable, value, field, want):

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from clgpt.device import get_device
-from clgpt.engine import make_engine
 from clgpt.kvcache import KVCache
 from clgpt.model import ModelConfig, init_params
+from clgpt.models.factory import make_engine
 
 from opcheck import check_op
 

@@ -1,4 +1,4 @@
-"""The llama kernels and LlamaEngine against the float64 reference (clgpt.reference_llama): each kernel
+"""The llama kernels and LlamaEngine against the float64 reference (clgpt.models.reference_llama): each kernel
 forward and backward, the reference backward against finite differences, the engine's loss, logits and
 gradients (dense, grouped-query, mixture of experts), training steps, determinism and expert usage.
 
@@ -12,15 +12,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from clgpt import reference_llama as ref
 from clgpt.device import get_device
-from clgpt.gpt2 import GPT2Engine as Engine
-from clgpt.engine import make_engine
-from clgpt.knobs import Knobs
-from clgpt.llama import LlamaEngine
 from clgpt.errors import ClgptError
+from clgpt.knobs import Knobs
 from clgpt.model import ModelConfig, init_params, param_shapes
-from clgpt.reference import fd_entries
+from clgpt.models import reference_llama as ref
+from clgpt.models.factory import make_engine
+from clgpt.models.gpt2 import GPT2Engine as Engine
+from clgpt.models.llama import LlamaEngine
+from clgpt.models.reference import fd_entries
 from opcheck import FD, check_op, run_op
 
 KERNEL_TOL = 1e-5
@@ -557,7 +557,7 @@ def test_training_follows_reference(kind):
     ref_p = {k: v.astype(np.float64) for k, v in p.items()}
     state: dict = {}
     hp = dict(lr=3e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, clip=1.0)
-    from clgpt.reference import adamw_step
+    from clgpt.models.reference import adamw_step
     for it in range(20):
         tokens, targets, mask = batch(cfg, 4, 8, seed=it)
         loss = eng.forward(tokens, targets, mask)

@@ -19,14 +19,14 @@ import llama_cpp  # noqa: F401  (fails collection loudly when the test dependenc
 import numpy as np
 import pytest
 
-from clgpt import reference_llama as ref
-from clgpt.chat import encode_dialog, encode_prompt
-from clgpt.llama import LlamaEngine
 from clgpt.generate import Generator
-from clgpt.gguf_io import export_gguf, read_gguf
+from clgpt.io.gguf import export_gguf, read_gguf
 from clgpt.model import ModelConfig, init_params
-from clgpt.tokenizer import Tokenizer
-from clgpt.train import pad_dialogs
+from clgpt.models import reference_llama as ref
+from clgpt.models.llama import LlamaEngine
+from clgpt.text.chat import encode_dialog, encode_prompt
+from clgpt.text.tokenizer import Tokenizer
+from clgpt.training.train import pad_dialogs
 
 PRETRAIN = [
     "The cat sat on the mat.",

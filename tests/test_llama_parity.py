@@ -26,14 +26,14 @@ import llama_cpp  # (fails collection loudly when the test dependency is missing
 import numpy as np
 import pytest
 
-from clgpt import reference
-from clgpt.chat import encode_dialog, encode_prompt
-from clgpt.gpt2 import GPT2Engine as Engine
 from clgpt.generate import Generator, eog_ids
-from clgpt.gguf_io import export_gguf, read_gguf
+from clgpt.io.gguf import export_gguf, read_gguf
 from clgpt.model import ModelConfig, init_params
-from clgpt.tokenizer import Tokenizer
-from clgpt.train import pad_dialogs
+from clgpt.models import reference
+from clgpt.models.gpt2 import GPT2Engine as Engine
+from clgpt.text.chat import encode_dialog, encode_prompt
+from clgpt.text.tokenizer import Tokenizer
+from clgpt.training.train import pad_dialogs
 
 PRETRAIN = [
     "The cat sat on the mat.",

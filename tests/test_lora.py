@@ -1,4 +1,4 @@
-"""LoRA adapters (clgpt/lora.py): the adapters' gradients against finite differences of the float64 reference
+"""LoRA adapters (clgpt/models/lora.py): the adapters' gradients against finite differences of the float64 reference
 model, only the adapters train (the optimizer holds nothing else), the tune stage with tune.lora, and llama.cpp
 applying the exported adapter GGUF to the base GGUF (`--lora`) agreeing with clgpt on the merged weights."""
 
@@ -11,15 +11,15 @@ from test_llama_engine import batch, noisy_params
 from test_llama_gguf import DIALOGS, N_CTX, PRETRAIN, llama_logits, load, prompt_ids
 from test_train import data, pretrained, settings  # noqa: F401  (fixtures)
 
-from clgpt import reference as ref_gpt2
-from clgpt import reference_llama as ref_llama
-from clgpt.chat import encode_dialog, encode_prompt
-from clgpt.checkpoint import load_checkpoint
-from clgpt.engine import make_engine
 from clgpt.errors import ClgptError
 from clgpt.generate import Generator
-from clgpt.gguf_io import export_gguf
-from clgpt.lora import (
+from clgpt.io.checkpoint import load_checkpoint
+from clgpt.io.gguf import export_gguf
+from clgpt.models import reference as ref_gpt2
+from clgpt.models import reference_llama as ref_llama
+from clgpt.models.factory import make_engine
+from clgpt.text.chat import encode_dialog, encode_prompt
+from clgpt.models.lora import (
     A_SUFFIX,
     B_SUFFIX,
     LoraSpec,
@@ -29,11 +29,11 @@ from clgpt.lora import (
     lora_spec,
     merge,
 )
-from clgpt.lora_engine import LoraEngine
 from clgpt.model import ModelConfig, init_params
-from clgpt.reference import fd_entries
-from clgpt.tokenizer import Tokenizer
-from clgpt.train import pad_dialogs, run_stage, stage_settings
+from clgpt.models.lora_engine import LoraEngine
+from clgpt.models.reference import fd_entries
+from clgpt.text.tokenizer import Tokenizer
+from clgpt.training.train import pad_dialogs, run_stage, stage_settings
 
 CFGS = {
     "llama": ModelConfig(arch="llama", vocab_size=40, n_ctx=16, n_embd=16, n_head=2, n_layer=2, n_ff=24,

@@ -1,4 +1,4 @@
-"""Data parallelism over MPI (clgpt.dist) on a tiny model, ranks sharing the CPU's OpenCL device:
+"""Data parallelism over MPI (clgpt.training.dist) on a tiny model, ranks sharing the CPU's OpenCL device:
 gradients of two ranks against one, bit-identical runs, resume, a killed rank named by the launcher."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from clgpt.checkpoint import load_checkpoint
 from clgpt.errors import ClgptError
-from clgpt.launch import culprit
-from clgpt.train import run_stage
+from clgpt.io.checkpoint import load_checkpoint
+from clgpt.training.launch import culprit
+from clgpt.training.train import run_stage
 from test_train import TINY, dialog_docs, settings, text_docs, write_encoded
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,10 +27,10 @@ MPIEXEC = str(_BESIDE) if _BESIDE.exists() else shutil.which("mpiexec")
 
 
 def mpirun(n: int, spec: dict, launch: str | None = None, partial: str = "") -> subprocess.CompletedProcess:
-    """`mpiexec -n n python tests/mpi_worker.py SPEC`, through clgpt.launch when `launch` names the stage."""
+    """`mpiexec -n n python tests/mpi_worker.py SPEC`, through clgpt.training.launch when `launch` names the stage."""
     cmd = [MPIEXEC, "-n", str(n), sys.executable, WORKER, json.dumps(spec)]
     if launch:
-        cmd = [sys.executable, "-m", "clgpt.launch", "--stage", launch, "--partial", partial, "--", *cmd]
+        cmd = [sys.executable, "-m", "clgpt.training.launch", "--stage", launch, "--partial", partial, "--", *cmd]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 
@@ -83,7 +83,7 @@ def test_reduce_adds_in_rank_order_on_every_rank(tmp_path, via):
     code = f"""
 import numpy as np
 from mpi4py import MPI
-from clgpt.dist import Dist
+from clgpt.training.dist import Dist
 d = Dist(MPI.COMM_WORLD)
 assert d.via == {via!r}
 a = [np.random.default_rng(r).standard_normal(1001).astype(np.float32) * 10.0 ** r for r in range(3)]
@@ -93,8 +93,8 @@ assert got.tobytes() == want.tobytes(), (d.rank, np.abs(got - want).max())
 half = Dist.allreduce_sum(d, a[d.rank], bucket=97, wire="bf16") if d.via == "mpi" else got
 assert np.abs(half - want).max() <= 2 ** -7 * 3 * max(np.abs(x).max() for x in a)
 assert d.allgather(got.tobytes()) == [got.tobytes()] * 3
-import clgpt.dist
-clgpt.dist.MIN_SLICE, d.threads = 16, 3  # the shared-memory sum in slices on 3 threads: the same bits
+import clgpt.training.dist
+clgpt.training.dist.MIN_SLICE, d.threads = 16, 3  # the shared-memory sum in slices on 3 threads: the same bits
 assert d.allreduce_sum(a[d.rank], bucket=97).tobytes() == want.tobytes()
 """
     r = subprocess.run([MPIEXEC, "-n", "3", sys.executable, "-c", code], capture_output=True, text=True,

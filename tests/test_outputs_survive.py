@@ -223,8 +223,8 @@ def test_full_disk_pretrain_keeps_the_previous_checkpoints(disk):
 
 
 def test_checkpoint_on_a_full_disk_names_the_space_it_needs(tmp_path):
-    from clgpt.checkpoint import save_checkpoint
     from clgpt.errors import ClgptError
+    from clgpt.io.checkpoint import save_checkpoint
     from clgpt.model import ModelConfig, init_params
 
     mount = tmp_path / "small"

@@ -16,15 +16,15 @@ import numpy as np
 import pyopencl as cl
 import pytest
 
-from clgpt import reference as ref
 from clgpt import sm90a
 from clgpt.config import validate_config
 from clgpt.device import get_device
-from clgpt.engine import Engine
-from clgpt.ops import matmul_defines, matmul_launch
 from clgpt.errors import ClgptError
 from clgpt.knobs import OFF, Knobs
 from clgpt.model import ModelConfig, init_params
+from clgpt.models import reference as ref
+from clgpt.models.gpt2 import GPT2Engine
+from clgpt.ops import matmul_defines, matmul_launch
 from clgpt.precision import ROUND, matrix_path, resolve
 from opcheck import bf16_pattern as _bf16_pattern, run_op, tiled_index as _tiled_index
 
@@ -347,7 +347,7 @@ def _engine(precision, launch="cpu", emulate=False, knobs=None, **shape):
         knobs = emulated_knobs(launch) if emulate else Knobs(launch=launch)
     cfg = ModelConfig(vocab_size=shape.get("V", 16), n_ctx=shape.get("T", 8), n_embd=shape.get("C", 16),
                       n_head=shape.get("H", 2), n_layer=shape.get("L", 1), n_ff=shape.get("F", 32))
-    return Engine(cfg, init_params(cfg, 0), batch_size=shape.get("B", 1), seq_len=shape.get("T", 8),
+    return GPT2Engine(cfg, init_params(cfg, 0), batch_size=shape.get("B", 1), seq_len=shape.get("T", 8),
                   precision=precision, knobs=knobs)
 
 
@@ -416,7 +416,7 @@ def test_engine_fp32_is_unchanged(dev):
     tok, tgt = (r.integers(0, 32, size=(2, 16)).astype(np.int32) for _ in range(2))
     out = []
     for kw in (dict(), dict(precision="fp32"), dict(precision="auto")):  # auto: PoCL has no matrix path
-        eng = Engine(cfg, init_params(cfg, 0), batch_size=2, seq_len=16, knobs=Knobs(launch="cpu"), **kw)
+        eng = GPT2Engine(cfg, init_params(cfg, 0), batch_size=2, seq_len=16, knobs=Knobs(launch="cpu"), **kw)
         assert eng.round == 0 and eng.mma is None
         loss = eng.forward(tok, tgt)
         eng.zero_grad()
@@ -435,7 +435,7 @@ def test_training_curve_reduced_precision_tracks_fp32(dev):
     data = [(t, np.roll(t, -1, axis=1)) for (t,) in data]  # learnable: the next token of a short cycle
     curves = {}
     for precision in ("fp32", "bf16", "tf32"):
-        eng = Engine(cfg, init_params(cfg, 0), batch_size=4, seq_len=16, precision=precision, knobs=Knobs(launch="cpu"))
+        eng = GPT2Engine(cfg, init_params(cfg, 0), batch_size=4, seq_len=16, precision=precision, knobs=Knobs(launch="cpu"))
         losses = []
         for step in range(60):
             tok, tgt = data[step % 2]
@@ -630,8 +630,8 @@ def test_llama_engine_on_tensor_cores_against_float64(dev, shape):
     two-output epilogue (EPI 3, rows 2F apart) among them, dense, grouped-query and MoE: loss and every gradient
     against the float64 reference (MoE with the engine's routing: top-k may pick differently at a near tie), and
     the same bytes twice."""
-    from clgpt import reference_llama
-    from clgpt.engine import make_engine
+    from clgpt.models import reference_llama
+    from clgpt.models.factory import make_engine
 
     cfg = ModelConfig(**{**dict(arch="llama", vocab_size=32, n_ctx=16, n_embd=32, n_head=2, n_layer=2, n_ff=64),
                          **shape})

@@ -12,7 +12,7 @@ import pytest
 
 from clgpt.config import validate_config
 from clgpt.errors import ClgptError
-from clgpt.sweep import run_name, summarize, sweep_runs, varied_stages
+from clgpt.training.sweep import run_name, summarize, sweep_runs, varied_stages
 from test_pipeline import SWEEP, TINY, make_workdir, write_config
 
 

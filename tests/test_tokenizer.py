@@ -10,15 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clgpt.errors import ClgptError
-from clgpt.tokenizer import (
-    GPT2_SPLIT_PATTERN,
-    SPECIAL_TOKENS,
-    Tokenizer,
-    bytes_to_unicode,
-    get_stats,
-    merge,
-    split_words,
-)
+from clgpt.text.bpe import get_stats, merge
+from clgpt.text.tokenizer import GPT2_SPLIT_PATTERN, SPECIAL_TOKENS, Tokenizer, bytes_to_unicode, split_words
 
 BASE_TEXT = """\
 The quick brown fox jumps over the lazy dog. Don't we'll I'M they're you've she'd it's.

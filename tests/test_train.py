@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from clgpt.checkpoint import load_checkpoint, save_checkpoint
 from clgpt.errors import ClgptError
+from clgpt.io.checkpoint import load_checkpoint, save_checkpoint
 from clgpt.model import ModelConfig, init_params
-from clgpt.train import (
+from clgpt.training.train import (
     DialogBatches,
     PretrainBatches,
     lr_at,
@@ -204,7 +204,7 @@ def test_dialog_batches_mask_only_the_reply(data):
 
 def test_tune_loss_ignores_user_targets(data, pretrained):
     from clgpt.data import load_encoded
-    from clgpt.engine import make_engine
+    from clgpt.models.factory import make_engine
 
     ck = load_checkpoint(pretrained)
     ids, meta = load_encoded(data["dialog"])
@@ -365,7 +365,7 @@ def _start_slow_run(data, out: Path, steps: int) -> subprocess.Popen:
     """A real pretrain run in another process, slowed down so a test can signal it mid-run."""
     code = textwrap.dedent(f"""
         import time
-        from clgpt.train import run_stage
+        from clgpt.training.train import run_stage
         run_stage("pretrain", {data["text"]!r}, {settings(steps=steps, checkpoint_every=1)!r},
                   {str(out / "model.ckpt")!r}, {str(out / "log.csv")!r}, model={TINY!r},
                   tokenizer_hash="test-tokenizer", callback=lambda step, loss: time.sleep(0.05))

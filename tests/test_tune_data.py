@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clgpt.chat import PARAGRAPH_WORDS, encode_chat, encode_prompt, heldout_systems, system_probes
 from clgpt.data import dialog_texts, read_dialogs, text_segments
-from clgpt.tokenizer import Tokenizer
+from clgpt.text.chat import PARAGRAPH_WORDS, encode_chat, encode_prompt, heldout_systems, system_probes
+from clgpt.text.tokenizer import Tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "data"

@@ -11,7 +11,7 @@ import tiktoken
 from test_evaluate import HELDOUT, evaluate, stages  # noqa: F401  (stages: the tiny pretrained + tuned model)
 
 from clgpt.data import load_encoded
-from clgpt.units import bits_per_byte, documents
+from clgpt.eval.units import bits_per_byte, documents
 
 HELDOUT_TEXT = "The cat ran in the sun.\nA bird sat on the dog.\n"  # test_evaluate's held-out text
 
@@ -64,7 +64,7 @@ def test_metrics_give_bits_per_byte_and_the_tokenizer_report(stages, tmp_path): 
 
 
 def test_pretrained_only_run_reports_bits_per_byte(stages, tmp_path):  # noqa: F811
-    from clgpt.evaluate import run_evaluate
+    from clgpt.eval.evaluate import run_evaluate
 
     d, _ = stages
     m = run_evaluate(str(d / "pre.ckpt"), None, str(d / "tokenizer.json"), str(d / "pretrain_heldout.bin"), None, [],

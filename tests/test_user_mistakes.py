@@ -105,9 +105,9 @@ def test_any_config_override_validates_or_names_a_key(overrides):
 
 @pytest.fixture(scope="module")
 def gguf(tmp_path_factory):
-    from clgpt.gguf_io import export_gguf
+    from clgpt.io.gguf import export_gguf
     from clgpt.model import ModelConfig, init_params
-    from clgpt.tokenizer import Tokenizer
+    from clgpt.text.tokenizer import Tokenizer
 
     d = tmp_path_factory.mktemp("gen")
     tok = Tokenizer.train(["The cat sat on the mat.", "Water boils at one hundred degrees."], 280)
@@ -139,7 +139,7 @@ def corpus(tmp_path: Path, **extra) -> dict:
 def test_parquet_rows_without_text_are_counted(tmp_path, capsys):
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from clgpt.preflight import check_corpus
+    from clgpt.data.preflight import check_corpus
 
     c = corpus(tmp_path)
     texts = [None if i % 3 == 0 else f"row {i}" for i in range(134)]
@@ -151,7 +151,7 @@ def test_parquet_rows_without_text_are_counted(tmp_path, capsys):
 
 
 def test_upper_case_suffix_and_dangling_link_are_named(tmp_path, capsys):
-    from clgpt.preflight import check_corpus
+    from clgpt.data.preflight import check_corpus
 
     c = corpus(tmp_path)
     (tmp_path / "pre" / "B.TXT").write_text("shouting\n")
@@ -167,7 +167,7 @@ def test_upper_case_suffix_and_dangling_link_are_named(tmp_path, capsys):
 
 
 def test_separator_inside_words_is_counted(tmp_path, capsys):
-    from clgpt.preflight import check_corpus
+    from clgpt.data.preflight import check_corpus
 
     check_corpus(corpus(tmp_path, separator="the"))  # "The other day the cat": inside "other" only
     lines = warnings_of(capsys)
@@ -181,7 +181,7 @@ def test_separator_inside_words_is_counted(tmp_path, capsys):
 # ---- the smaller ones ---------------------------------------------------------------------------
 
 def test_a_number_where_text_goes_is_called_a_number():
-    from clgpt.chat import parse_dialog_line
+    from clgpt.text.chat import parse_dialog_line
 
     with pytest.raises(ClgptError, match=r'^f.jsonl:3: "user" is a number \(42\), not text; write it as a string in '
                                          r'quotes: "user": "42"$'):
@@ -192,7 +192,7 @@ def test_a_number_where_text_goes_is_called_a_number():
 
 
 def test_openai_name_and_weight_are_read_and_ignored():
-    from clgpt.chat import parse_dialog_line
+    from clgpt.text.chat import parse_dialog_line
 
     d = parse_dialog_line({"messages": [{"role": "user", "content": "Hi", "name": "ann"},
                                         {"role": "assistant", "content": "Hello", "weight": 0}]}, "f:1")
@@ -200,7 +200,7 @@ def test_openai_name_and_weight_are_read_and_ignored():
 
 
 def test_corpus_path_that_is_a_file_lists_the_suffixes(tmp_path):
-    from clgpt.preflight import check_corpus
+    from clgpt.data.preflight import check_corpus
 
     c = corpus(tmp_path)
     with pytest.raises(ClgptError) as e:
@@ -224,7 +224,7 @@ def test_pyopencl_ctx_is_named_when_it_matches_no_device(monkeypatch):
 
 
 def test_sweeping_ranks_says_it_cannot_be_swept():
-    from clgpt.sweep import check_sweep
+    from clgpt.training.sweep import check_sweep
 
     with pytest.raises(ClgptError, match=r"sweep.pretrain.ranks cannot be swept"):
         check_sweep({"pretrain.ranks": [1, 2]})
@@ -233,7 +233,7 @@ def test_sweeping_ranks_says_it_cannot_be_swept():
 
 
 def test_truncated_checkpoint_says_to_force_the_stage(tmp_path):
-    from clgpt.checkpoint import load_checkpoint, save_checkpoint
+    from clgpt.io.checkpoint import load_checkpoint, save_checkpoint
     from clgpt.model import ModelConfig, init_params
 
     cfg = ModelConfig(vocab_size=260, n_ctx=16, n_embd=8, n_head=2, n_layer=1, n_ff=16)
@@ -246,7 +246,7 @@ def test_truncated_checkpoint_says_to_force_the_stage(tmp_path):
 
 
 def test_a_reply_cut_inside_a_character_leaves_the_character_out():
-    from clgpt.tokenizer import Tokenizer
+    from clgpt.text.tokenizer import Tokenizer
 
     tok = Tokenizer.train(["abc"], 260)  # byte-level: "é" is two tokens
     ids = tok.encode("caf\u00e9")

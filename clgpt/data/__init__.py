@@ -11,16 +11,17 @@ Text corpus: a folder of `*.txt` (UTF-8), `*.jsonl` (one `{"text": ...}` per lin
 Texts are read in chunks of CHUNK_CHARS and encoded in segments cut where the pre-tokenizer would cut
 anyway, so memory stays bounded on any file and the ids equal those of encoding the text whole.
 Dialogs: JSON Lines, one conversation per line: `{"messages": [{"role": ..., "content": ...}, ...]}` or
-`{"user": "...", "assistant": "..."}` (clgpt.chat.parse_dialog_line checks both).
+`{"user": "...", "assistant": "..."}` (clgpt.text.chat.parse_dialog_line checks both).
 Encoded files: a flat `uint16` (`uint32` when the vocabulary needs it) id file `X.bin`, a binary index
 `X.idx` (uint64: the start of every document, then the end of the stream; for dialogs followed by the
 position whose target is every dialog's first reply token) and a small JSON sidecar `X.json` (counts,
 hashes; for dialogs `loss_spans`, every assistant turn's target ranges);
 read back with `np.memmap`.
 
-    corpus.py    reading the text sources and dialogs, documents, segments, the parse-time checks
-    encode.py    the encode stage's files, and reading them back (load_encoded, load_documents)
-    batches.py   training and held-out batches
+    corpus.py     reading the text sources and dialogs, documents, segments, the parse-time checks
+    preflight.py  the corpus checks that need no tokenizer, run when the workflow is parsed
+    encode.py     the encode stage's files, and reading them back (load_encoded, load_documents)
+    batches.py    training and held-out batches
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ from typing import Iterable, Iterator
 
 import regex
 
-from clgpt.chat import parse_dialog_line
 from clgpt.errors import ClgptError
+from clgpt.text.chat import parse_dialog_line
 
 TEXT_SUFFIXES = (".txt", ".jsonl", ".parquet")
 DOCUMENT_MODES = ("file", "paragraph", "line")

@@ -13,10 +13,10 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from clgpt.atomic import write_text_atomic
-from clgpt.chat import encode_chat
 from clgpt.data import corpus
 from clgpt.data.corpus import files_sha256, read_dialogs, text_segments
 from clgpt.errors import ClgptError
+from clgpt.text.chat import encode_chat
 
 ENCODED_VERSION = 2  # 1: document boundaries as a JSON list in the sidecar (still read)
 PARALLEL_MIN_BYTES = 8 << 20  # corpora at least this large are encoded by a process pool
@@ -31,7 +31,7 @@ _worker_tok = None
 
 def _worker_init(tokenizer_path: str) -> None:
     global _worker_tok
-    from clgpt.tokenizer import Tokenizer
+    from clgpt.text.tokenizer import Tokenizer
 
     _worker_tok = Tokenizer.load(tokenizer_path)
 

@@ -1,7 +1,7 @@
 """Ops: the launchers, one object per engine (its device and model widths), that own kernel choice.
 
-As llm.c splits kernels (`kernels/*.cl`) from launchers (`llmc/*.cuh`), the architectures in clgpt/gpt2.py
-and clgpt/llama.py call only these methods; which kernel, tiles, split-K, local sizes and launch style a
+As llm.c splits kernels (`kernels/*.cl`) from launchers (`llmc/*.cuh`), the architectures in clgpt/models/gpt2.py
+and clgpt/models/llama.py call only these methods; which kernel, tiles, split-K, local sizes and launch style a
 device gets comes from its clgpt.tuning row and is decided here, once, for every architecture.
 
 Shapes: B batch, T time, N = B*T rows, C n_embd, V vocab, H heads, D = C // H, F n_ff.
@@ -15,8 +15,8 @@ Buffers are pyopencl Buffers (or sub-buffers) of float32 (int32 for token ids), 
     xent_forward / xent_backward               fused softmax + cross-entropy (masked)
     embedding_forward / token_embd_backward / position_embd_backward
     rope_forward / rope_backward, swiglu_forward / swiglu_backward, gelu via the matmul epilogue
-    grad_norm / adamw     over flat parameter buffers (clgpt/params.py)
-    dropout_*             counter-hash masks (clgpt/dropout.py, kernels/dropout.cl)
+    grad_norm / adamw     over flat parameter buffers (clgpt/models/params.py)
+    dropout_*             counter-hash masks (clgpt/models/dropout.py, kernels/dropout.cl)
 
 One class, Ops, composed of a mixin a file; each file names the kernels/*.cl files it launches:
 

@@ -1,8 +1,8 @@
 """The other layers' launchers: cross-entropy, embeddings, Llama's RoPE and SwiGLU, dropout, and the optimizer's
-gradient norm and AdamW over flat parameter buffers (clgpt/params.py).
+gradient norm and AdamW over flat parameter buffers (clgpt/models/params.py).
 
 Launches kernels/xent.cl, kernels/embedding.cl, kernels/rope.cl, kernels/swiglu.cl, kernels/dropout.cl (masks from
-clgpt.dropout's hash of seed, site, element) and kernels/adamw.cl.
+clgpt.models.dropout's hash of seed, site, element) and kernels/adamw.cl.
 """
 
 from __future__ import annotations

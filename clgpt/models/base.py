@@ -1,8 +1,8 @@
-"""The engine: what every architecture shares, and `make_engine`, which picks the architecture's module.
+"""The engine base: what every architecture shares (clgpt.models.factory.make_engine picks the architecture).
 
 An engine is three parts, as in llm.c: the launchers (`clgpt.ops.Ops`: which kernel, tiles and launch a
-device gets), the parameter store with AdamW (`clgpt.params.ParamStore`), and the model's forward and
-backward written against the launchers (`clgpt.gpt2.GPT2Engine`, `clgpt.llama.LlamaEngine`). This base
+device gets), the parameter store with AdamW (`clgpt.models.params.ParamStore`), and the model's forward and
+backward written against the launchers (`clgpt.models.gpt2.GPT2Engine`, `clgpt.models.llama.LlamaEngine`). This base
 holds the parts every model has: token checks, the logits and loss ending of the forward, the backward's
 head (cross-entropy gradient and the output projection), the token-embedding gradient and dropout's state.
 
@@ -20,32 +20,8 @@ from clgpt.device import Device, resolve_device
 from clgpt.errors import ClgptError
 from clgpt.knobs import Knobs
 from clgpt.model import ModelConfig, decays, param_shapes, trains
+from clgpt.models.params import ParamStore
 from clgpt.ops import Ops
-from clgpt.params import ParamStore
-
-
-def make_engine(cfg: ModelConfig, params: dict, batch_size: int, seq_len: int, device: Device | str | None = None,
-                dropout: float = 0.0, precision: str = "fp32", optimizer: bool = True,
-                knobs: Knobs | None = None) -> EngineBase:
-    """The engine for cfg.arch (GPT2Engine or LlamaEngine, same interface); device: a Device, a spec string
-    or None (clgpt.device.resolve_device); dropout: the probability on embeddings, attention probabilities
-    and residual branches, active in forward calls with targets and a dropout_seed; precision: the matmuls'
-    operands, fp32 | tf32 | bf16 | auto (clgpt/precision.py); optimizer=False: no AdamW moments (a frozen
-    base under LoRA adapters, clgpt.lora); knobs: the clgpt.knobs switches (None: the environment's)."""
-    if cfg.arch == "llama":
-        from clgpt.llama import LlamaEngine as cls
-    else:
-        from clgpt.gpt2 import GPT2Engine as cls
-    return cls(cfg, params, batch_size=batch_size, seq_len=seq_len, device=device, dropout=dropout,
-               precision=precision, optimizer=optimizer, knobs=knobs)
-
-
-def __getattr__(name):  # `from clgpt.engine import Engine`: the GPT-2 engine, as before the split
-    if name == "Engine":
-        from clgpt.gpt2 import GPT2Engine
-
-        return GPT2Engine
-    raise AttributeError(name)
 
 
 class EngineBase:
@@ -53,7 +29,7 @@ class EngineBase:
     saved: tuple[str, ...] = ()  # the per-layer activations (self.acts keys) the backward reads again as operands
     # grad_hook(i), when set, is called inside backward() right after layer i's gradient kernels are enqueued
     # (layers n_layer-1 .. 0): from then on blk.i.*'s gradients of this backward are final, so data-parallel
-    # ranks can start summing them while the layers below still run (clgpt.dist.OverlappedReduce).
+    # ranks can start summing them while the layers below still run (clgpt.training.dist.OverlappedReduce).
     grad_hook = None
 
     def __init__(self, cfg: ModelConfig, params: dict, batch_size: int, seq_len: int,
@@ -62,7 +38,7 @@ class EngineBase:
         cfg.validate()
         if cfg.arch != self.arch:
             raise ClgptError(f"{type(self).__name__} runs arch {self.arch!r}, not {cfg.arch!r}; "
-                             f"use clgpt.engine.make_engine")
+                             f"use clgpt.models.factory.make_engine")
         if seq_len > cfg.n_ctx:
             raise ClgptError(f"seq_len {seq_len} exceeds the model's n_ctx {cfg.n_ctx}")
         if not 0.0 <= float(dropout) < 1.0:
@@ -102,7 +78,7 @@ class EngineBase:
 
     # ---- what an architecture writes ----
     def _packed(self) -> dict:
-        """{view: tensor names} the parameter store lays back to back (clgpt.params.ParamStore)."""
+        """{view: tensor names} the parameter store lays back to back (clgpt.models.params.ParamStore)."""
         return {}
 
     def _alloc(self):
@@ -148,7 +124,7 @@ class EngineBase:
     def forward(self, tokens, targets=None, mask=None, dropout_seed=None):
         """Mean masked NLL (float) when targets are given, else logits (B', T', V) float32.
         Dropout (the engine's `dropout` > 0) is on only with targets and a dropout_seed (a uint32, see
-        clgpt.dropout.dropout_seed): masks are a hash of (dropout_seed, site, element)."""
+        clgpt.models.dropout.dropout_seed): masks are a hash of (dropout_seed, site, element)."""
         cfg = self.cfg
         tokens = self._check_tokens(tokens)
         Bp, Tp = tokens.shape
@@ -244,12 +220,12 @@ class EngineBase:
         self.ops.token_embd_backward(len(rows), self.emb_rows, self.emb_starts, self.emb_order, dx,
                                      self.g["token_embd.weight"])
 
-    # ---- dropout sites (clgpt/dropout.py) ----
+    # ---- dropout sites (clgpt/models/dropout.py) ----
     def _dropped(self, layer: int, kind: str):
         """(seed, site id, p) when this forward drops out at (layer, kind), else None."""
         if self._drop is None:
             return None
-        from clgpt.dropout import site
+        from clgpt.models.dropout import site
 
         return self._drop[0], site(layer, kind), self._drop[1]
 

@@ -30,8 +30,8 @@ import numpy as np
 from tqdm import tqdm
 
 from clgpt.atomic import atomic_path
-from clgpt.checkpoint import load_checkpoint, save_checkpoint
 from clgpt.config import section_settings
+from clgpt.io.checkpoint import load_checkpoint, save_checkpoint
 from clgpt.data import (  # noqa: F401  (batching lives in clgpt.data; the names stay importable here)
     DialogBatches,
     PretrainBatches,
@@ -43,10 +43,10 @@ from clgpt.data import (  # noqa: F401  (batching lives in clgpt.data; the names
     text_batches,
 )
 from clgpt.errors import ClgptError
-from clgpt.lora import lora_spec
-from clgpt.lora_engine import LoraEngine
 from clgpt.model import ModelConfig
-from clgpt.train_inputs import _Inputs, _pretrain_inputs, _sha256_file, _tune_inputs
+from clgpt.models.lora import lora_spec
+from clgpt.models.lora_engine import LoraEngine
+from clgpt.training.train_inputs import _Inputs, _pretrain_inputs, _sha256_file, _tune_inputs
 
 # Settings and their defaults: schemas/config.schema.yaml (clgpt.config.section_settings). epochs > 0
 # replaces steps by ceil(epochs * rows / rows_per_step); mix_pretrain is the tune stage's share of rows
@@ -208,7 +208,7 @@ def _resume(partial: str, key: str, eng, batches, stage: str, total: int, ranks:
 def accumulate_grads(eng, batches, accum: int, dist, stop_requested: bool = False,
                      overlap: bool = True, dropout_seed=None) -> tuple[float, int, bool]:
     """One optimizer step's gradients: `accum` micro-batches from `batches`, each rank on its rows, summed
-    over the ranks once per step (clgpt.dist), during the last micro-batch's backward pass when `overlap`
+    over the ranks once per step (clgpt.training.dist), during the last micro-batch's backward pass when `overlap`
     (and the engine offers a grad_hook; else one reduce after the backward pass).
     dropout_seed(micro): the uint32 of that micro-batch's dropout masks, or None when dropout is off.
     -> (the whole batch's loss, real tokens, whether any rank asked to stop)."""
@@ -246,7 +246,7 @@ def accumulate_grads(eng, batches, accum: int, dist, stop_requested: bool = Fals
 
 def _dropout_seed(seed: int, step: int, micro: int) -> int:
     """The uint32 that picks one micro-batch's dropout masks (the engine's counter-based generator)."""
-    from clgpt.dropout import dropout_seed
+    from clgpt.models.dropout import dropout_seed
 
     return dropout_seed(seed, step, micro)
 
@@ -318,14 +318,14 @@ def run_stage(
     steps and at the end (log.csv val_loss, the progress bar); keep: best then ships the weights of the
     lowest one, kept meanwhile in `ckpt_out + ".best"` (a resumed run keeps it); patience stops early.
     device: a clgpt.device.Device, or a spec string for clgpt.device.get_device (None = default choice).
-    settings.ranks > 1: this process is one of that many MPI ranks (clgpt.dist); each rank runs on
+    settings.ranks > 1: this process is one of that many MPI ranks (clgpt.training.dist); each rank runs on
     devices[local rank % len] when `devices` is given, else on the local-rank-th device `device` matches.
     callback(step, loss) runs after every optimizer step, on every rank (tests use it to interrupt a run).
 
     Returns {"stage", "steps", "total_steps", "final_loss", "smoothed_loss", "tokens_seen", "seconds",
     "resumed_from", "stopped_early", "dropped_rows", "best_step", "best_val_loss", "ranks"}.
     """
-    from clgpt.dist import Dist
+    from clgpt.training.dist import Dist
 
     s = stage_settings(stage, settings)
     dist = Dist.for_stage(stage, s["ranks"])
@@ -370,14 +370,14 @@ def _run_stage(stage, encoded, s, ckpt_out, log_csv, dist, *, model, init_ckpt, 
         total = s["steps"]
     key = _resume_key(stage, s, inp, total)
 
-    from clgpt.engine import make_engine  # GPT2Engine or LlamaEngine; needs OpenCL
+    from clgpt.models.factory import make_engine  # GPT2Engine or LlamaEngine; needs OpenCL
 
     # the engine holds the most rows of a micro-batch one rank gets (all of them with one rank)
     dev = dist.device(device, devices) if dist.size > 1 else _resolve_device(device)
     lora = s.get("lora") and lora_spec(s["lora"], cfg, f"{stage}.lora")
     eng = make_engine(cfg, inp.params, batch_size=-(-B // dist.size), seq_len=T, device=dev, dropout=s["dropout"],
                       precision=s["precision"], optimizer=not lora)
-    if lora:  # adapters on the frozen base (clgpt/lora.py); the engine runs the merged weights
+    if lora:  # adapters on the frozen base (clgpt/models/lora.py); the engine runs the merged weights
         eng = LoraEngine(eng, lora, s["seed"])
     if dist.size > 1:
         share_rows = [(r + 1) * B // dist.size - r * B // dist.size for r in range(dist.size)]

@@ -6,12 +6,12 @@ The order (decaying tensors, then the rest, each group in param_shapes order) is
 `get_grads_flat` / `set_grads_flat` (no padding: n_params floats). Data-parallel ranks sum the padded
 layout itself (n_flat floats, padding zero on every rank) a layer at a time during the backward pass:
 `read_grads_async` copies tensors' gradients into page-locked host memory (`pinned`) behind the kernels
-that made them, and `write_grads` puts the sums back in one copy (clgpt.dist.OverlappedReduce).
+that made them, and `write_grads` puts the sums back in one copy (clgpt.training.dist.OverlappedReduce).
 
 `trains` (a predicate; default all): tensors it rejects come last, from n_train on, where the grad norm and
 AdamW never reach: they keep their values (gpt2 with model.bias off: biases stay zero, as if absent).
 
-`optimizer=False` makes the store without AdamW moments (a frozen base under adapters, clgpt.lora): step
+`optimizer=False` makes the store without AdamW moments (a frozen base under adapters, clgpt.models.lora): step
 refuses, and the optimizer state is empty.
 
 `packed` {view name: (tensor names, consecutive in that order)} lays those tensors back to back, with no
@@ -151,7 +151,7 @@ class ParamStore:
             i += size
         cl.enqueue_copy(self.queue, self.flat_g, flat, is_blocking=True)
 
-    # ---- the padded layout, for data-parallel ranks (clgpt.dist.OverlappedReduce) ----
+    # ---- the padded layout, for data-parallel ranks (clgpt.training.dist.OverlappedReduce) ----
     def pinned(self, n: int) -> np.ndarray:
         """float32 (n,) host array in page-locked memory (a mapped CL_MEM_ALLOC_HOST_PTR buffer, kept mapped):
         device copies to and from it run at DMA speed on a GPU, where pageable numpy memory is copied through

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from clgpt.checkpoint import load_checkpoint
 from clgpt.data import DialogBatches, PretrainBatches, load_encoded
 from clgpt.errors import ClgptError
+from clgpt.io.checkpoint import load_checkpoint
 from clgpt.model import ModelConfig, init_params
 
 

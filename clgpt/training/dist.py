@@ -12,8 +12,8 @@ every rank holds the same bits and a run is bit-identical run to run. Each rank 
 step on its own copy of the weights; rank 0 writes the checkpoints and the logs.
 
 Failures: a Python error on any rank prints `error: <stage>: rank r of N (pid, host): ...`, is recorded in
-the status folder `clgpt.launch` watches (CLGPT_RANK_DIR), and aborts every rank (MPI_Abort), so no rank
-waits forever in a collective. A rank killed outright is reported by the launcher (`clgpt.launch`), which
+the status folder `clgpt.training.launch` watches (CLGPT_RANK_DIR), and aborts every rank (MPI_Abort), so no rank
+waits forever in a collective. A rank killed outright is reported by the launcher (`clgpt.training.launch`), which
 maps the MPI library's message back to the rank through the same folder.
 """
 

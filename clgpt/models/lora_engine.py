@@ -1,11 +1,12 @@
-"""The LoRA training engine: adapters on a frozen base engine (clgpt/lora.py holds the adapters' shapes, the merge
-and their GGUF export; it stays free of the device code, so the export stage does not re-run for a kernel change)."""
+"""The LoRA training engine: adapters on a frozen base engine (clgpt/models/lora.py holds the adapters' shapes, the
+merge and their GGUF export; it stays free of the device code, so the export stage does not re-run for a kernel
+change)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from clgpt.lora import (
+from clgpt.models.lora import (
     A_SUFFIX,
     B_SUFFIX,
     LoraSpec,
@@ -20,7 +21,7 @@ class LoraEngine:
     over a base engine made with optimizer=False: adapters train, the base stays W0 (module docstring)."""
 
     def __init__(self, base, spec: LoraSpec, seed: int, adapters: dict | None = None):
-        from clgpt.params import ParamStore
+        from clgpt.models.params import ParamStore
 
         self.base, self.spec, self.cfg = base, spec, base.cfg
         self.ops, self.queue = base.ops, base.queue

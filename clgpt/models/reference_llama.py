@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from clgpt.model import ModelConfig
-from clgpt.reference import (attention_backward, attention_forward, dropout_masks, softmax_xent_backward,
+from clgpt.models.reference import (attention_backward, attention_forward, dropout_masks, softmax_xent_backward,
                              softmax_xent_forward)
 
 
@@ -182,7 +182,7 @@ def moe_backward(dy, Wr, Wg, Wu, Wd, cache, aux_coef=0.0):
 def llama_forward(params, cfg: ModelConfig, tokens, targets, mask=None, routing=None, dropout=None):
     """-> (loss, aux, cache). loss: masked mean NLL; aux: load-balancing loss summed over layers (0 when
     dense). routing: None, or a list of (B*T, K) index arrays per layer to hold the routing fixed.
-    dropout: (seed, p) or None, the engine's masks (clgpt.reference.dropout_masks)."""
+    dropout: (seed, p) or None, the engine's masks (clgpt.models.reference.dropout_masks)."""
     p = {k: _f64(v) for k, v in params.items()}
     tokens = np.asarray(tokens)
     B, T = tokens.shape

@@ -7,7 +7,7 @@ attention and row kernels, fused cross-entropy, preset launches).
                      x = x + drop(ffn(rms(x, ffn_norm)))
     ffn = ffn_down(silu(ffn_gate(h)) * ffn_up(h))               dense, or for n_expert > 0:
     ffn = sum_k w_k expert_{sel_k}(h),  sel = top-k of softmax(ffn_gate_inp(h)),  w = renormalised probs
-    logits = rms(x, output_norm) @ (output.weight or token_embd.weight).T      (head: clgpt.engine)
+    logits = rms(x, output_norm) @ (output.weight or token_embd.weight).T      (head: clgpt.models.base)
 
 Shapes: B batch, T time, N = B*T rows, C n_embd, H heads, Hkv kv heads, D = C // H, F n_ff, E experts,
 K experts used, R = N*K + E*(RM-1) rows of the packed expert operands (RM: the row alignment of the grouped
@@ -40,8 +40,8 @@ from __future__ import annotations
 import numpy as np
 import pyopencl as cl
 
-from clgpt.engine import EngineBase
 from clgpt.errors import ClgptError
+from clgpt.models.base import EngineBase
 from clgpt.ops import F32
 
 i32, f32 = np.int32, np.float32

@@ -1,10 +1,10 @@
 """Runs a stage's MPI launch line and, when it fails, names the rank that failed.
 
-    python -m clgpt.launch --stage pretrain --partial results/pretrain/model.ckpt.partial [--log LOG] \\
+    python -m clgpt.training.launch --stage pretrain --partial results/pretrain/model.ckpt.partial [--log LOG] \\
         -- mpiexec -n 2 python scripts/pretrain.py ARGS LOG
 
 Each rank records itself (rank, pid, host, device; and its error, if it raised one) in a status folder
-named by CLGPT_RANK_DIR (clgpt.dist). A rank killed outright (SIGKILL, out of memory, a lost node) cannot
+named by CLGPT_RANK_DIR (clgpt.training.dist). A rank killed outright (SIGKILL, out of memory, a lost node) cannot
 say so itself: the MPI library's launcher prints its pid (MPICH) or its rank (Open MPI, srun), and this
 wrapper maps that back to the rank. It passes the launcher's output through, adds one `error:` line, and
 exits with the launcher's code. The stage's outputs are written by rank 0 at the very end (temp + rename),
@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 
-from clgpt.dist import RANK_DIR_ENV
+from clgpt.training.dist import RANK_DIR_ENV
 
 _TAIL = 20000  # characters of the launcher's output kept for the post-mortem
 
@@ -61,7 +61,7 @@ def culprit(output: str, ranks: dict[int, dict]) -> tuple[int | None, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m clgpt.launch", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m clgpt.training.launch", description=__doc__.splitlines()[0])
     ap.add_argument("--stage", required=True)
     ap.add_argument("--partial", default="", help="the stage's resumable checkpoint, named in the message")
     ap.add_argument("--log", default="", help="append the error line here too (the rule's log)")

@@ -1,4 +1,4 @@
-"""The compiled engines behind clgpt.tokenizer, held to its rules (its Python code is the reference).
+"""The compiled engines behind clgpt.text.tokenizer, held to its rules (its Python code is the reference).
 
 Training runs on rustbpe: it counts the pre-tokens of a buffer of texts in parallel on every core (the
 buffer bounds the memory; the counts grow with the distinct words, never with the corpus), then merges
@@ -34,6 +34,8 @@ import unicodedata
 from collections.abc import Iterable, Iterator, Sequence
 
 import regex
+
+from clgpt.text.bpe import encode_ids
 
 I32_SAFE_BYTES = (1 << 31) - 1  # below this many bytes of text every pair count fits in int32
 _PROGRESS = re.compile(r"Progress: \d+% \((\d+)/(\d+) merges\)")
@@ -76,8 +78,6 @@ def unstable_text(text: str) -> bool:
 def pairs_from_token_bytes(tokens: Sequence[bytes]) -> list[tuple[int, int]] | None:
     """The merges that make tokens[256:], recovered from their bytes (see the module docstring); None
     when a token repeats another's bytes or is not two earlier tokens joined by rank order."""
-    from clgpt.tokenizer import encode_ids  # here: clgpt.tokenizer imports this module's engines
-
     if len(set(tokens)) != len(tokens) or any(tokens[i] != bytes([i]) for i in range(256)):
         return None
     ranks: dict[tuple[int, int], int] = {}

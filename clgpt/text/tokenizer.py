@@ -15,7 +15,7 @@ never merged, so every token has distinct bytes and GGUF readers, which look tok
 see the same vocabulary.
 
 The code here is the reference that defines the merges and the ids (train_reference, encode_reference);
-Tokenizer.train and Tokenizer.encode run compiled engines held to it (clgpt.bpe_engine: rustbpe trains
+Tokenizer.train and Tokenizer.encode run compiled engines held to it (clgpt.text.bpe_engine: rustbpe trains
 on every core in bounded memory, tiktoken encodes), which fall back to it where they could differ.
 
 Encoding applies merges by rank, lowest first, within each word, as GPT-2 and llama.cpp do. Training
@@ -38,8 +38,9 @@ import regex
 
 from clgpt.atomic import write_text_atomic
 from clgpt.errors import ClgptError
+from clgpt.text.bpe import encode_ids, merge
 
-# BOS and EOS of plain text, then ChatML's start and end of a message (clgpt.chat).
+# BOS and EOS of plain text, then ChatML's start and end of a message (clgpt.text.chat).
 SPECIAL_TOKENS = ["<s>", "</s>", "<|im_start|>", "<|im_end|>"]
 
 # llama.cpp's "gpt-2" pre-tokenizer (LLAMA_VOCAB_PRE_TYPE_GPT2), the regex of OpenAI's GPT-2 encoder.
@@ -70,44 +71,6 @@ def bytes_to_unicode() -> dict[int, str]:
 def split_words(text: str) -> list[str]:
     """The pre-tokens of `text`; they concatenate back to `text`."""
     return _SPLIT.findall(text)
-
-
-def get_stats(ids: Sequence[int], counts: dict | None = None, weight: int = 1) -> dict[tuple[int, int], int]:
-    """Add `weight` to counts[pair] for every adjacent pair in `ids` (overlapping pairs all count)."""
-    counts = {} if counts is None else counts
-    for pair in zip(ids, ids[1:]):
-        counts[pair] = counts.get(pair, 0) + weight
-    return counts
-
-
-def encode_ids(ids: list[int], ranks: dict[tuple[int, int], int]) -> list[int]:
-    """`ids` (bytes or tokens) with the lowest-ranked adjacent pair merged first, again and again; ranks: pair ->
-    merge index k, the merged token being 256 + k."""
-    while len(ids) >= 2:
-        best, best_rank = None, None
-        for pair in zip(ids, ids[1:]):
-            rank = ranks.get(pair)
-            if rank is not None and (best_rank is None or rank < best_rank):
-                best, best_rank = pair, rank
-        if best is None:
-            break
-        ids = merge(ids, best, 256 + best_rank)
-    return ids
-
-
-def merge(ids: Sequence[int], pair: tuple[int, int], idx: int) -> list[int]:
-    """Replace every occurrence of `pair` in `ids`, left to right, with the token `idx`."""
-    a, b = pair
-    out = []
-    i, n = 0, len(ids)
-    while i < n:
-        if ids[i] == a and i + 1 < n and ids[i + 1] == b:
-            out.append(idx)
-            i += 2
-        else:
-            out.append(ids[i])
-            i += 1
-    return out
 
 
 def _count_words(texts: Iterable[str]) -> Counter:
@@ -215,7 +178,7 @@ class Tokenizer:
 
         Stops early (a smaller vocabulary) when no pair occurs any more. `texts` (strings, or a function
         returning them afresh, which lets the reference re-read them) is streamed. engine
-        "rustbpe" (clgpt.bpe_engine: every core, memory bounded by `buffer_mb` of text plus the distinct
+        "rustbpe" (clgpt.text.bpe_engine: every core, memory bounded by `buffer_mb` of text plus the distinct
         words) makes the same merges as "reference" (train_reference, below), which it falls back to
         where it cannot vouch for that. `progress` shows bars on stderr (merges/s).
         """
@@ -232,7 +195,7 @@ class Tokenizer:
         if n_merges == 0:
             return cls([])
         if engine == "rustbpe":
-            from clgpt.bpe_engine import train_merges
+            from clgpt.text.bpe_engine import train_merges
 
             merges = train_merges(fresh(), n_merges, GPT2_SPLIT_PATTERN, group_chars=TRAIN_GROUP_CHARS,
                                   buffer_chars=buffer_mb << 20, progress=progress)
@@ -241,7 +204,7 @@ class Tokenizer:
             if not callable(texts) and iter(texts) is texts:
                 raise ClgptError("the rustbpe engine cannot vouch for this corpus's merges and the text was a "
                                  "one-shot iterator; pass a list or a function that yields the texts again")
-            print("tokenizer: the reference trainer takes over (see clgpt.bpe_engine)", file=sys.stderr)
+            print("tokenizer: the reference trainer takes over (see clgpt.text.bpe_engine)", file=sys.stderr)
         return cls(train_reference(fresh(), n_merges))
 
     # ---- encoding -------------------------------------------------------------------------------
@@ -252,10 +215,10 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         """Ids of ordinary text; special-token names typed in `text` stay plain characters.
 
-        tiktoken encodes (clgpt.bpe_engine says why its ids are encode_reference's), unless a merge
+        tiktoken encodes (clgpt.text.bpe_engine says why its ids are encode_reference's), unless a merge
         list made by hand breaks the condition that guarantees it or the text holds a character whose
         Unicode class the two regex engines may disagree on."""
-        from clgpt.bpe_engine import realizable, tiktoken_encoding, unstable_text
+        from clgpt.text.bpe_engine import realizable, tiktoken_encoding, unstable_text
 
         if self._fast is None:
             normal = self._vocab[: 256 + len(self.merges)]

@@ -195,7 +195,7 @@ def dropout_masks(dropout, cfg: ModelConfig, B, T):
     """dropout = (seed, p) or None -> {site: float64 keep / (1 - p)} as the engine draws them, or None."""
     if dropout is None:
         return None
-    from clgpt.dropout import scale_mask, site
+    from clgpt.models.dropout import scale_mask, site
 
     seed, prob = dropout
     C, H = cfg.n_embd, cfg.n_head

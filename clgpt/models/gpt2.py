@@ -3,15 +3,15 @@
     x = drop(token_embd[tokens] + position_embd[0..T-1])
     for each block:  x = x + drop(attn_output(attn(split(attn_qkv(ln(x, attn_norm))))))   (drop on att too)
                      x = x + drop(ffn_down(gelu(ffn_up(ln(x, ffn_norm)))))
-    logits = ln(x, output_norm) @ (output.weight or token_embd.weight).T      (head: clgpt.engine)
+    logits = ln(x, output_norm) @ (output.weight or token_embd.weight).T      (head: clgpt.models.base)
 
-Shapes: B batch, T time, N = B*T rows, C n_embd, H heads, F n_ff, L layers. drop is dropout (clgpt.dropout),
+Shapes: B batch, T time, N = B*T rows, C n_embd, H heads, F n_ff, L layers. drop is dropout (clgpt.models.dropout),
 only in a forward with targets and a dropout_seed; without it the residual adds fuse into the matmuls.
 """
 
 from __future__ import annotations
 
-from clgpt.engine import EngineBase
+from clgpt.models.base import EngineBase
 
 
 class GPT2Engine(EngineBase):

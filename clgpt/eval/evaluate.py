@@ -23,14 +23,14 @@ import sys
 import numpy as np
 
 from clgpt.atomic import atomic_path, write_text_atomic
-from clgpt.chat import PARAGRAPH_WORDS, encode_prompt, heldout_systems, system_probes, turns
-from clgpt.checkpoint import load_checkpoint
 from clgpt.config import section_settings
+from clgpt.io.checkpoint import load_checkpoint
+from clgpt.text.chat import PARAGRAPH_WORDS, encode_prompt, heldout_systems, system_probes, turns
 from clgpt.data import PAD_WIDTH, dialog_batches, dialog_rows, load_encoded, text_batches  # noqa: F401 (re-exported)
 from clgpt.errors import ClgptError
 from clgpt.model import num_params
-from clgpt.train import SMOOTHING
-from clgpt.units import (batch_bytes, bits_per_byte_markdown, documents, heldout_bits_per_byte, tokenizer_markdown,
+from clgpt.training.train import SMOOTHING
+from clgpt.eval.units import (batch_bytes, bits_per_byte_markdown, documents, heldout_bits_per_byte, tokenizer_markdown,
                          tokenizer_report)
 
 N_SAMPLES = 3  # sampled continuations of held-out text in the report
@@ -119,7 +119,7 @@ def greedy_answers(eng, prompts: list[list[int]], max_tokens: int, stop_id: int,
 def system_heldout_answers(gen, tok, tune_dialogs: list[dict], heldout_dialogs: list[dict], max_tokens: int,
                            n_ctx: int, B: int) -> tuple[list[dict], dict]:
     """Greedy answers to the tune questions (single-turn tune dialogs) after the system prompts that only
-    the held-out dialogs use (clgpt.chat.system_probes: as the first turn and as a later one, the earlier
+    the held-out dialogs use (clgpt.text.chat.system_probes: as the first turn and as a later one, the earlier
     replies as written), and their exact-match rates {"all" | "paragraph" | "line": {"first", "later"}};
     paragraph: prompts of PARAGRAPH_WORDS words or more. ([], {}) when there are none."""
     systems = heldout_systems(tune_dialogs, heldout_dialogs)
@@ -411,9 +411,9 @@ def run_evaluate(
     when tuned), each atomically; return the metrics. Dialogs are {"messages": [...]} dicts as
     clgpt.data.read_dialogs gives them; every assistant turn is answered after the conversation before it.
     tune_ckpt None: no tune stage; the pretrained model is the one evaluated."""
-    from clgpt.engine import make_engine
     from clgpt.generate import Generator
-    from clgpt.tokenizer import Tokenizer
+    from clgpt.models.factory import make_engine
+    from clgpt.text.tokenizer import Tokenizer
 
     s = eval_settings(settings)
     tok = Tokenizer.load(tokenizer_path)

@@ -42,10 +42,10 @@ from gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC
 from gguf.quants import dequantize, quantize
 
 from clgpt.atomic import disk_full_line, is_disk_full, write_text_atomic
-from clgpt.chat import CHAT_TEMPLATE, OLLAMA_TEMPLATE
 from clgpt.errors import ClgptError
 from clgpt.model import ModelConfig, param_shapes
-from clgpt.tokenizer import SPECIAL_TOKENS, Tokenizer
+from clgpt.text.chat import CHAT_TEMPLATE, OLLAMA_TEMPLATE
+from clgpt.text.tokenizer import SPECIAL_TOKENS, Tokenizer
 
 ARCH = "gpt2"
 ARCHS = ("gpt2", "llama")

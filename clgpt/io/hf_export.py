@@ -4,7 +4,7 @@
     config.json              GPT2LMHeadModel (gpt2), LlamaForCausalLM (llama), MixtralForCausalLM (llama + experts)
     model.safetensors        float32 weights under the Hugging Face names (written here with numpy)
     tokenizer.json           the byte-level BPE for the `tokenizers` library
-    tokenizer_config.json    special tokens and the ChatML chat template (clgpt.chat.CHAT_TEMPLATE)
+    tokenizer_config.json    special tokens and the ChatML chat template (clgpt.text.chat.CHAT_TEMPLATE)
     generation_config.json   BOS, the end-of-generation ids, greedy by default
 
 Weights. gpt2: transformers' GPT-2 keeps its linear layers as Conv1D, y = x @ W + b with W (in, out), the
@@ -32,10 +32,10 @@ import struct
 import numpy as np
 
 from clgpt.atomic import atomic_path, write_text_atomic
-from clgpt.chat import CHAT_TEMPLATE
 from clgpt.errors import ClgptError
 from clgpt.model import ModelConfig, param_shapes
-from clgpt.tokenizer import GPT2_SPLIT_PATTERN, SPECIAL_TOKENS, Tokenizer
+from clgpt.text.chat import CHAT_TEMPLATE
+from clgpt.text.tokenizer import GPT2_SPLIT_PATTERN, SPECIAL_TOKENS, Tokenizer
 
 HF_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json")
 
