@@ -1,6 +1,6 @@
 """clgpt's pretrain stage on the character CPU recipe (configs/shakespeare_char_cpu.yaml) with one seed, then its
 held-out loss over the whole held-out split in consecutive windows, in nats per byte (as the evaluate stage
-scores it; nanoGPT's side: bench/nanogpt_heldout.py). Used by run_gpu_char_seeds.sh and run_gpu_char_vocab.sh.
+scores it; nanoGPT's side: bench/nanogpt_heldout.py). Used by `bash bench/gpu.sh char-vocab`.
 Run from the repository root:  python bench/clgpt_char_seed.py SEED [RESULTS_DIR [KEEP]]
 RESULTS_DIR holds encoded/ and tokenizer/ of that config (default results); KEEP: best (default) or last."""
 import runpy

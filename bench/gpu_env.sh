@@ -1,4 +1,4 @@
-# Sourced by bench/run_gpu*.sh on the device machine (`source "$(dirname "$0")/gpu_env.sh"`): installs the carried
+# Sourced by bench/gpu.sh on the device machine (its setup, before each subcommand): installs the carried
 # cp312 wheels (.whl/: pyopencl and what clgpt imports) into /tmp/site and points the OpenCL loader at NVIDIA's
 # library through an ICD file of our own (the image registers none). Run from the repository root (carry .whl),
 # or from a worktree under .wt/ (the wheels two folders up), or set WHL to the wheels' folder.
@@ -24,25 +24,34 @@ GPT2S_L="--arch llama --vocab 50304 --ctx 1024 --embd 768 --ffn 2048 --heads 12 
 GPT2M="--vocab 50304 --ctx 1024 --embd 1024 --ffn 4096 --heads 16 --layers 24 --batch 8"
 GPT2M_L="--arch llama --vocab 50304 --ctx 1024 --embd 1024 --ffn 2816 --heads 16 --layers 24 --batch 8"
 
-# clgpt_bf16 LABEL ARGS STEPS: `clgpt bench` in bf16 (settings from the caller's environment), its train: and
-# memory: lines into $O/train.txt; torch_peer LABEL ARGS STEPS: PyTorch as nanoGPT runs it on a GPU
-# (torch.compile, bf16 autocast, SDPA, fused AdamW), its train: line
-clgpt_bf16() {
-  echo "== $1 clgpt bf16 ${CLGPT_SIDE:-}" | tee -a $O/train.txt
-  timeout 60 python3 -m clgpt bench $2 --steps $3 --gemm 0 --precision bf16 2>&1 | grep "train:\|memory:" | tee -a $O/train.txt
+# clgpt_train LABEL ARGS STEPS [PRECISION]: `clgpt bench` at PRECISION (bf16 unless given; other settings from the
+# caller's environment, CLGPT_SIDE added to the label), its train: and memory: lines into $O/train.txt;
+# torch_peer LABEL ARGS STEPS: PyTorch as nanoGPT runs it on a GPU (torch.compile, bf16 autocast, SDPA, fused AdamW),
+# its train: line; torch_eager LABEL ARGS STEPS: PyTorch CUDA eager fp32 (SDPA, fused AdamW), its train: line
+clgpt_train() {
+  echo "== $1 clgpt ${4:-bf16} ${CLGPT_SIDE:-}" | tee -a $O/train.txt
+  timeout 100 python3 -m clgpt bench $2 --steps $3 --gemm 0 --precision ${4:-bf16} 2>&1 | grep "train:\|memory:" | tee -a $O/train.txt
 }
 torch_peer() {
   echo "== $1 torch nanogpt (compile, bf16 autocast, SDPA, fused AdamW)" | tee -a $O/train.txt
   timeout 120 python3 bench/bench_torch.py $2 --steps $3 --warmup 5 --device cuda --nanogpt 2>&1 | grep "train:" | tee -a $O/train.txt
 }
+torch_eager() {
+  echo "== $1 torch cuda eager fp32" | tee -a $O/train.txt
+  timeout 120 python3 bench/bench_torch.py $2 --steps $3 --device cuda 2>&1 | grep "train:" | tee -a $O/train.txt
+}
 
-# profile_bf16 SHAPE...: per-kernel device times (CLGPT_BENCH_PROFILE) of `clgpt bench` in bf16 at each shape, its
-# arguments in the caller's variable of that name, into $O/profile.txt (bench/run_gpu_flash.sh, run_gpu_operands.sh)
+# profile LABEL ARGS [PRECISION]: per-kernel device times (CLGPT_BENCH_PROFILE) of `clgpt bench` at PRECISION (bf16
+# unless given) into $O/profile.txt; profile_bf16 SHAPE...: that at each shape, its arguments in the caller's
+# variable of that name (bench/gpu.sh flash's PROFILE="M6 L")
+profile() {
+  echo "== $1 profile" | tee -a $O/profile.txt
+  CLGPT_BENCH_PROFILE=1 timeout 90 python3 -m clgpt bench $2 --steps 3 --gemm 0 --precision ${3:-bf16} 2>&1 \
+    | grep -A60 "^profile" | tee -a $O/profile.txt
+}
 profile_bf16() {
   for shape in "$@"; do
     eval args=\$$shape
-    echo "== $shape profile" | tee -a $O/profile.txt
-    CLGPT_BENCH_PROFILE=1 timeout 90 python3 -m clgpt bench $args --steps 3 --gemm 0 --precision bf16 2>&1 \
-      | grep -A60 "^profile" | tee -a $O/profile.txt
+    profile $shape "$args"
   done
 }

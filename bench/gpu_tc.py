@@ -1,4 +1,4 @@
-"""Tensor-core checks and figures on an NVIDIA GPU (one device call; see bench/run_gpu_tc.sh).
+"""Tensor-core checks and figures on an NVIDIA GPU (one device call; see `bash bench/gpu.sh tc`).
 
     python bench/gpu_tc.py check   # mma kernel vs the portable kernel (same rounding) on this GPU, bit-exact
                                    # rounding (A @ I), determinism, float64 error per precision
