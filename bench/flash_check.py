@@ -93,6 +93,11 @@ def check():
         print(f"check p={p}: relative error out {errs[0]:.2e} dq {errs[1]:.2e} dk {errs[2]:.2e} dv {errs[3]:.2e}, "
               f"rerun identical {same}: {'ok' if good else 'FAILED'}", flush=True)
     print("flash check:", "passed" if ok else "FAILED", flush=True)
+    for (stem, opts), prg in dev._programs.items():  # registers and spills ptxas reported (CLGPT_NV_VERBOSE=1)
+        if stem == "flash" and "-cl-nv-verbose" in opts:
+            log = prg.get_build_info(dev.device, cl.program_build_info.LOG)
+            print("ptxas flash:", " | ".join(x.strip() for x in log.splitlines()
+                                             if "registers" in x or "spill" in x or "Compiling" in x))
     return ok
 
 

@@ -1,10 +1,12 @@
 // Causal self-attention as fused kernels (flash attention 2, Dao 2023) on NVIDIA tensor cores, precision bf16:
-// the T x T scores never reach memory. Each work-group takes a block of 128 rows (queries, or keys for dk/dv) of
-// one (batch, head), its 8 warps 16 rows each, and walks the other side's 64-row blocks, two stages deep in local
-// memory (cp.async: the next block lands while the warps work on this one, one barrier a block). Products on
-// mma.sync.m16n8k16 (mma_bf16.cl) with bf16 operands (q, k, v, dout, the probabilities and their gradient,
-// rounded to nearest even as precision.cl) and fp32 accumulators; softmax, its statistics and the gradients'
-// sums stay fp32.
+// the T x T scores never reach memory. Each work-group takes a block of rows of one (batch, head): 128 queries
+// as 8 warps of 16 (forward, dq) or 64 keys as 4 warps of 16 (dk/dv, 168 registers: three groups a
+// multiprocessor; 8 warps of 16 keys measured the same). It walks the other side's 64-row blocks two stages deep
+// in local memory (cp.async: the next block lands while the warps work on this one, one barrier a block).
+// Products on mma.sync.m16n8k16 (mma_bf16.cl) with bf16 operands (q, k, v, dout, the probabilities and their
+// gradient, rounded to nearest even as precision.cl) and fp32 accumulators; softmax, its statistics and the
+// gradients' sums stay fp32. (Measured on the H200: MT 2, 4 warps of 32 query rows that share each B fragment,
+// took 254 registers and spilled in the forward, 1.3x the time of MT 1.)
 //   flash_bf16          the bf16 copy (rows as the source's) of qkv (B,T,3C) or dout (B,T,C) the others read,
 //                       at float COPY_AT(B H, T) of att / datt
 //   flash_forward       out (B,T,C) from qkv's copy, and lse (B*H*T, the head of att): each row's log2 of its
@@ -20,7 +22,7 @@
 // distinct 16-byte bank groups. B fragments come by ldmatrix.x4 (.trans where the product runs along the staged
 // rows: P v, dS k, dS^T q, P^T dout), A fragments of the work-group's own rows straight from the copy. Warps
 // whose 16 rows see none of a block's columns (causal) skip its products: they would add exact zeros.
-// Work-group 256 (8 warps); global (ceil(T/128) * 256, B*H).
+// Work-groups NTQ (256: forward, dq) and NTK (128: dk/dv); global (ceil(T/BR) * NTQ or ceil(T/BRK) * NTK, B*H).
 // -D: C H D (head width: a multiple of 16, at most 64), SCALE; SMEM_CVTA (as matmul_bf16.cl); MMA_EMULATE (PoCL
 // tests: mma, ldmatrix, cp.async and the quad reductions through local exchanges; every warp runs every block).
 #include "precision.cl"
@@ -30,9 +32,14 @@
 #ifndef SMEM_CVTA
 #define SMEM_CVTA 0
 #endif
-#define BR 128            // rows a work-group: 8 warps of 16
+#define BR 128            // query rows a work-group (forward, dq)
+#define BRK 64            // keys a work-group (dk/dv): 4 warps of 16
 #define BC 64             // rows a staged block
-#define NTH 256
+#ifndef MT
+#define MT 1              // forward, dq: 16-row m tiles a warp (BR / 16 / MT warps)
+#endif
+#define NTQ (BR / 16 / MT * 32)
+#define NTK (BRK / 16 * 32)
 #define DP (D + 8)        // local row of a staged block (bf16)
 #define BLK (BC * DP * 2) // bytes of a staged block
 #define CH (D / 8)        // 16-byte chunks of a row
@@ -97,7 +104,8 @@ inline float quad_sum(float x) { x += shfl_xor(x, 1); return x + shfl_xor(x, 2);
 #define QUAD_SUM(x) quad_sum(x)
 #define CP_ASYNC(dst, src, n) \
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"((ulong)(src)), "r"(n) : "memory")
-#define CP_ASYNC4(dst, src) asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"((ulong)(src)) : "memory")
+#define CP_ASYNC4(dst, src) \
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"((ulong)(src)) : "memory")
 #define CP_COMMIT() asm volatile("cp.async.commit_group;" ::: "memory")
 #define CP_WAIT0() asm volatile("cp.async.wait_group 0;" ::: "memory")
 #define LDSM(r, addr)                                                                           \
@@ -142,11 +150,11 @@ inline void load_a(uint a[KD][4], __global const ushort* src, const int ld, cons
 }
 
 // Rows r0..r0+63 of the D columns at src (bf16, row stride ld) into the staged block at local address dst by
-// cp.async, zeros from row T on
+// cp.async (nth work-items), zeros from row T on
 inline void stage(const uint dst, __global const ushort* src, const int ld, const int r0, const int T,
-                  __local uint4* smem)
+                  __local uint4* smem, const int nth)
 {
-    for (int e = get_local_id(0); e < BC * CH; e += NTH) {
+    for (int e = get_local_id(0); e < BC * CH; e += nth) {
         const int r = e / CH, c = e % CH, ok = r0 + r < T;
         CP_ASYNC(dst + AT(r, 8 * c), src + (size_t)(ok ? r0 + r : 0) * ld + 8 * c, ok ? 16 : 0);
     }
@@ -160,27 +168,34 @@ inline void stage(const uint dst, __global const ushort* src, const int ld, cons
         a[2] = bf16x2(c[2 * (j) + 1][0], c[2 * (j) + 1][1]); \
         a[3] = bf16x2(c[2 * (j) + 1][2], c[2 * (j) + 1][3]); \
     }
-// c[0..2NJ) (16 x 16NJ, zeroed) = a (16 x D, A fragments) @ X^T, X: NJ 16-row groups from row x0 of block X
-#define PRODUCT_T(c, NJ, a, X, x0)                                                          \
+// A warp's products over its M m tiles (16 rows each), every B fragment loaded once for all M:
+// PRODUCT_T: c[i][0..2NJ) (16 x 16NJ, zeroed) = a[i] (16 x D, A fragments) @ X^T, X: NJ 16-row groups from row
+// x0 of block X; PRODUCT_ACC: acc[i] (16 x D: ND n tiles) += c[i][0..2NK) (16 x 16NK, rounded to bf16 A
+// fragments) @ X, X: rows x0.. of block X
+#define PRODUCT_T(c, M, NJ, a, X, x0)                                                       \
     _Pragma("unroll") for (int j_ = 0; j_ < (NJ); j_++) {                                   \
-        _Pragma("unroll") for (int c_ = 0; c_ < 4; c_++) c[2 * j_][c_] = c[2 * j_ + 1][c_] = 0.0f; \
+        _Pragma("unroll") for (int i_ = 0; i_ < (M); i_++)                                  \
+        _Pragma("unroll") for (int c_ = 0; c_ < 4; c_++) c[i_][2 * j_][c_] = c[i_][2 * j_ + 1][c_] = 0.0f; \
         _Pragma("unroll") for (int k_ = 0; k_ < KD; k_++) {                                 \
             uint b_[4];                                                                     \
             LDSM(b_, (X) + AT((x0) + 16 * j_, 16 * k_) + ldn);                              \
-            MMA16816(c[2 * j_], a[k_], b_[0], b_[1]);                                       \
-            MMA16816(c[2 * j_ + 1], a[k_], b_[2], b_[3]);                                   \
+            _Pragma("unroll") for (int i_ = 0; i_ < (M); i_++) {                            \
+                MMA16816(c[i_][2 * j_], a[i_][k_], b_[0], b_[1]);                           \
+                MMA16816(c[i_][2 * j_ + 1], a[i_][k_], b_[2], b_[3]);                       \
+            }                                                                               \
         }                                                                                   \
     }
-// acc (16 x D: ND n tiles) += c[0..2NK) (16 x 16NK, rounded to bf16 A fragments) @ X, X: rows x0.. of block X
-#define PRODUCT_ACC(acc, c, NK, X, x0)                                                      \
+#define PRODUCT_ACC(acc, c, M, NK, X, x0)                                                   \
     _Pragma("unroll") for (int k_ = 0; k_ < (NK); k_++) {                                   \
-        uint a_[4];                                                                         \
-        AFRAG(a_, c, k_)                                                                    \
+        uint a_[M][4];                                                                      \
+        _Pragma("unroll") for (int i_ = 0; i_ < (M); i_++) AFRAG(a_[i_], c[i_], k_)         \
         _Pragma("unroll") for (int j_ = 0; j_ < KD; j_++) {                                 \
             uint b_[4];                                                                     \
             LDSM_T(b_, (X) + AT((x0) + 16 * k_, 16 * j_) + ldt);                            \
-            MMA16816(acc[2 * j_], a_, b_[0], b_[1]);                                        \
-            MMA16816(acc[2 * j_ + 1], a_, b_[2], b_[3]);                                    \
+            _Pragma("unroll") for (int i_ = 0; i_ < (M); i_++) {                            \
+                MMA16816(acc[i_][2 * j_], a_[i_], b_[0], b_[1]);                            \
+                MMA16816(acc[i_][2 * j_ + 1], a_[i_], b_[2], b_[3]);                        \
+            }                                                                               \
         }                                                                                   \
     }
 // dropout's keep of the probability (query row, key) of head z: the batched form's element (z, row, key)
@@ -207,7 +222,7 @@ __kernel void flash_bf16(const int n8, const int T, const int BH, __global const
 #else
 #define OUT_TILED_ARGS
 #endif
-__kernel __attribute__((reqd_work_group_size(NTH, 1, 1)))
+__kernel __attribute__((reqd_work_group_size(NTQ, 1, 1)))
 void flash_forward(const int T, __global float* restrict out, __global float* att, const uint seed, const uint site,
                    const float p OUT_TILED_ARGS)
 {
@@ -219,83 +234,93 @@ void flash_forward(const int T, __global float* restrict out, __global float* at
     __global const ushort* base =
         (__global const ushort*)(att + COPY_AT(get_num_groups(1), T)) + (size_t)b * T * 3 * C + h * D;
     const uint sb = smem_base(smem), ldn = LDN_OFF(lane), ldt = LDT_OFF(lane);
-    const int r0 = qb * BR + 16 * warp;
-    uint qa[KD][4];
-    load_a(qa, base, 3 * C, r0, T, lane);
-    float o[ND][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    const int r0 = qb * BR + 16 * MT * warp;  // m tile i: rows r0 + 16 i ..
+    uint qa[MT][KD][4];
+    float o[MT][ND][4], m[MT][2], l[MT][2];
 #pragma unroll
-    for (int j = 0; j < ND; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    for (int i = 0; i < MT; i++) {
+        load_a(qa[i], base, 3 * C, r0 + 16 * i, T, lane);
+        m[i][0] = m[i][1] = -INFINITY;
+        l[i][0] = l[i][1] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < ND; j++) o[i][j][0] = o[i][j][1] = o[i][j][2] = o[i][j][3] = 0.0f;
+    }
     const float keep = 1.0f / (1.0f - p);
     const int nkb = min((T + BC - 1) / BC, (qb + 1) * (BR / BC));
-    stage(sb, base + C, 3 * C, 0, T, smem);
-    stage(sb + BLK, base + 2 * C, 3 * C, 0, T, smem);
+    stage(sb, base + C, 3 * C, 0, T, smem, NTQ);
+    stage(sb + BLK, base + 2 * C, 3 * C, 0, T, smem, NTQ);
     CP_COMMIT();
     for (int kb = 0; kb < nkb; kb++) {
         CP_WAIT0();
         barrier(CLK_LOCAL_MEM_FENCE);  // block kb in; every warp done with block kb - 1, whose stage is next
         if (kb + 1 < nkb) {
             const uint nx = sb + ((kb + 1) & 1) * 2 * BLK;
-            stage(nx, base + C, 3 * C, (kb + 1) * BC, T, smem);
-            stage(nx + BLK, base + 2 * C, 3 * C, (kb + 1) * BC, T, smem);
+            stage(nx, base + C, 3 * C, (kb + 1) * BC, T, smem, NTQ);
+            stage(nx + BLK, base + 2 * C, 3 * C, (kb + 1) * BC, T, smem, NTQ);
             CP_COMMIT();
         }
         const uint Ks = sb + (kb & 1) * 2 * BLK, Vs = Ks + BLK;
-        if (!WARP_ACTIVE(kb * BC <= r0 + 15)) continue;
-        float s[8][4];
-        PRODUCT_T(s, 4, qa, Ks, 0)
-        float mx[2] = {m[0], m[1]};
+        if (!WARP_ACTIVE(kb * BC <= r0 + 16 * MT - 1)) continue;
+        float s[MT][8][4];
+        PRODUCT_T(s, MT, 4, qa, Ks, 0)
         const int masked = kb * BC + BC - 1 > r0 || kb * BC + BC > T;
 #pragma unroll
-        for (int j = 0; j < 8; j++)
+        for (int i = 0; i < MT; i++) {
+            float mx[2] = {m[i][0], m[i][1]};
 #pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const int row = r0 + g + 8 * (c >> 1), key = kb * BC + 8 * j + 2 * t + (c & 1);
-                s[j][c] = !masked || (key <= row && key < T) ? s[j][c] * SL2 : -INFINITY;
-                mx[c >> 1] = fmax(mx[c >> 1], s[j][c]);
-            }
+            for (int j = 0; j < 8; j++)
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
-            mx[i] = QUAD_MAX(mx[i]);
-            const float alpha = native_exp2(m[i] - mx[i]);
-            m[i] = mx[i];
-            l[i] *= alpha;
-#pragma unroll
-            for (int j = 0; j < ND; j++) { o[j][2 * i] *= alpha; o[j][2 * i + 1] *= alpha; }
-        }
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                float e = native_exp2(s[j][c] - m[c >> 1]);
-                l[c >> 1] += e;
-                if (p > 0.0f) {
-                    const int row = r0 + g + 8 * (c >> 1), key = kb * BC + 8 * j + 2 * t + (c & 1);
-                    e = KEEP(row, key) ? e * keep : 0.0f;
+                for (int c = 0; c < 4; c++) {
+                    const int row = r0 + 16 * i + g + 8 * (c >> 1), key = kb * BC + 8 * j + 2 * t + (c & 1);
+                    s[i][j][c] = !masked || (key <= row && key < T) ? s[i][j][c] * SL2 : -INFINITY;
+                    mx[c >> 1] = fmax(mx[c >> 1], s[i][j][c]);
                 }
-                s[j][c] = e;
-            }
-        PRODUCT_ACC(o, s, 4, Vs, 0)
-    }
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-        l[i] = QUAD_SUM(l[i]);
-        const int row = r0 + g + 8 * i;
-        if (row < T) {
-            const float inv = 1.0f / l[i];
+            for (int u = 0; u < 2; u++) {
+                mx[u] = QUAD_MAX(mx[u]);
+                const float alpha = native_exp2(m[i][u] - mx[u]);
+                m[i][u] = mx[u];
+                l[i][u] *= alpha;
 #pragma unroll
-            for (int j = 0; j < ND; j++) {
-                const float2 y = (float2)(o[j][2 * i] * inv, o[j][2 * i + 1] * inv);
-                vstore2(y, 0, out + ((size_t)b * T + row) * C + h * D + 8 * j + 2 * t);
-#if OUT_TILED
-                tiled_store2(out16, b * T + row, h * D + 8 * j + 2 * t, get_num_groups(1) / H * T, y);
-#endif
+                for (int j = 0; j < ND; j++) { o[i][j][2 * u] *= alpha; o[i][j][2 * u + 1] *= alpha; }
             }
-            if (t == 0) att[(size_t)z * T + row] = m[i] + log2(l[i]);
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    float e = native_exp2(s[i][j][c] - m[i][c >> 1]);
+                    l[i][c >> 1] += e;
+                    if (p > 0.0f) {
+                        const int row = r0 + 16 * i + g + 8 * (c >> 1), key = kb * BC + 8 * j + 2 * t + (c & 1);
+                        e = KEEP(row, key) ? e * keep : 0.0f;
+                    }
+                    s[i][j][c] = e;
+                }
         }
+        PRODUCT_ACC(o, s, MT, 4, Vs, 0)
     }
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            l[i][u] = QUAD_SUM(l[i][u]);
+            const int row = r0 + 16 * i + g + 8 * u;
+            if (row < T) {
+                const float inv = 1.0f / l[i][u];
+#pragma unroll
+                for (int j = 0; j < ND; j++) {
+                    const float2 y = (float2)(o[i][j][2 * u] * inv, o[i][j][2 * u + 1] * inv);
+                    vstore2(y, 0, out + ((size_t)b * T + row) * C + h * D + 8 * j + 2 * t);
+#if OUT_TILED
+                    tiled_store2(out16, b * T + row, h * D + 8 * j + 2 * t, get_num_groups(1) / H * T, y);
+#endif
+                }
+                if (t == 0) att[(size_t)z * T + row] = m[i][u] + log2(l[i][u]);
+            }
+        }
 }
 
-__kernel __attribute__((reqd_work_group_size(NTH, 1, 1)))
+__kernel __attribute__((reqd_work_group_size(NTQ, 1, 1)))
 void flash_backward_dq(const int T, __global const float* restrict dout, __global const float* restrict out,
                        __global const float* att, __global float* datt, __global float* restrict dqkv,
                        const uint seed, const uint site, const float p)
@@ -309,74 +334,81 @@ void flash_backward_dq(const int T, __global const float* restrict dout, __globa
     __global const ushort* base = (__global const ushort*)(att + at) + (size_t)b * T * 3 * C + h * D;
     __global const ushort* dbase = (__global const ushort*)(datt + at) + (size_t)b * T * C + h * D;
     const uint sb = smem_base(smem), ldn = LDN_OFF(lane), ldt = LDT_OFF(lane);
-    const int r0 = qb * BR + 16 * warp;
-    uint qa[KD][4], da[KD][4];
-    load_a(qa, base, 3 * C, r0, T, lane);
-    load_a(da, dbase, C, r0, T, lane);
-    float L[2], dl[2];
+    const int r0 = qb * BR + 16 * MT * warp;
+    uint qa[MT][KD][4], da[MT][KD][4];
+    float L[MT][2], dl[MT][2], dq[MT][ND][4];
 #pragma unroll
-    for (int i = 0; i < 2; i++) {  // delta = rowsum(dout * out), fp32 from the fp32 buffers
-        const int row = r0 + g + 8 * i;
-        float sum = 0.0f;
-        if (row < T)
-            for (int d = t; d < D; d += 4)
-                sum += dout[((size_t)b * T + row) * C + h * D + d] * out[((size_t)b * T + row) * C + h * D + d];
-        dl[i] = QUAD_SUM(sum);
-        L[i] = row < T ? att[(size_t)z * T + row] : 0.0f;
-        if (row < T && t == 0) datt[(size_t)z * T + row] = dl[i];
+    for (int i = 0; i < MT; i++) {
+        load_a(qa[i], base, 3 * C, r0 + 16 * i, T, lane);
+        load_a(da[i], dbase, C, r0 + 16 * i, T, lane);
+#pragma unroll
+        for (int u = 0; u < 2; u++) {  // delta = rowsum(dout * out), fp32 from the fp32 buffers
+            const int row = r0 + 16 * i + g + 8 * u;
+            float sum = 0.0f;
+            if (row < T)
+                for (int d = t; d < D; d += 4)
+                    sum += dout[((size_t)b * T + row) * C + h * D + d] * out[((size_t)b * T + row) * C + h * D + d];
+            dl[i][u] = QUAD_SUM(sum);
+            L[i][u] = row < T ? att[(size_t)z * T + row] : 0.0f;
+            if (row < T && t == 0) datt[(size_t)z * T + row] = dl[i][u];
+        }
+#pragma unroll
+        for (int j = 0; j < ND; j++) dq[i][j][0] = dq[i][j][1] = dq[i][j][2] = dq[i][j][3] = 0.0f;
     }
-    float dq[ND][4];
-#pragma unroll
-    for (int j = 0; j < ND; j++) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.0f;
     const float keep = 1.0f / (1.0f - p);
     const int nkb = min((T + BC - 1) / BC, (qb + 1) * (BR / BC));
-    stage(sb, base + C, 3 * C, 0, T, smem);
-    stage(sb + BLK, base + 2 * C, 3 * C, 0, T, smem);
+    stage(sb, base + C, 3 * C, 0, T, smem, NTQ);
+    stage(sb + BLK, base + 2 * C, 3 * C, 0, T, smem, NTQ);
     CP_COMMIT();
     for (int kb = 0; kb < nkb; kb++) {
         CP_WAIT0();
         barrier(CLK_LOCAL_MEM_FENCE);
         if (kb + 1 < nkb) {
             const uint nx = sb + ((kb + 1) & 1) * 2 * BLK;
-            stage(nx, base + C, 3 * C, (kb + 1) * BC, T, smem);
-            stage(nx + BLK, base + 2 * C, 3 * C, (kb + 1) * BC, T, smem);
+            stage(nx, base + C, 3 * C, (kb + 1) * BC, T, smem, NTQ);
+            stage(nx + BLK, base + 2 * C, 3 * C, (kb + 1) * BC, T, smem, NTQ);
             CP_COMMIT();
         }
         const uint Ks = sb + (kb & 1) * 2 * BLK, Vs = Ks + BLK;
-        if (!WARP_ACTIVE(kb * BC <= r0 + 15)) continue;
-        const int masked = kb * BC + BC - 1 > r0 || r0 + 15 >= T;
+        if (!WARP_ACTIVE(kb * BC <= r0 + 16 * MT - 1)) continue;
+        const int masked = kb * BC + BC - 1 > r0 || r0 + 16 * MT > T;
 #pragma unroll
-        for (int hh = 0; hh < 2; hh++) {  // 32 keys at a time
-            float s[4][4], dp[4][4];
-            PRODUCT_T(s, 2, qa, Ks, 32 * hh)
-            PRODUCT_T(dp, 2, da, Vs, 32 * hh)
+        for (int hh = 0; hh < BC / 16; hh++) {  // 16 keys at a time
+            float s[MT][2][4], dp[MT][2][4];
+            PRODUCT_T(s, MT, 1, qa, Ks, 16 * hh)
+            PRODUCT_T(dp, MT, 1, da, Vs, 16 * hh)
 #pragma unroll
-            for (int j = 0; j < 4; j++)
+            for (int i = 0; i < MT; i++)
 #pragma unroll
-                for (int c = 0; c < 4; c++) {  // ds = P (dP - delta), dP through the dropout mask
-                    const int row = r0 + g + 8 * (c >> 1), key = kb * BC + 32 * hh + 8 * j + 2 * t + (c & 1);
-                    const float pr = !masked || (key <= row && row < T) ? native_exp2(s[j][c] * SL2 - L[c >> 1])
-                                                                        : 0.0f;
-                    float dpv = dp[j][c];
-                    if (p > 0.0f)
-                        dpv = KEEP(row, key) ? dpv * keep : 0.0f;
-                    s[j][c] = pr * (dpv - dl[c >> 1]);
-                }
-            PRODUCT_ACC(dq, s, 2, Ks, 32 * hh)
+                for (int j = 0; j < 2; j++)
+#pragma unroll
+                    for (int c = 0; c < 4; c++) {  // ds = P (dP - delta), dP through the dropout mask
+                        const int row = r0 + 16 * i + g + 8 * (c >> 1);
+                        const int key = kb * BC + 16 * hh + 8 * j + 2 * t + (c & 1);
+                        const float pr = !masked || (key <= row && row < T)
+                                             ? native_exp2(s[i][j][c] * SL2 - L[i][c >> 1]) : 0.0f;
+                        float dpv = dp[i][j][c];
+                        if (p > 0.0f)
+                            dpv = KEEP(row, key) ? dpv * keep : 0.0f;
+                        s[i][j][c] = pr * (dpv - dl[i][c >> 1]);
+                    }
+            PRODUCT_ACC(dq, s, MT, 1, Ks, 16 * hh)
         }
     }
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const int row = r0 + g + 8 * i;
-        if (row < T)
+    for (int i = 0; i < MT; i++)
 #pragma unroll
-            for (int j = 0; j < ND; j++)
-                vstore2((float2)(dq[j][2 * i] * SCALE, dq[j][2 * i + 1] * SCALE), 0,
-                        dqkv + ((size_t)b * T + row) * 3 * C + h * D + 8 * j + 2 * t);
-    }
+        for (int u = 0; u < 2; u++) {
+            const int row = r0 + 16 * i + g + 8 * u;
+            if (row < T)
+#pragma unroll
+                for (int j = 0; j < ND; j++)
+                    vstore2((float2)(dq[i][j][2 * u] * SCALE, dq[i][j][2 * u + 1] * SCALE), 0,
+                            dqkv + ((size_t)b * T + row) * 3 * C + h * D + 8 * j + 2 * t);
+        }
 }
 
-__kernel __attribute__((reqd_work_group_size(NTH, 1, 1)))
+__kernel __attribute__((reqd_work_group_size(NTK, 1, 1)))
 void flash_backward_dkv(const int T, __global const float* att, __global const float* datt,
                         __global float* restrict dqkv, const uint seed, const uint site, const float p)
 {
@@ -391,24 +423,24 @@ void flash_backward_dkv(const int T, __global const float* att, __global const f
     __global const float* lse = att + (size_t)z * T;
     __global const float* delta = datt + (size_t)z * T;
     const uint sb = smem_base(smem), ldn = LDN_OFF(lane), ldt = LDT_OFF(lane);
-    const int k0 = kb * BR + 16 * warp;  // this warp's 16 keys
-    uint ka[KD][4], va[KD][4];
-    load_a(ka, base + C, 3 * C, k0, T, lane);
-    load_a(va, base + 2 * C, 3 * C, k0, T, lane);
-    float dk[ND][4], dv[ND][4];
+    const int k0 = kb * BRK + 16 * warp;  // this warp's 16 keys
+    uint ka[1][KD][4], va[1][KD][4];  // (one m tile: the products' macros take a tile index)
+    load_a(ka[0], base + C, 3 * C, k0, T, lane);
+    load_a(va[0], base + 2 * C, 3 * C, k0, T, lane);
+    float dk[1][ND][4], dv[1][ND][4];
 #pragma unroll
     for (int j = 0; j < ND; j++) {
-        dk[j][0] = dk[j][1] = dk[j][2] = dk[j][3] = 0.0f;
-        dv[j][0] = dv[j][1] = dv[j][2] = dv[j][3] = 0.0f;
+        dk[0][j][0] = dk[0][j][1] = dk[0][j][2] = dk[0][j][3] = 0.0f;
+        dv[0][j][0] = dv[0][j][1] = dv[0][j][2] = dv[0][j][3] = 0.0f;
     }
     const float keep = 1.0f / (1.0f - p);
-    const int q0 = kb * (BR / BC), nqb = (T + BC - 1) / BC;
+    const int q0 = kb * BRK / BC, nqb = (T + BC - 1) / BC;
     // (rows from T on: the last row's statistics, finite; their probabilities are masked to 0)
 #define STAGE_Q(st, qb)                                                                                    \
     {                                                                                                      \
         const uint nx_ = sb + (st) * 2 * BLK;                                                              \
-        stage(nx_, base, 3 * C, (qb) * BC, T, smem);                                                       \
-        stage(nx_ + BLK, dbase, C, (qb) * BC, T, smem);                                                    \
+        stage(nx_, base, 3 * C, (qb) * BC, T, smem, NTK);                                                  \
+        stage(nx_ + BLK, dbase, C, (qb) * BC, T, smem, NTK);                                               \
         if (tid < 2 * BC)                                                                                  \
             CP_ASYNC4(sb + 4 * BLK + ((st) * 2 * BC + tid) * 4,                                            \
                       (tid < BC ? lse : delta) + min((qb) * BC + tid % BC, T - 1));                        \
@@ -427,9 +459,9 @@ void flash_backward_dkv(const int T, __global const float* att, __global const f
 #pragma unroll
         for (int sub = 0; sub < BC / 16; sub++) {  // 16 queries at a time: s^T, dp^T (16 keys x 16 queries)
             if (!WARP_ACTIVE(qb * BC + 16 * sub + 15 >= k0)) continue;
-            float st_[2][4], dpt[2][4];
-            PRODUCT_T(st_, 1, ka, Qs, 16 * sub)
-            PRODUCT_T(dpt, 1, va, Ds, 16 * sub)
+            float st_[1][2][4], dpt[1][2][4];
+            PRODUCT_T(st_, 1, 1, ka, Qs, 16 * sub)
+            PRODUCT_T(dpt, 1, 1, va, Ds, 16 * sub)
             const int masked = qb * BC + 16 * sub < k0 + 15 || qb * BC + 16 * sub + 15 >= T;
 #pragma unroll
             for (int j = 0; j < 2; j++)
@@ -437,16 +469,16 @@ void flash_backward_dkv(const int T, __global const float* att, __global const f
                 for (int c = 0; c < 4; c++) {  // st -> dropped P^T (for dv), dpt -> dS^T (for dk)
                     const int key = k0 + g + 8 * (c >> 1), qi = 16 * sub + 8 * j + 2 * t + (c & 1);
                     const int row = qb * BC + qi;
-                    const float pr = !masked || (key <= row && row < T) ? native_exp2(st_[j][c] * SL2 - Ls[qi])
-                                                                        : 0.0f;
+                    const float pr = !masked || (key <= row && row < T)
+                                         ? native_exp2(st_[0][j][c] * SL2 - Ls[qi]) : 0.0f;
                     float kf = 1.0f;
                     if (p > 0.0f)
                         kf = KEEP(row, key) ? keep : 0.0f;
-                    st_[j][c] = pr * kf;
-                    dpt[j][c] = pr * (dpt[j][c] * kf - Dl[qi]);
+                    st_[0][j][c] = pr * kf;
+                    dpt[0][j][c] = pr * (dpt[0][j][c] * kf - Dl[qi]);
                 }
-            PRODUCT_ACC(dv, st_, 1, Ds, 16 * sub)
-            PRODUCT_ACC(dk, dpt, 1, Qs, 16 * sub)
+            PRODUCT_ACC(dv, st_, 1, 1, Ds, 16 * sub)
+            PRODUCT_ACC(dk, dpt, 1, 1, Qs, 16 * sub)
         }
     }
 #undef STAGE_Q
@@ -457,8 +489,8 @@ void flash_backward_dkv(const int T, __global const float* att, __global const f
 #pragma unroll
             for (int j = 0; j < ND; j++) {
                 __global float* o = dqkv + ((size_t)b * T + key) * 3 * C + h * D + 8 * j + 2 * t;
-                vstore2((float2)(dk[j][2 * i] * SCALE, dk[j][2 * i + 1] * SCALE), 0, o + C);
-                vstore2((float2)(dv[j][2 * i], dv[j][2 * i + 1]), 0, o + 2 * C);
+                vstore2((float2)(dk[0][j][2 * i] * SCALE, dk[0][j][2 * i + 1] * SCALE), 0, o + C);
+                vstore2((float2)(dv[0][j][2 * i], dv[0][j][2 * i + 1]), 0, o + 2 * C);
             }
     }
 }

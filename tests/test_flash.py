@@ -58,13 +58,14 @@ def _run(dev, qkv, dout, p=0.0, seed=0, site=0):
     natt = (_copy_at(B, T, H) + B * T * 3 * C // 2) * 4
     bo, bl = cl.Buffer(dev.ctx, mf.READ_WRITE, B * T * C * 4), cl.Buffer(dev.ctx, mf.READ_WRITE, natt)
     bdl, bg = cl.Buffer(dev.ctx, mf.READ_WRITE, natt), cl.Buffer(dev.ctx, mf.READ_WRITE, B * T * 3 * C * 4)
-    g, lsz, tail = (-(-T // 128) * 256, B * H), (256, 1), (u32(seed), u32(site), f32(p))
+    tail = (u32(seed), u32(site), f32(p))
+    gq, gk = ((-(-T // 128) * 256, B * H), (256, 1)), ((-(-T // 64) * 128, B * H), (128, 1))
     for src, cols, dst in ((bq, 3 * C, bl), (bd, C, bdl)):
         n8 = B * T * cols // 8
         cp(q, (-(-n8 // 256) * 256,), (256,), i32(n8), i32(T), i32(B * H), src, dst)
-    fwd(q, g, lsz, i32(T), bo, bl, *tail)
-    bdq(q, g, lsz, i32(T), bd, bo, bl, bdl, bg, *tail)
-    bdkv(q, g, lsz, i32(T), bl, bdl, bg, *tail)
+    fwd(q, *gq, i32(T), bo, bl, *tail)
+    bdq(q, *gq, i32(T), bd, bo, bl, bdl, bg, *tail)
+    bdkv(q, *gk, i32(T), bl, bdl, bg, *tail)
     out, dqkv, att = np.empty((B, T, C), f32), np.empty((B, T, 3 * C), f32), np.empty(natt // 4, f32)
     for host, buf in ((out, bo), (dqkv, bg), (att, bl)):
         cl.enqueue_copy(q, host, buf)

@@ -57,10 +57,12 @@ class AttentionOps:
         return -(-BHT // 64) * 64 + B * T * 3 * self.cfg.n_embd // 2
 
     def _flash_grid(self, Bp, Tp, drop):
-        """kernels/flash.cl's global size (a 128-row block of one (batch, head) a work-group of 256) and its last
-        arguments: dropout's seed, site and p (p 0: none)."""
+        """kernels/flash.cl's global sizes, of the forward and dq (128 query rows a work-group of 256) and of dk/dv
+        (64 keys a work-group of 128), and the kernels' last arguments: dropout's seed, site and p (p 0: none)."""
         seed, site, p = drop[:3] if drop is not None else (0, 0, 0.0)
-        return (-(-Tp // 128) * 256, Bp * self.cfg.n_head), (np.uint32(seed), np.uint32(site), f32(p))
+        H = self.cfg.n_head
+        return ((-(-Tp // 128) * 256, Bp * H), (-(-Tp // 64) * 128, Bp * H),
+                (np.uint32(seed), np.uint32(site), f32(p)))
 
     def _flash_copy(self, Bp, Tp, X, cols, dst):
         """X (B',T',cols) as its bf16 copy into dst (att or datt) at float COPY_AT (kernels/flash.cl)."""
@@ -75,7 +77,7 @@ class AttentionOps:
         cfg = self.cfg
         C, H, D = cfg.n_embd, cfg.n_head, cfg.head_dim
         if self.flash:
-            g, tail = self._flash_grid(Bp, Tp, drop)
+            g, _, tail = self._flash_grid(Bp, Tp, drop)
             self._flash_copy(Bp, Tp, qkv, 3 * C, att)
             kname, copy = self._with_copy("flash_forward", out, Bp * Tp, C)
             self.run(kname, g, i32(Tp), out, att, *tail, *copy, lsize=(256, 1))
@@ -124,10 +126,10 @@ class AttentionOps:
         cfg = self.cfg
         C, H, D = cfg.n_embd, cfg.n_head, cfg.head_dim
         if self.flash:
-            g, tail = self._flash_grid(Bp, Tp, drop)
+            gq, gk, tail = self._flash_grid(Bp, Tp, drop)
             self._flash_copy(Bp, Tp, dout, C, datt)
-            self.run("flash_backward_dq", g, i32(Tp), dout, out, att, datt, dqkv, *tail, lsize=(256, 1))
-            self.run("flash_backward_dkv", g, i32(Tp), att, datt, dqkv, *tail, lsize=(256, 1))
+            self.run("flash_backward_dq", gq, i32(Tp), dout, out, att, datt, dqkv, *tail, lsize=(256, 1))
+            self.run("flash_backward_dkv", gk, i32(Tp), att, datt, dqkv, *tail, lsize=(128, 1))
             return
         if drop is None and not self.attn_gemm:
             self.runp("attention_backward_query", (Tp, Bp * H), i32(Bp), i32(Tp), dout, qkv, att, datt, dqkv)
