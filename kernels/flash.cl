@@ -1,39 +1,59 @@
 // Causal self-attention as fused kernels (flash attention 2, Dao 2023) on NVIDIA tensor cores, precision bf16:
-// the T x T scores never reach memory. Each work-group takes a block of 64 rows of one (batch, head), its 4
-// warps 16 rows each, and walks the other side's 64-row blocks through local memory; products on
-// mma.sync.m16n8k16 (mma_bf16.cl) with bf16 operands (q, k, v, dout, the probabilities and their gradient,
-// rounded to nearest even as precision.cl) and fp32 accumulators; softmax, its statistics and the gradients'
-// sums stay fp32.
-//   flash_forward       out (B,T,C) from qkv (B,T,3C), and lse (B*H*T): each row's log2 of its softmax sum
-//                       over scores in the log2 domain (s * SCALE * log2 e), the backward's recomputation
-//   flash_backward_dq   dq into dqkv (B,T,3C), and delta (B*H*T) = rowsum(dout * out), from dout (B,T,C)
+// the T x T scores never reach memory. Each work-group takes a block of rows of one (batch, head): 128 queries
+// as 8 warps of 16 (forward, dq) or 64 keys as 4 warps of 16 (dk/dv, 168 registers: three groups a
+// multiprocessor; 8 warps of 16 keys measured the same). It walks the other side's 64-row blocks two stages deep
+// in local memory (cp.async: the next block lands while the warps work on this one, one barrier a block).
+// Products on mma.sync.m16n8k16 (mma_bf16.cl) with bf16 operands (q, k, v, dout, the probabilities and their
+// gradient, rounded to nearest even as precision.cl) and fp32 accumulators; softmax, its statistics and the
+// gradients' sums stay fp32. (Measured on the H200: MT 2, 4 warps of 32 query rows that share each B fragment,
+// took 254 registers and spilled in the forward, 1.3x the time of MT 1.)
+//   flash_bf16          the bf16 copy (rows as the source's) of qkv (B,T,3C) or dout (B,T,C) the others read,
+//                       at float COPY_AT(B H, T) of att / datt
+//   flash_forward       out (B,T,C) from qkv's copy, and lse (B*H*T, the head of att): each row's log2 of its
+//                       softmax sum over scores in the log2 domain (s * SCALE * log2 e), the backward's recomputation
+//   flash_backward_dq   dq into dqkv (B,T,3C), and delta (B*H*T, the head of datt) = rowsum(dout * out), from
+//                       dout's copy
 //   flash_backward_dkv  dk, dv into dqkv; reads delta, so it runs after flash_backward_dq
 // Row-major (B, T, .) buffers of the batch's T; head h's q, k, v at columns h*D, C + h*D, 2C + h*D.
 // Dropout (p > 0) on the probabilities as dropout.cl with element index (z*T + query)*T + key, z = b*H + h:
 // the same mask the batched form (attention.cl, att of shape (B,H,T,T)) draws; the row sums use the kept
 // probabilities before dropout, the products with v the dropped ones.
-// Fragments are read from local memory as 32-bit words: rows padded by 8 bf16 (16 bytes), so the 8 rows x 4
-// words one fragment load touches fall in 32 distinct banks. Operands needed as B with their rows along n are
-// staged transposed. Work-group 128 (4 warps); global (ceil(T/64) * 128, B*H).
-// -D: C H D (head width: a multiple of 16, at most 64), SCALE; MMA_EMULATE (PoCL tests: mma and the quad
-// reductions through local exchanges).
+// Staged blocks are [row][DP] bf16, rows padded by 8 (16 bytes): the 8 rows of one ldmatrix 8x8 fall in 8
+// distinct 16-byte bank groups. B fragments come by ldmatrix.x4 (.trans where the product runs along the staged
+// rows: P v, dS k, dS^T q, P^T dout), A fragments of the work-group's own rows straight from the copy. Warps
+// whose 16 rows see none of a block's columns (causal) skip its products: they would add exact zeros.
+// Work-groups NTQ (256: forward, dq) and NTK (128: dk/dv); global (ceil(T/BR) * NTQ or ceil(T/BRK) * NTK, B*H).
+// -D: C H D (head width: a multiple of 16, at most 64), SCALE; SMEM_CVTA (as matmul_bf16.cl); MMA_EMULATE (PoCL
+// tests: mma, ldmatrix, cp.async and the quad reductions through local exchanges; every warp runs every block).
 #include "precision.cl"
 #include "mma_bf16.cl"
 #include "dropout.cl"
 
-#define BQ 64             // rows a work-group, and rows a staged block
-#define NTH 128
-#define DP (D + 8)        // local row of a D-wide block (bf16)
-#define KP (BQ + 8)       // local row of a transposed block: BQ wide
+#ifndef SMEM_CVTA
+#define SMEM_CVTA 0
+#endif
+#define BR 128            // query rows a work-group (forward, dq)
+#define BRK 64            // keys a work-group (dk/dv): 4 warps of 16
+#define BC 64             // rows a staged block
+#ifndef MT
+#define MT 1              // forward, dq: 16-row m tiles a warp (BR / 16 / MT warps)
+#endif
+#define NTQ (BR / 16 / MT * 32)
+#define NTK (BRK / 16 * 32)
+#define DP (D + 8)        // local row of a staged block (bf16)
+#define BLK (BC * DP * 2) // bytes of a staged block
+#define CH (D / 8)        // 16-byte chunks of a row
 #define ND (D / 8)        // n tiles across the head
 #define KD (D / 16)       // k steps across the head
 #define SL2 (SCALE * 1.4426950408889634f)
-#define LDW(p, i) (*(__local const uint*)((p) + (i)))  // two bf16 at even element i
+// where att (datt) holds the bf16 copy of qkv (dout), in floats: after the (B*H, T) statistics, 256-byte aligned
+#define COPY_AT(BH, T) ((((size_t)(BH) * (T)) + 63) & ~(size_t)63)
 
 #if MMA_EMULATE
 #define XW_DECL                                  \
-    __local uint xbuf[4 * 224];                  \
+    __local uint xbuf[8 * 224];                  \
     __local uint* xw = xbuf + (get_local_id(0) >> 5) * 224;
+#define WARP_ACTIVE(c) 1  // emulated exchanges have barriers: every warp takes every block
 inline float quad_red(float x, const int mx, __local uint* xw, const int lane)
 {
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -46,8 +66,31 @@ inline float quad_red(float x, const int mx, __local uint* xw, const int lane)
 }
 #define QUAD_MAX(x) quad_red(x, 1, xw, lane)
 #define QUAD_SUM(x) quad_red(x, 0, xw, lane)
+// local "addresses" are byte offsets into smem; cp.async copies at once (n: bytes read, the rest zeros)
+#define CP_ASYNC(dst, src, n)                                                                       \
+    (*(__local uint4*)((__local uchar*)smem + (dst)) = (n) ? *(__global const uint4*)(src) : (uint4)(0))
+#define CP_ASYNC4(dst, src) (*(__local float*)((__local uchar*)smem + (dst)) = *(src))
+#define CP_COMMIT()
+#define CP_WAIT0()
+// lane l of matrix q (rows at lanes 8q..8q+7): row l/4, columns 2(l%4), +1; trans: column l/4 of rows 2(l%4),
+// 2(l%4) + 1 (16-bit elements, the lower column or row in the low half), as matmul_bf16.cl's emulation
+inline void ldsm_x4(uint* r, const uint addr, __local uint* sm, __local uint* xw, const int lane, const int trans)
+{
+    __local ushort* h = (__local ushort*)sm;
+    xw[lane] = addr;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int q = 0; q < 4; q++) {
+        if (!trans) r[q] = sm[(xw[8 * q + lane / 4] + 4 * (lane % 4)) / 4];
+        else r[q] = (uint)h[(xw[8 * q + 2 * (lane % 4)] + 2 * (lane / 4)) / 2]
+                    | ((uint)h[(xw[8 * q + 2 * (lane % 4) + 1] + 2 * (lane / 4)) / 2] << 16);
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+}
+#define LDSM(r, addr) ldsm_x4(r, addr, (__local uint*)smem, xw, lane, 0)
+#define LDSM_T(r, addr) ldsm_x4(r, addr, (__local uint*)smem, xw, lane, 1)
 #else
 #define XW_DECL
+#define WARP_ACTIVE(c) (c)
 inline float shfl_xor(const float x, const int m)
 {
     float r;
@@ -59,56 +102,42 @@ inline float quad_max(float x) { x = fmax(x, shfl_xor(x, 1)); return fmax(x, shf
 inline float quad_sum(float x) { x += shfl_xor(x, 1); return x + shfl_xor(x, 2); }
 #define QUAD_MAX(x) quad_max(x)
 #define QUAD_SUM(x) quad_sum(x)
+#define CP_ASYNC(dst, src, n) \
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"((ulong)(src)), "r"(n) : "memory")
+#define CP_ASYNC4(dst, src) \
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"((ulong)(src)) : "memory")
+#define CP_COMMIT() asm volatile("cp.async.commit_group;" ::: "memory")
+#define CP_WAIT0() asm volatile("cp.async.wait_group 0;" ::: "memory")
+#define LDSM(r, addr)                                                                           \
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"               \
+                 : "=r"((r)[0]), "=r"((r)[1]), "=r"((r)[2]), "=r"((r)[3]) : "r"(addr) : "memory")
+#define LDSM_T(r, addr)                                                                         \
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"         \
+                 : "=r"((r)[0]), "=r"((r)[1]), "=r"((r)[2]), "=r"((r)[3]) : "r"(addr) : "memory")
 #endif
 
-
-// A 64-row block in two steps: fetch reads rows r0..r0+63 (zeros from row T on) of D columns of src (row
-// stride ld) into registers, 4 columns a load, all of a work-item's loads issued together (consecutive
-// work-items on consecutive columns: coalesced); put stores them as bf16 into dst [row][DP] and/or dstT
-// [column][KP]. (Measured on the H200: consecutive rows a warp instead, for conflict-free transposed stores,
-// took 1.5x the time; holding the next block's loads during this one's products took 254 registers, no gain.)
-#define NPER (BQ * D / 4 / NTH)
-inline void fetch(float4* v, __global const float* src, const int ld, const int r0, const int T)
+// The local array's address for ldmatrix and cp.async (emulation: byte offsets from 0)
+inline uint smem_base(__local const void* p)
 {
-#pragma unroll
-    for (int i = 0; i < NPER; i++) {
-        const int e = get_local_id(0) + i * NTH, r = e / (D / 4), c = 4 * (e % (D / 4));
-        v[i] = r0 + r < T ? vload4(0, src + (size_t)(r0 + r) * ld + c) : (float4)(0.0f);
-    }
+#if MMA_EMULATE
+    return 0;
+#elif SMEM_CVTA
+    ulong s;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(s) : "l"((ulong)p));
+    return (uint)s;
+#else
+    return (uint)(size_t)p;
+#endif
 }
 
-inline void put(const float4* v, __local ushort* dst, __local ushort* dstT)
-{
-#pragma unroll
-    for (int i = 0; i < NPER; i++) {
-        const int e = get_local_id(0) + i * NTH, r = e / (D / 4), c = 4 * (e % (D / 4));
-        if (dst) *(__local uint2*)(dst + r * DP + c) = (uint2)(bf16x2(v[i].x, v[i].y), bf16x2(v[i].z, v[i].w));
-        if (dstT) {
-            dstT[(c + 0) * KP + r] = (ushort)bf16_bits(v[i].x);
-            dstT[(c + 1) * KP + r] = (ushort)bf16_bits(v[i].y);
-            dstT[(c + 2) * KP + r] = (ushort)bf16_bits(v[i].z);
-            dstT[(c + 3) * KP + r] = (ushort)bf16_bits(v[i].w);
-        }
-    }
-}
+// ldmatrix.x4 lane offsets (bytes) in a staged block for a 16 x 16 region: LDN_OFF with its rows along n (r[0],
+// r[1]: b0, b1 of the region's first n tile, r[2], r[3] of its second), LDT_OFF (.trans) with its rows along k
+#define LDN_OFF(lane) ((((lane) & 7) + 8 * ((lane) >> 4)) * DP * 2 + 16 * (((lane) >> 3) & 1))
+#define LDT_OFF(lane) ((((lane) & 7) + 8 * (((lane) >> 3) & 1)) * DP * 2 + 16 * ((lane) >> 4))
+#define AT(r, c) (((r) * DP + (c)) * 2)  // byte offset of element (r, c) of a staged block
 
-// Block kb (64 rows) of one head's k and v (base: the head's q columns of qkv) into local memory: k into Ks
-// [row][DP] and/or Kt [column][KP], v into Vs and/or Vt (0: not wanted), between barriers (every warp is done
-// with the block before; the block is in before any warp reads it).
-inline void stage_kv(__global const float* base, const int kb, const int T, __local ushort* Ks, __local ushort* Kt,
-                     __local ushort* Vs, __local ushort* Vt)
-{
-    float4 kr[NPER], vr[NPER];
-    fetch(kr, base + C, 3 * C, kb * BQ, T);
-    fetch(vr, base + 2 * C, 3 * C, kb * BQ, T);
-    barrier(CLK_LOCAL_MEM_FENCE);
-    put(kr, Ks, Kt);
-    put(vr, Vs, Vt);
-    barrier(CLK_LOCAL_MEM_FENCE);
-}
-
-// A fragments (16 rows from r0, all D columns; zeros from row T on) of src (row stride ld)
-inline void load_a(uint a[KD][4], __global const float* src, const int ld, const int r0, const int T, const int lane)
+// A fragments (16 rows from r0, all D columns; zeros from row T on) of the bf16 copy src (row stride ld)
+inline void load_a(uint a[KD][4], __global const ushort* src, const int ld, const int r0, const int T, const int lane)
 {
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -116,40 +145,72 @@ inline void load_a(uint a[KD][4], __global const float* src, const int ld, const
 #pragma unroll
         for (int q = 0; q < 4; q++) {
             const int r = r0 + g + 8 * (q & 1), c = 16 * s + 2 * t + 8 * (q >> 1);
-            const float2 v = r < T ? vload2(0, src + (size_t)r * ld + c) : (float2)(0.0f);
-            a[s][q] = bf16x2(v.x, v.y);
+            a[s][q] = r < T ? *(__global const uint*)(src + (size_t)r * ld + c) : 0u;
         }
 }
 
+// Rows r0..r0+63 of the D columns at src (bf16, row stride ld) into the staged block at local address dst by
+// cp.async (nth work-items), zeros from row T on
+inline void stage(const uint dst, __global const ushort* src, const int ld, const int r0, const int T,
+                  __local uint4* smem, const int nth)
+{
+    for (int e = get_local_id(0); e < BC * CH; e += nth) {
+        const int r = e / CH, c = e % CH, ok = r0 + r < T;
+        CP_ASYNC(dst + AT(r, 8 * c), src + (size_t)(ok ? r0 + r : 0) * ld + 8 * c, ok ? 16 : 0);
+    }
+}
+
 // c (16 x 8n accumulators of a warp, from n tile 2j) as the A fragment of one k step of 16
-#define AFRAG(a, c, j)                                \
-    {                                                 \
+#define AFRAG(a, c, j)                                       \
+    {                                                        \
         a[0] = bf16x2(c[2 * (j)][0], c[2 * (j)][1]);         \
         a[1] = bf16x2(c[2 * (j)][2], c[2 * (j)][3]);         \
         a[2] = bf16x2(c[2 * (j) + 1][0], c[2 * (j) + 1][1]); \
         a[3] = bf16x2(c[2 * (j) + 1][2], c[2 * (j) + 1][3]); \
     }
-
-// A warp's products with a staged 64-row block (g, t: the lane's fragment row and column):
-// PRODUCT_T: c (16 rows x 64: 8 n tiles) = a (16 x D, A fragments) @ X^T, X staged as Xs [64][DP];
-// PRODUCT_ACC: acc (16 x D: ND n tiles) += c (16 x 64, rounded to bf16 A fragments) @ X, X staged as Xt [D][KP].
-#define PRODUCT_T(c, a, Xs)                                                                 \
-    _Pragma("unroll") for (int j_ = 0; j_ < 8; j_++) {                                      \
-        c[j_][0] = c[j_][1] = c[j_][2] = c[j_][3] = 0.0f;                                   \
-        _Pragma("unroll") for (int k_ = 0; k_ < KD; k_++)                                   \
-            MMA16816(c[j_], a[k_], LDW(Xs, (8 * j_ + g) * DP + 16 * k_ + 2 * t),            \
-                     LDW(Xs, (8 * j_ + g) * DP + 16 * k_ + 8 + 2 * t));                     \
+// A warp's products over its M m tiles (16 rows each), every B fragment loaded once for all M:
+// PRODUCT_T: c[i][0..2NJ) (16 x 16NJ, zeroed) = a[i] (16 x D, A fragments) @ X^T, X: NJ 16-row groups from row
+// x0 of block X; PRODUCT_ACC: acc[i] (16 x D: ND n tiles) += c[i][0..2NK) (16 x 16NK, rounded to bf16 A
+// fragments) @ X, X: rows x0.. of block X
+#define PRODUCT_T(c, M, NJ, a, X, x0)                                                       \
+    _Pragma("unroll") for (int j_ = 0; j_ < (NJ); j_++) {                                   \
+        _Pragma("unroll") for (int i_ = 0; i_ < (M); i_++)                                  \
+        _Pragma("unroll") for (int c_ = 0; c_ < 4; c_++) c[i_][2 * j_][c_] = c[i_][2 * j_ + 1][c_] = 0.0f; \
+        _Pragma("unroll") for (int k_ = 0; k_ < KD; k_++) {                                 \
+            uint b_[4];                                                                     \
+            LDSM(b_, (X) + AT((x0) + 16 * j_, 16 * k_) + ldn);                              \
+            _Pragma("unroll") for (int i_ = 0; i_ < (M); i_++) {                            \
+                MMA16816(c[i_][2 * j_], a[i_][k_], b_[0], b_[1]);                           \
+                MMA16816(c[i_][2 * j_ + 1], a[i_][k_], b_[2], b_[3]);                       \
+            }                                                                               \
+        }                                                                                   \
     }
-#define PRODUCT_ACC(acc, c, Xt)                                                             \
-    _Pragma("unroll") for (int k_ = 0; k_ < 4; k_++) {                                      \
-        uint a_[4];                                                                         \
-        AFRAG(a_, c, k_)                                                                    \
-        _Pragma("unroll") for (int j_ = 0; j_ < ND; j_++)                                   \
-            MMA16816(acc[j_], a_, LDW(Xt, (8 * j_ + g) * KP + 16 * k_ + 2 * t),             \
-                     LDW(Xt, (8 * j_ + g) * KP + 16 * k_ + 8 + 2 * t));                     \
+#define PRODUCT_ACC(acc, c, M, NK, X, x0)                                                   \
+    _Pragma("unroll") for (int k_ = 0; k_ < (NK); k_++) {                                   \
+        uint a_[M][4];                                                                      \
+        _Pragma("unroll") for (int i_ = 0; i_ < (M); i_++) AFRAG(a_[i_], c[i_], k_)         \
+        _Pragma("unroll") for (int j_ = 0; j_ < KD; j_++) {                                 \
+            uint b_[4];                                                                     \
+            LDSM_T(b_, (X) + AT((x0) + 16 * k_, 16 * j_) + ldt);                            \
+            _Pragma("unroll") for (int i_ = 0; i_ < (M); i_++) {                            \
+                MMA16816(acc[i_][2 * j_], a_[i_], b_[0], b_[1]);                            \
+                MMA16816(acc[i_][2 * j_ + 1], a_[i_], b_[2], b_[3]);                        \
+            }                                                                               \
+        }                                                                                   \
     }
 // dropout's keep of the probability (query row, key) of head z: the batched form's element (z, row, key)
 #define KEEP(row, key) dropout_keep(seed, site, (uint)(((size_t)z * T + (row)) * T + (key)), p)
+
+// qkv (or dout) as its bf16 copy in dst (att or datt) from float COPY_AT(BH, T): n8 groups of 8 floats
+__kernel void flash_bf16(const int n8, const int T, const int BH, __global const float* restrict src,
+                         __global float* dst)
+{
+    const int i = get_global_id(0);
+    if (i >= n8) return;
+    const float8 v = vload8(i, src);
+    ((__global uint4*)(dst + COPY_AT(BH, T)))[i] =
+        (uint4)(bf16x2(v.s0, v.s1), bf16x2(v.s2, v.s3), bf16x2(v.s4, v.s5), bf16x2(v.s6, v.s7));
+}
 
 // OUT_TILED 1 (B T and C multiples of 64): also out's bf16 copy in matmul_wgmma.cl's tiled layout (precision.cl
 // tiled_chunk, Rp = B T) in out16, the copy the output projection's products read (Ops keeps it).
@@ -161,222 +222,266 @@ inline void load_a(uint a[KD][4], __global const float* src, const int ld, const
 #else
 #define OUT_TILED_ARGS
 #endif
-__kernel __attribute__((reqd_work_group_size(NTH, 1, 1)))
-void flash_forward(const int T, __global const float* restrict qkv, __global float* restrict out,
-                   __global float* restrict lse, const uint seed, const uint site, const float p OUT_TILED_ARGS)
+__kernel __attribute__((reqd_work_group_size(NTQ, 1, 1)))
+void flash_forward(const int T, __global float* restrict out, __global float* att, const uint seed, const uint site,
+                   const float p OUT_TILED_ARGS)
 {
-    __local uint4 ks_[BQ * DP / 8], vt_[D * KP / 8];  // (uint4: aligned for the word and pair accesses)
-    __local ushort *Ks = (__local ushort*)ks_, *Vt = (__local ushort*)vt_;
+    __local uint4 smem[4 * BLK / 16];  // two stages of (k block, v block)
     XW_DECL
-    const int lane = get_local_id(0) & 31, warp = get_local_id(0) >> 5, g = lane >> 2, t = lane & 3;
-    const int nb = (T + BQ - 1) / BQ, qb = nb - 1 - get_group_id(0);  // the longest rows first
+    const int tid = get_local_id(0), lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int nqb = (T + BR - 1) / BR, qb = nqb - 1 - get_group_id(0);  // the longest rows first
     const int z = get_group_id(1), b = z / H, h = z % H;
-    __global const float* base = qkv + (size_t)b * T * 3 * C + h * D;
-    const int r0 = qb * BQ + 16 * warp;
-    uint qa[KD][4];
-    load_a(qa, base, 3 * C, r0, T, lane);
-    float o[ND][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    __global const ushort* base =
+        (__global const ushort*)(att + COPY_AT(get_num_groups(1), T)) + (size_t)b * T * 3 * C + h * D;
+    const uint sb = smem_base(smem), ldn = LDN_OFF(lane), ldt = LDT_OFF(lane);
+    const int r0 = qb * BR + 16 * MT * warp;  // m tile i: rows r0 + 16 i ..
+    uint qa[MT][KD][4];
+    float o[MT][ND][4], m[MT][2], l[MT][2];
 #pragma unroll
-    for (int j = 0; j < ND; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    for (int i = 0; i < MT; i++) {
+        load_a(qa[i], base, 3 * C, r0 + 16 * i, T, lane);
+        m[i][0] = m[i][1] = -INFINITY;
+        l[i][0] = l[i][1] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < ND; j++) o[i][j][0] = o[i][j][1] = o[i][j][2] = o[i][j][3] = 0.0f;
+    }
     const float keep = 1.0f / (1.0f - p);
-    for (int kb = 0; kb <= qb; kb++) {
-        stage_kv(base, kb, T, Ks, 0, 0, Vt);
-        float s[8][4];
-        PRODUCT_T(s, qa, Ks)
-        float mx[2] = {m[0], m[1]};
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const int row = r0 + g + 8 * (c >> 1), key = kb * BQ + 8 * j + 2 * t + (c & 1);
-                s[j][c] = (key <= row && key < T) ? s[j][c] * SL2 : -INFINITY;
-                mx[c >> 1] = fmax(mx[c >> 1], s[j][c]);
-            }
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            mx[i] = QUAD_MAX(mx[i]);
-            const float alpha = native_exp2(m[i] - mx[i]);
-            m[i] = mx[i];
-            l[i] *= alpha;
-#pragma unroll
-            for (int j = 0; j < ND; j++) { o[j][2 * i] *= alpha; o[j][2 * i + 1] *= alpha; }
+    const int nkb = min((T + BC - 1) / BC, (qb + 1) * (BR / BC));
+    stage(sb, base + C, 3 * C, 0, T, smem, NTQ);
+    stage(sb + BLK, base + 2 * C, 3 * C, 0, T, smem, NTQ);
+    CP_COMMIT();
+    for (int kb = 0; kb < nkb; kb++) {
+        CP_WAIT0();
+        barrier(CLK_LOCAL_MEM_FENCE);  // block kb in; every warp done with block kb - 1, whose stage is next
+        if (kb + 1 < nkb) {
+            const uint nx = sb + ((kb + 1) & 1) * 2 * BLK;
+            stage(nx, base + C, 3 * C, (kb + 1) * BC, T, smem, NTQ);
+            stage(nx + BLK, base + 2 * C, 3 * C, (kb + 1) * BC, T, smem, NTQ);
+            CP_COMMIT();
         }
+        const uint Ks = sb + (kb & 1) * 2 * BLK, Vs = Ks + BLK;
+        if (!WARP_ACTIVE(kb * BC <= r0 + 16 * MT - 1)) continue;
+        float s[MT][8][4];
+        PRODUCT_T(s, MT, 4, qa, Ks, 0)
+        const int masked = kb * BC + BC - 1 > r0 || kb * BC + BC > T;
 #pragma unroll
-        for (int j = 0; j < 8; j++)
+        for (int i = 0; i < MT; i++) {
+            float mx[2] = {m[i][0], m[i][1]};
 #pragma unroll
-            for (int c = 0; c < 4; c++) {
-                float e = native_exp2(s[j][c] - m[c >> 1]);
-                l[c >> 1] += e;
-                if (p > 0.0f) {
-                    const int row = r0 + g + 8 * (c >> 1), key = kb * BQ + 8 * j + 2 * t + (c & 1);
-                    e = KEEP(row, key) ? e * keep : 0.0f;
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    const int row = r0 + 16 * i + g + 8 * (c >> 1), key = kb * BC + 8 * j + 2 * t + (c & 1);
+                    s[i][j][c] = !masked || (key <= row && key < T) ? s[i][j][c] * SL2 : -INFINITY;
+                    mx[c >> 1] = fmax(mx[c >> 1], s[i][j][c]);
                 }
-                s[j][c] = e;
-            }
-        PRODUCT_ACC(o, s, Vt)
-    }
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-        l[i] = QUAD_SUM(l[i]);
-        const int row = r0 + g + 8 * i;
-        if (row < T) {
-            const float inv = 1.0f / l[i];
+            for (int u = 0; u < 2; u++) {
+                mx[u] = QUAD_MAX(mx[u]);
+                const float alpha = native_exp2(m[i][u] - mx[u]);
+                m[i][u] = mx[u];
+                l[i][u] *= alpha;
 #pragma unroll
-            for (int j = 0; j < ND; j++) {
-                const float2 y = (float2)(o[j][2 * i] * inv, o[j][2 * i + 1] * inv);
-                vstore2(y, 0, out + ((size_t)b * T + row) * C + h * D + 8 * j + 2 * t);
-#if OUT_TILED
-                tiled_store2(out16, b * T + row, h * D + 8 * j + 2 * t, get_num_groups(1) / H * T, y);
-#endif
+                for (int j = 0; j < ND; j++) { o[i][j][2 * u] *= alpha; o[i][j][2 * u + 1] *= alpha; }
             }
-            if (t == 0) lse[(size_t)z * T + row] = m[i] + log2(l[i]);
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    float e = native_exp2(s[i][j][c] - m[i][c >> 1]);
+                    l[i][c >> 1] += e;
+                    if (p > 0.0f) {
+                        const int row = r0 + 16 * i + g + 8 * (c >> 1), key = kb * BC + 8 * j + 2 * t + (c & 1);
+                        e = KEEP(row, key) ? e * keep : 0.0f;
+                    }
+                    s[i][j][c] = e;
+                }
         }
+        PRODUCT_ACC(o, s, MT, 4, Vs, 0)
     }
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            l[i][u] = QUAD_SUM(l[i][u]);
+            const int row = r0 + 16 * i + g + 8 * u;
+            if (row < T) {
+                const float inv = 1.0f / l[i][u];
+#pragma unroll
+                for (int j = 0; j < ND; j++) {
+                    const float2 y = (float2)(o[i][j][2 * u] * inv, o[i][j][2 * u + 1] * inv);
+                    vstore2(y, 0, out + ((size_t)b * T + row) * C + h * D + 8 * j + 2 * t);
+#if OUT_TILED
+                    tiled_store2(out16, b * T + row, h * D + 8 * j + 2 * t, get_num_groups(1) / H * T, y);
+#endif
+                }
+                if (t == 0) att[(size_t)z * T + row] = m[i][u] + log2(l[i][u]);
+            }
+        }
 }
 
-__kernel __attribute__((reqd_work_group_size(NTH, 1, 1)))
-void flash_backward_dq(const int T, __global const float* restrict dout, __global const float* restrict qkv,
-                       __global const float* restrict out, __global const float* restrict lse,
-                       __global float* restrict delta, __global float* restrict dqkv,
+__kernel __attribute__((reqd_work_group_size(NTQ, 1, 1)))
+void flash_backward_dq(const int T, __global const float* restrict dout, __global const float* restrict out,
+                       __global const float* att, __global float* datt, __global float* restrict dqkv,
                        const uint seed, const uint site, const float p)
 {
-    __local uint4 ks_[BQ * DP / 8], vs_[BQ * DP / 8], kt_[D * KP / 8];
-    __local ushort *Ks = (__local ushort*)ks_, *Vs = (__local ushort*)vs_, *Kt = (__local ushort*)kt_;
+    __local uint4 smem[4 * BLK / 16];  // two stages of (k block, v block)
     XW_DECL
-    const int lane = get_local_id(0) & 31, warp = get_local_id(0) >> 5, g = lane >> 2, t = lane & 3;
-    const int nb = (T + BQ - 1) / BQ, qb = nb - 1 - get_group_id(0);
+    const int tid = get_local_id(0), lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int nqb = (T + BR - 1) / BR, qb = nqb - 1 - get_group_id(0);
     const int z = get_group_id(1), b = z / H, h = z % H;
-    __global const float* base = qkv + (size_t)b * T * 3 * C + h * D;
-    __global const float* dbase = dout + (size_t)b * T * C + h * D;
-    const int r0 = qb * BQ + 16 * warp;
-    uint qa[KD][4], da[KD][4];
-    load_a(qa, base, 3 * C, r0, T, lane);
-    load_a(da, dbase, C, r0, T, lane);
-    float L[2], dl[2];
+    const size_t at = COPY_AT(get_num_groups(1), T);
+    __global const ushort* base = (__global const ushort*)(att + at) + (size_t)b * T * 3 * C + h * D;
+    __global const ushort* dbase = (__global const ushort*)(datt + at) + (size_t)b * T * C + h * D;
+    const uint sb = smem_base(smem), ldn = LDN_OFF(lane), ldt = LDT_OFF(lane);
+    const int r0 = qb * BR + 16 * MT * warp;
+    uint qa[MT][KD][4], da[MT][KD][4];
+    float L[MT][2], dl[MT][2], dq[MT][ND][4];
 #pragma unroll
-    for (int i = 0; i < 2; i++) {  // delta = rowsum(dout * out), fp32 from the fp32 buffers
-        const int row = r0 + g + 8 * i;
-        float sum = 0.0f;
-        if (row < T)
-            for (int d = t; d < D; d += 4)
-                sum += dbase[(size_t)row * C + d] * out[((size_t)b * T + row) * C + h * D + d];
-        dl[i] = QUAD_SUM(sum);
-        L[i] = row < T ? lse[(size_t)z * T + row] : 0.0f;
-        if (row < T && t == 0) delta[(size_t)z * T + row] = dl[i];
+    for (int i = 0; i < MT; i++) {
+        load_a(qa[i], base, 3 * C, r0 + 16 * i, T, lane);
+        load_a(da[i], dbase, C, r0 + 16 * i, T, lane);
+#pragma unroll
+        for (int u = 0; u < 2; u++) {  // delta = rowsum(dout * out), fp32 from the fp32 buffers
+            const int row = r0 + 16 * i + g + 8 * u;
+            float sum = 0.0f;
+            if (row < T)
+                for (int d = t; d < D; d += 4)
+                    sum += dout[((size_t)b * T + row) * C + h * D + d] * out[((size_t)b * T + row) * C + h * D + d];
+            dl[i][u] = QUAD_SUM(sum);
+            L[i][u] = row < T ? att[(size_t)z * T + row] : 0.0f;
+            if (row < T && t == 0) datt[(size_t)z * T + row] = dl[i][u];
+        }
+#pragma unroll
+        for (int j = 0; j < ND; j++) dq[i][j][0] = dq[i][j][1] = dq[i][j][2] = dq[i][j][3] = 0.0f;
     }
-    float dq[ND][4];
-#pragma unroll
-    for (int j = 0; j < ND; j++) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.0f;
     const float keep = 1.0f / (1.0f - p);
-    for (int kb = 0; kb <= qb; kb++) {
-        stage_kv(base, kb, T, Ks, Kt, Vs, 0);
-        float s[8][4], dp[8][4];
-        PRODUCT_T(s, qa, Ks)
-        PRODUCT_T(dp, da, Vs)
+    const int nkb = min((T + BC - 1) / BC, (qb + 1) * (BR / BC));
+    stage(sb, base + C, 3 * C, 0, T, smem, NTQ);
+    stage(sb + BLK, base + 2 * C, 3 * C, 0, T, smem, NTQ);
+    CP_COMMIT();
+    for (int kb = 0; kb < nkb; kb++) {
+        CP_WAIT0();
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (kb + 1 < nkb) {
+            const uint nx = sb + ((kb + 1) & 1) * 2 * BLK;
+            stage(nx, base + C, 3 * C, (kb + 1) * BC, T, smem, NTQ);
+            stage(nx + BLK, base + 2 * C, 3 * C, (kb + 1) * BC, T, smem, NTQ);
+            CP_COMMIT();
+        }
+        const uint Ks = sb + (kb & 1) * 2 * BLK, Vs = Ks + BLK;
+        if (!WARP_ACTIVE(kb * BC <= r0 + 16 * MT - 1)) continue;
+        const int masked = kb * BC + BC - 1 > r0 || r0 + 16 * MT > T;
 #pragma unroll
-        for (int j = 0; j < 8; j++)
+        for (int hh = 0; hh < BC / 16; hh++) {  // 16 keys at a time
+            float s[MT][2][4], dp[MT][2][4];
+            PRODUCT_T(s, MT, 1, qa, Ks, 16 * hh)
+            PRODUCT_T(dp, MT, 1, da, Vs, 16 * hh)
 #pragma unroll
-            for (int c = 0; c < 4; c++) {  // ds = P (dP - delta), dP through the dropout mask
-                const int row = r0 + g + 8 * (c >> 1), key = kb * BQ + 8 * j + 2 * t + (c & 1);
-                const float pr = (key <= row && row < T) ? native_exp2(s[j][c] * SL2 - L[c >> 1]) : 0.0f;
-                float dpv = dp[j][c];
-                if (p > 0.0f)
-                    dpv = KEEP(row, key) ? dpv * keep : 0.0f;
-                s[j][c] = pr * (dpv - dl[c >> 1]);
-            }
-        PRODUCT_ACC(dq, s, Kt)
+            for (int i = 0; i < MT; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+#pragma unroll
+                    for (int c = 0; c < 4; c++) {  // ds = P (dP - delta), dP through the dropout mask
+                        const int row = r0 + 16 * i + g + 8 * (c >> 1);
+                        const int key = kb * BC + 16 * hh + 8 * j + 2 * t + (c & 1);
+                        const float pr = !masked || (key <= row && row < T)
+                                             ? native_exp2(s[i][j][c] * SL2 - L[i][c >> 1]) : 0.0f;
+                        float dpv = dp[i][j][c];
+                        if (p > 0.0f)
+                            dpv = KEEP(row, key) ? dpv * keep : 0.0f;
+                        s[i][j][c] = pr * (dpv - dl[i][c >> 1]);
+                    }
+            PRODUCT_ACC(dq, s, MT, 1, Ks, 16 * hh)
+        }
     }
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const int row = r0 + g + 8 * i;
-        if (row < T)
+    for (int i = 0; i < MT; i++)
 #pragma unroll
-            for (int j = 0; j < ND; j++)
-                vstore2((float2)(dq[j][2 * i] * SCALE, dq[j][2 * i + 1] * SCALE), 0,
-                        dqkv + ((size_t)b * T + row) * 3 * C + h * D + 8 * j + 2 * t);
-    }
+        for (int u = 0; u < 2; u++) {
+            const int row = r0 + 16 * i + g + 8 * u;
+            if (row < T)
+#pragma unroll
+                for (int j = 0; j < ND; j++)
+                    vstore2((float2)(dq[i][j][2 * u] * SCALE, dq[i][j][2 * u + 1] * SCALE), 0,
+                            dqkv + ((size_t)b * T + row) * 3 * C + h * D + 8 * j + 2 * t);
+        }
 }
 
-__kernel __attribute__((reqd_work_group_size(NTH, 1, 1)))
-void flash_backward_dkv(const int T, __global const float* restrict dout, __global const float* restrict qkv,
-                        __global const float* restrict lse, __global const float* restrict delta,
+__kernel __attribute__((reqd_work_group_size(NTK, 1, 1)))
+void flash_backward_dkv(const int T, __global const float* att, __global const float* datt,
                         __global float* restrict dqkv, const uint seed, const uint site, const float p)
 {
-    __local uint4 qs_[BQ * DP / 8], qt_[D * KP / 8], ds_[BQ * DP / 8], dt_[D * KP / 8];
-    __local ushort *Qs = (__local ushort*)qs_, *Qt = (__local ushort*)qt_, *Ds = (__local ushort*)ds_,
-                   *Dt = (__local ushort*)dt_;
-    __local float Ls[BQ], Dl[BQ];
+    __local uint4 smem[(4 * BLK + 4 * BC * 4) / 16];  // two stages of (q block, dout block), then of (lse, delta)
     XW_DECL
-    const int lane = get_local_id(0) & 31, warp = get_local_id(0) >> 5, g = lane >> 2, t = lane & 3;
-    const int nb = (T + BQ - 1) / BQ, kb = get_group_id(0);  // the longest columns (most rows below) first
+    const int tid = get_local_id(0), lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int kb = get_group_id(0);  // the longest columns (most rows below) first
     const int z = get_group_id(1), b = z / H, h = z % H;
-    __global const float* base = qkv + (size_t)b * T * 3 * C + h * D;
-    __global const float* dbase = dout + (size_t)b * T * C + h * D;
-    const int k0 = kb * BQ + 16 * warp;  // this warp's 16 keys
-    uint ka[KD][4], va[KD][4];
-    load_a(ka, base + C, 3 * C, k0, T, lane);
-    load_a(va, base + 2 * C, 3 * C, k0, T, lane);
-    float dk[ND][4], dv[ND][4];
+    const size_t at = COPY_AT(get_num_groups(1), T);
+    __global const ushort* base = (__global const ushort*)(att + at) + (size_t)b * T * 3 * C + h * D;
+    __global const ushort* dbase = (__global const ushort*)(datt + at) + (size_t)b * T * C + h * D;
+    __global const float* lse = att + (size_t)z * T;
+    __global const float* delta = datt + (size_t)z * T;
+    const uint sb = smem_base(smem), ldn = LDN_OFF(lane), ldt = LDT_OFF(lane);
+    const int k0 = kb * BRK + 16 * warp;  // this warp's 16 keys
+    uint ka[1][KD][4], va[1][KD][4];  // (one m tile: the products' macros take a tile index)
+    load_a(ka[0], base + C, 3 * C, k0, T, lane);
+    load_a(va[0], base + 2 * C, 3 * C, k0, T, lane);
+    float dk[1][ND][4], dv[1][ND][4];
 #pragma unroll
     for (int j = 0; j < ND; j++) {
-        dk[j][0] = dk[j][1] = dk[j][2] = dk[j][3] = 0.0f;
-        dv[j][0] = dv[j][1] = dv[j][2] = dv[j][3] = 0.0f;
+        dk[0][j][0] = dk[0][j][1] = dk[0][j][2] = dk[0][j][3] = 0.0f;
+        dv[0][j][0] = dv[0][j][1] = dv[0][j][2] = dv[0][j][3] = 0.0f;
     }
     const float keep = 1.0f / (1.0f - p);
-    float4 qr[NPER], dr[NPER];
-    const int li = get_local_id(0);
-    for (int qb = kb; qb < nb; qb++) {
-        const int r1 = qb * BQ, row = r1 + li;
-        fetch(qr, base, 3 * C, r1, T);
-        fetch(dr, dbase, C, r1, T);
-        const float lr = li < BQ && row < T ? lse[(size_t)z * T + row] : 0.0f;  // work-items 0..63: a row each
-        const float dlr = li < BQ && row < T ? delta[(size_t)z * T + row] : 0.0f;
+    const int q0 = kb * BRK / BC, nqb = (T + BC - 1) / BC;
+    // (rows from T on: the last row's statistics, finite; their probabilities are masked to 0)
+#define STAGE_Q(st, qb)                                                                                    \
+    {                                                                                                      \
+        const uint nx_ = sb + (st) * 2 * BLK;                                                              \
+        stage(nx_, base, 3 * C, (qb) * BC, T, smem, NTK);                                                  \
+        stage(nx_ + BLK, dbase, C, (qb) * BC, T, smem, NTK);                                               \
+        if (tid < 2 * BC)                                                                                  \
+            CP_ASYNC4(sb + 4 * BLK + ((st) * 2 * BC + tid) * 4,                                            \
+                      (tid < BC ? lse : delta) + min((qb) * BC + tid % BC, T - 1));                        \
+        CP_COMMIT();                                                                                       \
+    }
+    STAGE_Q(0, q0)
+    for (int qb = q0; qb < nqb; qb++) {
+        const int st = (qb - q0) & 1;
+        CP_WAIT0();
         barrier(CLK_LOCAL_MEM_FENCE);
-        put(qr, Qs, Qt);
-        put(dr, Ds, Dt);
-        if (li < BQ) {
-            Ls[li] = lr;
-            Dl[li] = dlr;
-        }
-        barrier(CLK_LOCAL_MEM_FENCE);
+        if (qb + 1 < nqb) STAGE_Q(st ^ 1, qb + 1)
+        const uint Qs = sb + st * 2 * BLK, Ds = Qs + BLK;
+        __local const float* Ls = (__local const float*)smem + (4 * BLK) / 4 + st * 2 * BC;
+        __local const float* Dl = Ls + BC;
+        if (!WARP_ACTIVE(qb * BC + BC - 1 >= k0)) continue;
 #pragma unroll
-        for (int sub = 0; sub < BQ / 16; sub++) {  // 16 queries at a time: s^T, dp^T (16 keys x 16 queries)
-            float st[2][4], dpt[2][4];
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                st[j][0] = st[j][1] = st[j][2] = st[j][3] = 0.0f;
-                dpt[j][0] = dpt[j][1] = dpt[j][2] = dpt[j][3] = 0.0f;
-#pragma unroll
-                for (int kk = 0; kk < KD; kk++) {
-                    const int i0 = (16 * sub + 8 * j + g) * DP + 16 * kk + 2 * t;
-                    MMA16816(st[j], ka[kk], LDW(Qs, i0), LDW(Qs, i0 + 8));
-                    MMA16816(dpt[j], va[kk], LDW(Ds, i0), LDW(Ds, i0 + 8));
-                }
-            }
+        for (int sub = 0; sub < BC / 16; sub++) {  // 16 queries at a time: s^T, dp^T (16 keys x 16 queries)
+            if (!WARP_ACTIVE(qb * BC + 16 * sub + 15 >= k0)) continue;
+            float st_[1][2][4], dpt[1][2][4];
+            PRODUCT_T(st_, 1, 1, ka, Qs, 16 * sub)
+            PRODUCT_T(dpt, 1, 1, va, Ds, 16 * sub)
+            const int masked = qb * BC + 16 * sub < k0 + 15 || qb * BC + 16 * sub + 15 >= T;
 #pragma unroll
             for (int j = 0; j < 2; j++)
 #pragma unroll
                 for (int c = 0; c < 4; c++) {  // st -> dropped P^T (for dv), dpt -> dS^T (for dk)
                     const int key = k0 + g + 8 * (c >> 1), qi = 16 * sub + 8 * j + 2 * t + (c & 1);
-                    const int row = qb * BQ + qi;
-                    const float pr = (key <= row && row < T) ? native_exp2(st[j][c] * SL2 - Ls[qi]) : 0.0f;
+                    const int row = qb * BC + qi;
+                    const float pr = !masked || (key <= row && row < T)
+                                         ? native_exp2(st_[0][j][c] * SL2 - Ls[qi]) : 0.0f;
                     float kf = 1.0f;
                     if (p > 0.0f)
                         kf = KEEP(row, key) ? keep : 0.0f;
-                    st[j][c] = pr * kf;
-                    dpt[j][c] = pr * (dpt[j][c] * kf - Dl[qi]);
+                    st_[0][j][c] = pr * kf;
+                    dpt[0][j][c] = pr * (dpt[0][j][c] * kf - Dl[qi]);
                 }
-            uint pa[4], sa[4];
-            AFRAG(pa, st, 0)
-            AFRAG(sa, dpt, 0)
-#pragma unroll
-            for (int j = 0; j < ND; j++) {
-                const int i0 = (8 * j + g) * KP + 16 * sub + 2 * t;
-                MMA16816(dv[j], pa, LDW(Dt, i0), LDW(Dt, i0 + 8));
-                MMA16816(dk[j], sa, LDW(Qt, i0), LDW(Qt, i0 + 8));
-            }
+            PRODUCT_ACC(dv, st_, 1, 1, Ds, 16 * sub)
+            PRODUCT_ACC(dk, dpt, 1, 1, Qs, 16 * sub)
         }
     }
+#undef STAGE_Q
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         const int key = k0 + g + 8 * i;
@@ -384,8 +489,8 @@ void flash_backward_dkv(const int T, __global const float* restrict dout, __glob
 #pragma unroll
             for (int j = 0; j < ND; j++) {
                 __global float* o = dqkv + ((size_t)b * T + key) * 3 * C + h * D + 8 * j + 2 * t;
-                vstore2((float2)(dk[j][2 * i] * SCALE, dk[j][2 * i + 1] * SCALE), 0, o + C);
-                vstore2((float2)(dv[j][2 * i], dv[j][2 * i + 1]), 0, o + 2 * C);
+                vstore2((float2)(dk[0][j][2 * i] * SCALE, dk[0][j][2 * i + 1] * SCALE), 0, o + C);
+                vstore2((float2)(dv[0][j][2 * i], dv[0][j][2 * i + 1]), 0, o + 2 * C);
             }
     }
 }

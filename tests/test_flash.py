@@ -38,28 +38,39 @@ def dev(opencl):  # the device tests/conftest.py sets for this module
     return get_device()
 
 
-def _kernels(dev):
-    kw = dict(C=C, H=H, D=D, SCALE=float(1.0 / math.sqrt(D)), MMA_EMULATE=1)
-    return [dev.kernel("flash", n, **kw) for n in ("flash_forward", "flash_backward_dq", "flash_backward_dkv")]
+def _kernels(dev, **extra):
+    kw = dict(C=C, H=H, D=D, SCALE=float(1.0 / math.sqrt(D)), MMA_EMULATE=1, **extra)
+    return [dev.kernel("flash", n, **kw)
+            for n in ("flash_bf16", "flash_forward", "flash_backward_dq", "flash_backward_dkv")]
+
+
+def _copy_at(b, t, h):
+    """kernels/flash.cl COPY_AT: the float where att (datt) holds the bf16 copy of qkv (dout)"""
+    return -(-b * h * t // 64) * 64
 
 
 def _run(dev, qkv, dout, p=0.0, seed=0, site=0):
-    """-> out (B,T,C), dqkv (B,T,3C), lse (B,H,T) from the three kernels."""
-    fwd, bdq, bdkv = _kernels(dev)
+    """-> out (B,T,C), dqkv (B,T,3C), lse (B,H,T) from the kernels: the bf16 copies, then the three passes."""
+    cp, fwd, bdq, bdkv = _kernels(dev)
     mf, q = cl.mem_flags, dev.queue
     bq = cl.Buffer(dev.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(qkv, f32))
     bd = cl.Buffer(dev.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(dout, f32))
-    bo, bl = cl.Buffer(dev.ctx, mf.READ_WRITE, B * T * C * 4), cl.Buffer(dev.ctx, mf.READ_WRITE, B * H * T * 4)
-    bdl, bg = cl.Buffer(dev.ctx, mf.READ_WRITE, B * H * T * 4), cl.Buffer(dev.ctx, mf.READ_WRITE, B * T * 3 * C * 4)
-    g, lsz, tail = (-(-T // 64) * 128, B * H), (128, 1), (u32(seed), u32(site), f32(p))
-    fwd(q, g, lsz, i32(T), bq, bo, bl, *tail)
-    bdq(q, g, lsz, i32(T), bd, bq, bo, bl, bdl, bg, *tail)
-    bdkv(q, g, lsz, i32(T), bd, bq, bl, bdl, bg, *tail)
-    out, dqkv, lse = np.empty((B, T, C), f32), np.empty((B, T, 3 * C), f32), np.empty((B, H, T), f32)
-    for host, buf in ((out, bo), (dqkv, bg), (lse, bl)):
+    natt = (_copy_at(B, T, H) + B * T * 3 * C // 2) * 4
+    bo, bl = cl.Buffer(dev.ctx, mf.READ_WRITE, B * T * C * 4), cl.Buffer(dev.ctx, mf.READ_WRITE, natt)
+    bdl, bg = cl.Buffer(dev.ctx, mf.READ_WRITE, natt), cl.Buffer(dev.ctx, mf.READ_WRITE, B * T * 3 * C * 4)
+    tail = (u32(seed), u32(site), f32(p))
+    gq, gk = ((-(-T // 128) * 256, B * H), (256, 1)), ((-(-T // 64) * 128, B * H), (128, 1))
+    for src, cols, dst in ((bq, 3 * C, bl), (bd, C, bdl)):
+        n8 = B * T * cols // 8
+        cp(q, (-(-n8 // 256) * 256,), (256,), i32(n8), i32(T), i32(B * H), src, dst)
+    fwd(q, *gq, i32(T), bo, bl, *tail)
+    bdq(q, *gq, i32(T), bd, bo, bl, bdl, bg, *tail)
+    bdkv(q, *gk, i32(T), bl, bdl, bg, *tail)
+    out, dqkv, att = np.empty((B, T, C), f32), np.empty((B, T, 3 * C), f32), np.empty(natt // 4, f32)
+    for host, buf in ((out, bo), (dqkv, bg), (att, bl)):
         cl.enqueue_copy(q, host, buf)
     q.finish()
-    return out, dqkv, lse
+    return out, dqkv, att[:B * H * T].reshape(B, H, T)
 
 
 def _rel(got, want):
@@ -124,16 +135,17 @@ def test_engine_flash_matches_the_batched_form_with_dropout(dev):
     for flash in (True, False):
         eng = _engine(flash)
         assert eng.ops.flash is flash
-        assert eng.ops.att_floats(B, T) == B * H * T * (1 if flash else T)
+        assert eng.ops.att_floats(B, T) == (_copy_at(B, T, H) + B * T * 3 * C // 2 if flash else B * H * T * T)
         mem[flash] = device_bytes(eng)
         loss = eng.forward(tok, tgt, dropout_seed=99)
         eng.zero_grad()
         eng.backward()
         res[flash] = loss, eng.get_grads()
     assert abs(res[True][0] - res[False][0]) < 1e-3 * abs(res[False][0])
-    # memory: per layer att (B,H,T,T) -> (B,H,T) and no att_d (dropout's probabilities); the shared datt too
-    bhtt, bht, L = B * H * T * T, B * H * T, 2
-    assert mem[False] - mem[True] == 4 * (L * (2 * bhtt - bht) + bhtt - bht)
+    # memory: per layer att (B,H,T,T) -> (B,H,T) and qkv's bf16 copy, and no att_d (dropout's probabilities);
+    # the shared datt too
+    bhtt, flash_att, L = B * H * T * T, _copy_at(B, T, H) + B * T * 3 * C // 2, 2
+    assert mem[False] - mem[True] == 4 * (L * (2 * bhtt - flash_att) + bhtt - flash_att)
     for name, g in res[False][1].items():
         err = _rel(res[True][1][name], g)
         assert err < TOL, f"grad {name}: flash vs batched {err:.2e}"
@@ -169,11 +181,14 @@ def test_flash_forward_writes_its_tiled_copy(dev):
     mf, q = cl.mem_flags, dev.queue
     bq = cl.Buffer(dev.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=qkv)
     outs = []
+    natt = _copy_at(b, t, h) + b * t * 3 * c // 2
     for tiled in (0, 1):
-        bo, bl = cl.Buffer(dev.ctx, mf.READ_WRITE, b * t * c * 4), cl.Buffer(dev.ctx, mf.READ_WRITE, b * h * t * 4)
+        bo, bl = cl.Buffer(dev.ctx, mf.READ_WRITE, b * t * c * 4), cl.Buffer(dev.ctx, mf.READ_WRITE, natt * 4)
         b16 = cl.Buffer(dev.ctx, mf.READ_WRITE, b * t * c * 2)
+        n8 = b * t * 3 * c // 8
+        dev.kernel("flash", "flash_bf16", **kw)(q, (-(-n8 // 256) * 256,), (256,), i32(n8), i32(t), i32(b * h), bq, bl)
         k = dev.kernel("flash", "flash_forward", **kw, **({"OUT_TILED": 1} if tiled else {}))
-        k(q, (128, b * h), (128, 1), i32(t), bq, bo, bl, u32(0), u32(0), f32(0.0), *((b16,) if tiled else ()))
+        k(q, (256, b * h), (256, 1), i32(t), bo, bl, u32(0), u32(0), f32(0.0), *((b16,) if tiled else ()))
         out, lse, copy = np.empty((b * t, c), f32), np.empty(b * h * t, f32), np.empty(b * t * c, np.uint16)
         for host, buf in ((out, bo), (lse, bl), (copy, b16)):
             cl.enqueue_copy(q, host, buf)

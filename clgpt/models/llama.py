@@ -97,7 +97,7 @@ class LlamaEngine(EngineBase):
             self.acts.append(a)
         self.rf = buf(N)
         # backward scratch, reused by every layer
-        self.datty, self.dqkv, self.datt = buf(N * C), buf(N * 3 * C), buf(B * H * T * T)
+        self.datty, self.dqkv, self.datt = buf(N * C), buf(N * 3 * C), buf(self.ops.att_floats(B, T))
         if Ckv != C:  # grouped: the q | k | v product's output and gradient apart from attention's layout
             self.hqkv, self.dhqkv = buf(N * (C + 2 * Ckv)), buf(N * (C + 2 * Ckv))
         if self.dropout:  # a residual branch before its dropout (forward), its gradient after (backward)

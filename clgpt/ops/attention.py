@@ -23,7 +23,7 @@ class AttentionOps:
     def _use_flash(self, mode: str, T: int, B: int | None) -> bool:
         """bf16 attention as fused kernels (kernels/flash.cl: no T x T scores) where the bf16 GEMM runs and the
         head width is 16-64. CLGPT_FLASH: auto (default) | on | off. auto: flash when the forward's grid, B x H x
-        ceil(T/64) work-groups of 4 warps, fills the GPU (FLASH_MIN_GROUPS a compute unit), or T >= FLASH_LONG_T
+        ceil(T/64) warp quartets (64 rows), fills the GPU (FLASH_MIN_GROUPS a compute unit), or T >= FLASH_LONG_T
         (the T x T buffers' memory), or B is not known. On a grid that leaves units idle the batched form's
         large products use the GPU better than flash's few work-groups; once the grid fills it, flash's fused
         kernels, which never write the scores, win (bench/RESULTS_GPU.md)."""
@@ -35,9 +35,9 @@ class AttentionOps:
                 or groups >= FLASH_MIN_GROUPS * self.dev.device.max_compute_units)
 
     def _flash_setup(self):
-        """kernels/flash.cl's three kernels, with the bf16 GEMM's options (MMA_EMULATE on PoCL, for tests)."""
+        """kernels/flash.cl's kernels, with the bf16 GEMM's options (MMA_EMULATE on PoCL, for tests)."""
         cfg = self.cfg
-        for kname in ("flash_forward", "flash_backward_dq", "flash_backward_dkv"):
+        for kname in ("flash_bf16", "flash_forward", "flash_backward_dq", "flash_backward_dkv"):
             self.k[kname] = self.dev.kernel("flash", kname, build_options=self._nv_verbose(self._bf16_opts),
                                             C=cfg.n_embd, H=cfg.n_head, D=cfg.head_dim,
                                             SCALE=float(1.0 / math.sqrt(cfg.head_dim)), **self._bf16_opts)
@@ -49,14 +49,26 @@ class AttentionOps:
 
     def att_floats(self, B: int, T: int) -> int:
         """Floats of a layer's attention state (att, datt): the probabilities (B,H,T,T), or with flash
-        attention each row's softmax statistic (B,H,T)."""
-        return B * self.cfg.n_head * T * (1 if self.flash else T)
+        attention each row's softmax statistic (B,H,T) and, from float COPY_AT (kernels/flash.cl: the
+        statistics' floats rounded up to 64), the bf16 copy of qkv (B,T,3C) the kernels read (datt: of dout)."""
+        BHT = B * self.cfg.n_head * T
+        if not self.flash:
+            return BHT * T
+        return -(-BHT // 64) * 64 + B * T * 3 * self.cfg.n_embd // 2
 
     def _flash_grid(self, Bp, Tp, drop):
-        """kernels/flash.cl's global size (a 64-row block of one (batch, head) a work-group of 128) and its last
-        arguments: dropout's seed, site and p (p 0: none)."""
+        """kernels/flash.cl's global sizes, of the forward and dq (128 query rows a work-group of 256) and of dk/dv
+        (64 keys a work-group of 128), and the kernels' last arguments: dropout's seed, site and p (p 0: none)."""
         seed, site, p = drop[:3] if drop is not None else (0, 0, 0.0)
-        return (-(-Tp // 64) * 128, Bp * self.cfg.n_head), (np.uint32(seed), np.uint32(site), f32(p))
+        H = self.cfg.n_head
+        return ((-(-Tp // 128) * 256, Bp * H), (-(-Tp // 64) * 128, Bp * H),
+                (np.uint32(seed), np.uint32(site), f32(p)))
+
+    def _flash_copy(self, Bp, Tp, X, cols, dst):
+        """X (B',T',cols) as its bf16 copy into dst (att or datt) at float COPY_AT (kernels/flash.cl)."""
+        n8 = Bp * Tp * cols // 8
+        self.run("flash_bf16", (-(-n8 // 256) * 256,), i32(n8), i32(Tp), i32(Bp * self.cfg.n_head), X, dst,
+                 lsize=(256,))
 
     def attention_forward(self, Bp, Tp, qkv, out, att, drop=None):
         """out (B',T',C), att (B',H,T',T') from qkv (B',T',3C). drop = (seed, site, p, att_d): dropout on the
@@ -65,9 +77,10 @@ class AttentionOps:
         cfg = self.cfg
         C, H, D = cfg.n_embd, cfg.n_head, cfg.head_dim
         if self.flash:
-            g, tail = self._flash_grid(Bp, Tp, drop)
+            g, _, tail = self._flash_grid(Bp, Tp, drop)
+            self._flash_copy(Bp, Tp, qkv, 3 * C, att)
             kname, copy = self._with_copy("flash_forward", out, Bp * Tp, C)
-            self.run(kname, g, i32(Tp), qkv, out, att, *tail, *copy, lsize=(128, 1))
+            self.run(kname, g, i32(Tp), out, att, *tail, *copy, lsize=(256, 1))
             return
         if drop is not None:
             self._attention_forward_batched(Bp, Tp, qkv, out, att, drop)
@@ -109,13 +122,14 @@ class AttentionOps:
 
     def attention_backward(self, Bp, Tp, dout, qkv, att, datt, dqkv, drop=None, out=None):
         """dqkv (B',T',3C) from dout (B',T',C); datt is scratch. drop as in attention_forward. out: the forward's
-        output (B',T',C), which flash attention's backward reads."""
+        output (B',T',C), which flash attention's backward reads (with att's copy of qkv)."""
         cfg = self.cfg
         C, H, D = cfg.n_embd, cfg.n_head, cfg.head_dim
         if self.flash:
-            g, tail = self._flash_grid(Bp, Tp, drop)
-            self.run("flash_backward_dq", g, i32(Tp), dout, qkv, out, att, datt, dqkv, *tail, lsize=(128, 1))
-            self.run("flash_backward_dkv", g, i32(Tp), dout, qkv, att, datt, dqkv, *tail, lsize=(128, 1))
+            gq, gk, tail = self._flash_grid(Bp, Tp, drop)
+            self._flash_copy(Bp, Tp, dout, C, datt)
+            self.run("flash_backward_dq", gq, i32(Tp), dout, out, att, datt, dqkv, *tail, lsize=(256, 1))
+            self.run("flash_backward_dkv", gk, i32(Tp), att, datt, dqkv, *tail, lsize=(128, 1))
             return
         if drop is None and not self.attn_gemm:
             self.runp("attention_backward_query", (Tp, Bp * H), i32(Bp), i32(Tp), dout, qkv, att, datt, dqkv)
