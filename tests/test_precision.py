@@ -215,7 +215,7 @@ def test_mma_grouped_k_against_float64(dev, ta, kc):
     counts = GROUPED_MMA_COUNTS
     offs = np.concatenate([[0], np.cumsum(-(-counts // 32) * 32)]).astype(np.int32)
     R, offs = int(offs[-1]), offs[:-1].copy()
-    dy, x, g0 = rng.normal(size=(R, M)).astype(f32), rng.normal(size=(R, N)).astype(f32), rng.normal(size=(4, M, N)).astype(f32)
+    dy, x, g0 = (rng.normal(size=shape).astype(f32) for shape in ((R, M), (R, N), (4, M, N)))
     A = dy if ta else np.ascontiguousarray(dy.T)  # TA=1 reads dy (R,M) in place; TA=0 an (M,R) copy
     GS = -(-int(counts.max()) // kc) if kc else 1
     out = np.full((GS, 4, M, N), np.nan, f32) if kc else g0
