@@ -86,7 +86,58 @@ def check():
             print(f"{precision} {M}x{N}x{K} ta={ta} tb={tb}: |tc - portable| {d_port:.1e}, |tc - f64(rounded)| "
                   f"{d_round:.1e}, |tc - f64(given)| {d_given:.1e} (x max|A||B|), deterministic {det}: "
                   f"{'ok' if ok else 'FAIL'}", flush=True)
+    bad += check_grouped(rng)
     print("check:", "passed" if not bad else f"{bad} FAILED")
+
+
+def check_grouped(rng):
+    """The expert products (clgpt/ops/grouped.py on matmul_mma with GROUP, bf16) against float64 of the rounded
+    operands, uneven groups and an empty one: x @ W_e.T (GROUP 1, B_e transposed), h @ V_e (GROUP 1) and the
+    weight gradients h_e.T @ x_e (GROUP 2: the character shape whole, a narrow one split along K), twice for
+    determinism. -> failures."""
+    from clgpt.ops import Ops
+    cfg = ModelConfig(arch="llama", vocab_size=64, n_ctx=8, n_embd=16, n_ff=32, n_head=2, n_layer=1, n_expert=4,
+                      n_expert_used=2)
+    ops = Ops(dev, cfg, 8, precision="bf16")
+    assert ops.grouped_mma(), "the grouped products are not on the tensor cores"
+    RM, rnd, bad = ops.grouped_tiles()["RM"], ref.ROUNDERS["bf16"], 0
+    for C, F, counts in ([(16, 24, [30, 0, 70, 5])] if SMALL else
+                         [(384, 1024, [9000, 0, 21000, 2768]), (64, 128, [3000, 0, 5000, 200])]):
+        E, counts = len(counts), np.array(counts, np.int32)
+        offs = np.concatenate([[0], np.cumsum(-(-counts // RM) * RM)]).astype(np.int32)
+        R, offs = int(offs[-1]), offs[:-1].copy()
+        x = rng.standard_normal((R, C)).astype(np.float32)
+        W, V = (rng.standard_normal((E, F, C)).astype(np.float32) for _ in range(2))  # W_e (F, C), V_e (F, C)
+        outs = []
+        for _ in range(2):
+            h, y = buf(np.zeros((R, F), np.float32)), buf(np.zeros((R, C), np.float32))
+            g, bn, bo = buf(np.zeros((E, F, C), np.float32)), buf(counts), buf(offs)
+            ops.matmul_grouped_rows(E, R // RM, F, C, buf(x), C, buf(W), C, F * C, h, F, bn, bo, None, tb=1)
+            ops.matmul_grouped_rows(E, R // RM, C, F, h, F, buf(V), C, F * C, y, C, bn, bo, None)
+            ops.matmul_grouped_k(E, F, C, h, F, buf(x), C, g, C, F * C, bn, bo, max_rows=R,
+                                 total_rows=int(counts.sum()))
+            outs.append((get(h, (R, F)), get(y, (R, C)), get(g, (E, F, C))))
+        (h, y, g), (h2, y2, g2) = outs
+        rx, rh = rnd(x).astype(np.float64), rnd(h).astype(np.float64)
+        err = dict(rows_tb=0.0, rows=0.0, k=0.0)
+        for e in range(E):
+            rows = slice(offs[e], offs[e] + counts[e])
+            rW, rV = rnd(W[e]).astype(np.float64), rnd(V[e]).astype(np.float64)
+            for key, got, a, b in (("rows_tb", h, rx, rW.T), ("rows", y, rh, rV), ("k", g[e], rh.T, rx)):
+                a = a[:, rows] if key == "k" else a[rows]
+                b = b[rows] if key == "k" else b
+                out = got if key == "k" else got[rows]
+                if a.size:
+                    err[key] = max(err[key], np.abs(out - a @ b).max() / max((np.abs(a) @ np.abs(b)).max(), 1e-30))
+            if not counts[e] and np.abs(g[e]).max() != 0:
+                err["k"] = np.inf  # an empty group's gradient is zero
+        det = np.array_equal(h, h2) and np.array_equal(y, y2) and np.array_equal(g, g2)
+        ok = max(err.values()) < 1e-5 and det
+        bad += not ok
+        print(f"grouped bf16 C={C} F={F} counts {counts.tolist()}: |tc - f64(rounded)| "
+              + ", ".join(f"{k} {v:.1e}" for k, v in err.items()) + f" (x max|A||B|), deterministic {det}: "
+              f"{'ok' if ok else 'FAIL'}", flush=True)
+    return bad
 
 
 def gemm(n=4096):

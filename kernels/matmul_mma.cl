@@ -17,6 +17,9 @@
 // t + 4 of the same rows; B word t and t + 4 of column g; C (g, 2t..2t+1) and (g + 8, 2t..2t+1).
 // -D: TA TB BIAS RESID ACCUM EPI SPLITK BATCH CAUSAL as matmul.cl; ROUND (1 or 2); BM BN WM WN;
 // ALIGN4 = 1 when k-contiguous operand rows may be read as float4 (ld and offsets multiples of 4).
+// GROUP (mixture of experts, -DNGROUPS=E): matmul.cl's GROUP forms and arguments with BM for its TSM (group
+//   offsets multiples of BM: a row tile never straddles two groups); GROUP 2's SPLITK chunks go to
+//   splitk_reduce_grouped (kernels/matmul.cl), its kc a multiple of 4 where ALIGN4 (float4 rows stay aligned).
 #ifndef TA
 #define TA 0
 #endif
@@ -185,7 +188,10 @@ inline void mma_emulate(float* d, const uint2 alo, const uint2 ahi, const uint2 
 #define MMA(d, alo, ahi, b) mma_emulate(d, alo, ahi, b, xa, xb, warp, lane)
 #endif
 
-#if SPLITK || BATCH
+#if defined(GROUP)
+#define EXTRA_ARGS , const int kc, const int GS, const int bstride, const int cstride, \
+    __global const int* counts, __global const int* offs
+#elif SPLITK || BATCH
 #define EXTRA_ARGS , const int kc, const int HB, const int oA, const int sAb, const int sAh, const int oB, \
     const int sBb, const int sBh, const int oC, const int sCb, const int sCh
 #else
@@ -204,8 +210,38 @@ void matmul_mma(const int M, const int N, const int K,
     const int tid = get_local_id(0), lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int n0 = get_group_id(0) * BN, m0 = get_group_id(1) * BM;
-    int kbeg = 0, kend = K;
+    int kbeg = 0, kend = K, mend = M;  // rows m < mend of the output exist (GROUP 1: the group's)
+#if defined(GROUP) && GROUP == 1
+    {
+        int e = 0;  // the last group starting at or before m0 (empty groups share the next one's offset)
+        while (e + 1 < NGROUPS && offs[e + 1] <= m0) e++;
+        mend = offs[e] + counts[e];
+        if (m0 >= mend) return;  // padding between groups, or past the last: the whole work-group leaves
+        B += (size_t)e * bstride;
+    }
+#elif defined(GROUP)
+    {
+        const int z = get_group_id(2), e = z / GS, s = z % GS;
+        kbeg = s * kc;
+        kend = min(counts[e], kbeg + kc);
+#if TA == 0
+        A += offs[e];
+#else
+        A += (size_t)offs[e] * lda;
+#endif
+#if TB == 0
+        B += (size_t)offs[e] * ldb;
+#else
+        B += offs[e];
+#endif
 #if SPLITK
+        if (kbeg >= kend) return;
+        Cm += ((size_t)s * NGROUPS + e) * M * ldc;
+#else
+        Cm += (size_t)e * cstride;
+#endif
+    }
+#elif SPLITK
     {
         const int z = get_group_id(2);
         kbeg = z * kc;
@@ -243,7 +279,7 @@ void matmul_mma(const int M, const int N, const int K,
 #endif
 
     if (kbeg < kend) {
-        LOAD_TILE(A, lda, KC_A, BM, m0, M, kbeg, ra)
+        LOAD_TILE(A, lda, KC_A, BM, m0, mend, kbeg, ra)
         LOAD_TILE(B, ldb, KC_B, BN, n0, N, kbeg, rb)
         STORE_TILE(As[0], KC_A, BM, ra)
         STORE_TILE(Bs[0], KC_B, BN, rb)
@@ -257,7 +293,7 @@ void matmul_mma(const int M, const int N, const int K,
     for (int k0 = kbeg; k0 < kend; k0 += BK) {
         const int nk = k0 + BK;
         if (nk < kend) {
-            LOAD_TILE(A, lda, KC_A, BM, m0, M, nk, ra)
+            LOAD_TILE(A, lda, KC_A, BM, m0, mend, nk, ra)
             LOAD_TILE(B, ldb, KC_B, BN, n0, N, nk, rb)
         }
         __local const uint* as = As[cur];
@@ -294,7 +330,7 @@ void matmul_mma(const int M, const int N, const int K,
 #pragma unroll
             for (int c = 0; c < 4; c++) {
                 const int gm = m0 + arow + 16 * i + (c >> 1) * 8, gn = gn0 + (c & 1);
-                if (gm >= M || gn >= N) continue;
+                if (gm >= mend || gn >= N) continue;
 #if SPLITK
                 Cm[(size_t)gm * ldc + gn] = acc[i][j][c];
 #else

@@ -459,6 +459,45 @@ def test_grouped_ops_gpu_row(monkeypatch, launch_row):
     assert S > 1, "the lowered thresholds should split these weight gradients"
 
 
+def test_grouped_ops_on_tensor_cores(monkeypatch):
+    """Ops' grouped launchers on the tensor cores (bf16, mma emulated): rows aligned to the mma tiles' BM,
+    GROUP 1 with B_e read transposed in place, GROUP 2 split along K (thresholds lowered so that small shapes
+    split) and reduced; against float64 per-expert products of the bf16-rounded operands."""
+    import pyopencl as cl
+    from clgpt.models.reference import round_bf16
+    from clgpt.ops import Ops, grouped
+    from test_precision import emulated_knobs
+    monkeypatch.setattr(grouped, "SPLIT_MIN_TOTAL_K", 8)  # where _grouped_k_mma reads them
+    monkeypatch.setattr(grouped, "MMA_SPLIT_MIN_K", 8)
+    dev = get_device()
+    o = Ops(dev, llama_cfg(), 6, precision="bf16", knobs=emulated_knobs())
+    assert o.grouped_mma() and o.grouped_tiles()["RM"] == 32
+    E, C, F, RM = 4, 24, 40, 32
+    counts = np.array([30, 0, 70, 5], np.int32)
+    offs, R = grouped_layout(counts, RM)
+    mf = cl.mem_flags
+    dbuf = lambda a: cl.Buffer(dev.ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(a))  # noqa
+    x, W, c0 = rnd(R, C, seed=1), rnd(E, F, C, seed=2), rnd(R, F, seed=3)
+    bx, bW, bc, bn, bo = dbuf(x), dbuf(W), dbuf(c0), dbuf(counts), dbuf(offs)
+    o.matmul_grouped_rows(E, R // RM, F, C, bx, C, bW, C, F * C, bc, F, bn, bo, None, accum=True, tb=1)
+    got_c = np.empty_like(c0)
+    cl.enqueue_copy(dev.queue, got_c, bc, is_blocking=True)
+    g0 = rnd(E, F, C, seed=4)
+    bg = dbuf(g0)
+    o.matmul_grouped_k(E, F, C, bc, F, bx, C, bg, C, F * C, bn, bo, max_rows=80, total_rows=int(counts.sum()))
+    got_g = np.empty_like(g0)
+    cl.enqueue_copy(dev.queue, got_g, bg, is_blocking=True)
+    rx = round_bf16(x).astype(np.float64)
+    want_c, want_g = c0.astype(np.float64), g0.astype(np.float64)
+    for e in range(E):
+        rows = slice(offs[e], offs[e] + counts[e])
+        want_c[rows] += rx[rows] @ round_bf16(W[e]).T.astype(np.float64)
+        want_g[e] += round_bf16(got_c[rows]).T.astype(np.float64) @ rx[rows]
+    close(got_c, want_c, "grouped rows (tensor cores)")
+    close(got_g, want_g, "grouped weight gradients (tensor cores, split)")
+    assert any(key[0] == "mma" and key[8] == 1 and key[-2] == 2 for key in o._mm), "GROUP 2 did not split"
+
+
 # ---- the reference model against finite differences ---------------------------------------------
 
 

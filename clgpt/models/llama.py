@@ -11,7 +11,7 @@ attention and row kernels, fused cross-entropy, preset launches).
 
 Shapes: B batch, T time, N = B*T rows, C n_embd, H heads, Hkv kv heads, D = C // H, F n_ff, E experts,
 K experts used, R = N*K + E*(RM-1) rows of the packed expert operands (RM: the row alignment of the grouped
-products, Ops.grouped_tiles: 6 on CPUs, the largest tile height, 128, on NVIDIA).
+products, Ops.grouped_tiles: 6 on CPUs, the largest tile height, 128, on NVIDIA, fp32 tiles or bf16 mma ones).
 
 The parameter store lays attn_q | attn_k | attn_v back to back (and, dense, ffn_gate | ffn_up), so each is
 one product: (N, C + 2 Ckv) = h @ [Wq; Wk; Wv].T, (N, 2F) = h @ [Wg; Wu].T, and one weight-gradient and one
@@ -25,7 +25,8 @@ top-k; one work-item per expert packs its tokens in increasing order at a tile-a
 by expert; GPUs: one work-group, moe_route_packed_wg); a gather copies the rows there; each projection is one
 grouped launch over all experts (kernels/matmul.cl, Ops.matmul_grouped_rows / matmul_grouped_k: a tile of rows
 finds its expert, whose matrix is a slice of the stacked (E, F, C) tensor; weight gradients sum each expert's
-rows in order straight into its slice; CPUs the register-blocked form, GPUs the tiled one); a combine kernel
+rows in order straight into its slice; CPUs the register-blocked form, GPUs the tiled one, or in bf16 with
+tensor cores kernels/matmul_mma.cl's); a combine kernel
 sums the k weighted outputs per token in order. Nothing comes back to the host within a step (the expert
 counts and mean probabilities are read only when expert_usage or aux_loss ask). The load-balancing loss `cfg.moe_aux_loss * E * sum_e f_e P_e` (per
 layer, f_e = share of the N*K assignments on expert e, P_e = mean router probability, over all B'*T' rows)

@@ -20,8 +20,10 @@ class MmaOps:
         big, small = self.mma
         return big if mma_groups(big, M, N) * nz >= MMA_SMALL_GROUPS else small
 
-    def _kernel_mma(self, mm, ta, tb, bias, resid, accum, epi, align4, split=0, batch=0, causal=0):
-        key = ("mma", ta, tb, bias, resid, accum, epi, align4, split, batch, causal, id(mm))
+    def _kernel_mma(self, mm, ta, tb, bias, resid, accum, epi, align4, split=0, batch=0, causal=0, group=0,
+                    ngroups=0):
+        """matmul_mma built for tiles mm; group 1 / 2 with ngroups: the grouped forms (clgpt/ops/grouped.py)."""
+        key = ("mma", ta, tb, bias, resid, accum, epi, align4, split, batch, causal, id(mm), group, ngroups)
         kern = self._mm.get(key)
         if kern is None:
             nth = mma_threads(mm)
@@ -31,6 +33,8 @@ class MmaOps:
             extra = dict(SPLITK=1) if split else {}
             if batch:
                 extra.update(BATCH=1, CAUSAL=causal)
+            if group:
+                extra.update(GROUP=group, NGROUPS=ngroups)
             if self.caps.mma_emulated:
                 extra["MMA_EMULATE"] = 1  # CLGPT_MMA_EMULATE on a device without tensor cores (tests)
             build = self._nv_verbose(extra)

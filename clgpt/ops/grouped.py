@@ -3,17 +3,24 @@ weights' gradient.
 
 CPUs run the register-blocked matmul_rb_grouped (the CPU row's RM x NV), GPUs (the local-memory `matmul` form in
 their table row) the `matmul` kernel built with GROUP, its tiles chosen as _tiles chooses them for a plain
-product of the same size, weight gradients split along K as split_plan splits them.
+product of the same size, weight gradients split along K as split_plan splits them. With tensor cores and bf16
+operands (every dense product then runs on them too) matmul_mma built with GROUP instead, its tiles and split-K
+chosen as _matmul_mma chooses them: the experts' products in the dense products' precision, not fp32.
 
-Launches kernels/matmul.cl (matmul and matmul_rb_grouped with GROUP, splitk_reduce_grouped) and kernels/moe.cl
-(moe_route_packed[_wg], moe_weight_backward[_wg]); the rest of moe.cl the architecture launches through run.
+Launches kernels/matmul.cl (matmul and matmul_rb_grouped with GROUP, splitk_reduce_grouped), kernels/matmul_mma.cl
+(matmul_mma with GROUP) and kernels/moe.cl (moe_route_packed[_wg], moe_weight_backward[_wg]); the rest of moe.cl
+the architecture launches through run.
 """
 
 from __future__ import annotations
 
+import math
+
 from clgpt.errors import ClgptError
 from clgpt.ops.core import ceil_to, f32, i32
 from clgpt.ops.gemm import matmul_defines, matmul_launch
+from clgpt.precision import mma_bk, mma_groups, mma_launch
+from clgpt.tuning import MMA_SPLIT_GROUPS, MMA_SPLIT_MIN_K, SPLIT_MIN_TOTAL_K
 
 
 class GroupedOps:
@@ -23,10 +30,18 @@ class GroupedOps:
         """Whether the grouped products run the local-memory tiled form (GPU rows of the tuning table)."""
         return self.mm["kernel"] == "matmul"
 
+    def grouped_mma(self) -> bool:
+        """Whether the grouped products run on the tensor cores (matmul_mma with GROUP): bf16 operands on a
+        device whose GEMM backend is mma, bf16 or wgmma (all of which keep the mma tiles, self.mma)."""
+        return self.mma is not None and self.round == 1
+
     def grouped_tiles(self) -> dict:
         """RM: the rows every expert's packed rows are aligned to (kernels/moe.cl): the register-blocked form's
-        rows per work-item (the CPU row's, else 6 x 16 columns), or the tiled form's largest TSM (so every
-        tile size the products pick divides it)."""
+        rows per work-item (the CPU row's, else 6 x 16 columns), the tiled form's largest TSM, or on the tensor
+        cores the big and small tiles' BM's least common multiple (so every tile size the products pick divides
+        it)."""
+        if self.grouped_mma():
+            return dict(RM=math.lcm(*(mm["BM"] for mm in self.mma)))
         if self.grouped_local():
             tiles = [self.launch.get(k) for k in ("matmul", "matmul_small", "matmul_narrow")]
             return dict(RM=max(t["TSM"] for t in tiles if t is not None and t["kernel"] == "matmul"))
@@ -52,6 +67,16 @@ class GroupedOps:
         """For each group e: Cm[rows of e] (,N) = alpha A[rows of e] (,K) @ op(B_e) [+ Cm], B_e = B + e*bstride
         with rows ldb apart (tb: B_e is (N,K), e.g. a slice of a stacked (E, N, K) weight, used transposed);
         group e's rows are offs[e] .. offs[e]+counts[e]-1 (device buffers), max_tiles * RM rows in all."""
+        if self.grouped_mma():
+            rows = max_tiles * self.grouped_tiles()["RM"]
+            mm = self._mma_tiles(rows, N)
+            align4 = lda % 4 == 0 and ldb % 4 == 0 and bstride % 4 == 0
+            kern = self._kernel_mma(mm, 0, tb, False, False, bool(accum), 0, align4, group=1, ngroups=E)
+            gsize, lsize = mma_launch(mm, rows, N)
+            self._launch(kern, gsize, lsize, (i32(rows), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm, i32(ldc),
+                                              None, None, f32(alpha), None, i32(0), i32(1), i32(bstride), i32(0),
+                                              counts, offs))
+            return
         if self.grouped_local():
             rows = max_tiles * self.grouped_tiles()["RM"]
             mm, _ = self._tiles(rows, N)
@@ -78,7 +103,12 @@ class GroupedOps:
         """For each group e: C_e (M,N) = alpha op(A_e) @ B_e [+ C_e], C_e = Cm + e*cstride, the K = counts[e]
         rows of A_e, B_e from offs[e] (weight gradients: op(A) = dY.T, TA=1). The tiled form splits K where
         split_plan would split a product of total_rows / E rows; chunks cover max_rows (the most one group
-        can hold), and those past a group's count do nothing."""
+        can hold), and those past a group's count do nothing. On the tensor cores (grouped_mma) the same, with
+        _matmul_mma's thresholds for E outputs of (M,N)."""
+        if self.grouped_mma():
+            self._grouped_k_mma(E, M, N, A, lda, B, ldb, Cm, ldc, cstride, counts, offs, ta, accum, alpha,
+                                max_rows, total_rows)
+            return
         if self.grouped_local():
             if max_rows is None:
                 raise ClgptError("matmul_grouped_k: the tiled form needs max_rows (the most rows one group holds)")
@@ -96,19 +126,50 @@ class GroupedOps:
                          (i32(M), i32(N), i32(0), A, i32(lda), B, i32(ldb), out, i32(ldc), None, None,
                           f32(1.0 if GS > 1 else alpha), None, i32(kc), i32(GS), i32(0), i32(cstride), counts, offs))
             if GS > 1:
-                red = self._mm.get(("grouped_reduce", E))
-                if red is None:
-                    red = self._mm[("grouped_reduce", E)] = self.dev.kernel("matmul", "splitk_reduce_grouped",
-                                                                           GROUP=2, NGROUPS=E)
-                lsz = tuple(self.launch["local_2d"])
-                self._launch(red, (ceil_to(M * N, lsz[0]), ceil_to(E, lsz[1])), lsz,
-                             (i32(M * N), i32(kc), i32(bool(accum)), f32(alpha), counts, out, Cm))
+                self._grouped_reduce(E, M * N, kc, accum, alpha, counts, out, Cm)
             return
         kern, g = self._grouped_kernel(2, E, ta, accum)
         ls = g["lsize"]
         gsize = (ceil_to(-(-M // g["RM"]), ls[0]), ceil_to(-(-N // (g["VW"] * g["NV"])), ls[1]), E)
         self._launch(kern, gsize, ls + (1,), (i32(M), i32(N), i32(0), A, i32(lda), B, i32(ldb), i32(0), Cm, i32(ldc),
                                               i32(cstride), f32(alpha), counts, offs, counts))
+
+    def _grouped_k_mma(self, E, M, N, A, lda, B, ldb, Cm, ldc, cstride, counts, offs, ta, accum, alpha, max_rows,
+                       total_rows):
+        """matmul_grouped_k on matmul_mma with GROUP 2: the E outputs' work-groups as _matmul_mma counts them; too
+        few split each group's rows into chunks of kc (the average group's rows in S chunks of whole mma k-tiles,
+        S as _matmul_mma picks it), chunks covering max_rows, their raw sums added by splitk_reduce_grouped."""
+        if max_rows is None:
+            raise ClgptError("matmul_grouped_k: the tensor-core form needs max_rows (the most rows one group holds)")
+        kavg = -(-(total_rows or max_rows * E) // E)
+        mm = self._mma_tiles(M, N, E)
+        groups = mma_groups(mm, M, N) * E
+        GS, kc = 1, 1 << 30  # one chunk: all of a group's rows
+        if kavg >= SPLIT_MIN_TOTAL_K and groups < MMA_SPLIT_GROUPS and cstride == M * N and ldc == N:
+            S = min(-(-MMA_SPLIT_GROUPS * 2 // groups), kavg // MMA_SPLIT_MIN_K)  # (reduce wants C_e back to back)
+            if S >= 2:
+                kc = ceil_to(-(-kavg // S), mma_bk(self.round))
+                GS = -(-max_rows // kc)
+        align4 = lda % 4 == 0 and ldb % 4 == 0
+        kern = self._kernel_mma(mm, ta, 0, False, False, bool(accum) and GS == 1, 0, align4, split=int(GS > 1),
+                                group=2, ngroups=E)
+        (gx, gy), lsize = mma_launch(mm, M, N)
+        out = self._grown("parts", GS * E * M * N) if GS > 1 else Cm
+        self._launch(kern, (gx, gy, E * GS), lsize + (1,),
+                     (i32(M), i32(N), i32(0), A, i32(lda), B, i32(ldb), out, i32(ldc), None, None,
+                      f32(1.0 if GS > 1 else alpha), None, i32(kc), i32(GS), i32(0), i32(cstride), counts, offs))
+        if GS > 1:
+            self._grouped_reduce(E, M * N, kc, accum, alpha, counts, out, Cm)
+
+    def _grouped_reduce(self, E, MN, kc, accum, alpha, counts, parts, Cm):
+        """C_e (MN) = alpha * the sum of group e's chunks of kc rows in parts [+ C_e] (splitk_reduce_grouped)."""
+        red = self._mm.get(("grouped_reduce", E))
+        if red is None:
+            red = self._mm[("grouped_reduce", E)] = self.dev.kernel("matmul", "splitk_reduce_grouped", GROUP=2,
+                                                                   NGROUPS=E)
+        lsz = tuple(self.launch["local_2d"])
+        self._launch(red, (ceil_to(MN, lsz[0]), ceil_to(E, lsz[1])), lsz,
+                     (i32(MN), i32(kc), i32(bool(accum)), f32(alpha), counts, parts, Cm))
 
     def transposed_b(self, x, rows, cols):
         """(x (rows, cols) transposed into scratch, its row stride): a B operand for the grouped products,
