@@ -6,7 +6,7 @@ check  the three kernels on the tensor cores against the float64 reference (clgp
        64, T = 300 (five 64-row blocks, the last partial), with and without dropout: relative error below 1e-2
        (bf16 operands), and a rerun gives the same bytes;
 time   attention forward + backward at M6 (B 64, T 256, 6 x 64), L (B 16, T 512, 12 x 64) and S (GPT-2 small's
-       B 8, T 1024, 12 x 64): flash (its forward alone too), the batched form it replaces (CLGPT_FLASH=off: T x T
+       B 8, T 1024, 12 x 64): flash (its forward alone too), the batched form it replaces (attention: batched, T x T
        scores through the GEMM), and PyTorch's F.scaled_dot_product_attention (flash) on bf16 tensors, forward +
        backward, in the same process. FLASH_SHAPES="L S" picks shapes; FLASH_BATCHED=0 leaves the batched form out.
 """
@@ -32,9 +32,8 @@ print("device:", dev.name, flush=True)
 
 
 def ops_for(B, T, C, H, flash):
-    os.environ["CLGPT_FLASH"] = "on" if flash else "off"
     cfg = ModelConfig(vocab_size=64, n_ctx=T, n_embd=C, n_head=H, n_layer=1, n_ff=4 * C)
-    ops = Ops(dev, cfg, T, "bf16")
+    ops = Ops(dev, cfg, T, "bf16", attention="flash" if flash else "batched")
     assert ops.flash is flash, "flash not taken: is this a bf16 tensor-core device?"
     return ops
 

@@ -120,7 +120,7 @@ cmd_ratio() {
 
 # flash: the tensor-core checks and bench/flash_check.py (the kernels against float64, attention forward + backward
 # against the batched form and PyTorch's SDPA), then training in bf16 with flash attention and without
-# (CLGPT_FLASH=off) beside PyTorch torch.compile + bf16 autocast + SDPA + fused AdamW at SHAPES (M6 L M);
+# (--attention batched) beside PyTorch torch.compile + bf16 autocast + SDPA + fused AdamW at SHAPES (M6 L M);
 # PROFILE="M6 L": then per-kernel device times of those shapes
 cmd_flash() {
   setup
@@ -130,7 +130,7 @@ cmd_flash() {
   grep -q "flash check: passed" "$O/flash.txt" || { echo "flash check failed: stopping"; exit 1; }
   for shape in ${SHAPES:-M6 L M}; do
     at $shape
-    for f in on off; do CLGPT_FLASH=$f clgpt_train "$shape flash $f" "$args" $steps; done
+    for f in flash batched; do clgpt_train "$shape attention $f" "$args --attention $f" $steps; done
     torch_peer $shape "$args" $steps
   done
   profile_bf16 ${PROFILE:-}

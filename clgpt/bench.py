@@ -231,7 +231,7 @@ def run_bench(args) -> None:
     t0 = time.perf_counter()
     dropout = float(getattr(args, "dropout", 0.0))
     eng = make_engine(cfg, params, batch_size=B, seq_len=T, device=dev, precision=getattr(args, "precision", "fp32"),
-                      dropout=dropout)
+                      dropout=dropout, attention=getattr(args, "attention", "auto"))
     t_init = time.perf_counter() - t0
 
     rng = np.random.default_rng(0)

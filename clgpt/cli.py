@@ -213,6 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gemm", type=int, default=1024, help="square GEMM size (0 = skip)")
     p.add_argument("--precision", default="auto", choices=["fp32", "tf32", "bf16", "auto"],
                    help="matmul operands (clgpt/precision.py)")
+    p.add_argument("--attention", default="auto", choices=["auto", "flash", "batched"],
+                   help="bf16 attention as flash attention's fused kernels or batched products, as a stage's")
     p.add_argument("--dropout", type=float, default=0.0, help="dropout probability, as a training stage's")
     p.add_argument("--device", default=None)
     p.set_defaults(func=cmd_bench)

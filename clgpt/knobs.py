@@ -20,7 +20,6 @@ value read() cannot use is a one-line ClgptError naming the variable and what to
     CLGPT_WGMMA_MIN_MNK=integer (2**30)       smaller products (M*N*K) stay on mma.sync; 0: all on wgmma (checks)
     CLGPT_WGMMA_MN=0|1 (1)                    0: wgmma's copies transposed to K-major per product (comparisons)
     CLGPT_WGMMA_EPI2=defer|wgmma|mma (defer)  where GELU' goes: its gradient's copy, wgmma's or mma.sync's epilogue
-    CLGPT_FLASH=auto|on|off (auto)            bf16 attention as kernels/flash.cl; auto: by grid size (Ops._use_flash)
     CLGPT_NV_VERBOSE=any (unset)              NVIDIA's compiler reports registers and spills in the build log
     CLGPT_SM90A_VERBOSE=any (unset)           ptxas prints registers, spills and wgmma warnings of sm_90a rebuilds
     CLGPT_BENCH_PROFILE=0|1 (0)               1: `clgpt bench` also profiles a few steps, per kernel
@@ -61,7 +60,6 @@ class Knobs:
     wgmma_min_mnk: int | None = None  # None: clgpt.tuning.WGMMA_MIN_MNK
     wgmma_mn: bool = True
     wgmma_epi2: str = "defer"  # defer | wgmma | mma
-    flash: str = "auto"  # auto | on | off
     # diagnostics
     nv_verbose: bool = False
     sm90a_verbose: bool = False
@@ -139,7 +137,6 @@ def read(env: Mapping[str, str] | None = None) -> Knobs:
         wgmma_min_mnk=None if min_mnk is None else _int("CLGPT_WGMMA_MIN_MNK", min_mnk, "an integer, e.g. 0"),
         wgmma_mn=env.get("CLGPT_WGMMA_MN", "1") != "0",
         wgmma_epi2=_choice("CLGPT_WGMMA_EPI2", env.get("CLGPT_WGMMA_EPI2", "defer"), ("defer", "wgmma", "mma")),
-        flash=_choice("CLGPT_FLASH", env.get("CLGPT_FLASH", "auto"), ("auto", "on", "off")),
         nv_verbose=bool(env.get("CLGPT_NV_VERBOSE")),
         sm90a_verbose=bool(env.get("CLGPT_SM90A_VERBOSE")),
         bench_profile=_on(env.get("CLGPT_BENCH_PROFILE")),

@@ -25,6 +25,7 @@ def main(device: str, precision: str) -> None:
     for shape in SHAPES:
         cfg = ModelConfig(**shape)
         eng = make_engine(cfg, init_params(cfg, 0), batch_size=B, seq_len=T, device=device, dropout=0.1,
+                          attention="flash" if precision == "bf16" else "auto",
                           precision=precision)
         tokens = rng.integers(0, cfg.vocab_size, (B, T)).astype(np.int32)
         targets = rng.integers(0, cfg.vocab_size, (B, T)).astype(np.int32)

@@ -118,12 +118,14 @@ def test_flash_backward_against_finite_differences(dev):
 
 
 def _engine(flash, arch="gpt2", heads=H, batch=B, seq=T):
-    """A bf16 engine with dropout whose tensor-core path is emulated; flash True / False / "auto" (CLGPT_FLASH)."""
+    """A bf16 engine with dropout whose tensor-core path is emulated; flash True / False / "auto" (the stage's
+    `attention`: flash, batched, auto)."""
     from test_precision import emulated_knobs  # small tiles: PoCL compiles them quickly
 
-    kn = emulated_knobs(flash=flash if isinstance(flash, str) else "on" if flash else "off")
+    attention = flash if isinstance(flash, str) else "flash" if flash else "batched"
     cfg = ModelConfig(vocab_size=32, n_ctx=seq, n_embd=C, n_head=heads, n_layer=2, n_ff=64, arch=arch)
-    return GPT2Engine(cfg, init_params(cfg, 0), batch_size=batch, seq_len=seq, precision="bf16", dropout=0.2, knobs=kn)
+    return GPT2Engine(cfg, init_params(cfg, 0), batch_size=batch, seq_len=seq, precision="bf16", dropout=0.2,
+                      knobs=emulated_knobs(), attention=attention)
 
 
 def test_engine_flash_matches_the_batched_form_with_dropout(dev):
@@ -151,13 +153,13 @@ def test_engine_flash_matches_the_batched_form_with_dropout(dev):
         assert err < TOL, f"grad {name}: flash vs batched {err:.2e}"
 
 
-def test_flash_needs_the_bf16_path_and_a_head_width_of_16_to_64(dev, monkeypatch):
-    """Flash runs where the bf16 GEMM does and the head width is a multiple of 16 up to 64; CLGPT_FLASH=off
+def test_flash_needs_the_bf16_path_and_a_head_width_of_16_to_64(dev):
+    """Flash runs where the bf16 GEMM does and the head width is a multiple of 16 up to 64; attention: batched
     turns it off; PoCL without emulation (the CPU path) never takes it. auto (the default): flash when B x H x
     ceil(T/64) work-groups reach FLASH_MIN_GROUPS a compute unit, or T >= FLASH_LONG_T."""
     cfg = ModelConfig(vocab_size=32, n_ctx=16, n_embd=C, n_head=H, n_layer=1, n_ff=64)
     assert not GPT2Engine(cfg, init_params(cfg, 0), batch_size=1, seq_len=16, precision="bf16",
-                      knobs=Knobs(launch="cpu", flash="on")).ops.flash
+                      knobs=Knobs(launch="cpu"), attention="flash").ops.flash
     assert _engine(True).ops.flash and not _engine(False).ops.flash
     eng = _engine(True, heads=4)  # head width 8
     assert eng.ops.bf16 is not None and not eng.ops.flash
@@ -167,9 +169,8 @@ def test_flash_needs_the_bf16_path_and_a_head_width_of_16_to_64(dev, monkeypatch
         groups = batch * H * -(-seq // 64)
         want = groups >= FLASH_MIN_GROUPS * units or seq >= FLASH_LONG_T
         assert _engine("auto", batch=batch, seq=seq).ops.flash is want, (batch, seq)
-    monkeypatch.setenv("CLGPT_FLASH", "maybe")  # knobs not given: the engine reads the environment's
-    with pytest.raises(ClgptError, match="CLGPT_FLASH='maybe': use auto, on or off"):
-        GPT2Engine(cfg, init_params(cfg, 0), batch_size=1, seq_len=16, precision="bf16")
+    with pytest.raises(ClgptError, match="attention 'on': use auto, flash, batched"):
+        GPT2Engine(cfg, init_params(cfg, 0), batch_size=1, seq_len=16, precision="bf16", attention="on")
 
 
 def test_flash_forward_writes_its_tiled_copy(dev):

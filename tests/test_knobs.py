@@ -26,10 +26,10 @@ def test_an_empty_environment_gives_the_dataclass_defaults():
 
 
 def test_read_takes_os_environ_when_called(monkeypatch):
-    monkeypatch.setenv("CLGPT_FLASH", "off")
-    assert knobs.read().flash == "off"
-    monkeypatch.setenv("CLGPT_FLASH", "on")
-    assert knobs.read().flash == "on"
+    monkeypatch.setenv("CLGPT_WGMMA_EPI2", "mma")
+    assert knobs.read().wgmma_epi2 == "mma"
+    monkeypatch.setenv("CLGPT_WGMMA_EPI2", "wgmma")
+    assert knobs.read().wgmma_epi2 == "wgmma"
 
 
 @pytest.mark.parametrize("variable, value, field, want", [
@@ -50,7 +50,6 @@ def test_read_takes_os_environ_when_called(monkeypatch):
     ("CLGPT_WGMMA_MIN_MNK", "0", "wgmma_min_mnk", 0),
     ("CLGPT_WGMMA_MN", "0", "wgmma_mn", False),
     ("CLGPT_WGMMA_EPI2", "mma", "wgmma_epi2", "mma"),
-    ("CLGPT_FLASH", "on", "flash", "on"),
     ("CLGPT_NV_VERBOSE", "1", "nv_verbose", True),
     ("CLGPT_SM90A_VERBOSE", "1", "sm90a_verbose", True),
     ("CLGPT_BENCH_PROFILE", "1", "bench_profile", True),
@@ -72,7 +71,6 @@ def test_every_field_is_a_variable_the_docstring_lists():
 
 
 @pytest.mark.parametrize("variable, value, message", [
-    ("CLGPT_FLASH", "maybe", "CLGPT_FLASH='maybe': use auto, on or off"),
     ("CLGPT_WGMMA_EPI2", "later", "CLGPT_WGMMA_EPI2='later': use defer, wgmma or mma"),
     ("CLGPT_LAUNCH", "tpu", "CLGPT_LAUNCH='tpu': use cpu, nvidia or gpu"),
     ("CLGPT_WGMMA_MIN_MNK", "big", "CLGPT_WGMMA_MIN_MNK='big': set it to an integer"),

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 RUN = Path(__file__).with_name("oclgrind_run.py")
-NV_EMULATED = {"CLGPT_MMA_EMULATE": "1", "CLGPT_FLASH": "on", "CLGPT_MMA": "BM=32,BN=32,WM=2,WN=2",
+NV_EMULATED = {"CLGPT_MMA_EMULATE": "1", "CLGPT_MMA": "BM=32,BN=32,WM=2,WN=2",
                "CLGPT_MMA_SMALL": "BM=32,BN=16,WM=1,WN=1", "CLGPT_BF16": "BM=32,BN=32,WM=2,WN=2,STAGES=3",
                "CLGPT_BF16_SMALL": "BM=32,BN=32,WM=1,WN=1,STAGES=2"}
 REPORTS = ("Invalid read", "Invalid write", "Data race", "divergence", "Uninitialized", "out-of-bounds",

@@ -34,7 +34,7 @@ class EngineBase:
 
     def __init__(self, cfg: ModelConfig, params: dict, batch_size: int, seq_len: int,
                  device: Device | str | None = None, dropout: float = 0.0, precision: str = "fp32",
-                 optimizer: bool = True, knobs: Knobs | None = None):
+                 optimizer: bool = True, knobs: Knobs | None = None, attention: str = "auto"):
         cfg.validate()
         if cfg.arch != self.arch:
             raise ClgptError(f"{type(self).__name__} runs arch {self.arch!r}, not {cfg.arch!r}; "
@@ -46,7 +46,7 @@ class EngineBase:
         self.cfg, self.B, self.T, self.dropout = cfg, int(batch_size), int(seq_len), float(dropout)
         self.dev = resolve_device(device)
         self.ctx, self.queue = self.dev.ctx, self.dev.queue
-        self.ops = Ops(self.dev, cfg, self.T, precision, batch_size=self.B, knobs=knobs)
+        self.ops = Ops(self.dev, cfg, self.T, precision, batch_size=self.B, knobs=knobs, attention=attention)
         # the matmuls' precision, resolved ("auto" -> the device's best), its ROUND and tensor-core tiles
         self.precision, self.round, self.mma = self.ops.precision, self.ops.round, self.ops.mma
         self.shapes = param_shapes(cfg)

@@ -22,16 +22,16 @@ class AttentionOps:
 
     def _use_flash(self, mode: str, T: int, B: int | None) -> bool:
         """bf16 attention as fused kernels (kernels/flash.cl: no T x T scores) where the bf16 GEMM runs and the
-        head width is 16-64. CLGPT_FLASH: auto (default) | on | off. auto: flash when the forward's grid, B x H x
+        head width is 16-64. mode, the stage's `attention` setting: auto | flash | batched. auto: flash when the forward's grid, B x H x
         ceil(T/64) warp quartets (64 rows), fills the GPU (FLASH_MIN_GROUPS a compute unit), or T >= FLASH_LONG_T
         (the T x T buffers' memory), or B is not known. On a grid that leaves units idle the batched form's
         large products use the GPU better than flash's few work-groups; once the grid fills it, flash's fused
         kernels, which never write the scores, win (bench/RESULTS_GPU.md)."""
         D = self.cfg.head_dim
-        if mode == "off" or self.bf16 is None or D % 16 or D > 64:
+        if mode == "batched" or self.bf16 is None or D % 16 or D > 64:
             return False
         groups = None if B is None else B * self.cfg.n_head * -(-T // 64)
-        return (mode == "on" or groups is None or T >= FLASH_LONG_T
+        return (mode == "flash" or groups is None or T >= FLASH_LONG_T
                 or groups >= FLASH_MIN_GROUPS * self.dev.device.max_compute_units)
 
     def _flash_setup(self):

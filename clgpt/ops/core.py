@@ -17,12 +17,15 @@ import numpy as np
 import pyopencl as cl
 
 from clgpt.device import Device
+from clgpt.errors import ClgptError
 from clgpt.knobs import Knobs
 from clgpt.knobs import read as read_knobs
 from clgpt.model import ModelConfig
 from clgpt.ops.capabilities import capabilities
 from clgpt.precision import ROUND, resolve
 from clgpt.tuning import WGMMA_MIN_MNK
+
+ATTENTION = ("auto", "flash", "batched")  # the stages' `attention` setting (AttentionOps._use_flash)
 
 F32 = 4
 i32, f32 = np.int32, np.float32
@@ -36,7 +39,9 @@ class BaseOps:
     """State and kernels of one Ops (see clgpt.ops.Ops), and the launch helpers."""
 
     def __init__(self, dev: Device, cfg: ModelConfig, seq_len: int, precision: str = "fp32",
-                 batch_size: int | None = None, knobs: Knobs | None = None):
+                 batch_size: int | None = None, knobs: Knobs | None = None, attention: str = "auto"):
+        if attention not in ATTENTION:
+            raise ClgptError(f"attention {attention!r}: use {', '.join(ATTENTION)}")
         self.dev, self.cfg = dev, cfg
         self.ctx, self.queue = dev.ctx, dev.queue
         kn = read_knobs() if knobs is None else knobs
@@ -108,7 +113,7 @@ class BaseOps:
         self._build_common()
         if self.bf16 is not None:
             self._bf16_setup()
-        self.flash = self._use_flash(kn.flash, seq_len, batch_size)  # (after _bf16_setup: it may turn bf16 off)
+        self.flash = self._use_flash(attention, seq_len, batch_size)  # (after _bf16_setup: it may turn bf16 off)
         if self.flash:
             self._flash_setup()
 

@@ -376,7 +376,7 @@ def _run_stage(stage, encoded, s, ckpt_out, log_csv, dist, *, model, init_ckpt, 
     dev = dist.device(device, devices) if dist.size > 1 else _resolve_device(device)
     lora = s.get("lora") and lora_spec(s["lora"], cfg, f"{stage}.lora")
     eng = make_engine(cfg, inp.params, batch_size=-(-B // dist.size), seq_len=T, device=dev, dropout=s["dropout"],
-                      precision=s["precision"], optimizer=not lora)
+                      precision=s["precision"], optimizer=not lora, attention=s["attention"])
     if lora:  # adapters on the frozen base (clgpt/models/lora.py); the engine runs the merged weights
         eng = LoraEngine(eng, lora, s["seed"])
     if dist.size > 1:
