@@ -113,7 +113,7 @@ def cmd_generate(args) -> None:
         raise ClgptError("generate: give either --prompt TEXT, or a conversation: --chat TEXT|FILE.json and/or "
                          "--system/--user/--assistant TEXT")
     messages = chat_messages(args.chat, turns) if args.prompt is None else None
-    from clgpt.device import get_device
+    from clgpt.device import decode_device
 
     cfg, params, tok, kv = read_gguf(args.model)
     prompt_ids = encode_prompt(tok, messages) if messages is not None else [tok.bos_id, *tok.encode(args.prompt)]
@@ -124,7 +124,7 @@ def cmd_generate(args) -> None:
         )
     from clgpt.interactive import sampling_settings, stream_text
 
-    gen = Generator(cfg, params, device=get_device(args.device))
+    gen = Generator(cfg, params, device=decode_device(args.device))
     out = gen.stream(prompt_ids, **sampling_settings(args, eog_ids(kv)))
     if args.show_probs:
         for i, p in out:

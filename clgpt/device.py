@@ -322,3 +322,21 @@ def resolve_device(device: "Device | str | None" = None) -> Device:
 def get_device(spec: str | None = None) -> Device:
     """The chosen device (see module doc); one Device (context, queue, caches) per OpenCL device."""
     return get_device_for(_pick(spec))
+
+
+def decode_device(spec: str | None = None) -> Device:
+    """The device `clgpt generate` and `clgpt chat` decode on: get_device's, except where that is a CPU and
+    Intel's CPU runtime works here, which then decodes. A decode step is a dozen small launches and one read of
+    the logits, so how soon the runtime returns from them is the step's time: on a 2-core Zen 4 machine one launch
+    and a read took Intel's runtime 8 us and PoCL's 60-90 us (its idle workers sleep), and the default model
+    decoded 3,503 tokens/s against 1,878 (bench/bench_generate.py). Training stays on PoCL, faster there. A spec,
+    or PYOPENCL_CTX, is taken as given."""
+    spec = (spec or "").strip() or os.environ.get("PYOPENCL_CTX", "").strip()
+    if spec:
+        return get_device(spec)
+    devs = _all_devices()
+    if not _working_gpus(devs):
+        for _, d in _real_cpus(devs):
+            if "intel" in d.platform.name.lower() and not _probe(d):
+                return get_device_for(d)
+    return get_device(None)

@@ -83,7 +83,7 @@ class Conversation:
 
 
 def run_chat(args, stdin=None, stdout=None, stderr=None) -> None:
-    from clgpt.device import get_device
+    from clgpt.device import decode_device
     from clgpt.generate import Generator, eog_ids
     from clgpt.io.gguf import read_gguf
 
@@ -94,7 +94,7 @@ def run_chat(args, stdin=None, stdout=None, stderr=None) -> None:
         raise ClgptError(f"--system: the system prompt is {len(conv.head)} tokens, half or more of the model's "
                          f"context ({cfg.n_ctx}); shorten it")
     settings = sampling_settings(args, eog_ids(kv))
-    gen = Generator(cfg, params, device=get_device(args.device))
+    gen = Generator(cfg, params, device=decode_device(args.device))
     room = max(1, min(args.max_tokens, cfg.n_ctx // 4))  # positions kept free for a reply
     print(f"clgpt chat: {args.model} ({cfg.arch}, context {cfg.n_ctx} tokens). {HELP}", file=stderr, flush=True)
     turn = 0

@@ -218,3 +218,23 @@ def test_prefill_then_steps_match_full_forward(dev, kind, by_op):
             diff = np.abs(got[k][b] - full[n - 1 + k]).max()
             assert diff <= 2e-5 * scale, f"{kind} row {b} step {k}: max diff {diff:.3g} of scale {scale:.3g}"
             assert np.argmax(got[k][b]) == np.argmax(full[n - 1 + k])
+
+
+def test_generation_decodes_on_intels_runtime_where_it_works(monkeypatch):
+    """clgpt generate and chat decode on Intel's CPU runtime where the automatic choice is a CPU and that runtime
+    works (its launches return in microseconds, PoCL's in tens); a device named, or PYOPENCL_CTX, is taken as
+    given; training's choice stays get_device's."""
+    from clgpt.device import cpu_implementations, decode_device, get_device
+
+    monkeypatch.delenv("PYOPENCL_CTX", raising=False)
+    impls = cpu_implementations(gpu_first=True)
+    if "intel" in impls:
+        assert "intel" in decode_device().device.platform.name.lower()
+    else:
+        assert decode_device() is get_device()
+    for spec in impls.values():
+        if spec:
+            assert decode_device(spec) is get_device(spec)
+            monkeypatch.setenv("PYOPENCL_CTX", spec)
+            assert decode_device() is get_device(spec)
+            monkeypatch.delenv("PYOPENCL_CTX")
