@@ -112,53 +112,7 @@ void matmul(const int M, const int N, const int K,
     const int tn = get_local_id(0), tm = get_local_id(1);
     const int n0 = get_group_id(0) * TSN, m0 = get_group_id(1) * TSM;
     const int tid = tm * RTSN + tn;
-    int kbeg = 0, kend = K, mend = M;  // rows m < mend of the output exist (GROUP 1: the group's)
-#if defined(GROUP) && GROUP == 1
-    {
-        int e = 0;  // the last group starting at or before m0 (empty groups share the next one's offset)
-        while (e + 1 < NGROUPS && offs[e + 1] <= m0) e++;
-        mend = offs[e] + counts[e];
-        if (m0 >= mend) return;  // padding between groups, or past the last: the whole work-group leaves
-        B += (size_t)e * bstride;
-    }
-#elif defined(GROUP)
-    {
-        const int z = get_group_id(2), e = z / GS, s = z % GS;
-        kbeg = s * kc;
-        kend = min(counts[e], kbeg + kc);
-#if TA == 0
-        A += offs[e];
-#else
-        A += (size_t)offs[e] * lda;
-#endif
-#if TB == 0
-        B += (size_t)offs[e] * ldb;
-#else
-        B += offs[e];
-#endif
-#if SPLITK
-        if (kbeg >= kend) return;
-        Cm += ((size_t)s * NGROUPS + e) * M * ldc;
-#else
-        Cm += (size_t)e * cstride;
-#endif
-    }
-#elif SPLITK
-    {
-        const int z = get_group_id(2);
-        kbeg = z * kc;
-        kend = min(K, kbeg + kc);
-        Cm += (size_t)z * M * ldc;
-    }
-#endif
-#if BATCH
-    {
-        const int z = get_group_id(2), zb = z / HB, zh = z % HB;
-        A += oA + (size_t)zb * sAb + zh * sAh;
-        B += oB + (size_t)zb * sBb + zh * sBh;
-        Cm += oC + (size_t)zb * sCb + zh * sCh;
-    }
-#endif
+#include "gemm_offsets.cl"
 #if CAUSAL == 1
     if (n0 > m0 + TSM - 1) return;
 #elif CAUSAL == 2
