@@ -332,11 +332,5 @@ def decode_device(spec: str | None = None) -> Device:
     decoded 3,503 tokens/s against 1,878 (bench/bench_generate.py). Training stays on PoCL, faster there. A spec,
     or PYOPENCL_CTX, is taken as given."""
     spec = (spec or "").strip() or os.environ.get("PYOPENCL_CTX", "").strip()
-    if spec:
-        return get_device(spec)
-    devs = _all_devices()
-    if not _working_gpus(devs):
-        for _, d in _real_cpus(devs):
-            if "intel" in d.platform.name.lower() and not _probe(d):
-                return get_device_for(d)
-    return get_device(None)
+    intel = None if spec else cpu_implementations(gpu_first=True).get("intel")
+    return get_device(spec or intel)

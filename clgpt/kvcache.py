@@ -145,7 +145,6 @@ class KVCache:
         C, F, H = cfg.n_embd, cfg.n_ff, cfg.n_head
         ckv = cfg.kv_heads * cfg.head_dim
         lsize = tuple(self.ops.launch["local_2d"])
-        attend = cl.Kernel(self.k["attention_decode"].program, "attention_decode")
         plan = []
         for i, a in enumerate(eng.acts):
             pre, x_next = f"blk.{i}.", eng.acts[i + 1]["x"] if i + 1 < cfg.n_layer else eng.x_out
