@@ -91,8 +91,8 @@ def check():
 
 
 def check_grouped(rng):
-    """The expert products (clgpt/ops/grouped.py on matmul_mma with GROUP, bf16) against float64 of the rounded
-    operands, uneven groups and an empty one: x @ W_e.T (GROUP 1, B_e transposed), h @ V_e (GROUP 1) and the
+    """The expert products (clgpt/ops/grouped.py on matmul_wgmma or matmul_mma with GROUP, bf16) against float64
+    of the rounded operands, uneven groups and an empty one: x @ W_e.T (GROUP 1, B_e transposed), h @ V_e (GROUP 1) and the
     weight gradients h_e.T @ x_e (GROUP 2: the character shape whole, a narrow one split along K), twice for
     determinism. -> failures."""
     from clgpt.ops import Ops
@@ -100,6 +100,7 @@ def check_grouped(rng):
                       n_expert_used=2)
     ops = Ops(dev, cfg, 8, precision="bf16")
     assert ops.grouped_mma(), "the grouped products are not on the tensor cores"
+    print(f"grouped products on wgmma: {ops.grouped_on_wgmma(1 << 20, 1024, 384, 1 << 20)}", flush=True)
     RM, rnd, bad = ops.grouped_tiles()["RM"], ref.ROUNDERS["bf16"], 0
     for C, F, counts in ([(16, 24, [30, 0, 70, 5])] if SMALL else
                          [(384, 1024, [9000, 0, 21000, 2768]), (64, 128, [3000, 0, 5000, 200])]):
@@ -112,10 +113,11 @@ def check_grouped(rng):
         for _ in range(2):
             h, y = buf(np.zeros((R, F), np.float32)), buf(np.zeros((R, C), np.float32))
             g, bn, bo = buf(np.zeros((E, F, C), np.float32)), buf(counts), buf(offs)
-            ops.matmul_grouped_rows(E, R // RM, F, C, buf(x), C, buf(W), C, F * C, h, F, bn, bo, None, tb=1)
-            ops.matmul_grouped_rows(E, R // RM, C, F, h, F, buf(V), C, F * C, y, C, bn, bo, None)
+            ops.matmul_grouped_rows(E, R // RM, F, C, buf(x), C, buf(W), C, F * C, h, F, bn, bo, None, tb=1,
+                                    packed=R)
+            ops.matmul_grouped_rows(E, R // RM, C, F, h, F, buf(V), C, F * C, y, C, bn, bo, None, packed=R)
             ops.matmul_grouped_k(E, F, C, h, F, buf(x), C, g, C, F * C, bn, bo, max_rows=R,
-                                 total_rows=int(counts.sum()))
+                                 total_rows=int(counts.sum()), packed=R)
             outs.append((get(h, (R, F)), get(y, (R, C)), get(g, (E, F, C))))
         (h, y, g), (h2, y2, g2) = outs
         rx, rh = rnd(x).astype(np.float64), rnd(h).astype(np.float64)

@@ -31,7 +31,19 @@
 // tile kt + AHEAD, the wait for tile kt, then 4 wgmma (k 16 each) and, with PIPE, a wait that leaves this
 // tile's group in flight while the next one issues.
 // -D: BM (128, 256), BN (128, 256), TA, TB, STAGES, PIPE, SMEM_BYTES; BIAS RESID ACCUM EPI SPLITK as
-// matmul_bf16.cl.
+// matmul_bf16.cl; GROUP, NGROUPS the mixture of experts' grouped products (below).
+//
+// GROUP (clgpt/ops/grouped.py; the same contract as matmul.cl's GROUP, on copies of stacked operands):
+// - GROUP 1: Cm rows offs[e] .. offs[e] + counts[e] - 1 = op(A) rows there @ op(B_e), B_e the e-th block of
+//   bstride rows of B's copy (stacked along n without TB, along k with TB: bstride then a multiple of 64). A row
+//   tile finds its group as gemm_offsets.cl does; a tile wholly past its group's rows leaves, the others store
+//   all their rows (the rows up to the next group are padding, which nothing reads).
+// - GROUP 2 (TA = TB = 1, weight gradients): C_e = Cm + e cstride (M x N) = op(A_e) @ op(B_e), both read from
+//   row offs[e] (a multiple of 64) for counts[e] rows; work-group z along dimension 2 takes chunk z % GS of kc
+//   rows (kc a multiple of 64) of group z / GS; with SPLITK its raw sums go to Cm + (s NGROUPS + e) M ldc, an
+//   empty chunk writes nothing (splitk_reduce_grouped adds them). The k rows of a group's last tile past its
+//   count are zeroed in local memory before the products read them, so whatever lies there (the next group's
+//   rows, padding) adds nothing.
 #ifndef BM
 #define BM 128
 #endif
@@ -80,6 +92,21 @@
 #endif
 #else
 #define TILED_ARGS
+#endif
+#ifndef GROUP
+#define GROUP 0
+#endif
+#if GROUP
+#define EXTRA_ARGS , const int kc, const int GS, const int bstride, const int cstride, \
+    __global const int* counts, __global const int* offs
+#if GROUP == 2 && !(TA && TB)
+#error GROUP 2 reads both operands with their rows along k (TA 1, TB 1)
+#endif
+#if GROUP == 1 && SPLITK
+#error GROUP 1 is not split along K
+#endif
+#else
+#define EXTRA_ARGS SPLIT_ARGS
 #endif
 #define SO (BN + 8)
 #define RPP (NT / (BN / 4))
@@ -191,16 +218,47 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1)))
 void matmul_wgmma(const int M, const int N, const int Kp, __global const ushort* restrict A, const int lda,
                   const int ma, __global const ushort* restrict B, const int ldb, const int nb,
                   __global float* Cm, const int ldc, __global const float* restrict bias, __global const float* R,
-                  const float alpha, __global float* E SPLIT_ARGS TILED_ARGS)
+                  const float alpha, __global float* E EXTRA_ARGS TILED_ARGS)
 {
     __local uint4 smem[SMEM_DECL / 16];  // SMEM_BYTES in the PTX (see above); addressed through sbase only
     const int tid = get_local_id(0), wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
     const int n0 = get_group_id(0) * BN, m0 = get_group_id(1) * BM;
     int kbeg = 0, kend = Kp;
+    int ka = 0, kb = 0, nb0 = n0;  // the k tiles A's and B's rows start at (GROUP 2; B's with GROUP 1 and TB),
+                                   // B's first row without TB (GROUP 1: its group's block)
+#if GROUP == 1
+    {
+        int e = 0;  // the last group starting at or before m0 (empty groups share the next one's offset)
+        while (e + 1 < NGROUPS && offs[e + 1] <= m0) e++;
+        if (m0 >= offs[e] + counts[e]) return;
+#if TB
+        kb = e * bstride / BK;
+#else
+        nb0 += e * bstride;
+#endif
+    }
+#elif GROUP == 2
+    int zrows = 0;  // rows of the last k tile past the group's count (zeroed before the products read them)
+    {
+        const int z = get_group_id(2), e = z / GS, s = z % GS, n = counts[e];
+        kbeg = s * kc;
+        kend = min((n + BK - 1) / BK * BK, kbeg + kc);
+        if (kend > kbeg && kend > n) zrows = kend - n;
+        ka = kb = offs[e] / BK;
+#if SPLITK
+        if (kbeg >= kend) return;
+        Cm += ((size_t)s * NGROUPS + e) * M * ldc;
+#else
+        kend = max(kend, kbeg);  // an empty group: no tile, its C_e alpha * 0 (+ Cm)
+        Cm += (size_t)e * cstride;
+#endif
+    }
+#else
     SPLIT_RANGE(kbeg, kend, Kp)
+#endif
     const int k0 = kbeg / BK, nk = (kend - kbeg) / BK;
     const uint sbase = (uint)(size_t)smem, bars = sbase + STAGES * STAGE_BYTES;
-    const uint tile_bytes = FETCH_BYTES(m0, ma, BM, TA) + FETCH_BYTES(n0, nb, BN, TB);
+    const uint tile_bytes = FETCH_BYTES(m0, ma, BM, TA) + FETCH_BYTES(nb0, nb, BN, TB);
     float acc[NACC];
 #pragma unroll
     for (int i = 0; i < NACC; i++) acc[i] = 0.0f;
@@ -216,8 +274,8 @@ void matmul_wgmma(const int M, const int N, const int Kp, __global const ushort*
         const uint d_ = sbase + (stage) * STAGE_BYTES, bar_ = bars + 8 * (stage);                        \
         asm volatile("// @sm90a@ mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"                \
                      ::"r"(bar_), "r"(tile_bytes) : "memory");                                           \
-        FETCH(A, d_, k0 + (kt), m0, lda, ma, BM, TA)                                                     \
-        FETCH(B, d_ + A_BYTES, k0 + (kt), n0, ldb, nb, BN, TB)                                           \
+        FETCH(A, d_, ka + k0 + (kt), m0, lda, ma, BM, TA)                                                \
+        FETCH(B, d_ + A_BYTES, kb + k0 + (kt), nb0, ldb, nb, BN, TB)                                     \
     }
     for (int s = 0; s < AHEAD && s < nk; s++) ISSUE_TILE(s, s)
     for (int kt = 0; kt < nk; kt++) {
@@ -232,6 +290,17 @@ void matmul_wgmma(const int M, const int N, const int Kp, __global const ushort*
                              "selp.u32 %0, 1, 0, p; }" : "=r"(done) : "r"(bar), "r"(phase) : "memory");
         }
         const uint s = sbase + (kt % STAGES) * STAGE_BYTES;
+#if GROUP == 2
+        if (kt == nk - 1 && zrows) {
+            // rows 64 - zrows .. 63 of each 64-column block of the A and B tiles (back to back, 128 bytes a row)
+            const int per = zrows * 8;  // 16-byte stores a block
+            for (int i = tid; i < (BM + BN) / 64 * per; i += NT)
+                st_local4(s + (i / per) * 8192 + (64 - zrows) * 128 + (i % per) * 16, (float4)(0.0f));
+            // the products read local memory through the async proxy: order these stores before them
+            asm volatile("// @sm90a@ fence.proxy.async.shared::cta;" ::: "memory");
+            barrier(CLK_LOCAL_MEM_FENCE);
+        }
+#endif
         const ulong da = wgmma_desc(s + wg * 64 * 128, TA ? MN_LBO : 16), db = wgmma_desc(s + A_BYTES, TB ? MN_LBO : 16);
         asm volatile(WGMMA_TILE_ASM : WGMMA_ACC_OPERANDS
                      : "l"(da), "l"(db), "r"(1), "l"((ulong)(TA ? KSTEP_MN : KSTEP_K)),

@@ -197,10 +197,10 @@ class LlamaEngine(EngineBase):
         route = (a["counts"], a["offs"], a["tiles"])
         for name, h in (("ffn_gate_exps", a["hg"]), ("ffn_up_exps", a["hu"])):  # h (R,F) = xg @ W_e.T
             ops.matmul_grouped_rows(E, self.max_tiles, F, C, a["xg"], C, p[pre + name + ".weight"], C, F * C, h, F,
-                                    *route, tb=1)
+                                    *route, tb=1, packed=self.R)
         ops.swiglu_forward(self.R * F, a["hg"], a["hu"], a["act"])
         ops.matmul_grouped_rows(E, self.max_tiles, C, F, a["act"], F, p[pre + "ffn_down_exps.weight"], F, C * F,
-                                a["ye"], C, *route, tb=1)
+                                a["ye"], C, *route, tb=1, packed=self.R)
         ops.runp("moe_combine_forward", (C, N), i32(N), resid, a["w"], a["pos"], a["ye"], out)
 
     # ---- backward ----
@@ -251,16 +251,16 @@ class LlamaEngine(EngineBase):
         ops.moe_weight_backward(N, dy, a["pos"], a["ye"], self.dwsel)
         w = {name: p[f"{pre}{name}.weight"] for name in _EXPERT_MATS}
         gw = {name: g[f"{pre}{name}.weight"] for name in _EXPERT_MATS}
+        # top-k picks distinct experts: at most N rows each
+        rows = dict(max_rows=N, total_rows=N * K, packed=self.R)
         # ye = act @ Wd_e.T:  dWd_e (C,F) += dye_e.T @ act_e;  dact = dye @ Wd_e
-        rows = dict(max_rows=N, total_rows=N * K)  # top-k picks distinct experts: at most N rows each
-        ops.matmul_grouped_k(E, C, F, self.dye, C, a["act"], F, gw["ffn_down_exps"], F, C * F, a["counts"], a["offs"],
-                             **rows)
-        ops.matmul_grouped_rows(E, mt, F, C, self.dye, C, w["ffn_down_exps"], F, C * F, self.dact, F, *route)
+        ops.grouped_linear_backward(E, mt, C, F, self.dye, a["act"], w["ffn_down_exps"], gw["ffn_down_exps"],
+                                    self.dact, *route, **rows)
         ops.swiglu_backward(self.R * F, self.dact, a["hg"], a["hu"], self.dhg, self.dhu)
         # hg = xg @ Wg_e.T, hu = xg @ Wu_e.T:  dW_e (F,C) += dh_e.T @ xg_e;  dxg = dhg @ Wg_e + dhu @ Wu_e
         for j, (name, dh) in enumerate((("ffn_gate_exps", self.dhg), ("ffn_up_exps", self.dhu))):
-            ops.matmul_grouped_k(E, F, C, dh, F, a["xg"], C, gw[name], C, F * C, a["counts"], a["offs"], **rows)
-            ops.matmul_grouped_rows(E, mt, C, F, dh, F, w[name], C, F * C, self.dxg, C, *route, accum=j > 0)
+            ops.grouped_linear_backward(E, mt, F, C, dh, a["xg"], w[name], gw[name], self.dxg, *route, **rows,
+                                        accum=j > 0)
         aux_scale = scale * cfg.moe_aux_loss * E / (float(N) * N * K)
         ops.runp("moe_router_backward", (N,), i32(N), f32(aux_scale), self.dwsel, a["probs"], a["sel"], a["w"],
                  a["counts"], self.drlogits)

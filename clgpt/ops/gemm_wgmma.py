@@ -18,8 +18,13 @@ class WgmmaOps:
         """Whether the bf16 product of this size (and epilogue) runs on wgmma."""
         return self.wgmma is not None and (epi != 2 or self._epi2 == "wgmma") and M * N * K >= self.wgmma_min
 
-    def _kernel_wgmma(self, mm, trans, bias, resid, accum, epi, split=0, tiled_out=0):
-        key = ("wgmma", trans, bias, resid, accum, epi, split, tiled_out, id(mm))
+    def _wgmma_tiles(self, N):
+        """The wide tiles, unless padding N to their BN wastes over an eighth more than the narrow ones'."""
+        wide, narrow = self.wgmma
+        return wide if ceil_to(N, wide["BN"]) * 8 <= ceil_to(N, narrow["BN"]) * 9 else narrow
+
+    def _kernel_wgmma(self, mm, trans, bias, resid, accum, epi, split=0, tiled_out=0, group=0, ngroups=0):
+        key = ("wgmma", trans, bias, resid, accum, epi, split, tiled_out, group, ngroups, id(mm))
         kern = self._mm.get(key)
         if kern is None:
             kern = self._mm[key] = self.dev.kernel(
@@ -27,6 +32,7 @@ class WgmmaOps:
                 STAGES=mm["STAGES"], PIPE=mm["PIPE"],
                 BIAS=int(bias), RESID=int(resid), ACCUM=int(accum), EPI=epi, SPLITK=int(bool(split)),
                 **({"TILED_OUT": tiled_out} if tiled_out else {}),
+                **({"GROUP": group, "NGROUPS": ngroups} if group else {}),
                 SMEM_BYTES=mm["STAGES"] * (mm["BM"] + mm["BN"]) * 128 + 64)
         return kern
 
@@ -35,8 +41,7 @@ class WgmmaOps:
         gives too few work-groups (raw parts, then splitk_reduce adds them in order, as the fp32 path does).
         tiled_out = (copy, column sums): epi 1's E, or with epi 2 Cm itself (and its sums), written only as its
         tiled bf16 copy (M, N multiples of 64: matmul_wgmma.cl TILED_OUT)."""
-        wide, narrow = self.wgmma
-        mm = wide if ceil_to(N, wide["BN"]) * 8 <= ceil_to(N, narrow["BN"]) * 9 else narrow
+        mm = self._wgmma_tiles(N)
         BM, BN = mm["BM"], mm["BN"]
         Kp = ceil_to(max(K, 1), 64)
         if self._wgmma_mn:  # the copies as the fp32 buffers lie: A (K x M) with ta, B (K x N) without tb

@@ -5,11 +5,13 @@ CPUs run the register-blocked matmul_rb_grouped (the CPU row's RM x NV), GPUs (t
 their table row) the `matmul` kernel built with GROUP, its tiles chosen as _tiles chooses them for a plain
 product of the same size, weight gradients split along K as split_plan splits them. With tensor cores and bf16
 operands (every dense product then runs on them too) matmul_mma built with GROUP instead, its tiles and split-K
-chosen as _matmul_mma chooses them: the experts' products in the dense products' precision, not fp32.
+chosen as _matmul_mma chooses them: the experts' products in the dense products' precision, not fp32. Where the
+dense products run on wgmma, so do the grouped ones whose widths are multiples of 64 (matmul_wgmma with GROUP, on
+the tiled bf16 copies of the packed rows and of the stacked weights, which are kept as the dense ones are).
 
 Launches kernels/matmul.cl (matmul and matmul_rb_grouped with GROUP, splitk_reduce_grouped), kernels/matmul_mma.cl
-(matmul_mma with GROUP) and kernels/moe.cl (moe_route_packed[_wg], moe_weight_backward[_wg]); the rest of moe.cl
-the architecture launches through run.
+(matmul_mma with GROUP), kernels/matmul_wgmma.cl (with GROUP) and kernels/moe.cl (moe_route_packed[_wg],
+moe_weight_backward[_wg]); the rest of moe.cl the architecture launches through run.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ import math
 
 from clgpt.errors import ClgptError
 from clgpt.ops.core import ceil_to, f32, i32
-from clgpt.ops.gemm import matmul_defines, matmul_launch
+from clgpt.ops.gemm import matmul_defines, matmul_launch, split_k_chunks
 from clgpt.precision import mma_bk, mma_groups, mma_launch
-from clgpt.tuning import MMA_SPLIT_GROUPS, MMA_SPLIT_MIN_K, SPLIT_MIN_TOTAL_K
+from clgpt.tuning import (MMA_SPLIT_GROUPS, MMA_SPLIT_MIN_K, SPLIT_MIN_TOTAL_K, WGMMA_SPLIT_GROUPS,
+                          WGMMA_SPLIT_MIN_K)
 
 
 class GroupedOps:
@@ -41,13 +44,20 @@ class GroupedOps:
         cores the big and small tiles' BM's least common multiple (so every tile size the products pick divides
         it)."""
         if self.grouped_mma():
-            return dict(RM=math.lcm(*(mm["BM"] for mm in self.mma)))
+            return dict(RM=math.lcm(*(mm["BM"] for mm in (*self.mma, *(self.wgmma or ())))))
         if self.grouped_local():
             tiles = [self.launch.get(k) for k in ("matmul", "matmul_small", "matmul_narrow")]
             return dict(RM=max(t["TSM"] for t in tiles if t is not None and t["kernel"] == "matmul"))
         if self.mm["kernel"] == "matmul_rb":
             return dict(RM=self.mm["RM"], NV=self.mm["NV"], VW=self.mm.get("VW", 8), lsize=tuple(self.mm.get("lsize", (1, 4))))
         return dict(RM=6, NV=2, VW=8, lsize=(1, 16))
+
+    def grouped_on_wgmma(self, rows, N, K, packed) -> bool:
+        """Whether a grouped product of `rows` packed rows, N columns and depth K runs on wgmma: the dense products
+        do at its size, `packed` (the rows the packed operands hold) is known, and N, K are multiples of 64 (each
+        group's block of a stacked weight starts on a tile)."""
+        return (self.grouped_mma() and self.wgmma is not None and packed is not None and N % 64 == 0
+                and K % 64 == 0 and self.on_wgmma(rows, N, K))
 
     def _grouped_kernel(self, group, E, ta, accum):
         g = self.grouped_tiles()
@@ -63,10 +73,15 @@ class GroupedOps:
         return kern
 
     def matmul_grouped_rows(self, E, max_tiles, N, K, A, lda, B, ldb, bstride, Cm, ldc, counts, offs, tiles,
-                            accum=False, alpha=1.0, tb=0):
+                            accum=False, alpha=1.0, tb=0, packed=None):
         """For each group e: Cm[rows of e] (,N) = alpha A[rows of e] (,K) @ op(B_e) [+ Cm], B_e = B + e*bstride
         with rows ldb apart (tb: B_e is (N,K), e.g. a slice of a stacked (E, N, K) weight, used transposed);
-        group e's rows are offs[e] .. offs[e]+counts[e]-1 (device buffers), max_tiles * RM rows in all."""
+        group e's rows are offs[e] .. offs[e]+counts[e]-1 (device buffers), max_tiles * RM rows in all, of which
+        A and Cm hold `packed` (when given)."""
+        if (self.grouped_on_wgmma(max_tiles * self.grouped_tiles()["RM"], N, K, packed) and lda == K and ldc == N
+                and ldb == (K if tb else N) and bstride == N * K):
+            self._grouped_rows_wgmma(E, packed, N, K, A, B, Cm, counts, offs, accum, alpha, tb)
+            return
         if self.grouped_mma():
             rows = max_tiles * self.grouped_tiles()["RM"]
             mm = self._mma_tiles(rows, N)
@@ -99,12 +114,16 @@ class GroupedOps:
                                        i32(0), f32(alpha), counts, offs, tiles))
 
     def matmul_grouped_k(self, E, M, N, A, lda, B, ldb, Cm, ldc, cstride, counts, offs, ta=1, accum=True,
-                         alpha=1.0, max_rows=None, total_rows=None):
+                         alpha=1.0, max_rows=None, total_rows=None, packed=None):
         """For each group e: C_e (M,N) = alpha op(A_e) @ B_e [+ C_e], C_e = Cm + e*cstride, the K = counts[e]
         rows of A_e, B_e from offs[e] (weight gradients: op(A) = dY.T, TA=1). The tiled form splits K where
         split_plan would split a product of total_rows / E rows; chunks cover max_rows (the most one group
         can hold), and those past a group's count do nothing. On the tensor cores (grouped_mma) the same, with
-        _matmul_mma's thresholds for E outputs of (M,N)."""
+        _matmul_mma's thresholds for E outputs of (M,N); on wgmma (A and B hold `packed` rows) wgmma's."""
+        if (ta and max_rows is not None and self.grouped_on_wgmma(packed or 0, N, M, packed) and lda == M
+                and ldb == N and ldc == N and cstride == M * N):
+            self._grouped_k_wgmma(E, M, N, A, B, Cm, counts, offs, accum, alpha, max_rows, total_rows, packed)
+            return
         if self.grouped_mma():
             self._grouped_k_mma(E, M, N, A, lda, B, ldb, Cm, ldc, cstride, counts, offs, ta, accum, alpha,
                                 max_rows, total_rows)
@@ -158,6 +177,50 @@ class GroupedOps:
         self._launch(kern, (gx, gy, E * GS), lsize + (1,),
                      (i32(M), i32(N), i32(0), A, i32(lda), B, i32(ldb), out, i32(ldc), None, None,
                       f32(1.0 if GS > 1 else alpha), None, i32(kc), i32(GS), i32(0), i32(cstride), counts, offs))
+        if GS > 1:
+            self._grouped_reduce(E, M * N, kc, accum, alpha, counts, out, Cm)
+
+    def grouped_linear_backward(self, E, max_tiles, N, K, dy, x, w, gw, dx, counts, offs, tiles, max_rows,
+                                total_rows, packed=None, accum=False):
+        """The backward of y (rows, N) = x (rows, K) @ W_e.T for each group (W stacked (E, N, K)): gw_e (N, K) +=
+        dy_e.T @ x_e, then dx (rows, K) = dy @ W_e [+ dx]; one copy of dy serves both products."""
+        with self.reuse(dy):
+            self.matmul_grouped_k(E, N, K, dy, N, x, K, gw, K, N * K, counts, offs, max_rows=max_rows,
+                                  total_rows=total_rows, packed=packed)
+            self.matmul_grouped_rows(E, max_tiles, K, N, dy, N, w, K, N * K, dx, K, counts, offs, tiles, accum=accum,
+                                     packed=packed)
+
+    def _grouped_rows_wgmma(self, E, R, N, K, A, B, Cm, counts, offs, accum, alpha, tb):
+        """matmul_grouped_rows on matmul_wgmma with GROUP 1: A's R rows and the stacked weights (E blocks of N
+        rows with tb, else of K rows) as tiled copies, each group's rows against its block."""
+        mm = self._wgmma_tiles(N)
+        A16, ra, _ = self.tiled_copy(0, A, R, K)
+        B16, rb, cb = self.tiled_copy(1, B, *((E * N, K) if tb else (E * K, N)))
+        kern = self._kernel_wgmma(mm, (False, not tb), False, False, bool(accum), 0, group=1, ngroups=E)
+        gn, gm = -(-N // mm["BN"]), -(-R // mm["BM"])
+        self._launch(kern, (gn * 2 * mm["BM"], gm), (2 * mm["BM"], 1),
+                     (i32(R), i32(N), i32(ceil_to(K, 64)), A16, i32(ra), i32(ra), B16, i32(rb), i32(rb if tb else cb),
+                      Cm, i32(N), None, None, f32(alpha), None, i32(0), i32(1), i32(N if tb else K), i32(0), counts,
+                      offs))
+
+    def _grouped_k_wgmma(self, E, M, N, A, B, Cm, counts, offs, accum, alpha, max_rows, total_rows, R):
+        """matmul_grouped_k on matmul_wgmma with GROUP 2: A's and B's R packed rows as tiled copies (read with
+        their rows along k); too few work-groups split each group's rows as split_k_chunks splits a product of
+        the average group's depth, chunks covering max_rows, their raw sums added by splitk_reduce_grouped."""
+        mm = self._wgmma_tiles(N)
+        A16, ra, ca = self.tiled_copy(0, A, R, M)
+        B16, rb, cb = self.tiled_copy(1, B, R, N)
+        gn, gm = -(-N // mm["BN"]), -(-M // mm["BM"])
+        kavg = ceil_to(-(-(total_rows or max_rows * E) // E), 64)
+        plan = (split_k_chunks(kavg, gn * gm * E, WGMMA_SPLIT_GROUPS, WGMMA_SPLIT_MIN_K, 64)
+                if kavg >= SPLIT_MIN_TOTAL_K else None)
+        GS, kc = (-(-max_rows // plan[1]), plan[1]) if plan else (1, 1 << 30)
+        kern = self._kernel_wgmma(mm, (True, True), False, False, bool(accum) and GS == 1, 0, split=int(GS > 1),
+                                  group=2, ngroups=E)
+        out = self._grown("parts", GS * E * M * N) if GS > 1 else Cm
+        self._launch(kern, (gn * 2 * mm["BM"], gm, E * GS), (2 * mm["BM"], 1, 1),
+                     (i32(M), i32(N), i32(0), A16, i32(ra), i32(ca), B16, i32(rb), i32(cb), out, i32(N), None, None,
+                      f32(1.0 if GS > 1 else alpha), None, i32(kc), i32(GS), i32(0), i32(M * N), counts, offs))
         if GS > 1:
             self._grouped_reduce(E, M * N, kc, accum, alpha, counts, out, Cm)
 
