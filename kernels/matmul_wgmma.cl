@@ -75,11 +75,12 @@
 #define B_BYTES (BN * BK * 2)
 #define STAGE_BYTES (A_BYTES + B_BYTES)
 #define NACC (BN / 2)
-// STAGE_OUT 1 (default but for EPI 3): the output tile leaves through local memory as rows of float4, SO floats
-// apart (BN + 8: the fragments' float2 stores free of bank conflicts), RPP rows a pass, the epilogue's loads of OB
-// passes issued together (the stores may alias R: one load at a time otherwise, each waited out)
+// STAGE_OUT 1 (default): the output tile leaves through local memory as rows of float4, SO floats apart (BN + 8:
+// the fragments' float2 stores free of bank conflicts), RPP rows a pass, the epilogue's loads of OB passes issued
+// together (the stores may alias R: one load at a time otherwise, each waited out). EPI 3 loads gate's and up's
+// quads and stores dgate's and dup's (ldc = 2N, a multiple of 8 for whole quads).
 #ifndef STAGE_OUT
-#define STAGE_OUT (EPI != 3)
+#define STAGE_OUT 1
 #endif
 // TILED_OUT (with STAGE_OUT, M and N multiples of 64): an output leaves as its bf16 tiled copy (precision.cl
 // tiled_chunk, Rp = M) in O16 instead of fp32: 1 (EPI 1): gelu(c), E unwritten; 2 (EPI 2): c itself, Cm
@@ -326,18 +327,25 @@ void matmul_wgmma(const int M, const int N, const int Kp, __global const ushort*
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     const int c4 = tid % (BN / 4), r0 = tid / (BN / 4), gn = n0 + 4 * c4;
-    const int full = (ldc & 3) == 0 && gn + 3 < N;  // four columns inside N, 16-byte aligned
+    // four columns inside N, 16-byte aligned (EPI 3: up's too, ldc / 2 columns on)
+    const int full = (ldc & (EPI == 3 ? 7 : 3)) == 0 && gn + 3 < N;
     float4 b4 = 0.0f;
 #if BIAS && !SPLITK
     if (full) b4 = *(__global const float4*)(bias + gn);
 #endif
     for (int p0 = 0; p0 < BM; p0 += RPP * OB) {
         float4 r4[OB], c4v[OB], e4[OB];
+#if EPI == 3
+        float4 u4[OB];
+#endif
 #pragma unroll
         for (int b = 0; b < OB; b++) {
             const int gm = m0 + p0 + b * RPP + r0;
             const size_t o = (size_t)gm * ldc + gn;
             r4[b] = c4v[b] = e4[b] = 0.0f;
+#if EPI == 3
+            u4[b] = 0.0f;
+#endif
             if (!full || gm >= M) continue;
 #if RESID && !SPLITK
             r4[b] = *(__global const float4*)(R + o);
@@ -345,8 +353,11 @@ void matmul_wgmma(const int M, const int N, const int Kp, __global const ushort*
 #if ACCUM && !SPLITK
             c4v[b] = *(__global const float4*)(Cm + o);
 #endif
-#if EPI == 2 && !SPLITK
+#if (EPI == 2 || EPI == 3) && !SPLITK
             e4[b] = *(__global const float4*)(E + o);
+#endif
+#if EPI == 3 && !SPLITK
+            u4[b] = *(__global const float4*)(E + o + ldc / 2);
 #endif
         }
 #pragma unroll
@@ -359,7 +370,14 @@ void matmul_wgmma(const int M, const int N, const int Kp, __global const ushort*
 #if SPLITK
                 *(__global float4*)(Cm + o) = v;
 #else
+#if EPI == 3  // as epilogue's, lane by lane: c is dact, e4 gate, u4 up
+                const float4 d = epilogue4(v, b4, r4[b], c4v[b], e4[b], alpha), g = e4[b];
+                const float4 sg = 1.0f / (1.0f + exp(-g));
+                *(__global float4*)(Cm + o + ldc / 2) = d * g * sg;
+                const float4 c = d * u4[b] * sg * (1.0f + g * (1.0f - sg));
+#else
                 const float4 c = epilogue4(v, b4, r4[b], c4v[b], e4[b], alpha);
+#endif
 #if EPI == 1
                 const float4 gv = (float4)(gelu_f(c.x), gelu_f(c.y), gelu_f(c.z), gelu_f(c.w));
 #if TILED_OUT
