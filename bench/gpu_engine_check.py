@@ -1,5 +1,5 @@
 """Every architecture's bf16 engine on the GPU against float64: loss and every gradient, with each product on
-the tensor cores (CLGPT_WGMMA_MIN_MNK=0 on sm_90: even the small ones on wgmma), and the same bytes twice.
+the tensor cores (wgmma_min_mnk=0 on sm_90: even the small ones on wgmma), and the same bytes twice.
 
     python bench/gpu_engine_check.py       # prints one line per model, then `check: passed` or `check: FAILED`
 
@@ -7,6 +7,7 @@ The float64 references are clgpt/models/reference.py (gpt2) and clgpt/models/ref
 apart from the kernels. The band is test_precision's for bf16: loss within 2%, each gradient's largest error
 within 20% of its largest entry.
 """
+import dataclasses
 import os
 import sys
 
@@ -14,8 +15,8 @@ import numpy as np
 import pyopencl as cl
 
 sys.path.insert(0, os.getcwd())
-os.environ.setdefault("CLGPT_WGMMA_MIN_MNK", "0")
 from clgpt.device import get_device  # noqa: E402
+from clgpt.knobs import read as read_knobs  # noqa: E402
 from clgpt.model import ModelConfig, init_params  # noqa: E402
 from clgpt.models import reference as ref  # noqa: E402
 from clgpt.models import reference_llama as ref_llama  # noqa: E402
@@ -32,7 +33,8 @@ MODELS = {  # widths multiples of 64, so every tiled path (kept copies, tiled ou
 
 
 def run(cfg, params, tok, tgt, precision):
-    eng = make_engine(cfg, params, batch_size=tok.shape[0], seq_len=tok.shape[1], device=dev, precision=precision)
+    eng = make_engine(cfg, params, batch_size=tok.shape[0], seq_len=tok.shape[1], device=dev, precision=precision,
+                      knobs=KNOBS)
     eng.zero_grad()
     loss = eng.forward(tok, tgt)
     eng.backward()
@@ -57,6 +59,7 @@ def reference(eng, cfg, params, tok, tgt):
 
 
 dev = get_device()
+KNOBS = dataclasses.replace(read_knobs(), wgmma_min_mnk=0)  # the environment's, every bf16 product on wgmma
 print("device:", dev.name, flush=True)
 ok = True
 for name, kw in MODELS.items():

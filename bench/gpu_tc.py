@@ -8,6 +8,7 @@
     python bench/gpu_tc.py curve   # 200 steps fp32 / tf32 / bf16 on the corpus bytes (shape M), same data;
                                    # a bf16 rerun must give the same bytes
 """
+import dataclasses
 import hashlib
 import os
 import sys
@@ -19,6 +20,7 @@ import pyopencl as cl
 
 sys.path.insert(0, os.getcwd())
 from clgpt.device import get_device  # noqa: E402
+from clgpt.knobs import read as read_knobs  # noqa: E402
 from clgpt.model import ModelConfig, init_params  # noqa: E402
 from clgpt.models import reference as ref  # noqa: E402
 from clgpt.models.gpt2 import GPT2Engine  # noqa: E402
@@ -40,20 +42,23 @@ def get(b, shape):
     return out
 
 
-def engine(precision, mma=None):
+def engine(precision, mma=None, wgmma_min_mnk=None):
+    """An engine with the environment's knobs, CLGPT_MMA's tiles replaced by mma; wgmma_min_mnk=0: every bf16
+    product on wgmma on sm_90 (None: the table's threshold)."""
     if mma:
         os.environ["CLGPT_MMA"] = mma
     else:
         os.environ.pop("CLGPT_MMA", None)
-    return GPT2Engine(TINY, init_params(TINY, 0), 1, 8, dev, precision=precision)
+    kn = dataclasses.replace(read_knobs(), wgmma_min_mnk=wgmma_min_mnk)
+    return GPT2Engine(TINY, init_params(TINY, 0), 1, 8, dev, precision=precision, knobs=kn)
 
 
 def check():
-    os.environ.setdefault("CLGPT_WGMMA_MIN_MNK", "0")  # on sm_90 every bf16 product on wgmma, however small
     rng = np.random.default_rng(0)
     bad = 0
     for precision in ("bf16", "tf32"):
-        tc, port = engine(precision), engine(precision)
+        # on sm_90 every bf16 product on wgmma, however small
+        tc, port = engine(precision, wgmma_min_mnk=0), engine(precision, wgmma_min_mnk=0)
         assert tc.mma is not None, "no tensor-core path on this device"
         port.ops.mma = port.ops.bf16 = port.ops.wgmma = None  # the portable kernels (matmul.cl, -D ROUND), same GPU
         rnd = ref.ROUNDERS[precision]

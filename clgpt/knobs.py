@@ -17,18 +17,21 @@ value read() cannot use is a one-line ClgptError naming the variable and what to
     CLGPT_WGMMA_NARROW=BM=..,... (tuning)     the narrow wgmma tiles
     CLGPT_PRESET=0|1 (tuning)                 launch through cl.Kernels whose arguments were set once
     CLGPT_MMA_EMULATE=0|1 (0)                 1: the tensor-core path on any device, mma emulated (tests on PoCL)
-    CLGPT_WGMMA_MIN_MNK=integer (2**30)       smaller products (M*N*K) stay on mma.sync; 0: all on wgmma (checks)
-    CLGPT_WGMMA_MN=0|1 (1)                    0: wgmma's copies transposed to K-major per product (comparisons)
-    CLGPT_WGMMA_EPI2=defer|wgmma|mma (defer)  where GELU' goes: its gradient's copy, wgmma's or mma.sync's epilogue
     CLGPT_NV_VERBOSE=any (unset)              NVIDIA's compiler reports registers and spills in the build log
     CLGPT_SM90A_VERBOSE=any (unset)           ptxas prints registers, spills and wgmma warnings of sm_90a rebuilds
     CLGPT_BENCH_PROFILE=0|1 (0)               1: `clgpt bench` also profiles a few steps, per kernel
     CLGPT_REDUCE=shm|mpi (shm)                the one-host gradient all-reduce: shared memory, or MPI (any but shm)
     CLGPT_REDUCE_THREADS=integer (1)          host threads of the shared-memory sums (at least 1)
 
-The 0 | 1 switches read as the code always has: for those defaulting to 1, any value but 0 is on; for those
-defaulting to 0, any value but empty or 0 is on. CLGPT_RANK_DIR (clgpt.training.dist, clgpt.training.launch) is not a knob but
-how the launcher and its ranks find their status folder, so it is read where it is used.
+One field no variable sets, since it changes which kernel computes a product; the code that wants it passes
+Knobs(...) in (bench/gpu_tc.py check and bench/gpu_engine_check.py: 0, every bf16 product on wgmma):
+
+    field=values (default)                    what it is for
+    wgmma_min_mnk=integer (None: 2**30)       smaller products (M*N*K) stay on mma.sync; None: clgpt.tuning's
+
+The 0 | 1 switches read as the code always has: any value but empty or 0 is on. CLGPT_RANK_DIR
+(clgpt.training.dist, clgpt.training.launch) is not a knob but how the launcher and its ranks find their status
+folder, so it is read where it is used.
 """
 
 from __future__ import annotations
@@ -57,9 +60,7 @@ class Knobs:
     preset: int | None = None  # 0 | 1 overrides the row's `preset`
     # clgpt.precision, clgpt.ops: which GEMM path and how its copies are made
     mma_emulate: bool = False
-    wgmma_min_mnk: int | None = None  # None: clgpt.tuning.WGMMA_MIN_MNK
-    wgmma_mn: bool = True
-    wgmma_epi2: str = "defer"  # defer | wgmma | mma
+    wgmma_min_mnk: int | None = None  # None: clgpt.tuning.WGMMA_MIN_MNK; passed in, never read from a variable
     # diagnostics
     nv_verbose: bool = False
     sm90a_verbose: bool = False
@@ -121,7 +122,6 @@ def read(env: Mapping[str, str] | None = None) -> Knobs:
         _choice("CLGPT_LAUNCH", launch, ("cpu", "nvidia", "gpu"))
     matmul = env.get("CLGPT_MATMUL", "").strip()
     preset = env.get("CLGPT_PRESET", "")
-    min_mnk = env.get("CLGPT_WGMMA_MIN_MNK")
     return Knobs(
         launch=launch,
         matmul=parse_tiles("CLGPT_MATMUL", matmul) if matmul else None,
@@ -134,9 +134,6 @@ def read(env: Mapping[str, str] | None = None) -> Knobs:
         wgmma_narrow=_tiles(env, "CLGPT_WGMMA_NARROW"),
         preset=int(preset) if preset in ("0", "1") else None,
         mma_emulate=_on(env.get("CLGPT_MMA_EMULATE")),
-        wgmma_min_mnk=None if min_mnk is None else _int("CLGPT_WGMMA_MIN_MNK", min_mnk, "an integer, e.g. 0"),
-        wgmma_mn=env.get("CLGPT_WGMMA_MN", "1") != "0",
-        wgmma_epi2=_choice("CLGPT_WGMMA_EPI2", env.get("CLGPT_WGMMA_EPI2", "defer"), ("defer", "wgmma", "mma")),
         nv_verbose=bool(env.get("CLGPT_NV_VERBOSE")),
         sm90a_verbose=bool(env.get("CLGPT_SM90A_VERBOSE")),
         bench_profile=_on(env.get("CLGPT_BENCH_PROFILE")),

@@ -15,6 +15,7 @@ from clgpt.knobs import OFF, Knobs
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTOCOL = {"CLGPT_RANK_DIR"}  # how clgpt.training.launch and its ranks find their status folder, not a knob
+PASSED_IN = {"wgmma_min_mnk"}  # fields that change results: code passes them in, no variable sets them
 
 
 def var(field: dataclasses.Field) -> str:
@@ -26,10 +27,10 @@ def test_an_empty_environment_gives_the_dataclass_defaults():
 
 
 def test_read_takes_os_environ_when_called(monkeypatch):
-    monkeypatch.setenv("CLGPT_WGMMA_EPI2", "mma")
-    assert knobs.read().wgmma_epi2 == "mma"
-    monkeypatch.setenv("CLGPT_WGMMA_EPI2", "wgmma")
-    assert knobs.read().wgmma_epi2 == "wgmma"
+    monkeypatch.setenv("CLGPT_LAUNCH", "gpu")
+    assert knobs.read().launch == "gpu"
+    monkeypatch.setenv("CLGPT_LAUNCH", "cpu")
+    assert knobs.read().launch == "cpu"
 
 
 @pytest.mark.parametrize("variable, value, field, want", [
@@ -47,9 +48,6 @@ def test_read_takes_os_environ_when_called(monkeypatch):
     ("CLGPT_WGMMA_NARROW", "BM=128,BN=64,STAGES=3,PIPE=1", "wgmma_narrow", dict(BM=128, BN=64, STAGES=3, PIPE=1)),
     ("CLGPT_PRESET", "0", "preset", 0),
     ("CLGPT_MMA_EMULATE", "1", "mma_emulate", True),
-    ("CLGPT_WGMMA_MIN_MNK", "0", "wgmma_min_mnk", 0),
-    ("CLGPT_WGMMA_MN", "0", "wgmma_mn", False),
-    ("CLGPT_WGMMA_EPI2", "mma", "wgmma_epi2", "mma"),
     ("CLGPT_NV_VERBOSE", "1", "nv_verbose", True),
     ("CLGPT_SM90A_VERBOSE", "1", "sm90a_verbose", True),
     ("CLGPT_BENCH_PROFILE", "1", "bench_profile", True),
@@ -64,16 +62,25 @@ def test_each_variable_sets_its_field_alone(variable, value, field, want):
 
 def test_every_field_is_a_variable_the_docstring_lists():
     doc = knobs.__doc__
-    for field in dataclasses.fields(Knobs):
+    fields = [f for f in dataclasses.fields(Knobs) if f.name not in PASSED_IN]
+    for field in fields:
         assert f"\n    {var(field)}=" in doc, var(field)
     listed = set(re.findall(r"^    (CLGPT_\w+)=", doc, re.M))
-    assert listed == {var(f) for f in dataclasses.fields(Knobs)}
+    assert listed == {var(f) for f in fields}
+    for name in PASSED_IN:  # listed too, by field name
+        assert f"\n    {name}=" in doc, name
+
+
+def test_no_variable_sets_a_field_code_passes_in():
+    """A field that changes results is no variable: CLGPT_ plus its name in capitals leaves the defaults."""
+    assert PASSED_IN <= {f.name for f in dataclasses.fields(Knobs)}
+    env = {var(f): "0" for f in dataclasses.fields(Knobs) if f.name in PASSED_IN}
+    assert env and knobs.read(env) == Knobs()
+    assert Knobs(wgmma_min_mnk=0).wgmma_min_mnk == 0  # passed in
 
 
 @pytest.mark.parametrize("variable, value, message", [
-    ("CLGPT_WGMMA_EPI2", "later", "CLGPT_WGMMA_EPI2='later': use defer, wgmma or mma"),
     ("CLGPT_LAUNCH", "tpu", "CLGPT_LAUNCH='tpu': use cpu, nvidia or gpu"),
-    ("CLGPT_WGMMA_MIN_MNK", "big", "CLGPT_WGMMA_MIN_MNK='big': set it to an integer"),
     ("CLGPT_REDUCE_THREADS", "two", "CLGPT_REDUCE_THREADS='two': set it to a number of threads"),
     ("CLGPT_MMA", "BM=wide", "CLGPT_MMA='BM=wide': 'BM' needs an integer"),
     ("CLGPT_MATMUL", "off", "CLGPT_MATMUL='off': 'off' needs an integer"),
@@ -88,7 +95,6 @@ def test_a_value_that_cannot_be_used_is_a_one_line_error_naming_the_variable(var
     ("CLGPT_PRESET", "2", "preset", None),  # only 0 and 1 override the table's
     ("CLGPT_MMA", "off", "mma", None),  # only the bf16 and wgmma GEMMs can be turned off
     ("CLGPT_BF16_SMALL", "off", "bf16_small", None),
-    ("CLGPT_WGMMA_MN", "no", "wgmma_mn", True),  # on-by-default switches: any value but 0 is on
     ("CLGPT_MMA_EMULATE", "0", "mma_emulate", False),
     ("CLGPT_NV_VERBOSE", "0", "nv_verbose", True),  # any non-empty value
     ("CLGPT_REDUCE", "", "reduce", ""),  # anything but shm sums through MPI (clgpt.training.dist)

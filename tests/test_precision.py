@@ -645,7 +645,7 @@ def test_products_that_write_only_their_tiled_copy(dev, monkeypatch):
     """On wgmma (emulated here: the launches recorded, not run), the GELU product writes g = gelu(h) only as g's
     kept tiled copy (TILED_OUT 1) and the GELU' product dh only as dh's tiled copy with its column sums (TILED_OUT
     2), which dh's reuse block then takes without a copy; reading such a dh any other way, or never, is an error;
-    sizes off multiples of 64 and K-major copies (CLGPT_WGMMA_MN=0) keep the fp32 outputs."""
+    sizes off multiples of 64 keep the fp32 outputs."""
     ops = _bf16_ops()
     calls = []
     monkeypatch.setattr(ops, "on_wgmma", lambda M, N, K, epi=0: epi != 2)
@@ -674,9 +674,6 @@ def test_products_that_write_only_their_tiled_copy(dev, monkeypatch):
             pass
     ops.forget_copies()
     ops._matmul_bf16(M + 8, N, K, A, B, h, 0, 1, None, None, False, 1.0, 1, g)  # M off 64: fp32 g
-    assert calls[-1] == (1, None)
-    monkeypatch.setattr(ops, "tiled_outputs", False)
-    ops._matmul_bf16(M, N, K, A, B, h, 0, 1, None, None, False, 1.0, 1, g)
     assert calls[-1] == (1, None) and not ops._kept
 
 

@@ -66,14 +66,9 @@ class BaseOps:
         # the bf16 copies of op(A), op(B); reuse's; a gradient's copy its product wrote (TILED_OUT 2)
         self._b16, self._b16_size = [None, None, None, None], [0, 0, 0, 0]
         self.wgmma_min = WGMMA_MIN_MNK if kn.wgmma_min_mnk is None else kn.wgmma_min_mnk  # 0: every product
-        # wgmma reads one tiled copy of a matrix for a product and for its transposes (M- / N-major operands);
-        # CLGPT_WGMMA_MN=0 copies op(A), op(B) transposed to K-major for each product instead (comparisons).
+        # wgmma reads one tiled copy of a matrix for a product and for its transposes (M- / N-major operands).
         # Copies of `stable` buffers (the forward's activations, the weights) serve every product until the
         # next forward (forget_copies); one `reuse` buffer's copy serves the products inside its block.
-        self._wgmma_mn = kn.wgmma_mn
-        # the GELU' product (epi 2): defer (default: wgmma, gelu' in its gradient's copy), wgmma (in the epilogue:
-        # slower), mma (mma.sync's epilogue on copies of its own)
-        self._epi2 = kn.wgmma_epi2
         self._stable, self._reusing = {}, None  # stable: handle -> buffer (held, so no handle is reused while kept)
         self._colsums = None  # (key, row chunks, buffer): the reuse copy's column sums (bias_backward)
         # products that wrote their output only as its tiled copy (matmul_wgmma.cl TILED_OUT 2): handle ->
@@ -94,7 +89,7 @@ class BaseOps:
         self.preset = caps.preset
         # on wgmma: outputs whose producers also write their tiled copies (LayerNorm's, flash's, the GELU
         # products'), reuse copies that also give the bias gradient's column sums
-        self.tiled_outputs = self.wgmma is not None and self._wgmma_mn
+        self.tiled_outputs = self.wgmma is not None
         self.colsum_copies = self.wgmma is not None and caps.colsum_copies
         self._plans = {}  # preset launches: (kernel, gsize, lsize, buffers) -> [a cl.Kernel, the args it holds]
         self._buffer_args = {}  # kernel -> a function picking its non-scalar arguments (_launch's key)

@@ -46,7 +46,6 @@ class Bf16Ops:
         self.k["to_bf16_t"] = self.dev.kernel("matmul_bf16", "to_bf16_t", **self._bf16_opts)
         if self.wgmma is not None:
             self.k["to_bf16_tiled"] = self.dev.kernel("matmul_bf16", "to_bf16", TILED=1, **self._bf16_opts)
-            self.k["to_bf16_t_tiled"] = self.dev.kernel("matmul_bf16", "to_bf16_t", TILED=1, **self._bf16_opts)
             if self.colsum_copies:  # reuse copies: bias_partial's sums too
                 for name, extra in (("to_bf16_colsum", {}), ("to_bf16_colsum_gelu", dict(GELU_GRAD=1))):
                     self.k[name] = self.dev.kernel("matmul_bf16", "to_bf16", TILED=1, COLSUM=1, **extra,
@@ -97,11 +96,9 @@ class Bf16Ops:
 
     def _matmul_bf16(self, M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E, ldc=None):
         for X in (A, B):  # a deferred GELU' is read from the reuse copy only
-            if X.int_ptr in self._gelu_pending and not (X.int_ptr == self._reusing and self._wgmma_mn
-                                                        and self.on_wgmma(M, N, K, epi)):
+            if X.int_ptr in self._gelu_pending and not (X.int_ptr == self._reusing and self.on_wgmma(M, N, K, epi)):
                 self._settle(X)
-        if (epi == 2 and self._epi2 == "defer" and self.colsum_copies and self._wgmma_mn
-                and self.on_wgmma(M, N, K)
+        if (epi == 2 and self.colsum_copies and self.on_wgmma(M, N, K)
                 and bias is None and resid is None and not accum):
             if M % 64 == 0 and N % 64 == 0:
                 # dh = dg * gelu'(E) written only as dh's tiled copy and its column sums, for dh's reuse block

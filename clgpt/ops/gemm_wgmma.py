@@ -15,8 +15,10 @@ class WgmmaOps:
     """matmul on kernels/matmul_wgmma.cl (mixed into clgpt.ops.Ops)."""
 
     def on_wgmma(self, M, N, K, epi=0) -> bool:
-        """Whether the bf16 product of this size (and epilogue) runs on wgmma."""
-        return self.wgmma is not None and (epi != 2 or self._epi2 == "wgmma") and M * N * K >= self.wgmma_min
+        """Whether the bf16 product of this size (and epilogue) runs on wgmma. Never with GELU' in the epilogue
+        (epi 2): on wgmma that product defers GELU' to its gradient's copy (Ops._matmul_bf16), else mma.sync's
+        epilogue applies it."""
+        return self.wgmma is not None and epi != 2 and M * N * K >= self.wgmma_min
 
     def _wgmma_tiles(self, N):
         """The wide tiles, unless padding N to their BN wastes over an eighth more than the narrow ones'."""
@@ -44,15 +46,10 @@ class WgmmaOps:
         mm = self._wgmma_tiles(N)
         BM, BN = mm["BM"], mm["BN"]
         Kp = ceil_to(max(K, 1), 64)
-        if self._wgmma_mn:  # the copies as the fp32 buffers lie: A (K x M) with ta, B (K x N) without tb
-            A16, ra, ca = self.tiled_copy(0, A, *((K, M) if ta else (M, K)))
-            B16, rb, cb = self.tiled_copy(1, B, *((N, K) if tb else (K, N)))
-            trans, ext = (bool(ta), not tb), (ca if ta else ra, rb if tb else cb)
-        else:
-            ra, rb = ceil_to(M, 64), ceil_to(N, 64)
-            A16 = self.to_bf16(0, A, M, K, ra, Kp, trans=bool(ta), tiled=True)
-            B16 = self.to_bf16(1, B, N, K, rb, Kp, trans=not tb, tiled=True)
-            trans, ext = (False, False), (ra, rb)
+        # the copies as the fp32 buffers lie: A (K x M) with ta, B (K x N) without tb
+        A16, ra, ca = self.tiled_copy(0, A, *((K, M) if ta else (M, K)))
+        B16, rb, cb = self.tiled_copy(1, B, *((N, K) if tb else (K, N)))
+        trans, ext = (bool(ta), not tb), (ca if ta else ra, rb if tb else cb)
         gn, gm = -(-N // BN), -(-M // BM)  # work-groups along n and m
         groups, gsize, lsize = gn * gm, (gn * 2 * BM, gm), (2 * BM, 1)
         operands = (i32(Kp), A16, i32(ra), i32(ext[0]), B16, i32(rb), i32(ext[1]))

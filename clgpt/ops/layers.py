@@ -33,7 +33,7 @@ class LayerOps:
         if self.caps.xent_fused:  # the forward left the unscaled gradient in dlogits
             return s
         V = self.cfg.vocab_size
-        if (dlogits.int_ptr == self._reusing and self._wgmma_mn and self.on_wgmma(N, self.cfg.n_embd, V)
+        if (dlogits.int_ptr == self._reusing and self.on_wgmma(N, self.cfg.n_embd, V)
                 and self.on_wgmma(V, self.cfg.n_embd, N)):
             # both products on dlogits read its tiled bf16 copy: write that instead of the fp32 gradient
             Rp, Cp = ceil_to(N, 64), ceil_to(V, 64)
