@@ -223,3 +223,25 @@ __kernel void moe_scatter_backward(const int N, __global const int* pos, __globa
     for (int k = 0; k < K; k++) s += dxg[pos[n * K + k] * C + c];
     dx[n * C + c] = s;
 }
+
+// On wgmma (clgpt/ops/grouped.py moe_tiled): gather and the combine's backward write only the bf16 tiled copy
+// the grouped products read (precision.cl tiled_store4, Rp rows, a multiple of 64; C a multiple of 4), the same
+// values to_bf16 would make of xg / dye. 2-D launch (C/4, N*K): four channels of one assignment a work-item.
+#ifdef MOE_TILED
+#include "precision.cl"
+__kernel void moe_gather_packed_tiled(const int N, const int Rp, __global const int* pos, __global const float* x,
+                                      __global uint2* xg16)
+{
+    const int c = 4 * get_global_id(0), a = get_global_id(1);
+    if (c >= C || a >= N * K) return;
+    tiled_store4(xg16, pos[a], c, Rp, vload4(0, x + (size_t)(a / K) * C + c));
+}
+
+__kernel void moe_combine_backward_tiled(const int N, const int Rp, __global const float* dout,
+                                         __global const float* w, __global const int* pos, __global uint2* dye16)
+{
+    const int c = 4 * get_global_id(0), a = get_global_id(1);
+    if (c >= C || a >= N * K) return;
+    tiled_store4(dye16, pos[a], c, Rp, w[a] * vload4(0, dout + (size_t)(a / K) * C + c));
+}
+#endif

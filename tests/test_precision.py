@@ -729,3 +729,55 @@ def test_llama_engine_on_tensor_cores_against_float64(dev, shape):
         err = np.abs(grads[name] - g).max() / max(np.abs(g).max(), 1e-12)
         assert err < 0.2, f"grad {name}: relative error {err:.2e}"
     assert loss2 == loss and all(np.array_equal(grads[n], grads2[n]) for n in grads)
+
+
+def test_expert_operands_written_as_tiled_copies(dev):
+    """On wgmma the experts' operands go straight to their tiled bf16 copies (moe.cl MOE_TILED, swiglu.cl
+    SWIGLU_TILED): each copy holds what to_bf16 TILED would make of the fp32 output of the plain kernel, at the
+    rows the routing gave (uneven experts, padding rows left as they were)."""
+    E, K, C, F, N, RM = 4, 2, 64, 128, 40, 32
+    r = np.random.default_rng(3)
+    sel = np.stack([r.permutation(E)[:K] for _ in range(N)]).astype(np.int32)
+    counts = np.bincount(sel.ravel(), minlength=E)
+    offs = np.concatenate([[0], np.cumsum(-(-counts // RM) * RM)[:-1]])
+    pos, seen = np.empty(N * K, np.int32), np.zeros(E, int)
+    for a, e in enumerate(sel.ravel()):
+        pos[a], seen[e] = offs[e] + seen[e], seen[e] + 1
+    R = -(-(N * K + E * (RM - 1)) // 64) * 64
+    x, dout = (r.normal(size=(N, C)).astype(f32) for _ in range(2))
+    w = r.random(N * K).astype(f32)
+    g, u, dy = (r.normal(size=(R, F)).astype(f32) * 3 for _ in range(3))
+    moe = dict(E=E, K=K, C=C, RM=RM)
+
+    def copy_of(fp32, cols, rows=None):  # the bf16 pattern of fp32's rows (all, or those in `rows`) in tiled order
+        flat = np.zeros((R, cols), np.uint16)
+        rows = np.arange(R) if rows is None else rows
+        flat[rows] = _bf16_pattern(fp32[rows])
+        return flat
+
+    z16 = lambda cols: np.zeros(R * cols, np.uint16)  # noqa: E731
+    plain = run_op(dev, "moe", "moe_gather_packed", (C, N * K),
+                   [("N", i32(N)), ("pos", pos), ("x", x), ("xg", np.zeros((R, C), f32))], moe)
+    tiled = run_op(dev, "moe", "moe_gather_packed_tiled", (C // 4, N * K),
+                   [("N", i32(N)), ("Rp", i32(R)), ("pos", pos), ("x", x), ("xg16", z16(C))], {**moe, "MOE_TILED": 1})
+    assert np.array_equal(tiled["xg16"][_tiled_index(R, C)], copy_of(plain["xg"], C, pos))
+    plain = run_op(dev, "moe", "moe_combine_backward", (C, N * K),
+                   [("N", i32(N)), ("dout", dout), ("w", w), ("pos", pos), ("dye", np.zeros((R, C), f32))], moe)
+    tiled = run_op(dev, "moe", "moe_combine_backward_tiled", (C // 4, N * K),
+                   [("N", i32(N)), ("Rp", i32(R)), ("dout", dout), ("w", w), ("pos", pos), ("dye16", z16(C))],
+                   {**moe, "MOE_TILED": 1})
+    assert np.array_equal(tiled["dye16"][_tiled_index(R, C)], copy_of(plain["dye"], C, pos))
+    n = R * F
+    plain = run_op(dev, "swiglu", "swiglu_forward", (n,),
+                   [("n", i32(n)), ("gate", g), ("up", u), ("y", np.zeros((R, F), f32))])
+    tiled = run_op(dev, "swiglu", "swiglu_forward_tiled", (F // 4, R),
+                   [("R", i32(R)), ("F", i32(F)), ("gate", g), ("up", u), ("y16", z16(F))], {"SWIGLU_TILED": 1})
+    assert np.array_equal(tiled["y16"][_tiled_index(R, F)], copy_of(plain["y"], F))
+    plain = run_op(dev, "swiglu", "swiglu_backward", (n,),
+                   [("n", i32(n)), ("dy", dy), ("gate", g), ("up", u), ("dgate", np.zeros((R, F), f32)),
+                    ("dup", np.zeros((R, F), f32))])
+    tiled = run_op(dev, "swiglu", "swiglu_backward_tiled", (F // 4, R),
+                   [("R", i32(R)), ("F", i32(F)), ("dy", dy), ("gate", g), ("up", u), ("dgate16", z16(F)),
+                    ("dup16", z16(F))], {"SWIGLU_TILED": 1})
+    for key in ("dgate", "dup"):
+        assert np.array_equal(tiled[key + "16"][_tiled_index(R, F)], copy_of(plain[key], F))

@@ -10,8 +10,8 @@ attention and row kernels, fused cross-entropy, preset launches).
     logits = rms(x, output_norm) @ (output.weight or token_embd.weight).T      (head: clgpt.models.base)
 
 Shapes: B batch, T time, N = B*T rows, C n_embd, H heads, Hkv kv heads, D = C // H, F n_ff, E experts,
-K experts used, R = N*K + E*(RM-1) rows of the packed expert operands (RM: the row alignment of the grouped
-products, Ops.grouped_tiles: 6 on CPUs, the largest tile height, 128, on NVIDIA, fp32 tiles or bf16 mma ones).
+K experts used, R = N*K + E*(RM-1) rows of the packed expert operands, up to a multiple of 64 (RM: the row
+alignment of the grouped products, Ops.grouped_tiles: 6 on CPUs, the largest tile height, 128, on NVIDIA).
 
 The parameter store lays attn_q | attn_k | attn_v back to back (and, dense, ffn_gate | ffn_up), so each is
 one product: (N, C + 2 Ckv) = h @ [Wq; Wk; Wv].T, (N, 2F) = h @ [Wg; Wu].T, and one weight-gradient and one
@@ -81,7 +81,8 @@ class LlamaEngine(EngineBase):
         self.rope_sin = cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=sin)
         if E:
             RM = self.ops.grouped_tiles()["RM"]
-            self.R, self.max_tiles = N * K + E * (RM - 1), -(-N * K // RM) + E
+            # rows up to a multiple of 64: the tiled bf16 copies of the packed operands have no padding then
+            self.R, self.max_tiles = -(-(N * K + E * (RM - 1)) // 64) * 64, -(-N * K // RM) + E
         self.acts = []
         for _ in range(L):
             a = dict(x=buf(N * C), ln1=buf(N * C), r1=buf(N), qkv=buf(N * 3 * C), att=buf(self.ops.att_floats(B, T)),
@@ -193,12 +194,12 @@ class LlamaEngine(EngineBase):
                  a["w"])
         ops.moe_route(N, a["probs"], a["sel"], a["pos"], a["counts"], a["offs"], a["tiles"], a["pmean"])
         self._n_routed = N  # counts and pmean stay on the device until expert_usage / aux_loss ask
-        ops.runp("moe_gather_packed", (C, N * cfg.n_expert_used), i32(N), a["pos"], a["ln2"], a["xg"])
+        ops.moe_gather(N, self.R, a["pos"], a["ln2"], a["xg"])
         route = (a["counts"], a["offs"], a["tiles"])
         for name, h in (("ffn_gate_exps", a["hg"]), ("ffn_up_exps", a["hu"])):  # h (R,F) = xg @ W_e.T
             ops.matmul_grouped_rows(E, self.max_tiles, F, C, a["xg"], C, p[pre + name + ".weight"], C, F * C, h, F,
                                     *route, tb=1, packed=self.R)
-        ops.swiglu_forward(self.R * F, a["hg"], a["hu"], a["act"])
+        ops.moe_swiglu_forward(self.R, a["hg"], a["hu"], a["act"])
         ops.matmul_grouped_rows(E, self.max_tiles, C, F, a["act"], F, p[pre + "ffn_down_exps.weight"], F, C * F,
                                 a["ye"], C, *route, tb=1, packed=self.R)
         ops.runp("moe_combine_forward", (C, N), i32(N), resid, a["w"], a["pos"], a["ye"], out)
@@ -247,7 +248,7 @@ class LlamaEngine(EngineBase):
         C, F, E, K = cfg.n_embd, cfg.n_ff, cfg.n_expert, cfg.n_expert_used
         dln, mt = self.dln, self.max_tiles
         route = (a["counts"], a["offs"], a["tiles"])
-        ops.runp("moe_combine_backward", (C, N * K), i32(N), dy, a["w"], a["pos"], self.dye)
+        ops.moe_combine_backward(N, self.R, dy, a["w"], a["pos"], self.dye)
         ops.moe_weight_backward(N, dy, a["pos"], a["ye"], self.dwsel)
         w = {name: p[f"{pre}{name}.weight"] for name in _EXPERT_MATS}
         gw = {name: g[f"{pre}{name}.weight"] for name in _EXPERT_MATS}
@@ -256,7 +257,7 @@ class LlamaEngine(EngineBase):
         # ye = act @ Wd_e.T:  dWd_e (C,F) += dye_e.T @ act_e;  dact = dye @ Wd_e
         ops.grouped_linear_backward(E, mt, C, F, self.dye, a["act"], w["ffn_down_exps"], gw["ffn_down_exps"],
                                     self.dact, *route, **rows)
-        ops.swiglu_backward(self.R * F, self.dact, a["hg"], a["hu"], self.dhg, self.dhu)
+        ops.moe_swiglu_backward(self.R, self.dact, a["hg"], a["hu"], self.dhg, self.dhu)
         # hg = xg @ Wg_e.T, hu = xg @ Wu_e.T:  dW_e (F,C) += dh_e.T @ xg_e;  dxg = dhg @ Wg_e + dhu @ Wu_e
         for j, (name, dh) in enumerate((("ffn_gate_exps", self.dhg), ("ffn_up_exps", self.dhu))):
             ops.grouped_linear_backward(E, mt, F, C, dh, a["xg"], w[name], gw[name], self.dxg, *route, **rows,

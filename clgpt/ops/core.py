@@ -241,6 +241,11 @@ class BaseOps:
             if lw >= moe["E"]:
                 self.route_lw = lw
                 k["moe_route_packed_wg"] = dev.kernel("moe", "moe_route_packed_wg", **moe, LW=lw)
+        if self.tiled_outputs:  # the operands of the grouped products straight to their tiled copies
+            for kname in ("moe_gather_packed_tiled", "moe_combine_backward_tiled"):
+                k[kname] = dev.kernel("moe", kname, **moe, MOE_TILED=1)
+            for kname in ("swiglu_forward_tiled", "swiglu_backward_tiled"):
+                k[kname] = dev.kernel("swiglu", kname, SWIGLU_TILED=1)
         if self.caps.moe_weight_backward_groups:
             k["moe_weight_backward_wg"] = dev.kernel("moe", "moe_weight_backward_wg", **moe, LW=64)
 

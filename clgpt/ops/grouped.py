@@ -241,6 +241,52 @@ class GroupedOps:
         ld = rows + pad if pad and rows % 64 == 0 else rows
         return self._transposed(0, x, rows, cols, ld), ld
 
+    # ---- the experts' operands straight to their tiled copies (wgmma) ----
+    def moe_tiled(self, R) -> bool:
+        """Whether the experts' operands (R packed rows) are written only as the tiled bf16 copies the grouped
+        products read: on wgmma, where every grouped product of this model runs there, widths multiples of 64."""
+        C, F = self.cfg.n_embd, self.cfg.n_ff
+        return (self.tiled_outputs and R % 64 == 0 and C % 64 == 0 and F % 64 == 0
+                and self.grouped_on_wgmma(R, F, C, R) and self.grouped_on_wgmma(R, C, F, R))
+
+    def moe_gather(self, N, R, pos, x, xg):
+        """xg (R,C): xg[pos(n,k)] = x[n]; with moe_tiled only as xg's kept tiled copy (xg is stable)."""
+        C, NK = self.cfg.n_embd, N * self.cfg.n_expert_used
+        if self.moe_tiled(R):
+            self.runp("moe_gather_packed_tiled", (C // 4, NK), i32(N), i32(R), pos, x, self._kept_copy(xg, R, C))
+            return
+        self.runp("moe_gather_packed", (C, NK), i32(N), pos, x, xg)
+
+    def moe_combine_backward(self, N, R, dout, w, pos, dye):
+        """dye (R,C): dye[pos(n,k)] = w[n,k] dout[n]; with moe_tiled only as its tiled copy, which dye's reuse
+        block (grouped_linear_backward) takes."""
+        C, NK = self.cfg.n_embd, N * self.cfg.n_expert_used
+        if self.moe_tiled(R):
+            copy = self._kept_buf(dye, R * C * 2)
+            self.runp("moe_combine_backward_tiled", (C // 4, NK), i32(N), i32(R), dout, w, pos, copy)
+            self._premade[dye.int_ptr] = (copy, R, C, None, 0)
+            return
+        self.runp("moe_combine_backward", (C, NK), i32(N), dout, w, pos, dye)
+
+    def moe_swiglu_forward(self, R, gate, up, out):
+        """out (R,F) = silu(gate) * up; with moe_tiled only as out's kept tiled copy (out is stable)."""
+        F = self.cfg.n_ff
+        if self.moe_tiled(R):
+            self.runp("swiglu_forward_tiled", (F // 4, R), i32(R), i32(F), gate, up, self._kept_copy(out, R, F))
+            return
+        self.swiglu_forward(R * F, gate, up, out)
+
+    def moe_swiglu_backward(self, R, dy, gate, up, dgate, dup):
+        """dgate, dup (R,F); with moe_tiled only as their tiled copies, which their reuse blocks take."""
+        F = self.cfg.n_ff
+        if self.moe_tiled(R):
+            copies = [self._kept_buf(d, R * F * 2) for d in (dgate, dup)]
+            self.runp("swiglu_backward_tiled", (F // 4, R), i32(R), i32(F), dy, gate, up, *copies)
+            for d, copy in zip((dgate, dup), copies):
+                self._premade[d.int_ptr] = (copy, R, F, None, 0)
+            return
+        self.swiglu_backward(R * F, dy, gate, up, dgate, dup)
+
     def moe_route(self, N, probs, sel, pos, counts, offs, tiles, pmean):
         """Pack each expert's tokens in increasing order at a tile-aligned offset (kernels/moe.cl)."""
         args = (i32(N), probs, sel, pos, counts, offs, tiles, pmean)
