@@ -94,12 +94,21 @@ void moe_route_packed_wg(const int N, __global const float* probs, __global cons
     const int j = get_local_id(0), NK = N * K;
     const int ch = (NK + LW - 1) / LW, a0 = min(NK, j * ch), a1 = min(NK, a0 + ch);
     const int cn = (N + LW - 1) / LW, n0 = min(N, j * cn), n1 = min(N, n0 + cn);
+    // the counts by compares over every expert, unrolled: c[] and p[] stay in registers (an index read from sel
+    // would put them in slow local memory)
     int c[E];
     float p[E];
+#pragma unroll
     for (int e = 0; e < E; e++) { c[e] = 0; p[e] = 0.0f; }
-    for (int a = a0; a < a1; a++) c[sel[a]]++;
+    for (int a = a0; a < a1; a++) {
+        const int s = sel[a];
+#pragma unroll
+        for (int e = 0; e < E; e++) c[e] += s == e;
+    }
     for (int n = n0; n < n1; n++)
+#pragma unroll
         for (int e = 0; e < E; e++) p[e] += probs[n * E + e];
+#pragma unroll
     for (int e = 0; e < E; e++) { cnt[j * E + e] = c[e]; ps[j * E + e] = p[e]; }
     barrier(CLK_LOCAL_MEM_FENCE);
     if (j < E) {  // item e: exclusive prefix of expert e's counts over the items, its total, its pmean
@@ -128,8 +137,16 @@ void moe_route_packed_wg(const int N, __global const float* probs, __global cons
         tiles[E] = off / RM;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
+#pragma unroll
     for (int e = 0; e < E; e++) c[e] = base[e] + cnt[j * E + e];
-    for (int a = a0; a < a1; a++) pos[a] = c[sel[a]]++;
+    for (int a = a0; a < a1; a++) {
+        const int s = sel[a];
+        int row = 0;
+#pragma unroll
+        for (int e = 0; e < E; e++)
+            if (s == e) row = c[e]++;
+        pos[a] = row;
+    }
 }
 #endif
 
