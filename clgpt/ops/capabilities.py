@@ -33,7 +33,7 @@ class Capabilities:
     # GPUs: one work-group of `group_rows` work-items a row (LayerNorm, RMSNorm, softmax, cross-entropy) and
     # two-stage column sums; 0: one work-item a row (CPUs: PoCL vectorises those loops, its barriers cost)
     group_rows: int
-    layernorm_rows: bool  # LayerNorm as 32 work-items a row, ln_rw rows a group (C % 128 == 0, C <= 2048)
+    layernorm_rows: bool  # LayerNorm, RMSNorm as 32 work-items a row, ln_rw rows a group (C % 128 == 0, C <= 2048)
     rope_per_pair: bool  # RoPE a work-item a (row, pair): one a row-slot leaves most of a GPU idle
     swiglu_per_element: bool  # SwiGLU's dense forward a work-item an output, for the same reason
     grad_norm_groups: bool  # the grad norm's sums as work-groups (GPUs: many strided parts)

@@ -87,7 +87,7 @@ class BaseOps:
         # the record's op forms where this model's widths allow them (see clgpt/ops/capabilities.py)
         C, D = cfg.n_embd, cfg.head_dim
         self.rows = caps.group_rows  # GPUs: one work-group of `rows` work-items per row
-        self.ln_rows = caps.layernorm_rows and C % 128 == 0 and C <= 2048
+        self.ln_rows = caps.layernorm_rows and C % 128 == 0 and C <= 2048  # LayerNorm's and RMSNorm's
         self.attn_rb = caps.attention_rb and D % 16 == 0
         self.rope_vec = caps.rope_vec and D % 8 == 0
         self.attn_gemm = caps.attention_gemm_min_t is not None and seq_len >= caps.attention_gemm_min_t
@@ -215,7 +215,14 @@ class BaseOps:
         # CPUs with 16-float vectors (the matmul row's VW 16: AVX-512) take float16 blocks, the same bits
         wide = {"SW": 16} if self.mm.get("kernel") == "matmul_rb" and self.mm.get("VW") == 16 else {}
         k["swiglu_rows_forward"] = dev.kernel("swiglu", "swiglu_rows_forward", F=cfg.n_ff, **wide)
-        if self.rows:
+        if self.ln_rows:  # GPUs, C % 128 == 0: 32 work-items a row, RW rows a group (as LayerNorm's)
+            for kname in ("rmsnorm_forward_rows", "rmsnorm_backward_rows", "rmsnorm_param_final_rows"):
+                k[kname] = dev.kernel("rmsnorm", kname, C=C, EPS=float(cfg.norm_eps), RW=self.launch["ln_rw"])
+            if self.tiled_outputs:  # the output's tiled copy too
+                k["rmsnorm_forward_rows_tiled"] = dev.kernel("rmsnorm", "rmsnorm_forward_rows", C=C,
+                                                             EPS=float(cfg.norm_eps), RW=self.launch["ln_rw"],
+                                                             RMS_TILED=1)
+        elif self.rows:
             for kname in ("rmsnorm_param_partial", "rmsnorm_param_final"):
                 k[kname] = dev.kernel("rmsnorm", kname, C=C, EPS=float(cfg.norm_eps))
             # one work-group per row (as LayerNorm's): one work-item a row left most of a GPU idle
