@@ -26,7 +26,7 @@ CPU_FORMS = ("row_groups_of_one", "embedding_rows", "adamw_v8", "transpose_v8", 
              "xent_fused", "bias_v8", "attention_u4", "attention_rb")
 # field -> a kernel Ops builds (under that name in ops.k) exactly where the record picks the form
 FORM_KERNEL = {"layernorm_rows": "layernorm_forward_rows", "rope_per_pair": "rope_forward_el",
-               "swiglu_per_element": "swiglu_rows_forward_el", "grad_norm_groups": "grad_norm_partial_wg",
+               "swiglu_per_element": "swiglu_rows_forward_v4", "grad_norm_groups": "grad_norm_partial_wg",
                "moe_route_group": "moe_route_packed_wg", "moe_weight_backward_groups": "moe_weight_backward_wg",
                "embedding_rows": "embedding_forward_rows", "adamw_v8": "adamw_v8", "transpose_v8": "transpose_v8",
                "pad_ld": "copy_ld_v8", "xent_fused": "xent_fused", "bias_v8": "bias_backward_v8",

@@ -1,8 +1,9 @@
 """Llama's GPU per-row kernels against the float64 reference (clgpt.models.reference_llama): RMSNorm's row-slice
-forms (kernels/rmsnorm.cl rmsnorm_forward_rows, rmsnorm_backward_rows, rmsnorm_param_final_rows; C % 128 == 0),
-the forward also in its form that writes the output's bf16 tiled copy (RMS_TILED: bit for bit the plain form's
-fp32 output, the copy what to_bf16 TILED would make of it); Ops taking them on a GPU launch row; and a llama engine
-on that row against the reference.
+forms (kernels/rmsnorm.cl rmsnorm_forward_rows, rmsnorm_backward_rows, rmsnorm_param_final_rows; C % 128 == 0) and
+the dense SwiGLU forward 4 outputs a work-item (kernels/swiglu.cl swiglu_rows_forward_v4), each also in its form
+that writes the output's bf16 tiled copy (RMS_TILED, SWIGLU_TILED: bit for bit the plain form's fp32 output, the
+copy what to_bf16 TILED would make of it); Ops taking them on a GPU launch row; and a llama engine on that row
+against the reference.
 
 Tolerances: kernel outputs 1e-5 of the reference's largest magnitude (fp32 sums of C terms), gradients 1e-4
 (as tests/test_kernels.py's LayerNorm row checks); the engine as tests/test_llama_engine.py's (loss 1e-5
@@ -96,6 +97,42 @@ def test_rmsnorm_rows_writes_its_tiled_copy(dev, N, C):
     assert np.array_equal(tiled["out16"][tiled_index(N, C)], bf16_pattern(plain["out"]))
 
 
+def _swiglu_h(N, F):
+    h = (rng.normal(size=(N, 2 * F)) * 3).astype(f32)
+    h[0, :2] = [-100.0, 100.0]  # saturated sigmoid: no NaN
+    return h
+
+
+def _swiglu_grid(N, F):
+    return (-(-F // 4 // 64) * 64, -(-N // 4) * 4), (64, 4)
+
+
+@pytest.mark.parametrize("N,F", [(37, 12), (100, 64), (5, 516), (3, 4)])
+def test_swiglu_rows_forward_v4(dev, N, F):
+    """4 outputs a work-item against float64 (N not a multiple of the work-group's 4 rows, F / 4 not of its 64),
+    and the one-output form's values."""
+    h = _swiglu_h(N, F)
+    args = [("N", i32(N)), ("h", h), ("y", np.zeros((N, F), f32))]
+    gsize, lsize = _swiglu_grid(N, F)
+    got = check_op(dev, "swiglu", "swiglu_rows_forward_v4", gsize, args, {"y": ref.swiglu_forward(h[:, :F], h[:, F:])},
+                   dict(F=F), lsize=lsize, atol=1e-5, rtol=1e-5)
+    el = run_op(dev, "swiglu", "swiglu_rows_forward_el", (F, N), args, dict(F=F))
+    assert_close(got["y"], el["y"], 1e-30, 4e-7, "v4 against the one-output form")  # a vector exp may round apart
+
+
+@pytest.mark.parametrize("N,F", [(64, 64), (128, 192)])
+def test_swiglu_rows_forward_v4_writes_its_tiled_copy(dev, N, F):
+    """swiglu_rows_forward_v4 with SWIGLU_TILED: y as without, bit for bit, and y's bf16 tiled copy."""
+    h = _swiglu_h(N, F)
+    args = [("N", i32(N)), ("h", h), ("y", np.zeros((N, F), f32))]
+    gsize, lsize = _swiglu_grid(N, F)
+    plain = run_op(dev, "swiglu", "swiglu_rows_forward_v4", gsize, args, dict(F=F), lsize=lsize)
+    tiled = run_op(dev, "swiglu", "swiglu_rows_forward_v4", gsize, args + [("y16", np.zeros(N * F, np.uint16))],
+                   dict(F=F, SWIGLU_TILED=1), lsize=lsize)
+    assert np.array_equal(plain["y"], tiled["y"])
+    assert np.array_equal(tiled["y16"][tiled_index(N, F)], bf16_pattern(plain["y"]))
+
+
 def _to_dev(dev, a):
     return cl.Buffer(dev.ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(a))
 
@@ -117,8 +154,9 @@ def _recorded(ops, monkeypatch) -> list:
 
 @pytest.mark.parametrize("N", [64, 100])
 def test_ops_write_the_tiled_copies_of_stable_outputs(dev, monkeypatch, N):
-    """Ops on a GPU row with tiled outputs (as on wgmma): rmsnorm on a stable output takes the _tiled form and keeps
-    the copy it writes, the bf16 of its fp32 output; with N off a multiple of 64, the plain form and no copy."""
+    """Ops on a GPU row with tiled outputs (as on wgmma): rmsnorm and swiglu_rows_forward on stable outputs take the
+    _tiled forms and keep the copies they write, the bf16 of their fp32 outputs; with N off a multiple of 64, the
+    plain forms and no copy."""
     C, F = 128, 192
     cfg = ModelConfig(arch="llama", vocab_size=16, n_ctx=8, n_embd=C, n_head=2, n_layer=1, n_ff=F)
     ops = Ops(dev, cfg, 8, knobs=Knobs(launch="gpu"))
@@ -126,12 +164,15 @@ def test_ops_write_the_tiled_copies_of_stable_outputs(dev, monkeypatch, N):
     ops.build_llama()
     names = _recorded(ops, monkeypatch)
     x, w, *_ = _rms_inputs(N, C)
-    out = ops.buf(N * C)
-    ops.stable(out)
+    h = _swiglu_h(N, F)
+    out, act = ops.buf(N * C), ops.buf(N * F)
+    ops.stable(out, act)
     ops.rmsnorm(N, _to_dev(dev, x), _to_dev(dev, w), out, ops.buf(N))
+    ops.swiglu_rows_forward(N, _to_dev(dev, h), act)
     tiled = N % 64 == 0
-    assert names == (["rmsnorm_forward_rows_tiled"] if tiled else ["rmsnorm_forward_rows"])
-    wants = ((out, C, ref.rmsnorm_forward(x, w, EPS)[0]),)
+    assert names == (["rmsnorm_forward_rows_tiled", "swiglu_rows_forward_v4_tiled"] if tiled else
+                     ["rmsnorm_forward_rows", "swiglu_rows_forward_v4"])
+    wants = ((out, C, ref.rmsnorm_forward(x, w, EPS)[0]), (act, F, ref.swiglu_forward(h[:, :F], h[:, F:])))
     for buf, cols, want in wants:
         got = _from_dev(dev, buf, (N, cols))
         assert_close(got, want, 1e-5 * np.abs(want).max(), 1e-5, "output")
@@ -143,11 +184,12 @@ def test_ops_write_the_tiled_copies_of_stable_outputs(dev, monkeypatch, N):
             assert np.array_equal(copy[tiled_index(N, cols)], bf16_pattern(got))
 
 
-@pytest.mark.parametrize("C,n_ff", [(128, 192), (8, 12)])
+@pytest.mark.parametrize("C,n_ff", [(128, 192), (8, 12), (8, 10)])
 def test_llama_engine_on_the_gpu_row_against_float64(monkeypatch, C, n_ff):
     """A dense llama engine on the GPU launch row: with C % 128 == 0 its norms take the row-slice kernels (a
     row-slot several rows, N = 18 rows off a multiple of the work-group's), other widths the one-work-group-a-row
-    ones; loss, logits and every gradient against the float64 reference."""
+    ones; SwiGLU 4 outputs a work-item (F % 4 == 0) or one; loss, logits and every gradient against the float64
+    reference."""
     cfg = ModelConfig(arch="llama", vocab_size=23, n_ctx=6, n_embd=C, n_head=2, n_layer=2, n_ff=n_ff)
     p = noisy_params(cfg)
     eng = LlamaEngine(cfg, p, batch_size=3, seq_len=6, knobs=Knobs(launch="gpu"))
@@ -167,3 +209,5 @@ def test_llama_engine_on_the_gpu_row_against_float64(monkeypatch, C, n_ff):
     wg = {"rmsnorm_forward_wg", "rmsnorm_backward_wg"}
     took, left = (rows, wg) if C % 128 == 0 else (wg, rows)
     assert took <= set(names) and not left & set(names), names
+    v4, el = "swiglu_rows_forward_v4" in names, "swiglu_rows_forward_el" in names
+    assert (v4, el) == ((True, False) if n_ff % 4 == 0 else (False, True)), names

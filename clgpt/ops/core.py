@@ -229,13 +229,24 @@ class BaseOps:
             for kname in ("rmsnorm_forward_wg", "rmsnorm_backward_wg"):
                 k[kname] = dev.kernel("rmsnorm", kname, C=C, EPS=float(cfg.norm_eps), LW=self.rows)
         if self.caps.swiglu_per_element:
-            k["swiglu_rows_forward_el"] = dev.kernel("swiglu", "swiglu_rows_forward_el", F=cfg.n_ff)
+            self._build_swiglu_gpu()
         if self.caps.rope_per_pair:
             for kname in ("rope_forward_el", "rope_backward_el"):  # one work-item a pair
                 k[kname] = dev.kernel("rope", kname, C=C, D=D, G=cfg.n_head // cfg.kv_heads, CKV=cfg.kv_heads * D)
         if E:
             self._build_moe()
         return k
+
+    def _build_swiglu_gpu(self):
+        """The dense SwiGLU forward spread over a GPU: 4 outputs a work-item (F % 4 == 0; with the output's tiled
+        copy where the products read one and F % 64 == 0), else one."""
+        F, dev = self.cfg.n_ff, self.dev
+        if F % 4:
+            self.k["swiglu_rows_forward_el"] = dev.kernel("swiglu", "swiglu_rows_forward_el", F=F)
+            return
+        self.k["swiglu_rows_forward_v4"] = dev.kernel("swiglu", "swiglu_rows_forward_v4", F=F)
+        if self.tiled_outputs and F % 64 == 0:
+            self.k["swiglu_rows_forward_v4_tiled"] = dev.kernel("swiglu", "swiglu_rows_forward_v4", F=F, SWIGLU_TILED=1)
 
     def _build_moe(self):
         """kernels/moe.cl: routing, gather, combine and their gradients, rows aligned to grouped_tiles' RM. GPUs
