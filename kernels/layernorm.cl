@@ -292,29 +292,10 @@ __kernel void layernorm_param_final(const int R, __global const float* part, __g
     db[c] += sb;
 }
 
-// ---- GPUs, C % 128 == 0: a row a 32-work-item slice, RW rows a work-group (-D RW; C <= 2048 so a row fits in
-// registers). Work-item l of a row holds columns 4l + 128i (i < C/128) as float4s (coalesced loads, stores).
-// A row's sum: each work-item sums its values in order (i, then .x .y .z .w), writes that partial to local
-// memory, one barrier, then every work-item of the row sums the 32 partials itself in order 0..31 (broadcast
-// reads): the same bits in all 32, no second barrier, no tree. Fixed orders throughout: deterministic.
-// The buffers are read and written as float4: 16-byte aligned (clgpt's buffers and sub-buffers are). ----
+// ---- GPUs, C % 128 == 0 (-D RW): a row a 32-work-item slice, RW rows a work-group (norm_rows.cl: the slice
+// layout, the in-order row sums, the dw, db parts; rmsnorm.cl's _rows kernels share them) ----
 #ifdef RW
-#if C % 128 != 0 || C > 2048
-#error "the row-slice kernels (RW) need C % 128 == 0 and C <= 2048"
-#endif
-#define LN_NB (C / 128)  // float4s of a row a work-item holds
-
-// p: one row's 32 partials (__local, 16-byte aligned) -> their sum in order 0..31
-inline float ln_row_sum(__local const float* p)
-{
-    float s = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        const float4 q = vload4(j, p);
-        s += q.x; s += q.y; s += q.z; s += q.w;
-    }
-    return s;
-}
+#include "norm_rows.cl"
 
 // out, mean, rstd as layernorm_forward_wg. 2-D launch: global (32, ceil(N / RW) * RW), local (32, RW); row
 // get_group_id(1) * RW + get_local_id(1). Two passes over the registers (mean, then sum (x - mean)^2) with a
@@ -338,31 +319,31 @@ void layernorm_forward_rows(const int N, __global const float* x, __global const
     const int l = get_local_id(0), r = get_local_id(1), n = get_group_id(1) * RW + r;
     __local float ps[RW * 32] __attribute__((aligned(16))), pv[RW * 32] __attribute__((aligned(16)));
     __global const float4* xr = (__global const float4*)(x + (size_t)min(n, N - 1) * C) + l;
-    float4 v[LN_NB];
+    float4 v[ROW_NB];
     float s = 0.0f;
 #pragma unroll
-    for (int i = 0; i < LN_NB; i++) {
+    for (int i = 0; i < ROW_NB; i++) {
         v[i] = xr[32 * i];
         s += v[i].x; s += v[i].y; s += v[i].z; s += v[i].w;
     }
     ps[r * 32 + l] = s;
     barrier(CLK_LOCAL_MEM_FENCE);
-    const float m = ln_row_sum(ps + r * 32) / C;
+    const float m = row_sum32(ps + r * 32) / C;
     float q = 0.0f;
 #pragma unroll
-    for (int i = 0; i < LN_NB; i++) {
+    for (int i = 0; i < ROW_NB; i++) {
         const float4 d = v[i] - m;
         q += d.x * d.x; q += d.y * d.y; q += d.z * d.z; q += d.w * d.w;
     }
     pv[r * 32 + l] = q;
     barrier(CLK_LOCAL_MEM_FENCE);
-    const float sd = 1.0f / sqrt(ln_row_sum(pv + r * 32) / C + EPS);
+    const float sd = 1.0f / sqrt(row_sum32(pv + r * 32) / C + EPS);
     if (n >= N) return;
     __global float4* o = (__global float4*)(out + (size_t)n * C) + l;
     __global const float4* w4 = (__global const float4*)w + l;
     __global const float4* b4 = (__global const float4*)b + l;
 #pragma unroll
-    for (int i = 0; i < LN_NB; i++) {
+    for (int i = 0; i < ROW_NB; i++) {
         const float4 y = (v[i] - m) * sd * w4[32 * i] + b4[32 * i];
         o[32 * i] = y;
 #if LN_TILED
@@ -392,11 +373,11 @@ void layernorm_backward_rows(const int N, const int rpi, const int accum, __glob
     __local float4 cw[RW * 32], cb[RW * 32];
     __global const float4* x4 = (__global const float4*)x + l;
     __global const float4* d4 = (__global const float4*)dout + l;
-    float4 wv[LN_NB], xv[LN_NB], dv[LN_NB], aw[LN_NB], ab[LN_NB];
+    float4 wv[ROW_NB], xv[ROW_NB], dv[ROW_NB], aw[ROW_NB], ab[ROW_NB];
     int n = g * RW * rpi + r, nc = min(n, N - 1);
     float m = mean[nc], s = rstd[nc];
 #pragma unroll
-    for (int i = 0; i < LN_NB; i++) {
+    for (int i = 0; i < ROW_NB; i++) {
         wv[i] = ((__global const float4*)w)[l + 32 * i];
         xv[i] = x4[(size_t)nc * (C / 4) + 32 * i];
         dv[i] = d4[(size_t)nc * (C / 4) + 32 * i];
@@ -406,7 +387,7 @@ void layernorm_backward_rows(const int N, const int rpi, const int accum, __glob
     for (int k = 0; k < rpi; k++, n += RW) {
         float ps = 0.0f, px = 0.0f;
 #pragma unroll
-        for (int i = 0; i < LN_NB; i++) {
+        for (int i = 0; i < ROW_NB; i++) {
             const float4 dn = dv[i] * wv[i], dnx = dn * ((xv[i] - m) * s);
             ps += dn.x; ps += dn.y; ps += dn.z; ps += dn.w;
             px += dnx.x; px += dnx.y; px += dnx.z; px += dnx.w;
@@ -415,24 +396,24 @@ void layernorm_backward_rows(const int N, const int rpi, const int accum, __glob
         __local float* rx = red[2 * (k & 1) + 1];
         rs[t] = ps;
         rx[t] = px;
-        float4 xn[LN_NB], dnn[LN_NB];  // the slot's next row, loading while this one's sums are made
+        float4 xn[ROW_NB], dnn[ROW_NB];  // the slot's next row, loading while this one's sums are made
         float mn = m, sn = s;
         if (k + 1 < rpi) {
             const int nn = min(n + RW, N - 1);
             mn = mean[nn];
             sn = rstd[nn];
 #pragma unroll
-            for (int i = 0; i < LN_NB; i++) {
+            for (int i = 0; i < ROW_NB; i++) {
                 xn[i] = x4[(size_t)nn * (C / 4) + 32 * i];
                 dnn[i] = d4[(size_t)nn * (C / 4) + 32 * i];
             }
         }
         barrier(CLK_LOCAL_MEM_FENCE);
-        const float ds = ln_row_sum(rs + r * 32) / C, dxs = ln_row_sum(rx + r * 32) / C;
+        const float ds = row_sum32(rs + r * 32) / C, dxs = row_sum32(rx + r * 32) / C;
         if (n < N) {
             __global float4* o = (__global float4*)dx + (size_t)n * (C / 4) + l;
 #pragma unroll
-            for (int i = 0; i < LN_NB; i++) {
+            for (int i = 0; i < ROW_NB; i++) {
                 const float4 xh = (xv[i] - m) * s;
                 const float4 gi = s * (dv[i] * wv[i] - ds - xh * dxs);
                 o[32 * i] = accum ? o[32 * i] + gi : gi;
@@ -443,44 +424,20 @@ void layernorm_backward_rows(const int N, const int rpi, const int accum, __glob
         m = mn;
         s = sn;
 #pragma unroll
-        for (int i = 0; i < LN_NB; i++) { xv[i] = xn[i]; dv[i] = dnn[i]; }
+        for (int i = 0; i < ROW_NB; i++) { xv[i] = xn[i]; dv[i] = dnn[i]; }
     }
-    // the slots' sums, 128 columns at a time: work-item j < 64 adds float4 column j & 31 of dw (j < 32) or db
-    // over r = 0..RW-1 in order
+    // the slots' sums, 128 columns at a time: dw's and db's columns in order r = 0..RW-1
     __global float4* pw = (__global float4*)part + (size_t)g * (C / 2);
 #pragma unroll
-    for (int i = 0; i < LN_NB; i++) {
-        cw[t] = aw[i];
-        cb[t] = ab[i];
-        barrier(CLK_LOCAL_MEM_FENCE);
-        for (int j = t; j < 64; j += 32 * RW) {
-            __local const float4* c = (j < 32 ? cw : cb) + (j & 31);
-            float4 sum = c[0];
-            for (int q = 1; q < RW; q++) sum += c[32 * q];
-            pw[(j < 32 ? 0 : C / 4) + 32 * i + (j & 31)] = sum;
-        }
-        if (i + 1 < LN_NB) barrier(CLK_LOCAL_MEM_FENCE);
-    }
+    for (int i = 0; i < ROW_NB; i++) slot_sums_to_part(2, t, i, aw[i], ab[i], cw, cb, pw);
 }
 
-// dw, db += the P parts of layernorm_backward_rows, in a fixed order. Work-group (8, 32): work-item (lq, j) sums
-// float4 column q = get_global_id(0) of the parts' [dw | db] rows (q < C/2) over parts j, j + 32, ... in order;
-// the 32 sums are added in order j = 0..31. 2-D launch: global (C / 2, 32), local (8, 32).
+// dw, db += the P parts of layernorm_backward_rows, in a fixed order (norm_rows.cl parts_sum). 2-D launch:
+// global (C / 2, 32), local (8, 32).
 __kernel __attribute__((reqd_work_group_size(8, 32, 1)))
 void layernorm_param_final_rows(const int P, __global const float* part, __global float* dw, __global float* db)
 {
-    const int lq = get_local_id(0), j = get_local_id(1), q = get_global_id(0);
     __local float4 red[32 * 8];
-    __global const float4* p = (__global const float4*)part + q;
-    float4 s = 0.0f;
-#pragma unroll 4
-    for (int r = j; r < P; r += 32) s += p[(size_t)r * (C / 2)];
-    red[j * 8 + lq] = s;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (j > 0) return;
-    float4 sum = red[lq];
-    for (int k = 1; k < 32; k++) sum += red[k * 8 + lq];
-    __global float4* o = q < C / 4 ? (__global float4*)dw + q : (__global float4*)db + (q - C / 4);
-    *o += sum;
+    parts_sum(P, 2, part, dw, db, red);
 }
 #endif

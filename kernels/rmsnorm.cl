@@ -2,7 +2,8 @@
 //   forward:  out (N,C) = x * rstd * w,  rstd = 1/sqrt(mean_c(x^2) + EPS); saves rstd (N)
 //   backward: dx (N,C) [+]= rstd * (dn - xhat * mean_c(dn * xhat)),  dn = dout * w,  xhat = x * rstd
 //             dw (C) += sum_n dout * xhat
-// One work-item per row (per channel for dw), sums in a fixed order: deterministic.
+// One work-item per row (per channel for dw) on CPUs; on GPUs a work-group a row (-D LW) or, C % 128 == 0, a
+// 32-work-item slice a row (-D RW), dw in two stages. Sums in fixed orders throughout: deterministic.
 #ifndef C
 #error "C (channels) must be defined"
 #endif
@@ -202,3 +203,133 @@ __kernel void rmsnorm_param_final(const int R, __global const float* part, __glo
     for (int r = 0; r < R; r++) sw += part[r * C + c];
     dw[c] += sw;
 }
+
+// ---- GPUs, C % 128 == 0 (-D RW): a row a 32-work-item slice, RW rows a work-group, as layernorm.cl's _rows
+// kernels (norm_rows.cl: the slice layout, the in-order row sums, the dw parts) ----
+#ifdef RW
+#include "norm_rows.cl"
+
+// out, rstd as rmsnorm_forward_wg. 2-D launch: global (32, ceil(N / RW) * RW), local (32, RW); row
+// get_group_id(1) * RW + get_local_id(1). One pass over the registers (sum x^2), one barrier. Rows past N read
+// the last row and store nothing.
+// RMS_TILED 1 (N a multiple of 64): also out's bf16 copy in matmul_wgmma.cl's tiled layout (precision.cl
+// tiled_chunk, Rp = N), the copy the products read, as layernorm.cl's LN_TILED (no second pass over out).
+#ifndef RMS_TILED
+#define RMS_TILED 0
+#endif
+#if RMS_TILED
+#include "precision.cl"
+#define RMS_TILED_ARGS , __global uint2* out16
+#else
+#define RMS_TILED_ARGS
+#endif
+__kernel __attribute__((reqd_work_group_size(32, RW, 1)))
+void rmsnorm_forward_rows(const int N, __global const float* x, __global const float* w, __global float* out,
+                          __global float* rstd RMS_TILED_ARGS)
+{
+    const int l = get_local_id(0), r = get_local_id(1), n = get_group_id(1) * RW + r;
+    __local float pq[RW * 32] __attribute__((aligned(16)));
+    __global const float4* xr = (__global const float4*)(x + (size_t)min(n, N - 1) * C) + l;
+    float4 v[ROW_NB];
+    float q = 0.0f;
+#pragma unroll
+    for (int i = 0; i < ROW_NB; i++) {
+        v[i] = xr[32 * i];
+        q += v[i].x * v[i].x; q += v[i].y * v[i].y; q += v[i].z * v[i].z; q += v[i].w * v[i].w;
+    }
+    pq[r * 32 + l] = q;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const float s = 1.0f / sqrt(row_sum32(pq + r * 32) / C + EPS);
+    if (n >= N) return;
+    __global float4* o = (__global float4*)(out + (size_t)n * C) + l;
+    __global const float4* w4 = (__global const float4*)w + l;
+#pragma unroll
+    for (int i = 0; i < ROW_NB; i++) {
+        const float4 y = v[i] * s * w4[32 * i];
+        o[32 * i] = y;
+#if RMS_TILED
+        tiled_store4(out16, n, 4 * l + 128 * i, N, y);
+#endif
+    }
+    if (l == 0) rstd[n] = s;
+}
+
+// dx as rmsnorm_backward_wg (overwrite, or add when accum != 0), and dw's partial sums, in one pass as
+// layernorm_backward_rows: work-group g covers rows [g * RW * rpi, (g + 1) * RW * rpi), row-slot r (local id 1)
+// the rows g * RW * rpi + r + RW k, k < rpi, in order; each work-item keeps a row's x, dout in registers (the
+// next row's x, dout, rstd loads issued before this row's barrier) and sums dout * xhat over its slot's rows for
+// its columns. The slots' sums are then added in order r = 0..RW-1 through local memory into part[g * C + c].
+// 2-D launch: global (32, ceil(N / (RW rpi)) * RW), local (32, RW). One barrier a row: the per-row partials
+// alternate between two local buffers (a buffer is written again only after the next row's barrier, which every
+// work-item reaches after reading it). Rows past N read the last row and add or store nothing.
+__kernel __attribute__((reqd_work_group_size(32, RW, 1)))
+void rmsnorm_backward_rows(const int N, const int rpi, const int accum, __global const float* dout,
+                           __global const float* x, __global const float* w, __global const float* rstd,
+                           __global float* dx, __global float* part)
+{
+    const int l = get_local_id(0), r = get_local_id(1), t = r * 32 + l, g = get_group_id(1);
+    __local float red[2][RW * 32] __attribute__((aligned(16)));  // sum(dn * xhat) partials, two rows' worth
+    __local float4 cw[RW * 32];
+    __global const float4* x4 = (__global const float4*)x + l;
+    __global const float4* d4 = (__global const float4*)dout + l;
+    float4 wv[ROW_NB], xv[ROW_NB], dv[ROW_NB], aw[ROW_NB];
+    int n = g * RW * rpi + r, nc = min(n, N - 1);
+    float s = rstd[nc];
+#pragma unroll
+    for (int i = 0; i < ROW_NB; i++) {
+        wv[i] = ((__global const float4*)w)[l + 32 * i];
+        xv[i] = x4[(size_t)nc * (C / 4) + 32 * i];
+        dv[i] = d4[(size_t)nc * (C / 4) + 32 * i];
+        aw[i] = 0.0f;
+    }
+    for (int k = 0; k < rpi; k++, n += RW) {
+        float px = 0.0f;
+#pragma unroll
+        for (int i = 0; i < ROW_NB; i++) {
+            const float4 dnx = dv[i] * wv[i] * (xv[i] * s);
+            px += dnx.x; px += dnx.y; px += dnx.z; px += dnx.w;
+        }
+        __local float* rx = red[k & 1];
+        rx[t] = px;
+        float4 xn[ROW_NB], dnn[ROW_NB];  // the slot's next row, loading while this one's sum is made
+        float sn = s;
+        if (k + 1 < rpi) {
+            const int nn = min(n + RW, N - 1);
+            sn = rstd[nn];
+#pragma unroll
+            for (int i = 0; i < ROW_NB; i++) {
+                xn[i] = x4[(size_t)nn * (C / 4) + 32 * i];
+                dnn[i] = d4[(size_t)nn * (C / 4) + 32 * i];
+            }
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        const float dot = row_sum32(rx + r * 32) / C;
+        if (n < N) {
+            __global float4* o = (__global float4*)dx + (size_t)n * (C / 4) + l;
+#pragma unroll
+            for (int i = 0; i < ROW_NB; i++) {
+                const float4 xh = xv[i] * s;
+                const float4 gi = s * (dv[i] * wv[i] - xh * dot);
+                o[32 * i] = accum ? o[32 * i] + gi : gi;
+                aw[i] += dv[i] * xh;
+            }
+        }
+        s = sn;
+#pragma unroll
+        for (int i = 0; i < ROW_NB; i++) { xv[i] = xn[i]; dv[i] = dnn[i]; }
+    }
+    // the slots' sums, 128 columns at a time, in order r = 0..RW-1
+    __global float4* pw = (__global float4*)part + (size_t)g * (C / 4);
+#pragma unroll
+    for (int i = 0; i < ROW_NB; i++) slot_sums_to_part(1, t, i, aw[i], aw[i], cw, cw, pw);
+}
+
+// dw += the P parts of rmsnorm_backward_rows, in a fixed order (norm_rows.cl parts_sum). 2-D launch:
+// global (C / 4, 32), local (8, 32).
+__kernel __attribute__((reqd_work_group_size(8, 32, 1)))
+void rmsnorm_param_final_rows(const int P, __global const float* part, __global float* dw)
+{
+    __local float4 red[32 * 8];
+    parts_sum(P, 1, part, dw, dw, red);
+}
+#endif

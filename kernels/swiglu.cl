@@ -89,4 +89,33 @@ __kernel void swiglu_rows_forward_el(const int N, __global const float* h, __glo
     y[(size_t)n * F + f] = g / (1.0f + exp(-g)) * h[(size_t)n * 2 * F + F + f];
 }
 
+// GPUs, F % 4 == 0: 4 consecutive outputs a work-item as float4s (16-byte loads and stores, a quarter of the
+// work-items and their index arithmetic), the same formula lane by lane. 2-D launch
+// (ceil(F/4 / 64) * 64, ceil(N / 4) * 4), local (64, 4); work-item (q, n) writes y[n, 4q..4q+3].
+// SWIGLU_TILED 1 (N, F multiples of 64): also y's bf16 copy in matmul_wgmma.cl's tiled layout (precision.cl
+// tiled_chunk, Rp = N), the copy the down product reads (as layernorm.cl's LN_TILED: no second pass over y).
+#if F % 4 == 0
+#ifndef SWIGLU_TILED
+#define SWIGLU_TILED 0
+#endif
+#if SWIGLU_TILED
+#include "precision.cl"
+#define SWIGLU_TILED_ARGS , __global uint2* y16
+#else
+#define SWIGLU_TILED_ARGS
+#endif
+__kernel void swiglu_rows_forward_v4(const int N, __global const float* h, __global float* y SWIGLU_TILED_ARGS)
+{
+    const int q = get_global_id(0), n = get_global_id(1);
+    if (q >= F / 4 || n >= N) return;
+    __global const float4* g4 = (__global const float4*)(h + (size_t)n * 2 * F) + q;
+    const float4 g = g4[0], u = g4[F / 4];
+    const float4 v = g / (1.0f + exp(-g)) * u;
+    ((__global float4*)(y + (size_t)n * F))[q] = v;
+#if SWIGLU_TILED
+    tiled_store4(y16, n, 4 * q, N, v);
+#endif
+}
+#endif
+
 #endif

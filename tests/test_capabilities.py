@@ -26,7 +26,7 @@ CPU_FORMS = ("row_groups_of_one", "embedding_rows", "adamw_v8", "transpose_v8", 
              "xent_fused", "bias_v8", "attention_u4", "attention_rb")
 # field -> a kernel Ops builds (under that name in ops.k) exactly where the record picks the form
 FORM_KERNEL = {"layernorm_rows": "layernorm_forward_rows", "rope_per_pair": "rope_forward_el",
-               "swiglu_per_element": "swiglu_rows_forward_el", "grad_norm_groups": "grad_norm_partial_wg",
+               "swiglu_per_element": "swiglu_rows_forward_v4", "grad_norm_groups": "grad_norm_partial_wg",
                "moe_route_group": "moe_route_packed_wg", "moe_weight_backward_groups": "moe_weight_backward_wg",
                "embedding_rows": "embedding_forward_rows", "adamw_v8": "adamw_v8", "transpose_v8": "transpose_v8",
                "pad_ld": "copy_ld_v8", "xent_fused": "xent_fused", "bias_v8": "bias_backward_v8",
@@ -35,10 +35,10 @@ FORM_KERNEL = {"layernorm_rows": "layernorm_forward_rows", "rope_per_pair": "rop
 FORM_FUNCTION = {"grad_norm_v8": ("grad_norm_partial", "grad_norm_partial_v8"),
                  "attention_u4": ("attention_forward", "attention_forward_u4")}
 
-# C = 128 and D = 32 allow every shape-bound form (LayerNorm rows: C % 128; register-blocked attention: D % 16);
-# Llama with experts and grouped queries builds RoPE, SwiGLU and MoE's forms
+# C = 128 and D = 32 allow every shape-bound form (LayerNorm and RMSNorm rows: C % 128; register-blocked
+# attention: D % 16); Llama with experts and grouped queries builds RoPE, SwiGLU and MoE's forms
 GPT2 = ModelConfig(vocab_size=64, n_ctx=16, n_embd=128, n_head=4, n_layer=1, n_ff=64)
-LLAMA = ModelConfig(arch="llama", vocab_size=64, n_ctx=16, n_embd=64, n_head=4, n_head_kv=2, n_layer=1, n_ff=64,
+LLAMA = ModelConfig(arch="llama", vocab_size=64, n_ctx=16, n_embd=128, n_head=4, n_head_kv=2, n_layer=1, n_ff=64,
                     n_expert=4, n_expert_used=2)
 
 
@@ -95,5 +95,6 @@ def test_the_kernels_built_are_the_forms_the_record_picks(dev, row):
         built.update(ops.k)
     for field, name in FORM_KERNEL.items():
         assert (name in built) is getattr(caps, field), f"{row}: {field} but {name} {'not ' * (name not in built)}built"
+    assert ("rmsnorm_forward_rows" in built) is caps.layernorm_rows, f"{row}: RMSNorm's rows follow LayerNorm's"
     for field, (name, function) in FORM_FUNCTION.items():
         assert (built[name].function_name == function) is getattr(caps, field), f"{row}: {field}"

@@ -6,7 +6,7 @@ clgpt.tuning row, clgpt.precision's matrix path and clgpt/sm90a.py, under the kn
 taken on any device, emulated tensor cores, GEMM tiles turned off).
 
 The forms it picks among: kernels/layernorm.cl and rmsnorm.cl (a work-item, a work-group or a 32-wide slice a
-row), kernels/rope.cl and swiglu.cl (a work-item a pair or an output on GPUs), kernels/adamw.cl (float8 AdamW,
+row), kernels/rope.cl and swiglu.cl (a work-item a pair, or 4 outputs, on GPUs), kernels/adamw.cl (float8 AdamW,
 work-group norm sums), kernels/transpose.cl and bias.cl (float8 transposes and column sums),
 kernels/attention.cl (the u4 and register-blocked CPU forms, batched attention with row kernels), kernels/moe.cl (a work-group a row) and the
 GEMMs of kernels/matmul.cl, matmul_mma.cl, matmul_bf16.cl and matmul_wgmma.cl.
@@ -33,9 +33,9 @@ class Capabilities:
     # GPUs: one work-group of `group_rows` work-items a row (LayerNorm, RMSNorm, softmax, cross-entropy) and
     # two-stage column sums; 0: one work-item a row (CPUs: PoCL vectorises those loops, its barriers cost)
     group_rows: int
-    layernorm_rows: bool  # LayerNorm as 32 work-items a row, ln_rw rows a group (C % 128 == 0, C <= 2048)
+    layernorm_rows: bool  # LayerNorm, RMSNorm as 32 work-items a row, ln_rw rows a group (C % 128 == 0, C <= 2048)
     rope_per_pair: bool  # RoPE a work-item a (row, pair): one a row-slot leaves most of a GPU idle
-    swiglu_per_element: bool  # SwiGLU's dense forward a work-item an output, for the same reason
+    swiglu_per_element: bool  # SwiGLU's dense forward a work-item 4 outputs (F % 4 == 0) or one, for the same reason
     grad_norm_groups: bool  # the grad norm's sums as work-groups (GPUs: many strided parts)
     moe_route_group: bool  # MoE routing in one work-group (its local counts: 2 LW E words)
     moe_weight_backward_groups: bool  # each pick's weight gradient a work-group (a dot product of C terms)

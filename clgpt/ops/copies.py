@@ -1,6 +1,6 @@
 """The tiled bf16 operand copies wgmma reads, and how long one serves: a `stable` buffer's copy until the next
 forward (forget_copies), a `reuse` block's buffer's inside its block, a copy its producer wrote (TILED_OUT,
-LN_TILED, OUT_TILED), and a GELU' deferred into a gradient's copy.
+LN_TILED, RMS_TILED, SWIGLU_TILED, OUT_TILED), and a GELU' deferred into a gradient's copy.
 
 Launches kernels/matmul_bf16.cl (to_bf16 TILED, with COLSUM: the column sums bias_backward takes; with GELU_GRAD:
 dg * gelu'(E)) and kernels/gelu.cl (gelu_backward, where a deferred GELU' is applied in place).
@@ -111,8 +111,8 @@ class CopyOps:
 
     def _with_copy(self, kname, X, rows, cols):
         """-> (kernel, extra arguments): kname's _tiled form, writing stable X's kept tiled copy as it writes X
-        (LayerNorm's LN_TILED, flash's OUT_TILED), where that form was built and rows, cols are multiples of 64;
-        else kname itself."""
+        (LayerNorm's LN_TILED, RMSNorm's RMS_TILED, SwiGLU's SWIGLU_TILED, flash's OUT_TILED), where that form was
+        built and rows, cols are multiples of 64; else kname itself."""
         if not self.tiled_outputs or X.int_ptr not in self._stable or rows % 64 or cols % 64:
             return kname, ()
         return kname + "_tiled", (self._kept_copy(X, rows, cols),)

@@ -82,7 +82,7 @@ class BaseOps:
         # the record's op forms where this model's widths allow them (see clgpt/ops/capabilities.py)
         C, D = cfg.n_embd, cfg.head_dim
         self.rows = caps.group_rows  # GPUs: one work-group of `rows` work-items per row
-        self.ln_rows = caps.layernorm_rows and C % 128 == 0 and C <= 2048
+        self.ln_rows = caps.layernorm_rows and C % 128 == 0 and C <= 2048  # LayerNorm's and RMSNorm's
         self.attn_rb = caps.attention_rb and D % 16 == 0
         self.rope_vec = caps.rope_vec and D % 8 == 0
         self.attn_gemm = caps.attention_gemm_min_t is not None and seq_len >= caps.attention_gemm_min_t
@@ -210,20 +210,38 @@ class BaseOps:
         # CPUs with 16-float vectors (the matmul row's VW 16: AVX-512) take float16 blocks, the same bits
         wide = {"SW": 16} if self.mm.get("kernel") == "matmul_rb" and self.mm.get("VW") == 16 else {}
         k["swiglu_rows_forward"] = dev.kernel("swiglu", "swiglu_rows_forward", F=cfg.n_ff, **wide)
-        if self.rows:
+        if self.ln_rows:  # GPUs, C % 128 == 0: 32 work-items a row, RW rows a group (as LayerNorm's)
+            for kname in ("rmsnorm_forward_rows", "rmsnorm_backward_rows", "rmsnorm_param_final_rows"):
+                k[kname] = dev.kernel("rmsnorm", kname, C=C, EPS=float(cfg.norm_eps), RW=self.launch["ln_rw"])
+            if self.tiled_outputs:  # the output's tiled copy too
+                k["rmsnorm_forward_rows_tiled"] = dev.kernel("rmsnorm", "rmsnorm_forward_rows", C=C,
+                                                             EPS=float(cfg.norm_eps), RW=self.launch["ln_rw"],
+                                                             RMS_TILED=1)
+        elif self.rows:
             for kname in ("rmsnorm_param_partial", "rmsnorm_param_final"):
                 k[kname] = dev.kernel("rmsnorm", kname, C=C, EPS=float(cfg.norm_eps))
             # one work-group per row (as LayerNorm's): one work-item a row left most of a GPU idle
             for kname in ("rmsnorm_forward_wg", "rmsnorm_backward_wg"):
                 k[kname] = dev.kernel("rmsnorm", kname, C=C, EPS=float(cfg.norm_eps), LW=self.rows)
         if self.caps.swiglu_per_element:
-            k["swiglu_rows_forward_el"] = dev.kernel("swiglu", "swiglu_rows_forward_el", F=cfg.n_ff)
+            self._build_swiglu_gpu()
         if self.caps.rope_per_pair:
             for kname in ("rope_forward_el", "rope_backward_el"):  # one work-item a pair
                 k[kname] = dev.kernel("rope", kname, C=C, D=D, G=cfg.n_head // cfg.kv_heads, CKV=cfg.kv_heads * D)
         if E:
             self._build_moe()
         return k
+
+    def _build_swiglu_gpu(self):
+        """The dense SwiGLU forward spread over a GPU: 4 outputs a work-item (F % 4 == 0; with the output's tiled
+        copy where the products read one and F % 64 == 0), else one."""
+        F, dev = self.cfg.n_ff, self.dev
+        if F % 4:
+            self.k["swiglu_rows_forward_el"] = dev.kernel("swiglu", "swiglu_rows_forward_el", F=F)
+            return
+        self.k["swiglu_rows_forward_v4"] = dev.kernel("swiglu", "swiglu_rows_forward_v4", F=F)
+        if self.tiled_outputs and F % 64 == 0:
+            self.k["swiglu_rows_forward_v4_tiled"] = dev.kernel("swiglu", "swiglu_rows_forward_v4", F=F, SWIGLU_TILED=1)
 
     def _build_moe(self):
         """kernels/moe.cl: routing, gather, combine and their gradients, rows aligned to grouped_tiles' RM. GPUs

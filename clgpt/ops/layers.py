@@ -86,8 +86,12 @@ class LayerOps:
 
     def swiglu_rows_forward(self, N, h, out):
         """out (N,F) = silu(h[:, :F]) * h[:, F:], h (N,2F) = gate | up."""
-        if self.caps.swiglu_per_element:  # GPUs: one work-item per output
-            F = self.cfg.n_ff
+        F = self.cfg.n_ff
+        if self.caps.swiglu_per_element and F % 4 == 0:  # GPUs: 4 outputs a work-item, out's tiled copy where kept
+            kname, copy = self._with_copy("swiglu_rows_forward_v4", out, N, F)
+            self.run(kname, (ceil_to(F // 4, 64), ceil_to(N, 4)), i32(N), h, out, *copy, lsize=(64, 4))
+            return
+        if self.caps.swiglu_per_element:  # other widths: one work-item per output
             self.run("swiglu_rows_forward_el", (ceil_to(F, 64), N), i32(N), h, out, lsize=(64, 1))
             return
         self._rows("swiglu_rows_forward", N, (i32(N), h, out))

@@ -1,7 +1,9 @@
-"""LayerNorm (GPT-2) and RMSNorm (Llama), forward and backward: GPUs a work-group a row (or 32 work-items a row,
-LayerNorm with C % 128 == 0) and the weight gradients as two-stage column sums, CPUs a work-item per RB rows.
+"""LayerNorm (GPT-2) and RMSNorm (Llama), forward and backward: GPUs a work-group a row and the weight gradients
+as two-stage column sums, or with C % 128 == 0 32 work-items a row, the forward also writing its output's tiled
+copy where the products read one, the backward dx and each work-group's weight-gradient part in one pass; CPUs a
+work-item per RB rows.
 
-Launches kernels/layernorm.cl and kernels/rmsnorm.cl.
+Launches kernels/layernorm.cl and kernels/rmsnorm.cl (their _rows kernels share kernels/norm_rows.cl).
 """
 
 from __future__ import annotations
@@ -26,9 +28,7 @@ class NormOps:
     def layernorm_backward(self, N, dout, x, mean, rstd, w, dw, db, dx, accum):
         C = self.cfg.n_embd
         if self.ln_rows:  # dx and each work-group's dw, db part in one pass, then their sum
-            rw = self.launch["ln_rw"]
-            rpi = max(1, N // (rw * self.launch["ln_parts"]))  # rows a row-slot
-            P = -(-N // (rw * rpi))
+            rw, rpi, P = self._row_parts(N)
             part = self._grown("cparts", 2 * P * C)
             self.run("layernorm_backward_rows", (32, P * rw), i32(N), i32(rpi), i32(accum), dout, x, w, mean, rstd,
                      dx, part, lsize=(32, rw))
@@ -49,13 +49,32 @@ class NormOps:
         self._rows("layernorm_backward", -(-N // self.norm_rb), (i32(N), i32(accum), dout, x, w, mean, rstd, dx))
         self._rows("layernorm_param_backward", -(-C // self.norm_cb), (i32(N), dout, x, mean, rstd, dw, db))
 
+    def _row_parts(self, N):
+        """The row-slice backward's split of N rows: -> (rows a work-group, rows a row-slot, work-groups: parts)."""
+        rw = self.launch["ln_rw"]
+        rpi = max(1, N // (rw * self.launch["ln_parts"]))
+        return rw, rpi, -(-N // (rw * rpi))
+
     def rmsnorm(self, N, x, w, out, rstd):
+        if self.ln_rows:  # GPUs, C % 128 == 0: as LayerNorm's, out's tiled copy written as it goes where kept
+            rw = self.launch["ln_rw"]
+            kname, copy = self._with_copy("rmsnorm_forward_rows", out, N, self.cfg.n_embd)
+            self.run(kname, (32, ceil_to(N, rw)), i32(N), x, w, out, rstd, *copy, lsize=(32, rw))
+            return
         if self.rows:
             self.run("rmsnorm_forward_wg", (N * self.rows,), i32(N), x, w, out, rstd, lsize=(self.rows,))
             return
         self._rows("rmsnorm_forward", -(-N // self.norm_rb), (i32(N), x, w, out, rstd))
 
     def rmsnorm_backward(self, N, dout, x, rstd, w, dw, dx, accum):
+        C = self.cfg.n_embd
+        if self.ln_rows:  # dx and each work-group's dw part in one pass, then their sum
+            rw, rpi, P = self._row_parts(N)
+            part = self._grown("cparts", P * C)
+            self.run("rmsnorm_backward_rows", (32, P * rw), i32(N), i32(rpi), i32(accum), dout, x, w, rstd, dx, part,
+                     lsize=(32, rw))
+            self.run("rmsnorm_param_final_rows", (C // 4, 32), i32(P), part, dw, lsize=(8, 32))
+            return
         if self.rows:
             self.run("rmsnorm_backward_wg", (N * self.rows,), i32(N), i32(accum), dout, x, w, rstd, dx,
                      lsize=(self.rows,))
@@ -65,8 +84,8 @@ class NormOps:
             rc = self.launch["colsum_rows"]
             R = -(-N // rc)
             if R >= self.launch["colsum_min_parts"]:
-                part = self._grown("cparts", R * self.cfg.n_embd)
-                self.runp("rmsnorm_param_partial", (self.cfg.n_embd, R), i32(N), i32(rc), dout, x, rstd, part)
-                self.runp("rmsnorm_param_final", (self.cfg.n_embd,), i32(R), part, dw)
+                part = self._grown("cparts", R * C)
+                self.runp("rmsnorm_param_partial", (C, R), i32(N), i32(rc), dout, x, rstd, part)
+                self.runp("rmsnorm_param_final", (C,), i32(R), part, dw)
                 return
-        self._rows("rmsnorm_param_backward", -(-self.cfg.n_embd // self.norm_cb), (i32(N), dout, x, rstd, dw))
+        self._rows("rmsnorm_param_backward", -(-C // self.norm_cb), (i32(N), dout, x, rstd, dw))
