@@ -733,7 +733,7 @@ def test_llama_engine_on_tensor_cores_against_float64(dev, shape):
 
 def test_expert_operands_written_as_tiled_copies(dev):
     """On wgmma the experts' operands go straight to their tiled bf16 copies (moe.cl MOE_TILED, swiglu.cl
-    SWIGLU_TILED): each copy holds what to_bf16 TILED would make of the fp32 output of the plain kernel, at the
+    SPLIT_TILED): each copy holds what to_bf16 TILED would make of the fp32 output of the plain kernel, at the
     rows the routing gave (uneven experts, padding rows left as they were)."""
     E, K, C, F, N, RM = 4, 2, 64, 128, 40, 32
     r = np.random.default_rng(3)
@@ -771,13 +771,13 @@ def test_expert_operands_written_as_tiled_copies(dev):
     plain = run_op(dev, "swiglu", "swiglu_forward", (n,),
                    [("n", i32(n)), ("gate", g), ("up", u), ("y", np.zeros((R, F), f32))])
     tiled = run_op(dev, "swiglu", "swiglu_forward_tiled", (F // 4, R),
-                   [("R", i32(R)), ("F", i32(F)), ("gate", g), ("up", u), ("y16", z16(F))], {"SWIGLU_TILED": 1})
+                   [("R", i32(R)), ("F", i32(F)), ("gate", g), ("up", u), ("y16", z16(F))], {"SPLIT_TILED": 1})
     assert np.array_equal(tiled["y16"][_tiled_index(R, F)], copy_of(plain["y"], F))
     plain = run_op(dev, "swiglu", "swiglu_backward", (n,),
                    [("n", i32(n)), ("dy", dy), ("gate", g), ("up", u), ("dgate", np.zeros((R, F), f32)),
                     ("dup", np.zeros((R, F), f32))])
     tiled = run_op(dev, "swiglu", "swiglu_backward_tiled", (F // 4, R),
                    [("R", i32(R)), ("F", i32(F)), ("dy", dy), ("gate", g), ("up", u), ("dgate16", z16(F)),
-                    ("dup16", z16(F))], {"SWIGLU_TILED": 1})
+                    ("dup16", z16(F))], {"SPLIT_TILED": 1})
     for key in ("dgate", "dup"):
         assert np.array_equal(tiled[key + "16"][_tiled_index(R, F)], copy_of(plain[key], F))

@@ -263,7 +263,7 @@ class BaseOps:
             for kname in ("moe_gather_packed_tiled", "moe_combine_backward_tiled"):
                 k[kname] = dev.kernel("moe", kname, **moe, MOE_TILED=1)
             for kname in ("swiglu_forward_tiled", "swiglu_backward_tiled"):
-                k[kname] = dev.kernel("swiglu", kname, SWIGLU_TILED=1)
+                k[kname] = dev.kernel("swiglu", kname, SPLIT_TILED=1)
         if self.caps.moe_weight_backward_groups:
             k["moe_weight_backward_wg"] = dev.kernel("moe", "moe_weight_backward_wg", **moe, LW=64)
 
