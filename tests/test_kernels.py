@@ -799,3 +799,28 @@ def test_grad_norm_partial_v8(dev, n, parts):
     g64 = g.astype(np.float64)
     want = np.array([(g64[i * chunk: min(n, (i + 1) * chunk)] ** 2).sum() for i in range(parts)])
     assert_close(from_dev(dev, out, parts), want, 1e-5, 1e-5, "grad_norm_partial_v8")
+
+
+@pytest.mark.parametrize("V", [260, 1003])
+def test_xent_forward_wg_one_pass_against_float64(dev, V):
+    """xent_forward_wg (GPUs, one pass with a running max per work-item, float4 where V % 4 == 0): losses and lse
+    against float64 logsumexp, logits spread wide enough that the running max rescales; masked and out-of-range
+    targets give 0."""
+    N, LW = 7, 64
+    r = np.random.default_rng(5)
+    logits = (r.normal(size=(N, V)) * 8 + np.linspace(-20, 20, V)[None] * r.choice([-1, 1], (N, 1))).astype(f32)
+    targets = r.integers(0, V, N).astype(i32)
+    targets[2] = V
+    mask = np.ones(N, f32)
+    mask[4] = 0
+    out = run_op(dev, "xent", "xent_forward_wg", (N * LW,), [("N", i32(N)), ("logits", logits), ("targets", targets),
+                 ("mask", mask), ("losses", np.zeros(N, f32)), ("lse", np.zeros(N, f32))], dict(V=V, LW=LW),
+                 lsize=(LW,))
+    x = logits.astype(np.float64)
+    lse = x.max(1) + np.log(np.exp(x - x.max(1, keepdims=True)).sum(1))
+    want = np.where((mask != 0) & (targets < V), lse - x[np.arange(N), np.minimum(targets, V - 1)], 0.0)
+    err = np.abs(out["lse"] - lse).max()
+    assert err < 1e-5 * np.abs(lse).max(), f"lse max diff {err}"
+    err = np.abs(out["losses"] - want).max()
+    assert err < 1e-5 * np.abs(lse).max(), f"losses max diff {err}"
+    assert out["losses"][2] == 0 and out["losses"][4] == 0
