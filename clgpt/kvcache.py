@@ -66,6 +66,8 @@ class KVCache:
         Bp, W = np.shape(tokens)
         C, T = self.cfg.n_embd, self.eng.T
         for a, kc, vc in zip(self.eng.acts, self.kc, self.vc):
+            if self.cfg.arch == "llama":  # keys rotated as attention used them (it may have rotated only its copy)
+                self.ops.rotated_qkv(Bp * W, W, a["qkv"], self.cos, self.sin)
             for col, cache in ((C, kc), (2 * C, vc)):  # qkv (B'*W, 3C): k at columns C.., v at 2C..
                 cl.enqueue_copy(self.queue, cache, a["qkv"], src_origin=(col * F32, 0, 0), dst_origin=(0, 0, 0),
                                 region=(C * F32, W, Bp), src_pitches=(3 * C * F32, W * 3 * C * F32),

@@ -9,6 +9,7 @@
 // took 254 registers and spilled in the forward, 1.3x the time of MT 1.)
 //   flash_bf16          the bf16 copy (rows as the source's) of qkv (B,T,3C) or dout (B,T,C) the others read,
 //                       at float COPY_AT(B H, T) of att / datt
+//   flash_bf16_rope     flash_bf16 of qkv with llama's RoPE on q and k on the way (see ROPE below)
 //   flash_forward       out (B,T,C) from qkv's copy, and lse (B*H*T, the head of att): each row's log2 of its
 //                       softmax sum over scores in the log2 domain (s * SCALE * log2 e), the backward's recomputation
 //   flash_backward_dq   dq into dqkv (B,T,3C), and delta (B*H*T, the head of datt) = rowsum(dout * out), from
@@ -25,9 +26,29 @@
 // Work-groups NTQ (256: forward, dq) and NTK (128: dk/dv); global (ceil(T/BR) * NTQ or ceil(T/BRK) * NTK, B*H).
 // -D: C H D (head width: a multiple of 16, at most 64), SCALE; SMEM_CVTA (as matmul_bf16.cl); MMA_EMULATE (PoCL
 // tests: mma, ldmatrix, cp.async and the quad reductions through local exchanges; every warp runs every block).
+// RoPE fused (llama without grouped kv heads, Ops.rope_fused; rope.cl's rope_forward_el / rope_backward_el then
+// do not run): flash_bf16_rope rotates q and k (pairs x[2i], x[2i+1] of a head at position t by t theta_i,
+// rope_pair.cl; tables cosb, sinb (T_max, D/2)) into the copy the kernels read, and leaves qkv's fp32 q, k as the
+// product wrote them. Built with -D ROPE=1 the dq and dk stores rotate back (by -t theta_i: the gradients of the
+// unrotated q, k), what rope_backward_el did to dqkv after them; a lane stores a whole pair (columns 8j + 2t,
+// +1), so this costs two table reads a pair instead of a pass over dqkv. dv, out and the statistics: no RoPE.
 #include "precision.cl"
 #include "mma_bf16.cl"
 #include "dropout.cl"
+#include "rope_pair.cl"
+
+#ifndef ROPE
+#define ROPE 0
+#endif
+#if ROPE
+#define ROPE_ARGS , __global const float* restrict cosb, __global const float* restrict sinb
+// y (a pair of a head's gradient, pair index pr, at position pos) rotated back: rope_backward_el's operations
+#define ROPE_BACK(y, pos, pr) \
+    y = rope_pair((y).x, (y).y, cosb[(pos) * (D / 2) + (pr)], -sinb[(pos) * (D / 2) + (pr)])
+#else
+#define ROPE_ARGS
+#define ROPE_BACK(y, pos, pr)
+#endif
 
 #ifndef SMEM_CVTA
 #define SMEM_CVTA 0
@@ -212,6 +233,28 @@ __kernel void flash_bf16(const int n8, const int T, const int BH, __global const
         (uint4)(bf16x2(v.s0, v.s1), bf16x2(v.s2, v.s3), bf16x2(v.s4, v.s5), bf16x2(v.s6, v.s7));
 }
 
+// qkv (B,T,3C) as flash_bf16 copies it, with q and k rotated first (rope_pair: rope_forward_el's rotation, so
+// the copy holds the bf16 rounding of what that kernel would have left in qkv; qkv itself is only read).
+// cosb, sinb (T_max, D/2): cos, sin(t theta_i), t = row % T. A work-item's 8 floats are 4 pairs of one head
+// (D % 16 == 0: a group never straddles two heads, nor q | k | v).
+__kernel void flash_bf16_rope(const int n8, const int T, const int BH, __global const float* restrict src,
+                              __global const float* restrict cosb, __global const float* restrict sinb,
+                              __global float* dst)
+{
+    const int i = get_global_id(0);
+    if (i >= n8) return;
+    float8 v = vload8(i, src);
+    const int n = i / (3 * C / 8), col = 8 * (i - n * (3 * C / 8));  // row, column of the group
+    if (col < 2 * C) {  // q or k: pairs pr..pr+3 of its head, at position n % T
+        const int at = (n % T) * (D / 2) + (col % D) / 2;
+        const float4 c = vload4(0, cosb + at), s = vload4(0, sinb + at);
+        v = (float8)(rope_pair(v.s0, v.s1, c.s0, s.s0), rope_pair(v.s2, v.s3, c.s1, s.s1),
+                     rope_pair(v.s4, v.s5, c.s2, s.s2), rope_pair(v.s6, v.s7, c.s3, s.s3));
+    }
+    ((__global uint4*)(dst + COPY_AT(BH, T)))[i] =
+        (uint4)(bf16x2(v.s0, v.s1), bf16x2(v.s2, v.s3), bf16x2(v.s4, v.s5), bf16x2(v.s6, v.s7));
+}
+
 // OUT_TILED 1 (B T and C multiples of 64): also out's bf16 copy in matmul_wgmma.cl's tiled layout (precision.cl
 // tiled_chunk, Rp = B T) in out16, the copy the output projection's products read (Ops keeps it).
 #ifndef OUT_TILED
@@ -323,7 +366,7 @@ void flash_forward(const int T, __global float* restrict out, __global float* at
 __kernel __attribute__((reqd_work_group_size(NTQ, 1, 1)))
 void flash_backward_dq(const int T, __global const float* restrict dout, __global const float* restrict out,
                        __global const float* att, __global float* datt, __global float* restrict dqkv,
-                       const uint seed, const uint site, const float p)
+                       const uint seed, const uint site, const float p ROPE_ARGS)
 {
     __local uint4 smem[4 * BLK / 16];  // two stages of (k block, v block)
     XW_DECL
@@ -402,15 +445,17 @@ void flash_backward_dq(const int T, __global const float* restrict dout, __globa
             const int row = r0 + 16 * i + g + 8 * u;
             if (row < T)
 #pragma unroll
-                for (int j = 0; j < ND; j++)
-                    vstore2((float2)(dq[i][j][2 * u] * SCALE, dq[i][j][2 * u + 1] * SCALE), 0,
-                            dqkv + ((size_t)b * T + row) * 3 * C + h * D + 8 * j + 2 * t);
+                for (int j = 0; j < ND; j++) {
+                    float2 y = (float2)(dq[i][j][2 * u] * SCALE, dq[i][j][2 * u + 1] * SCALE);
+                    ROPE_BACK(y, row, 4 * j + t);  // columns 8j + 2t, +1: pair 4j + t
+                    vstore2(y, 0, dqkv + ((size_t)b * T + row) * 3 * C + h * D + 8 * j + 2 * t);
+                }
         }
 }
 
 __kernel __attribute__((reqd_work_group_size(NTK, 1, 1)))
 void flash_backward_dkv(const int T, __global const float* att, __global const float* datt,
-                        __global float* restrict dqkv, const uint seed, const uint site, const float p)
+                        __global float* restrict dqkv, const uint seed, const uint site, const float p ROPE_ARGS)
 {
     __local uint4 smem[(4 * BLK + 4 * BC * 4) / 16];  // two stages of (q block, dout block), then of (lse, delta)
     XW_DECL
@@ -489,7 +534,9 @@ void flash_backward_dkv(const int T, __global const float* att, __global const f
 #pragma unroll
             for (int j = 0; j < ND; j++) {
                 __global float* o = dqkv + ((size_t)b * T + key) * 3 * C + h * D + 8 * j + 2 * t;
-                vstore2((float2)(dk[0][j][2 * i] * SCALE, dk[0][j][2 * i + 1] * SCALE), 0, o + C);
+                float2 y = (float2)(dk[0][j][2 * i] * SCALE, dk[0][j][2 * i + 1] * SCALE);
+                ROPE_BACK(y, key, 4 * j + t);
+                vstore2(y, 0, o + C);
                 vstore2((float2)(dv[0][j][2 * i], dv[0][j][2 * i + 1]), 0, o + 2 * C);
             }
     }

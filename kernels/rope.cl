@@ -12,6 +12,7 @@
 #ifndef C
 #error "C must be defined"
 #endif
+#include "rope_pair.cl"
 #define HALF (D / 2)
 
 #define H (C / D)
@@ -125,10 +126,8 @@ __kernel void rope_forward_el(const int N, const int T, __global const float* sr
     __global float* o = qkv + (size_t)n * 3 * C + h * D + 2 * i;
     if (h < 2 * H) {
         __global const float* s = row + (h < H ? h * D : C + ((h - H) / G) * D) + 2 * i;
-        const float c = cosb[t * HALF + i], si = sinb[t * HALF + i];  // rope_rotate's sign * sn, sign 1
-        const float a = s[0], b = s[1];
-        o[0] = a * c - b * si;
-        o[1] = a * si + b * c;
+        // rope_rotate's operations (sign * sn, sign 1), in the one expression flash.cl's fused copy uses
+        vstore2(rope_pair(s[0], s[1], cosb[t * HALF + i], sinb[t * HALF + i]), 0, o);
     } else {
         __global const float* s = row + C + CKV + ((h - 2 * H) / G) * D + 2 * i;
         o[0] = s[0];
@@ -145,10 +144,8 @@ __kernel void rope_backward_el(const int N, const int T, __global const float* d
     __global const float* row = dqkv + (size_t)n * 3 * C;
     __global float* o = dsrc + (size_t)n * SW;
     const float c = cosb[t * HALF + i], sn = sinb[t * HALF + i];
-    if (G == 1 || h < H) {  // q heads, and with G == 1 k heads in place
-        const float si = -sn, a = row[h * D + 2 * i], b = row[h * D + 2 * i + 1];
-        o[h * D + 2 * i] = a * c - b * si;
-        o[h * D + 2 * i + 1] = a * si + b * c;
+    if (G == 1 || h < H) {  // q heads, and with G == 1 k heads in place (flash.cl's ROPE stores: the same)
+        vstore2(rope_pair(row[h * D + 2 * i], row[h * D + 2 * i + 1], c, -sn), 0, o + h * D + 2 * i);
         return;
     }
 #if G != 1  // k and v heads: each sums its G query heads' gradients

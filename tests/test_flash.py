@@ -1,6 +1,7 @@
 """Flash attention (kernels/flash.cl): the fused causal attention the bf16 path runs on NVIDIA tensor cores, here
 with its mma and quad shuffles emulated (MMA_EMULATE=1, PoCL), against the float64 reference (clgpt/models/reference.py)
-and finite differences, with and without dropout; and in the engine, against the batched form it replaces.
+and finite differences, with and without dropout; and in the engine, against the batched form it replaces. Llama's
+RoPE inside flash (flash_bf16_rope, the ROPE stores) against rope.cl's launches and, in the engine, float64.
 
 Tolerance (bf16 operands: q, k, v, dout, the probabilities and their gradient rounded to 8 significant bits;
 fp32 sums and softmax): relative to the largest |value| of each output, 1e-2 (twice 2^-7); errors are also
@@ -197,3 +198,156 @@ def test_flash_forward_writes_its_tiled_copy(dev):
         outs.append((out, lse, copy))
     assert np.array_equal(outs[0][0], outs[1][0]) and np.array_equal(outs[0][1], outs[1][1])
     assert np.array_equal(outs[1][2][tiled_index(b * t, c)], bf16_pattern(outs[1][0]))
+
+
+# ---- llama: RoPE inside flash attention (rope_fused: n_head_kv == n_head) ----
+def _host(dev, buf, n, dtype=f32):
+    out = np.empty(n, dtype)
+    cl.enqueue_copy(dev.queue, out, buf, is_blocking=True)
+    return out
+
+
+def test_flash_rope_kernels_match_the_separate_rope_launches(dev):
+    """flash_bf16_rope's copy of qkv holds bf16(rope_forward_el's rotated q, k) bit for bit (v as flash_bf16
+    copies it) and leaves qkv as it was; flash_backward_dq / _dkv built with ROPE store dq and dk rotated back as
+    rope_backward_el rotates the plain kernels' dqkv after them, within fp32 rounding (2^-22 of the largest value:
+    a compiler may contract the products differently once the stores and the rotation are one kernel; PoCL gives
+    the same bits), and dv as the plain kernels. Rotated q, k against float64's rotation, too."""
+    from clgpt.models import reference_llama as rl
+    from clgpt.models.llama import _rope_tables
+
+    r = np.random.default_rng(3)
+    qkv, dout = r.normal(size=(B, T, 3 * C)).astype(f32), r.normal(size=(B, T, C)).astype(f32)
+    cos, sin = _rope_tables(T + 5, D, 10000.0)
+    mf, q, N = cl.mem_flags, dev.queue, B * T
+    rw = lambda a: cl.Buffer(dev.ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(a))  # noqa: E731
+    bcos, bsin = rw(cos), rw(sin)
+    natt = _copy_at(B, T, H) + B * T * 3 * C // 2
+    rope = dict(C=C, D=D, G=1, CKV=C)
+    plain, fused = _kernels(dev), _kernels(dev, ROPE=1)
+    copy_rope = dev.kernel("flash", "flash_bf16_rope", C=C, H=H, D=D, SCALE=float(1.0 / math.sqrt(D)),
+                           MMA_EMULATE=1, ROPE=1)
+    fwd_el, bwd_el = (dev.kernel("rope", n, **rope) for n in ("rope_forward_el", "rope_backward_el"))
+    gq, gk = ((-(-T // 128) * 256, B * H), (256, 1)), ((-(-T // 64) * 128, B * H), (128, 1))
+    tail = (u32(0), u32(0), f32(0.0))
+    el = ((2 * H * D // 2 + 63) // 64 * 64, N), (64, 1)  # rope.cl's per-pair launch (2H slots in place)
+
+    def copy(kern, src, tables=()):  # qkv's bf16 copy into a fresh att
+        att = cl.Buffer(dev.ctx, mf.READ_WRITE, natt * 4)
+        n8 = N * 3 * C // 8
+        kern(q, (-(-n8 // 256) * 256,), (256,), i32(n8), i32(T), i32(B * H), src, *tables, att)
+        return att
+
+    def back(kerns, att, tables=()):  # dqkv from the forward's statistics and dout's copy
+        _, f, bdq, bdkv = kerns
+        bo, bg = cl.Buffer(dev.ctx, mf.READ_WRITE, N * C * 4), cl.Buffer(dev.ctx, mf.READ_WRITE, N * 3 * C * 4)
+        bdl, bd = cl.Buffer(dev.ctx, mf.READ_WRITE, natt * 4), rw(dout)
+        f(q, *gq, i32(T), bo, att, *tail)
+        n8 = N * C // 8
+        kerns[0](q, (-(-n8 // 256) * 256,), (256,), i32(n8), i32(T), i32(B * H), bd, bdl)
+        bdq(q, *gq, i32(T), bd, bo, att, bdl, bg, *tail, *tables)
+        bdkv(q, *gk, i32(T), att, bdl, bg, *tail, *tables)
+        return bg
+
+    host = lambda buf, n, dtype=f32: _host(dev, buf, n, dtype)  # noqa: E731
+    # the separate launches: rope_forward_el in place, flash_bf16; the plain backward, rope_backward_el in place
+    b1 = rw(qkv)
+    fwd_el(q, *el, i32(N), i32(T), b1, bcos, bsin, b1)
+    rotated = host(b1, N * 3 * C).reshape(B, T, 3 * C)
+    att1 = copy(plain[0], b1)
+    g1 = back(plain, att1)
+    bwd_el(q, *el, i32(N), i32(T), g1, bcos, bsin, g1)
+    # fused
+    b2 = rw(qkv)
+    att2 = copy(copy_rope, b2, (bcos, bsin))
+    g2 = back(fused, att2, (bcos, bsin))
+    assert np.array_equal(host(b2, N * 3 * C).reshape(qkv.shape), qkv)  # qkv only read
+    at = _copy_at(B, T, H)
+    copy1, copy2 = (host(a, 2 * natt, np.uint16)[2 * at:].reshape(B, T, 3 * C) for a in (att1, att2))
+    assert np.array_equal(copy2, bf16_pattern(rotated)) and np.array_equal(copy2, copy1)
+    c64, s64 = rl.rope_tables(T, D)
+    for part in (0, 1):  # q, k against float64's rotation of the same fp32 inputs
+        x = qkv[..., part * C:(part + 1) * C].reshape(B, T, H, D)
+        want = rl.rope_forward(x, c64, s64).reshape(B, T, C)
+        assert np.abs(rotated[..., part * C:(part + 1) * C] - want).max() < 1e-5 * np.abs(want).max()
+    d1, d2 = (host(g, N * 3 * C).reshape(B, T, 3 * C) for g in (g1, g2))
+    assert np.array_equal(d1[..., 2 * C:], d2[..., 2 * C:])  # dv: no rotation
+    for name, sl in (("dq", slice(0, C)), ("dk", slice(C, 2 * C))):
+        big = np.abs(d1[..., sl]).max()
+        assert big > 0 and np.abs(d2[..., sl] - d1[..., sl]).max() <= 2.0 ** -22 * big, name
+
+
+def _llama_engine(attention, heads_kv=0, dropout=0.2):
+    """A bf16 llama engine (tensor-core path emulated) at this module's widths, n_head_kv heads_kv."""
+    from clgpt.models.factory import make_engine
+    from test_precision import emulated_knobs
+
+    cfg = ModelConfig(arch="llama", vocab_size=32, n_ctx=T, n_embd=C, n_head=H, n_head_kv=heads_kv, n_layer=2,
+                      n_ff=64)
+    eng = make_engine(cfg, init_params(cfg, 0), batch_size=B, seq_len=T, precision="bf16", dropout=dropout,
+                      knobs=emulated_knobs(), attention=attention)
+    launched = []
+    run = eng.ops.run
+    eng.ops.run = lambda name, *a, **kw: (launched.append(name), run(name, *a, **kw))  # noqa: E731
+    return eng, launched
+
+
+@pytest.mark.parametrize("heads_kv", [0, 1])
+def test_llama_flash_with_rope_against_float64(dev, heads_kv):
+    """llama's bf16 engine on flash attention with dropout: RoPE inside flash's kernels without grouped kv heads
+    (no rope_forward_el / rope_backward_el launch), rope.cl's launches around flash with them (n_head_kv 1: the
+    repacking and the heads' sums stay rope.cl's); loss and every gradient against the float64 reference (bf16
+    GEMMs and attention: gradients within 3 TOL of their largest value, about 1e-2 seen; test_precision's llama
+    test allows 0.2), and the same bytes twice."""
+    from clgpt.models import reference_llama
+
+    r = np.random.default_rng(7)
+    tok, tgt = (r.integers(0, 32, size=(B, T)).astype(np.int32) for _ in range(2))
+    runs = []
+    for _ in range(2):
+        eng, launched = _llama_engine("flash", heads_kv)
+        assert eng.ops.flash and eng.ops.rope_fused is (heads_kv == 0)
+        eng.zero_grad()
+        loss = eng.forward(tok, tgt, dropout_seed=99)
+        eng.backward()
+        runs.append((loss, eng.get_grads()))
+    rope_launches = [n for n in launched if n.startswith("rope_")]
+    if heads_kv == 0:
+        assert not rope_launches and launched.count("flash_bf16_rope") == 2  # a layer's copy of qkv
+        assert launched.count("flash_bf16") == 2  # dout's
+    else:
+        assert rope_launches == ["rope_forward_el"] * 2 + ["rope_backward_el"] * 2
+        assert "flash_bf16_rope" not in launched
+    (loss, grads), (loss2, grads2) = runs
+    assert loss2 == loss and all(np.array_equal(grads[n], grads2[n]) for n in grads)
+    want_loss, _, cache = reference_llama.llama_forward(init_params(eng.cfg, 0), eng.cfg, tok, tgt,
+                                                        dropout=(99, 0.2))
+    want = reference_llama.llama_backward(cache)
+    assert abs(loss - want_loss) < 2e-2 * abs(want_loss), f"loss {loss} vs {want_loss}"
+    for name, g in want.items():
+        err = np.abs(grads[name] - g).max() / max(np.abs(g).max(), 1e-12)
+        assert err < 3 * TOL, f"grad {name}: relative error {err:.2e}"
+
+
+def test_llama_batched_attention_keeps_rope_launches_and_prefill_rotates_keys(dev):
+    """The batched form (no flash) launches rope_forward_el / rope_backward_el a layer, as before. A key/value
+    cache's prefill on the flash engine (whose forward leaves qkv's q, k unrotated) caches the rotated keys: layer
+    0's (the same product and rotation in both engines) bit for bit as the batched engine's, layer 1's close."""
+    from clgpt.kvcache import KVCache
+
+    r = np.random.default_rng(9)
+    tok, tgt = (r.integers(0, 32, size=(B, T)).astype(np.int32) for _ in range(2))
+    eng, launched = _llama_engine("batched")
+    assert not eng.ops.flash and not eng.ops.rope_fused
+    eng.forward(tok, tgt, dropout_seed=5)
+    eng.backward()
+    assert [n for n in launched if n.startswith("rope_")] == ["rope_forward_el"] * 2 + ["rope_backward_el"] * 2
+    caches = {}
+    for attention in ("batched", "flash"):
+        eng, _ = _llama_engine(attention, dropout=0.0)
+        assert eng.ops.rope_fused is (attention == "flash")
+        cache = KVCache(eng)
+        cache.prefill(tok, [T - 1] * B)
+        caches[attention] = [_host(dev, kc, B * T * C) for kc in cache.kc]
+    assert np.array_equal(caches["flash"][0], caches["batched"][0])
+    assert _rel(caches["flash"][1], caches["batched"][1]) < TOL

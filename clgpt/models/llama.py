@@ -17,8 +17,10 @@ The parameter store lays attn_q | attn_k | attn_v back to back (and, dense, ffn_
 one product: (N, C + 2 Ckv) = h @ [Wq; Wk; Wv].T, (N, 2F) = h @ [Wg; Wu].T, and one weight-gradient and one
 input-gradient product each in the backward. Attention reuses kernels/attention.cl: rope.cl rotates q and k
 of the product's output into its (N,3C) qkv layout, repeating each kv head for its H/Hkv query heads
-(grouped-query attention); without grouping the layouts agree and RoPE runs in place. swiglu.cl's row
-kernel reads gate | up rows; the backward's dgate | dup is the epilogue of the dact = dy @ Wdown product.
+(grouped-query attention); without grouping the layouts agree and RoPE runs in place. The model hands RoPE
+to the attention launchers with the call (rope=), which decide where it runs (clgpt/ops/attention.py).
+swiglu.cl's row kernel reads gate | up rows; the backward's dgate | dup is the epilogue of the dact = dy @ Wdown
+product.
 
 Mixture of experts as grouped work, deterministic, all on the device: the router kernel picks each token's
 top-k; one work-item per expert packs its tokens in increasing order at a tile-aligned offset (tokens sorted
@@ -165,9 +167,9 @@ class LlamaEngine(EngineBase):
             ops.rmsnorm(N, a["x"], p[pre + "attn_norm.weight"], a["ln1"], a["r1"])
             hqkv = a["qkv"] if Ckv == C else self.hqkv  # q | k | v (N, C + 2Ckv)
             ops.matmul(N, C + 2 * Ckv, C, a["ln1"], p[pre + "attn_q+k+v"], hqkv, tb=1)
-            ops.rope_forward(N, Tp, hqkv, self.rope_cos, self.rope_sin, a["qkv"])
-            drop = self._dropped(i, "attn")
-            ops.attention_forward(Bp, Tp, a["qkv"], a["atty"], a["att"], drop and (*drop, a.get("att_d")))
+            drop = self._dropped(i, "attn")  # attention over qkv = rope(hqkv): the launchers place the rotation
+            ops.attention_forward(Bp, Tp, a["qkv"], a["atty"], a["att"], drop and (*drop, a.get("att_d")),
+                                  rope=(hqkv, self.rope_cos, self.rope_sin))
             if self._drop:
                 ops.matmul(N, C, C, a["atty"], p[pre + "attn_output.weight"], self.branch, tb=1)
                 self._residual(N * C, i, "attn_res", a["x"], self.branch, a["x_mid"])
@@ -230,10 +232,10 @@ class LlamaEngine(EngineBase):
             ops.linear_backward(N, C, C, dy, a["atty"], p[pre + "attn_output.weight"], g[pre + "attn_output.weight"],
                                 self.datty)
             drop = self._dropped(i, "attn")
-            ops.attention_backward(Bp, Tp, self.datty, a["qkv"], a["att"], self.datt, self.dqkv,
-                                   drop and (*drop, a.get("att_d")), out=a["atty"])
             dh = self.dqkv if Ckv == C else self.dhqkv  # the q | k | v product's gradient (N, C + 2Ckv)
-            ops.rope_backward(N, Tp, self.dqkv, self.rope_cos, self.rope_sin, dh)
+            ops.attention_backward(Bp, Tp, self.datty, a["qkv"], a["att"], self.datt, self.dqkv,
+                                   drop and (*drop, a.get("att_d")), out=a["atty"],
+                                   rope=(dh, self.rope_cos, self.rope_sin))
             ops.linear_backward(N, C + 2 * Ckv, C, dh, a["ln1"], p[pre + "attn_q+k+v"], g[pre + "attn_q+k+v"], dln)
             ops.rmsnorm_backward(N, dln, a["x"], a["r1"], p[pre + "attn_norm.weight"], g[pre + "attn_norm.weight"],
                                  dx, 1)

@@ -1,5 +1,6 @@
 """Causal attention over qkv (N, 3C): one launch per pass (CPUs, short sequences), batched matmuls with softmax
-row kernels (GPUs, dropout), or flash attention's fused kernels (bf16).
+row kernels (GPUs, dropout), or flash attention's fused kernels (bf16). Llama hands its RoPE over with the call
+(rope=): rope.cl's launches around attention, or, on flash without grouped kv heads, inside flash's kernels.
 
 Launches kernels/attention.cl (its CPU forms too: attention_*_u4, attention_rows_rb, attention_backward_key_rb)
 and kernels/flash.cl; the batched form's products go through bmm (kernels/matmul.cl, matmul_mma.cl).
@@ -11,6 +12,7 @@ import math
 
 import numpy as np
 
+from clgpt.errors import ClgptError
 from clgpt.ops.core import f32, i32
 from clgpt.ops.gemm import MATMUL_TILES
 
@@ -35,12 +37,15 @@ class AttentionOps:
                 or groups >= FLASH_MIN_GROUPS * self.dev.device.max_compute_units)
 
     def _flash_setup(self):
-        """kernels/flash.cl's kernels, with the bf16 GEMM's options (MMA_EMULATE on PoCL, for tests)."""
+        """kernels/flash.cl's kernels, with the bf16 GEMM's options (MMA_EMULATE on PoCL, for tests); where RoPE
+        is fused (rope_fused) built with ROPE (the dq, dk stores rotate back), and the rotating copy too."""
         cfg = self.cfg
-        for kname in ("flash_bf16", "flash_forward", "flash_backward_dq", "flash_backward_dkv"):
+        rope = {"ROPE": 1} if self.rope_fused else {}
+        for kname in ("flash_bf16", "flash_forward", "flash_backward_dq", "flash_backward_dkv",
+                      *(("flash_bf16_rope",) if rope else ())):
             self.k[kname] = self.dev.kernel("flash", kname, build_options=self._nv_verbose(self._bf16_opts),
                                             C=cfg.n_embd, H=cfg.n_head, D=cfg.head_dim,
-                                            SCALE=float(1.0 / math.sqrt(cfg.head_dim)), **self._bf16_opts)
+                                            SCALE=float(1.0 / math.sqrt(cfg.head_dim)), **self._bf16_opts, **rope)
         if self.tiled_outputs and cfg.n_embd % 64 == 0:
             self.k["flash_forward_tiled"] = self.dev.kernel(  # the output's tiled copy on the way (wgmma)
                 "flash", "flash_forward", build_options=self._nv_verbose(self._bf16_opts), C=cfg.n_embd,
@@ -64,21 +69,39 @@ class AttentionOps:
         return ((-(-Tp // 128) * 256, Bp * H), (-(-Tp // 64) * 128, Bp * H),
                 (np.uint32(seed), np.uint32(site), f32(p)))
 
-    def _flash_copy(self, Bp, Tp, X, cols, dst):
-        """X (B',T',cols) as its bf16 copy into dst (att or datt) at float COPY_AT (kernels/flash.cl)."""
+    def _flash_copy(self, Bp, Tp, X, cols, dst, tables=()):
+        """X (B',T',cols) as its bf16 copy into dst (att or datt) at float COPY_AT (kernels/flash.cl); tables
+        (cos, sin): qkv's copy with q and k rotated (flash_bf16_rope)."""
         n8 = Bp * Tp * cols // 8
-        self.run("flash_bf16", (-(-n8 // 256) * 256,), i32(n8), i32(Tp), i32(Bp * self.cfg.n_head), X, dst,
-                 lsize=(256,))
+        self.run("flash_bf16_rope" if tables else "flash_bf16", (-(-n8 // 256) * 256,), i32(n8), i32(Tp),
+                 i32(Bp * self.cfg.n_head), X, *tables, dst, lsize=(256,))
 
-    def attention_forward(self, Bp, Tp, qkv, out, att, drop=None):
+    def _fused_tables(self, rope, x):
+        """(cos, sin) where flash's kernels do the RoPE (rope_fused), else (); rope's buffer must be x there (in
+        place: no grouped kv heads)."""
+        if not self.rope_fused:
+            return ()
+        if rope is None or rope[0].int_ptr != x.int_ptr:
+            raise ClgptError("flash attention with RoPE fused (llama, n_head_kv == n_head) takes "
+                             "rope=(qkv, cos, sin) on the buffer it works on")
+        return tuple(rope[1:])
+
+    def attention_forward(self, Bp, Tp, qkv, out, att, drop=None, rope=None):
         """out (B',T',C), att (B',H,T',T') from qkv (B',T',3C). drop = (seed, site, p, att_d): dropout on the
         probabilities, att_d (B',H,T',T') receives the dropped ones (att keeps the softmax for the backward).
-        Flash attention: att holds (B',H,T') row statistics, att_d is unused (the kernels redraw the mask)."""
+        Flash attention: att holds (B',H,T') row statistics, att_d is unused (the kernels redraw the mask).
+        rope = (src, cos, sin), llama's: attention over qkv = RoPE(src), src the q | k | v product (B'T', C + 2Ckv;
+        qkv itself without grouped kv heads), cos, sin (T_max, D/2) its tables. rope_forward makes qkv first, except
+        where rope_fused: flash_bf16_rope rotates q and k into the bf16 copy the kernels read, and qkv keeps the
+        product's q and k unrotated (what reads it later asks rotated_qkv)."""
         cfg = self.cfg
         C, H, D = cfg.n_embd, cfg.n_head, cfg.head_dim
+        tables = self._fused_tables(rope, qkv)
+        if rope is not None and not tables:
+            self.rope_forward(Bp * Tp, Tp, *rope, qkv)
         if self.flash:
             g, _, tail = self._flash_grid(Bp, Tp, drop)
-            self._flash_copy(Bp, Tp, qkv, 3 * C, att)
+            self._flash_copy(Bp, Tp, qkv, 3 * C, att, tables)
             kname, copy = self._with_copy("flash_forward", out, Bp * Tp, C)
             self.run(kname, g, i32(Tp), out, att, *tail, *copy, lsize=(256, 1))
             return
@@ -120,16 +143,32 @@ class AttentionOps:
         self.bmm(Tp, D, Tp, nz, H, probs, Tp, (0, H * TT, TT), qkv, 3 * C, (2 * C, T3, D), out, C, (0, Tp * C, D),
                  causal=2, mm=mm)
 
-    def attention_backward(self, Bp, Tp, dout, qkv, att, datt, dqkv, drop=None, out=None):
+    def rotated_qkv(self, N, Tp, qkv, cos, sin):
+        """Leaves qkv (N,3C), after attention_forward(rope=(qkv, cos, sin)), holding the rotated q and k attention
+        used: where flash rotated only its copy (rope_fused), rope_forward rotates them in place now; elsewhere
+        qkv holds them already. For what reads qkv after a forward (KVCache.prefill's keys)."""
+        if self.rope_fused:
+            self.rope_forward(N, Tp, qkv, cos, sin, qkv)
+
+    def attention_backward(self, Bp, Tp, dout, qkv, att, datt, dqkv, drop=None, out=None, rope=None):
         """dqkv (B',T',3C) from dout (B',T',C); datt is scratch. drop as in attention_forward. out: the forward's
-        output (B',T',C), which flash attention's backward reads (with att's copy of qkv)."""
+        output (B',T',C), which flash attention's backward reads (with att's copy of qkv). rope = (dsrc, cos, sin)
+        as the forward's: the gradient then goes on through RoPE's transpose into dsrc (B'T', C + 2Ckv; dqkv
+        itself without grouped kv heads), by rope_backward after attention, or, where rope_fused, in flash's dq
+        and dk stores."""
+        tables = self._fused_tables(rope, dqkv)
+        self._attention_backward(Bp, Tp, dout, qkv, att, datt, dqkv, drop, out, tables)
+        if rope is not None and not tables:
+            self.rope_backward(Bp * Tp, Tp, dqkv, rope[1], rope[2], rope[0])
+
+    def _attention_backward(self, Bp, Tp, dout, qkv, att, datt, dqkv, drop, out, tables):
         cfg = self.cfg
         C, H, D = cfg.n_embd, cfg.n_head, cfg.head_dim
         if self.flash:
             gq, gk, tail = self._flash_grid(Bp, Tp, drop)
             self._flash_copy(Bp, Tp, dout, C, datt)
-            self.run("flash_backward_dq", gq, i32(Tp), dout, out, att, datt, dqkv, *tail, lsize=(256, 1))
-            self.run("flash_backward_dkv", gk, i32(Tp), att, datt, dqkv, *tail, lsize=(128, 1))
+            self.run("flash_backward_dq", gq, i32(Tp), dout, out, att, datt, dqkv, *tail, *tables, lsize=(256, 1))
+            self.run("flash_backward_dkv", gk, i32(Tp), att, datt, dqkv, *tail, *tables, lsize=(128, 1))
             return
         if drop is None and not self.attn_gemm:
             self.runp("attention_backward_query", (Tp, Bp * H), i32(Bp), i32(Tp), dout, qkv, att, datt, dqkv)

@@ -109,6 +109,8 @@ class BaseOps:
         if self.bf16 is not None:
             self._bf16_setup()
         self.flash = self._use_flash(attention, seq_len, batch_size)  # (after _bf16_setup: it may turn bf16 off)
+        # llama's RoPE inside flash attention's copy and stores where no kv head serves several query heads
+        self.rope_fused = self.flash and cfg.arch == "llama" and cfg.kv_heads == cfg.n_head
         if self.flash:
             self._flash_setup()
 
