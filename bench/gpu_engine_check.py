@@ -1,5 +1,6 @@
 """Every architecture's bf16 engine on the GPU against float64: loss and every gradient, with each product on
-the tensor cores (wgmma_min_mnk=0 on sm_90: even the small ones on wgmma), and the same bytes twice.
+the tensor cores (wgmma_min_mnk=0 on sm_90: even the small ones on wgmma), attention batched and as flash
+attention (llama's RoPE then inside flash's copy and stores), and the same bytes twice.
 
     python bench/gpu_engine_check.py       # prints one line per model, then `check: passed` or `check: FAILED`
 
@@ -32,9 +33,9 @@ MODELS = {  # widths multiples of 64, so every tiled path (kept copies, tiled ou
 }
 
 
-def run(cfg, params, tok, tgt, precision):
+def run(cfg, params, tok, tgt, precision, attention):
     eng = make_engine(cfg, params, batch_size=tok.shape[0], seq_len=tok.shape[1], device=dev, precision=precision,
-                      knobs=KNOBS)
+                      knobs=KNOBS, attention=attention)
     eng.zero_grad()
     loss = eng.forward(tok, tgt)
     eng.backward()
@@ -62,17 +63,17 @@ dev = get_device()
 KNOBS = dataclasses.replace(read_knobs(), wgmma_min_mnk=0)  # the environment's, every bf16 product on wgmma
 print("device:", dev.name, flush=True)
 ok = True
-for name, kw in MODELS.items():
+for (name, kw), attention in ((m, a) for m in MODELS.items() for a in ("batched", "flash")):
     cfg = ModelConfig(**kw)
     params = init_params(cfg, 0)
     rng = np.random.default_rng(1)
     tok = rng.integers(0, cfg.vocab_size, (4, cfg.n_ctx)).astype(np.int32)
     tgt = rng.integers(0, cfg.vocab_size, (4, cfg.n_ctx)).astype(np.int32)
-    eng, loss, grads = run(cfg, params, tok, tgt, "bf16")
+    eng, loss, grads = run(cfg, params, tok, tgt, "bf16", attention)
     paths = f"wgmma={eng.ops.wgmma is not None} flash={eng.ops.flash}"
     want_loss, want = reference(eng, cfg, params, tok, tgt)
     worst = max((np.abs(grads[n] - g).max() / max(np.abs(g).max(), 1e-12), n) for n, g in want.items())
-    _, loss2, grads2 = run(cfg, params, tok, tgt, "bf16")
+    _, loss2, grads2 = run(cfg, params, tok, tgt, "bf16", attention)
     same = loss2 == loss and all(np.array_equal(grads[n], grads2[n]) for n in grads)
     good = abs(loss - want_loss) < 2e-2 * abs(want_loss) and worst[0] < 0.2 and same
     ok &= good
