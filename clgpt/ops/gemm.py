@@ -20,10 +20,17 @@ from clgpt.tuning import SMALL_GROUPS, SPLIT_MIN_K, SPLIT_MIN_TOTAL_K, SPLIT_SMA
 MATMUL_TILES = dict(TSM=64, TSN=64, TSK=32, WPTM=8, WPTN=8)
 
 
+SPLIT_OVERHEAD_K = 256  # a split work-group's fixed cost, in k (prologue, pipeline fill, epilogue): split_k_chunks
+
+
 def split_k_chunks(Kp: int, groups: int, target: int, min_k: int, align: int) -> tuple[int, int] | None:
-    """Split-K for the tensor-core GEMMs: -> (S, kc), Kp cut into S chunks of kc (a multiple of align) so that
-    groups * S comes near 2 * target work-groups with chunks at least min_k deep; None when fewer than 2 fit."""
-    S = min(-(-2 * target // groups), Kp // min_k)
+    """Split-K for the tensor-core GEMMs: -> (S, kc), Kp cut into S chunks of kc (a multiple of align, at least
+    min_k deep), S chosen so that the groups * S work-groups, spread over `target` slots (the multiprocessors),
+    finish soonest: the fewest ceil(groups S / target) * (kc + SPLIT_OVERHEAD_K), the smaller S on a tie (a
+    third of a wave more work-groups costs a whole wave). None when no split does better than one chunk."""
+    def cost(S):
+        return -(-groups * S // target) * (ceil_to(-(-Kp // S), align) + SPLIT_OVERHEAD_K)
+    S = min(range(1, min(Kp // min_k, 4 * -(-target // groups)) + 1), key=lambda s: (cost(s), s), default=1)
     if S < 2:
         return None
     kc = ceil_to(-(-Kp // S), align)
