@@ -77,11 +77,14 @@ __kernel void moe_route_packed(const int N, __global const float* probs, __globa
 
 // The same routing as moe_route_packed by one work-group of LW work-items (GPUs, -D LW; a GPU runs one
 // work-item's serial loop over all N*K assignments slowly): work-item j takes the assignments
-// [j*ch, (j+1)*ch) (ch = ceil(N*K / LW)) and the tokens [j*cn, (j+1)*cn); its per-expert counts, prefixed over
-// j in order, place its rows; pmean sums the per-item partial sums in order of j. Same pos, counts, offs,
-// tiles as moe_route_packed; pmean in another (fixed) order of summation.
+// [j*ch, (j+1)*ch) (ch = ceil(N*K / LW)); its per-expert counts, prefixed over j in order, place its rows. Its
+// share of sel comes through local memory RP at a time, the whole group loading them (runs of RP ints), and pos
+// goes out the same way: one work-item's serial loads from global memory, a round trip each, were the time.
+// pmean: work-item j sums the tokens j, j + LW, ... (coalesced rows), the items' sums then added in order of j.
+// Same pos, counts, offs, tiles as moe_route_packed; pmean in another (fixed) order of summation.
 #ifdef LW
 #include "reduce.cl"
+#define RP (2048 / LW)  // assignments a work-item stages at a time (8 KB of local memory for the group)
 
 __kernel __attribute__((reqd_work_group_size(LW, 1, 1)))
 void moe_route_packed_wg(const int N, __global const float* probs, __global const int* sel,
@@ -91,21 +94,28 @@ void moe_route_packed_wg(const int N, __global const float* probs, __global cons
     __local int cnt[LW * E];    // cnt[j*E + e]: item j's count of expert e, then the rows before it in e
     __local float ps[LW * E];  // item j's sum of p[n,e] over its tokens
     __local int base[E];
+    __local int st[LW * RP];   // staged: item i's RP assignments at st[i*RP ..]
     const int j = get_local_id(0), NK = N * K;
-    const int ch = (NK + LW - 1) / LW, a0 = min(NK, j * ch), a1 = min(NK, a0 + ch);
-    const int cn = (N + LW - 1) / LW, n0 = min(N, j * cn), n1 = min(N, n0 + cn);
-    // the counts by compares over every expert, unrolled: c[] and p[] stay in registers (an index read from sel
-    // would put them in slow local memory)
+    const int ch = (NK + LW - 1) / LW;
+    // counts and sums by compares over every expert, unrolled: c[] and p[] stay in registers
     int c[E];
     float p[E];
 #pragma unroll
     for (int e = 0; e < E; e++) { c[e] = 0; p[e] = 0.0f; }
-    for (int a = a0; a < a1; a++) {
-        const int s = sel[a];
+    for (int q = 0; q < ch; q += RP) {
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int i = j; i < LW * RP; i += LW) {  // item i / RP's assignments q + i % RP
+            const int o = q + i % RP, a = (i / RP) * ch + o;
+            st[i] = o < ch && a < NK ? sel[a] : -1;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int r = 0; r < RP; r++) {
+            const int s = st[j * RP + r];
 #pragma unroll
-        for (int e = 0; e < E; e++) c[e] += s == e;
+            for (int e = 0; e < E; e++) c[e] += s == e;
+        }
     }
-    for (int n = n0; n < n1; n++)
+    for (int n = j; n < N; n += LW)
 #pragma unroll
         for (int e = 0; e < E; e++) p[e] += probs[n * E + e];
 #pragma unroll
@@ -139,13 +149,26 @@ void moe_route_packed_wg(const int N, __global const float* probs, __global cons
     barrier(CLK_LOCAL_MEM_FENCE);
 #pragma unroll
     for (int e = 0; e < E; e++) c[e] = base[e] + cnt[j * E + e];
-    for (int a = a0; a < a1; a++) {
-        const int s = sel[a];
-        int row = 0;
+    for (int q = 0; q < ch; q += RP) {
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int i = j; i < LW * RP; i += LW) {
+            const int o = q + i % RP, a = (i / RP) * ch + o;
+            st[i] = o < ch && a < NK ? sel[a] : -1;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int r = 0; r < RP; r++) {  // this item's rows, in place of their experts
+            const int s = st[j * RP + r];
+            int row = 0;
 #pragma unroll
-        for (int e = 0; e < E; e++)
-            if (s == e) row = c[e]++;
-        pos[a] = row;
+            for (int e = 0; e < E; e++)
+                if (s == e) row = c[e]++;
+            st[j * RP + r] = row;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int i = j; i < LW * RP; i += LW) {
+            const int o = q + i % RP, a = (i / RP) * ch + o;
+            if (o < ch && a < NK) pos[a] = st[i];
+        }
     }
 }
 #endif
