@@ -85,11 +85,12 @@
 // TILED_OUT (with STAGE_OUT, M and N multiples of 64): an output leaves as its bf16 tiled copy (precision.cl
 // tiled_chunk, Rp = M) in O16 instead of fp32: 1 (EPI 1): gelu(c), E unwritten; 2 (EPI 2): c itself, Cm
 // unwritten, and part[(gm / 64) N + gn] = the column sums of c over each 64 rows in row order (to_bf16's COLSUM
-// sums, bit for bit). The copies and sums Ops would otherwise make from E or Cm in a second pass.
+// sums, bit for bit); 3 (EPI 3): dgate | dup, the copy's rows 2N wide (= ldc), Cm unwritten, part unused. The
+// copies and sums Ops would otherwise make from E or Cm in a second pass.
 #if TILED_OUT
 #define TILED_ARGS , __global uint2* O16, __global float* part
 #if !STAGE_OUT || TILED_OUT != EPI || SPLITK
-#error TILED_OUT 1 goes with EPI 1, 2 with EPI 2, both through STAGE_OUT, without SPLITK
+#error TILED_OUT 1 goes with EPI 1, 2 with EPI 2, 3 with EPI 3, all through STAGE_OUT, without SPLITK
 #endif
 #else
 #define TILED_ARGS
@@ -373,7 +374,11 @@ void matmul_wgmma(const int M, const int N, const int Kp, __global const ushort*
 #if EPI == 3  // as epilogue's, lane by lane: c is dact, e4 gate, u4 up
                 const float4 d = epilogue4(v, b4, r4[b], c4v[b], e4[b], alpha), g = e4[b];
                 const float4 sg = 1.0f / (1.0f + exp(-g));
+#if TILED_OUT
+                tiled_store4(O16, gm, gn + ldc / 2, M, d * g * sg);
+#else
                 *(__global float4*)(Cm + o + ldc / 2) = d * g * sg;
+#endif
                 const float4 c = d * u4[b] * sg * (1.0f + g * (1.0f - sg));
 #else
                 const float4 c = epilogue4(v, b4, r4[b], c4v[b], e4[b], alpha);
@@ -389,6 +394,8 @@ void matmul_wgmma(const int M, const int N, const int Kp, __global const ushort*
 #if TILED_OUT == 2
                 tiled_store4(O16, gm, gn, M, c);
                 st_local4(sbase + 4 * (row * SO + 4 * c4), c);  // for the column sums below
+#elif TILED_OUT == 3
+                tiled_store4(O16, gm, gn, M, c);
 #else
                 *(__global float4*)(Cm + o) = c;
 #endif

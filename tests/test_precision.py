@@ -677,6 +677,28 @@ def test_products_that_write_only_their_tiled_copy(dev, monkeypatch):
     assert calls[-1] == (1, None) and not ops._kept
 
 
+def test_swiglu_gradient_written_only_as_its_tiled_copy(dev, monkeypatch):
+    """On wgmma (emulated here: the launches recorded, not run), the SwiGLU backward's product (EPI 3, dgate | dup
+    rows 2N apart) writes its output only as the (M, 2N) tiled copy (TILED_OUT 3), which its reuse block takes
+    without a copy; sizes off multiples of 64 keep the fp32 output."""
+    ops = _bf16_ops()
+    calls = []
+    monkeypatch.setattr(ops, "on_wgmma", lambda M, N, K, epi=0: epi != 2)
+    monkeypatch.setattr(ops, "_matmul_wgmma", lambda *a, tiled_out=None, **_: calls.append((a[12], tiled_out)))
+    monkeypatch.setattr(ops, "_launch", lambda *a: calls.append(("launch", a[0])))
+    monkeypatch.setattr(ops, "tiled_outputs", True)
+    M, N, K = 128, 192, 64
+    A, B, hgu, dhgu = (ops.buf(n) for n in (M * K, N * K, M * 2 * N, M * 2 * N))
+    ops._matmul_bf16(M, N, K, A, B, dhgu, 0, 0, None, None, False, 1.0, 3, hgu, ldc=2 * N)
+    copy, part = calls[-1][1]
+    assert calls[-1][0] == 3 and part is None and ops._premade[dhgu.int_ptr][:3] == (copy, M, 2 * N)
+    with ops.reuse(dhgu):
+        assert ops.tiled_copy(0, dhgu, M, 2 * N) == (copy, M, 2 * N) == ops.tiled_copy(1, dhgu, M, 2 * N)
+    assert not any(c[0] == "launch" for c in calls)
+    ops._matmul_bf16(M + 8, N, K, A, B, dhgu, 0, 0, None, None, False, 1.0, 3, hgu, ldc=2 * N)
+    assert calls[-1] == (3, None) and dhgu.int_ptr not in ops._premade
+
+
 @pytest.mark.parametrize("N,C", [(128, 128), (64, 384)])
 def test_layernorm_writes_its_tiled_copy(dev, N, C):
     """layernorm_forward_rows with LN_TILED (GPU rows, on wgmma): out, mean, rstd as without, bit for bit, and

@@ -111,6 +111,14 @@ class Bf16Ops:
             self._gelu_pending[Cm.int_ptr] = _Deferred(Cm, E, M, N, False)
             return
         if self.on_wgmma(M, N, K, epi):
+            if epi == 3 and self.tiled_outputs and M % 64 == 0 and N % 64 == 0 and ldc == 2 * N and not accum:
+                # dgate | dup (M, 2N) written only as its tiled copy, for its reuse block (the products after it
+                # are larger: on wgmma too)
+                copy = self._b16_slot(3, M * 2 * N * 2)
+                self._matmul_wgmma(M, N, K, A, B, Cm, ta, tb, bias, resid, False, alpha, 3, E, tiled_out=(copy, None),
+                                   ldc=ldc)
+                self._premade[Cm.int_ptr] = (copy, M, 2 * N, None, M // 64)
+                return
             if (epi == 1 and self.tiled_outputs and E.int_ptr in self._stable and M % 64 == 0
                     and N % 64 == 0):
                 # g = gelu(h) written only as g's kept tiled copy (the products read g through it alone)
