@@ -267,7 +267,8 @@ class Device:
         self._kernels: dict[tuple, cl.Kernel] = {}
 
     def program(self, file_stem: str, build_options: tuple = (), **defines) -> cl.Program:
-        """build_options: compiler flags beyond the -D defines (e.g. NVIDIA's -cl-nv-maxrregcount=128)."""
+        """build_options: compiler flags beyond the -D defines (e.g. NVIDIA's -cl-nv-verbose). MAXNREG among the
+        defines caps the registers of the program's kernels on NVIDIA devices (sm90a.cap_registers)."""
         if file_stem == "flash" and defines.get("MMA_EMULATE") and not _is_pocl(self.device):
             # the emulated tensor-core flash kernels (tests only) come out of Intel's CPU compiler with a wrong dq
             # (relative error 0.99; right with optimisation off), whatever the cause: tests get the right numbers
@@ -292,6 +293,8 @@ class Device:
                     prg = _build(cl.Program(self.ctx, source), list(options))
                 if sm90a.MARK in source:  # wgmma and the like, written as PTX comments (clgpt/sm90a.py)
                     prg = sm90a.retarget(self.ctx, self.device, prg, defines.get("SMEM_BYTES"))
+                if defines.get("MAXNREG") and "nvidia" in self.device.platform.name.lower():
+                    prg = sm90a.cap_registers(self.ctx, self.device, prg, defines["MAXNREG"])
             except cl.RuntimeError as e:
                 raise ClgptError(f"building {path} with {' '.join(options)} failed on {self.name}:\n{e}") from e
             self._programs[key] = prg

@@ -340,6 +340,20 @@ def test_sm90a_ptx_patch():
         sm90a.patch_ptx(ptx.replace("sm_90,", "sm_80,"))
 
 
+def test_register_cap_goes_on_every_kernel_entry():
+    """clgpt/sm90a.py cap_ptx: `.maxnreg` after each .entry's parameter list (before its other directives and
+    body); PTX without an entry is refused."""
+    ptx = (".target sm_90\n.entry flash_forward(\n\t.param .u32 flash_forward_param_0,\n\t.param .u64 .ptr "
+           ".global .align 4 flash_forward_param_1\n)\n.reqntid 256, 1, 1\n{\n\tret;\n}\n"
+           ".entry flash_bf16(\n\t.param .u32 flash_bf16_param_0\n)\n{\n\tret;\n}\n")
+    out = sm90a.cap_ptx(ptx, 128)
+    assert out.count(".maxnreg 128") == 2
+    assert "flash_forward_param_1\n)\n.maxnreg 128\n.reqntid 256, 1, 1\n{" in out
+    assert "flash_bf16_param_0\n)\n.maxnreg 128\n{" in out
+    with pytest.raises(ClgptError, match="no PTX .entry"):
+        sm90a.cap_ptx(".target sm_90\n", 128)
+
+
 @pytest.mark.parametrize("defines", [dict(BN=128, BIAS=1, RESID=1, ACCUM=1, EPI=1), dict(BN=256, SPLITK=1),
                                      dict(BN=256, EPI=2, PIPE=0), dict(BN=128, TA=1, TB=1, SPLITK=1),
                                      dict(BN=256, TB=1, BIAS=1), dict(BN=128, BIAS=1, RESID=1, STAGE_OUT=0),

@@ -41,6 +41,8 @@ class AttentionOps:
         is fused (rope_fused) built with ROPE (the dq, dk stores rotate back), and the rotating copy too."""
         cfg = self.cfg
         rope = {"ROPE": 1} if self.rope_fused else {}
+        if not self._bf16_opts.get("MMA_EMULATE"):  # two 256-item work-groups an SM (clgpt/sm90a.py cap_registers)
+            rope["MAXNREG"] = 128
         for kname in ("flash_bf16", "flash_forward", "flash_backward_dq", "flash_backward_dkv",
                       *(("flash_bf16_rope",) if rope else ())):
             self.k[kname] = self.dev.kernel("flash", kname, build_options=self._nv_verbose(self._bf16_opts),
@@ -50,7 +52,7 @@ class AttentionOps:
             self.k["flash_forward_tiled"] = self.dev.kernel(  # the output's tiled copy on the way (wgmma)
                 "flash", "flash_forward", build_options=self._nv_verbose(self._bf16_opts), C=cfg.n_embd,
                 H=cfg.n_head, D=cfg.head_dim, SCALE=float(1.0 / math.sqrt(cfg.head_dim)), OUT_TILED=1,
-                **self._bf16_opts)
+                **self._bf16_opts, **({"MAXNREG": 128} if "MAXNREG" in rope else {}))
 
     def att_floats(self, B: int, T: int) -> int:
         """Floats of a layer's attention state (att, datt): the probabilities (B,H,T,T), or with flash
