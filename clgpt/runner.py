@@ -36,15 +36,16 @@ def snakemake_args(args: list[str]) -> list[str]:
             rest.append(arg)
             continue
         *sections, key = m.group(1).split(".")
-        _check_section(arg, (sections or [key])[0])
+        shown = arg if arg.isprintable() else repr(arg)  # a value with a newline still gives a one-line error
+        _check_section(shown, (sections or [key])[0])
         where = overrides
         for i, section in enumerate(sections):
             where = where.setdefault(section, {})
             if not isinstance(where, dict):
-                raise ClgptError(f"{arg}: {'.'.join(sections[: i + 1])} was given a value already; "
+                raise ClgptError(f"{shown}: {'.'.join(sections[: i + 1])} was given a value already; "
                                  "give either the section's keys or one value")
         if isinstance(where.get(key), dict):
-            raise ClgptError(f"{arg}: {m.group(1)} is a section and has keys given already; give its keys")
+            raise ClgptError(f"{shown}: {m.group(1)} is a section and has keys given already; give its keys")
         where[key] = m.group(2)
     if not overrides:
         return rest

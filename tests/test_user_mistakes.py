@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from snakemake.cli import parse_config
 
@@ -82,6 +82,7 @@ TEXT = st.one_of(st.sampled_from(["1e-3", "0", "-1", "3.0", "yes", "true", "null
 @given(st.lists(st.tuples(st.one_of(st.sampled_from(_leaf_keys()),
                                     st.from_regex(r"[a-z]{2,6}(\.[a-z_]{1,6}){0,2}", fullmatch=True)), TEXT),
                 min_size=1, max_size=4))
+@example([("aa", "\n")])  # an unknown key whose value holds a newline: the error is still one line
 def test_any_config_override_validates_or_names_a_key(overrides):
     """KEY=VALUE overrides as `clgpt run` passes them and Snakemake parses them: the loader returns a config
     or gives one line naming a key; nothing else escapes."""
