@@ -124,32 +124,6 @@ __kernel void to_bf16(const int R, const int K, __global const float* restrict S
 #endif
 }
 
-// to_bf16_t: O (Rp x Kp) = bf16(S^T), S (K x R) with row stride ld; work-group (32, 8) moves a 32 x 32
-// block through local memory; global (Kp, Rp / 4).
-__kernel __attribute__((reqd_work_group_size(32, 8, 1)))
-void to_bf16_t(const int R, const int K, __global const float* restrict S, const int ld, __global ushort* O,
-               const int Kp)
-{
-    __local float tile[32][33];
-    const int lx = get_local_id(0), ly = get_local_id(1);
-    const int k0 = get_group_id(0) * 32, r0 = get_group_id(1) * 32;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {  // read S rows k0 + ly + 8i, columns r0 + lx (coalesced)
-        const int k = k0 + ly + 8 * i, r = r0 + lx;
-        tile[ly + 8 * i][lx] = (k < K && r < R) ? S[(size_t)k * ld + r] : 0.0f;
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-#pragma unroll
-    for (int i = 0; i < 4; i++) {  // write O rows r0 + ly + 8i, k0 + lx
-        const int r = r0 + ly + 8 * i;
-#if TILED
-        O[tiled_chunk(r, k0 + lx, 4 * get_global_size(1)) * 8 + (lx & 7)] = (ushort)bf16_bits(tile[lx][ly + 8 * i]);
-#else
-        O[(size_t)r * Kp + k0 + lx] = (ushort)bf16_bits(tile[lx][ly + 8 * i]);
-#endif
-    }
-}
-
 // ---- PTX (or its emulation) ----
 #if !MMA_EMULATE
 #define CP_ASYNC(dst, src) \

@@ -289,36 +289,33 @@ def test_bf16_gemm_moves_data_like_the_portable_kernel(dev, tiles, ta, tb, epilo
         assert np.array_equal(from_dev(dev, ebuf, (M, N)), want[1]), f"bf16 {tiles} ta={ta} tb={tb} {sorted(kw)}: E"
 
 
-@pytest.mark.parametrize("trans", [False, True])
-def test_bf16_copies_round_like_numpy_and_pad_with_zeros(dev, trans):
-    """to_bf16 / to_bf16_t: X (or X.T) rounded to bf16 as numpy rounds it (ties, signs, inf, NaN), zeros in the
+def test_bf16_copies_round_like_numpy_and_pad_with_zeros(dev):
+    """to_bf16: X rounded to bf16 as numpy rounds it (ties, signs, inf, NaN), zeros in the
     padding rows and columns."""
     ops = _bf16_ops()
     rows, cols, Rp, Cp = 37, 45, 64, 64
-    X = rng.normal(size=(cols, rows) if trans else (rows, cols)).astype(f32)
+    X = rng.normal(size=(rows, cols)).astype(f32)
     special = np.array([0x3F808000, 0x3F818000, 0xBF808000, 0x7F800000, 0x7FC00000, 0xFF800000], np.uint32)
     X.reshape(-1)[: special.size] = special.view(f32)
     out = np.empty((Rp, Cp), np.uint16)
-    cl.enqueue_copy(dev.queue, out, ops.to_bf16(0, to_dev(dev, X), rows, cols, Rp, Cp, trans=trans), is_blocking=True)
+    cl.enqueue_copy(dev.queue, out, ops.to_bf16(0, to_dev(dev, X), rows, cols, Rp, Cp), is_blocking=True)
     want = np.zeros((Rp, Cp), np.uint16)
-    want[:rows, :cols] = (ref.round_bf16(X.T if trans else X).view(np.uint32) >> 16).astype(np.uint16)
+    want[:rows, :cols] = (ref.round_bf16(X).view(np.uint32) >> 16).astype(np.uint16)
     assert np.array_equal(out, want)
 
 
-@pytest.mark.parametrize("trans", [False, True])
-def test_bf16_tiled_copies_are_the_wgmma_layout(dev, trans):
-    """to_bf16 / to_bf16_t with TILED 1 (what kernels/matmul_wgmma.cl reads): the same rounded, zero-padded
+def test_bf16_tiled_copies_are_the_wgmma_layout(dev):
+    """to_bf16 with TILED 1 (what kernels/matmul_wgmma.cl reads): the same rounded, zero-padded
     values, in Kp/64 x Rp/8 atoms of 8 rows x 64 k, row r's 16-byte chunk c stored at c ^ r."""
     ops = _bf16_ops()
-    for name in ("to_bf16", "to_bf16_t"):
-        ops.k[name + "_tiled"] = dev.kernel("matmul_bf16", name, TILED=1, **ops._bf16_opts)
+    ops.k["to_bf16_tiled"] = dev.kernel("matmul_bf16", "to_bf16", TILED=1, **ops._bf16_opts)
     rows, cols, Rp, Cp = 37, 100, 128, 128
-    X = rng.normal(size=(cols, rows) if trans else (rows, cols)).astype(f32)
+    X = rng.normal(size=(rows, cols)).astype(f32)
     out = np.empty(Rp * Cp, np.uint16)
-    cl.enqueue_copy(dev.queue, out, ops.to_bf16(0, to_dev(dev, X), rows, cols, Rp, Cp, trans=trans, tiled=True),
+    cl.enqueue_copy(dev.queue, out, ops.to_bf16(0, to_dev(dev, X), rows, cols, Rp, Cp, tiled=True),
                     is_blocking=True)
     flat = np.zeros((Rp, Cp), np.uint16)
-    flat[:rows, :cols] = (ref.round_bf16(X.T if trans else X).view(np.uint32) >> 16).astype(np.uint16)
+    flat[:rows, :cols] = (ref.round_bf16(X).view(np.uint32) >> 16).astype(np.uint16)
     r, c, e = np.arange(Rp)[:, None], np.arange(Cp)[None, :] // 8, np.arange(Cp)[None, :] % 8
     index = ((((c // 8) * (Rp // 8) + r // 8) * 8 + r % 8) * 8 + ((c % 8) ^ (r % 8))) * 8 + e
     assert np.array_equal(out[index], flat)

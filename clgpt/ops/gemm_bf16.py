@@ -2,7 +2,7 @@
 for tests): the bf16 path's dispatch (_matmul_bf16: wgmma where it runs, a deferred GELU', else this kernel) and
 the plain (not tiled) operand copies.
 
-Launches kernels/matmul_bf16.cl (smem_probe, to_bf16, to_bf16_t, matmul_bf16; kernels/matmul.cl's splitk_reduce
+Launches kernels/matmul_bf16.cl (smem_probe, to_bf16, matmul_bf16; kernels/matmul.cl's splitk_reduce
 for split-K). _bf16_setup also builds the tiled copies' kernels (to_bf16 TILED, COLSUM, GELU_GRAD), kernels/
 gelu.cl's gelu_backward and kernels/xent.cl's xent_backward_tiled, which clgpt/ops/copies.py and layers.py launch.
 """
@@ -43,7 +43,6 @@ class Bf16Ops:
                 self.gemm, self.tiled_outputs, self.colsum_copies = "mma", False, False
                 return
         self.k["to_bf16"] = self.dev.kernel("matmul_bf16", "to_bf16", **self._bf16_opts)
-        self.k["to_bf16_t"] = self.dev.kernel("matmul_bf16", "to_bf16_t", **self._bf16_opts)
         if self.wgmma is not None:
             self.k["to_bf16_tiled"] = self.dev.kernel("matmul_bf16", "to_bf16", TILED=1, **self._bf16_opts)
             if self.colsum_copies:  # reuse copies: bias_partial's sums too
@@ -70,19 +69,13 @@ class Bf16Ops:
                 STAGES=mm.get("STAGES", 2), **extra, **self._bf16_opts)
         return kern
 
-    def to_bf16(self, slot, X, rows, cols, Rp, Cp, trans=False, tiled=False, out=None):
-        """-> the bf16 copy (Rp x Cp, zero-padded) of X (rows x cols, row-major), or with trans of X.T (X stored
-        (cols, rows)); into `out`, else scratch `slot` (0: A, 1: B, 2: Ops.reuse's). Rp and Cp multiples of 32.
+    def to_bf16(self, slot, X, rows, cols, Rp, Cp, tiled=False, out=None):
+        """-> the bf16 copy (Rp x Cp, zero-padded) of X (rows x cols, row-major); into `out`, else scratch `slot` (0: A, 1: B, 2: Ops.reuse's). Rp and Cp multiples of 32.
         tiled: in matmul_wgmma.cl's layout (matmul_bf16.cl TILED; Rp a multiple of 8, Cp of 64)."""
         if out is None:
             out = self._b16_slot(slot, Rp * Cp * 2)
-        suffix = "_tiled" if tiled else ""
-        if trans:
-            self._launch(self.k["to_bf16_t" + suffix], (Cp, Rp // 4), (32, 8),
-                         (i32(rows), i32(cols), X, i32(rows), out, i32(Cp)))
-        else:
-            self._launch(self.k["to_bf16" + suffix], (Cp // 8, Rp), (4, 32),
-                         (i32(rows), i32(cols), X, i32(cols), out, i32(Cp)))
+        self._launch(self.k["to_bf16_tiled" if tiled else "to_bf16"], (Cp // 8, Rp), (4, 32),
+                     (i32(rows), i32(cols), X, i32(cols), out, i32(Cp)))
         return out
 
     def bf16_operands(self, mm, M, N, K, A, B, ta, tb):
