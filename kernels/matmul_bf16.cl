@@ -124,6 +124,22 @@ __kernel void to_bf16(const int R, const int K, __global const float* restrict S
 #endif
 }
 
+#if TILED
+// to_bf16_pair: the tiled copy of two stacked (E, F, K) tensors as one (E, 2F, K), expert e's gate rows then its
+// up rows (the experts' gate | up product, clgpt/ops/grouped.py), zeros past K; global (Kp/8, 2EF).
+__kernel void to_bf16_pair(const int F, const int K, __global const float* restrict gate,
+                           __global const float* restrict up, __global uint4* O)
+{
+    const int c = get_global_id(0), r = get_global_id(1);
+    const int k = 8 * c, e = r / (2 * F), j = r % (2 * F);
+    __global const float* p = (j < F ? gate + ((size_t)e * F + j) * K : up + ((size_t)e * F + j - F) * K) + k;
+    float v[8];
+#pragma unroll
+    for (int h = 0; h < 8; h++) v[h] = k + h < K ? p[h] : 0.0f;
+    O[tiled_chunk(r, k, get_global_size(1))] = bf16x8(v);
+}
+#endif
+
 // ---- PTX (or its emulation) ----
 #if !MMA_EMULATE
 #define CP_ASYNC(dst, src) \

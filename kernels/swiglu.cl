@@ -38,6 +38,16 @@ __kernel void swiglu_forward_tiled(const int R, const int W, __global const floa
     tiled_store4(y16, r, f, R, g / (1.0f + exp(-g)) * vload4(0, up + o));
 }
 
+// The experts' gate | up product (h (R, 2W), each row gate | up, as the dense form's): y only as its tiled copy.
+__kernel void swiglu_rows_forward_tiled(const int R, const int W, __global const float* h, __global uint2* y16)
+{
+    const int f = 4 * get_global_id(0), r = get_global_id(1);
+    if (f >= W || r >= R) return;
+    const size_t o = (size_t)r * 2 * W + f;
+    const float4 g = vload4(0, h + o);
+    tiled_store4(y16, r, f, R, g / (1.0f + exp(-g)) * vload4(0, h + o + W));
+}
+
 __kernel void swiglu_backward_tiled(const int R, const int W, __global const float* dy, __global const float* gate,
                                     __global const float* up, __global uint2* dgate16, __global uint2* dup16)
 {

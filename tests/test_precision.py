@@ -806,6 +806,7 @@ def test_expert_operands_written_as_tiled_copies(dev):
     tiled = run_op(dev, "swiglu", "swiglu_forward_tiled", (F // 4, R),
                    [("R", i32(R)), ("F", i32(F)), ("gate", g), ("up", u), ("y16", z16(F))], {"SPLIT_TILED": 1})
     assert np.array_equal(tiled["y16"][_tiled_index(R, F)], copy_of(plain["y"], F))
+    plain_y = plain["y"]
     plain = run_op(dev, "swiglu", "swiglu_backward", (n,),
                    [("n", i32(n)), ("dy", dy), ("gate", g), ("up", u), ("dgate", np.zeros((R, F), f32)),
                     ("dup", np.zeros((R, F), f32))])
@@ -814,3 +815,23 @@ def test_expert_operands_written_as_tiled_copies(dev):
                     ("dup16", z16(F))], {"SPLIT_TILED": 1})
     for key in ("dgate", "dup"):
         assert np.array_equal(tiled[key + "16"][_tiled_index(R, F)], copy_of(plain[key], F))
+    # gate | up from one product (each row gate | up): the same y as from gate and up apart
+    h = np.concatenate([g, u], axis=1)
+    tiled = run_op(dev, "swiglu", "swiglu_rows_forward_tiled", (F // 4, R),
+                   [("R", i32(R)), ("F", i32(F)), ("h", h), ("y16", z16(F))], {"SPLIT_TILED": 1})
+    assert np.array_equal(tiled["y16"][_tiled_index(R, F)], copy_of(plain_y, F))
+
+
+def test_gate_up_pair_copy(dev):
+    """to_bf16_pair: the stacked gate and up weights (E, F, C) as one tiled (E, 2F, C) copy, expert e's gate rows
+    then its up rows, each value what to_bf16 TILED makes of it, zeros past C."""
+    E, F, C = 3, 64, 100
+    r = np.random.default_rng(4)
+    gate, up = (r.normal(size=(E, F, C)).astype(f32) for _ in range(2))
+    Rp, Cp = 2 * E * F, 128
+    out = run_op(dev, "matmul_bf16", "to_bf16_pair", (Cp // 8, Rp),
+                 [("F", i32(F)), ("K", i32(C)), ("gate", gate), ("up", up), ("O", np.zeros(Rp * Cp, np.uint16))],
+                 {"TILED": 1, "MMA_EMULATE": 1}, lsize=(4, 32))
+    flat = np.zeros((Rp, Cp), np.uint16)
+    flat[:, :C] = _bf16_pattern(np.concatenate([gate, up], axis=1).reshape(Rp, C))
+    assert np.array_equal(out["O"][_tiled_index(Rp, Cp)], flat)

@@ -45,7 +45,7 @@ import pyopencl as cl
 
 from clgpt.errors import ClgptError
 from clgpt.models.base import EngineBase
-from clgpt.ops import F32
+from clgpt.ops import F32, ceil_to
 
 i32, f32 = np.int32, np.float32
 _EXPERT_MATS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
@@ -84,7 +84,8 @@ class LlamaEngine(EngineBase):
         if E:
             RM = self.ops.grouped_tiles()["RM"]
             # rows up to a multiple of 64: the tiled bf16 copies of the packed operands have no padding then
-            self.R, self.max_tiles = -(-(N * K + E * (RM - 1)) // 64) * 64, -(-N * K // RM) + E
+            # (and of the sub-buffer alignment: hgu's halves are views)
+            self.R, self.max_tiles = ceil_to(N * K + E * (RM - 1), max(64, self.ops.align)), -(-N * K // RM) + E
         self.acts = []
         for _ in range(L):
             a = dict(x=buf(N * C), ln1=buf(N * C), r1=buf(N), qkv=buf(N * 3 * C), att=buf(self.ops.att_floats(B, T)),
@@ -94,7 +95,7 @@ class LlamaEngine(EngineBase):
             if E:
                 R = self.R
                 a.update(probs=buf(N * E), sel=ib(N * K), w=buf(N * K), pos=ib(N * K), counts=ib(E), offs=ib(E),
-                         tiles=ib(E + 1), pmean=buf(E), xg=buf(R * C), hg=buf(R * F), hu=buf(R * F),
+                         tiles=ib(E + 1), pmean=buf(E), xg=buf(R * C), hgu=buf(R * 2 * F),
                          act=buf(R * F), ye=buf(R * C))
             else:
                 a.update(hgu=buf(N * 2 * F), act=buf(N * F))  # gate | up, silu(gate) * up
@@ -115,7 +116,7 @@ class LlamaEngine(EngineBase):
             R = self.R
             self.rlogits, self.drlogits, self.dwsel = buf(N * E), buf(N * E), buf(N * K)
             self.dye, self.dxg = buf(R * C), buf(R * C)
-            self.dact, self.dhg, self.dhu = buf(R * F), buf(R * F), buf(R * F)
+            self.dact, self.dhgu = buf(R * F), buf(R * 2 * F)
         self._counts = np.zeros((L, max(E, 1)), np.int32)
         self._pmean = np.zeros((L, max(E, 1)), np.float32)
         self._n_routed = 0
@@ -188,9 +189,9 @@ class LlamaEngine(EngineBase):
         ops.rmsnorm(N, self.x_out, p["output_norm.weight"], self.lnf, self.rf)
 
     def _moe_forward(self, i, a, N, resid, out):
-        """out = resid + sum_k w_k expert_{sel_k}(ln2): route, gather, three grouped products, combine."""
+        """out = resid + sum_k w_k expert_{sel_k}(ln2): route, gather, the experts (grouped products), combine."""
         cfg, ops, p, pre = self.cfg, self.ops, self.p, f"blk.{i}."
-        C, F, E = cfg.n_embd, cfg.n_ff, cfg.n_expert
+        C, E = cfg.n_embd, cfg.n_expert
         ops.matmul(N, E, C, a["ln2"], p[pre + "ffn_gate_inp.weight"], self.rlogits, tb=1)
         ops.runp("moe_router_forward", (N,), i32(N), i32(self._fixed_routing), self.rlogits, a["probs"], a["sel"],
                  a["w"])
@@ -198,12 +199,8 @@ class LlamaEngine(EngineBase):
         self._n_routed = N  # counts and pmean stay on the device until expert_usage / aux_loss ask
         ops.moe_gather(N, self.R, a["pos"], a["ln2"], a["xg"])
         route = (a["counts"], a["offs"], a["tiles"])
-        for name, h in (("ffn_gate_exps", a["hg"]), ("ffn_up_exps", a["hu"])):  # h (R,F) = xg @ W_e.T
-            ops.matmul_grouped_rows(E, self.max_tiles, F, C, a["xg"], C, p[pre + name + ".weight"], C, F * C, h, F,
-                                    *route, tb=1, packed=self.R)
-        ops.moe_swiglu_forward(self.R, a["hg"], a["hu"], a["act"])
-        ops.matmul_grouped_rows(E, self.max_tiles, C, F, a["act"], F, p[pre + "ffn_down_exps.weight"], F, C * F,
-                                a["ye"], C, *route, tb=1, packed=self.R)
+        ops.moe_experts_forward(E, self.max_tiles, self.R, route, a["xg"],
+                                [p[f"{pre}{name}.weight"] for name in _EXPERT_MATS], a["hgu"], a["act"], a["ye"])
         ops.runp("moe_combine_forward", (C, N), i32(N), resid, a["w"], a["pos"], a["ye"], out)
 
     # ---- backward ----
@@ -247,23 +244,14 @@ class LlamaEngine(EngineBase):
     def _moe_backward(self, i, a, N, scale, dy):
         """dy: the gradient reaching the MoE output; leaves the gradient of ln2 in dln."""
         cfg, ops, pre, p, g = self.cfg, self.ops, f"blk.{i}.", self.p, self.g
-        C, F, E, K = cfg.n_embd, cfg.n_ff, cfg.n_expert, cfg.n_expert_used
-        dln, mt = self.dln, self.max_tiles
+        C, E, K = cfg.n_embd, cfg.n_expert, cfg.n_expert_used
+        dln = self.dln
         route = (a["counts"], a["offs"], a["tiles"])
         ops.moe_combine_backward(N, self.R, dy, a["w"], a["pos"], self.dye)
         ops.moe_weight_backward(N, dy, a["pos"], a["ye"], self.dwsel)
-        w = {name: p[f"{pre}{name}.weight"] for name in _EXPERT_MATS}
-        gw = {name: g[f"{pre}{name}.weight"] for name in _EXPERT_MATS}
-        # top-k picks distinct experts: at most N rows each
-        rows = dict(max_rows=N, total_rows=N * K, packed=self.R)
-        # ye = act @ Wd_e.T:  dWd_e (C,F) += dye_e.T @ act_e;  dact = dye @ Wd_e
-        ops.grouped_linear_backward(E, mt, C, F, self.dye, a["act"], w["ffn_down_exps"], gw["ffn_down_exps"],
-                                    self.dact, *route, **rows)
-        ops.moe_swiglu_backward(self.R, self.dact, a["hg"], a["hu"], self.dhg, self.dhu)
-        # hg = xg @ Wg_e.T, hu = xg @ Wu_e.T:  dW_e (F,C) += dh_e.T @ xg_e;  dxg = dhg @ Wg_e + dhu @ Wu_e
-        for j, (name, dh) in enumerate((("ffn_gate_exps", self.dhg), ("ffn_up_exps", self.dhu))):
-            ops.grouped_linear_backward(E, mt, F, C, dh, a["xg"], w[name], gw[name], self.dxg, *route, **rows,
-                                        accum=j > 0)
+        ops.moe_experts_backward(E, self.max_tiles, self.R, N, route, self.dye, a["xg"], a["hgu"], a["act"],
+                                 [p[f"{pre}{name}.weight"] for name in _EXPERT_MATS],
+                                 [g[f"{pre}{name}.weight"] for name in _EXPERT_MATS], self.dact, self.dhgu, self.dxg)
         aux_scale = scale * cfg.moe_aux_loss * E / (float(N) * N * K)
         ops.runp("moe_router_backward", (N,), i32(N), f32(aux_scale), self.dwsel, a["probs"], a["sel"], a["w"],
                  a["counts"], self.drlogits)

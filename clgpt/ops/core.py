@@ -77,6 +77,7 @@ class BaseOps:
         # a GELU' deferred from the backward's product dg (epi 2) into its gradient's reuse copy: handle ->
         # _Deferred; once copied, the copy holds dg * gelu'(E) and the fp32 buffer dg, which nothing reads
         self._gelu_pending = {}
+        self._halves = {}  # (buffer, n) -> its two views (halves)
         self._kept, self._kept_bufs = {}, {}  # (buffer, rows, cols) -> (copy, Rp, Cp) while valid; buffer -> its copy's
         self.align = max(64, dev.device.mem_base_addr_align // 8 // F32)  # sub-buffer alignment, in floats
         # the record's op forms where this model's widths allow them (see clgpt/ops/capabilities.py)
@@ -264,8 +265,9 @@ class BaseOps:
         if self.tiled_outputs:  # the operands of the grouped products straight to their tiled copies
             for kname in ("moe_gather_packed_tiled", "moe_combine_backward_tiled"):
                 k[kname] = dev.kernel("moe", kname, **moe, MOE_TILED=1)
-            for kname in ("swiglu_forward_tiled", "swiglu_backward_tiled"):
+            for kname in ("swiglu_forward_tiled", "swiglu_backward_tiled", "swiglu_rows_forward_tiled"):
                 k[kname] = dev.kernel("swiglu", kname, SPLIT_TILED=1)
+            k["to_bf16_pair"] = dev.kernel("matmul_bf16", "to_bf16_pair", TILED=1, **self._bf16_opts)
         if self.caps.moe_weight_backward_groups:
             k["moe_weight_backward_wg"] = dev.kernel("moe", "moe_weight_backward_wg", **moe, LW=64)
 
@@ -334,6 +336,17 @@ class BaseOps:
         self._launch(kern, (*gsize, S), (*lsize, 1),
                      (i32(M), i32(N), *operands, P, i32(N), None, None, f32(1.0), None, *tail))
         self.runp("splitk_reduce", (M * N,), i32(M * N), i32(S), i32(bool(accum)), f32(alpha), P, Cm)
+
+    def halves(self, buf, n):
+        """(first, second): views of buf's floats 0..n-1 and n..2n-1, made once; n a multiple of self.align."""
+        key = (buf.int_ptr, n)
+        views = self._halves.get(key)
+        if views is None:
+            if n % self.align:
+                raise ClgptError(f"internal: a view at float {n} is off the device's sub-buffer alignment "
+                                 f"({self.align} floats)")
+            views = self._halves[key] = (buf.get_sub_region(0, n * F32), buf.get_sub_region(n * F32, n * F32))
+        return views
 
     def _grown(self, key, n):
         """Scratch floats `key` (see _grown_bufs), grown to at least n."""

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import math
 
+import pyopencl as cl
+
 from clgpt.errors import ClgptError
 from clgpt.ops.core import ceil_to, f32, i32
 from clgpt.ops.gemm import matmul_defines, matmul_launch, split_k_chunks
@@ -190,25 +192,31 @@ class GroupedOps:
             self.matmul_grouped_rows(E, max_tiles, K, N, dy, N, w, K, N * K, dx, K, counts, offs, tiles, accum=accum,
                                      packed=packed)
 
-    def _grouped_rows_wgmma(self, E, R, N, K, A, B, Cm, counts, offs, accum, alpha, tb):
+    def _grouped_rows_wgmma(self, E, R, N, K, A, B, Cm, counts, offs, accum, alpha, tb, a16=None, b16=None,
+                            swiglu=None):
         """matmul_grouped_rows on matmul_wgmma with GROUP 1: A's R rows and the stacked weights (E blocks of N
-        rows with tb, else of K rows) as tiled copies, each group's rows against its block."""
+        rows with tb, else of K rows) as tiled copies (a16, b16: made already), each group's rows against its
+        block. swiglu = (hgu, copy): Cm is dact, and the epilogue (EPI 3) writes dgate | dup from hgu (R, 2N) only
+        as the (R, 2N) tiled copy."""
         mm = self._wgmma_tiles(N)
-        A16, ra, _ = self.tiled_copy(0, A, R, K)
-        B16, rb, cb = self.tiled_copy(1, B, *((E * N, K) if tb else (E * K, N)))
-        kern = self._kernel_wgmma(mm, (False, not tb), False, False, bool(accum), 0, group=1, ngroups=E)
+        A16, ra, _ = a16 or self.tiled_copy(0, A, R, K)
+        B16, rb, cb = b16 or self.tiled_copy(1, B, *((E * N, K) if tb else (E * K, N)))
+        epi, ldc, hgu, tail = (3, 2 * N, swiglu[0], (swiglu[1], None)) if swiglu else (0, N, None, ())
+        kern = self._kernel_wgmma(mm, (False, not tb), False, False, bool(accum), epi, tiled_out=epi, group=1,
+                                  ngroups=E)
         gn, gm = -(-N // mm["BN"]), -(-R // mm["BM"])
         self._launch(kern, (gn * 2 * mm["BM"], gm), (2 * mm["BM"], 1),
                      (i32(R), i32(N), i32(ceil_to(K, 64)), A16, i32(ra), i32(ra), B16, i32(rb), i32(rb if tb else cb),
-                      Cm, i32(N), None, None, f32(alpha), None, i32(0), i32(1), i32(N if tb else K), i32(0), counts,
-                      offs))
+                      Cm, i32(ldc), None, None, f32(alpha), hgu, i32(0), i32(1), i32(N if tb else K), i32(0), counts,
+                      offs, *tail))
 
-    def _grouped_k_wgmma(self, E, M, N, A, B, Cm, counts, offs, accum, alpha, max_rows, total_rows, R):
-        """matmul_grouped_k on matmul_wgmma with GROUP 2: A's and B's R packed rows as tiled copies (read with
-        their rows along k); too few work-groups split each group's rows as split_k_chunks splits a product of
-        the average group's depth, chunks covering max_rows, their raw sums added by splitk_reduce_grouped."""
+    def _grouped_k_wgmma(self, E, M, N, A, B, Cm, counts, offs, accum, alpha, max_rows, total_rows, R, a16=None):
+        """matmul_grouped_k on matmul_wgmma with GROUP 2: A's and B's R packed rows as tiled copies (a16: A's,
+        made already; read with their rows along k); too few work-groups split each group's rows as
+        split_k_chunks splits a product of the average group's depth, chunks covering max_rows, their raw sums
+        added by splitk_reduce_grouped."""
         mm = self._wgmma_tiles(N)
-        A16, ra, ca = self.tiled_copy(0, A, R, M)
+        A16, ra, ca = a16 or self.tiled_copy(0, A, R, M)
         B16, rb, cb = self.tiled_copy(1, B, R, N)
         gn, gm = -(-N // mm["BN"]), -(-M // mm["BM"])
         kavg = ceil_to(-(-(total_rows or max_rows * E) // E), 64)
@@ -248,6 +256,75 @@ class GroupedOps:
         C, F = self.cfg.n_embd, self.cfg.n_ff
         return (self.tiled_outputs and R % 64 == 0 and C % 64 == 0 and F % 64 == 0
                 and self.grouped_on_wgmma(R, F, C, R) and self.grouped_on_wgmma(R, C, F, R))
+
+    def moe_gate_up(self, R) -> bool:
+        """Whether the experts' gate and up run as one product of width 2F, each row gate | up as in the dense
+        feed-forward, against a copy of the two stacked weights with each expert's gate and up rows together;
+        its SwiGLU backward then runs in the epilogue of the down product's input gradient (EPI 3): moe_tiled,
+        and those wider products on wgmma too."""
+        C, F = self.cfg.n_embd, self.cfg.n_ff
+        return self.moe_tiled(R) and self.grouped_on_wgmma(R, 2 * F, C, R) and self.grouped_on_wgmma(R, C, 2 * F, R)
+
+    def moe_experts_forward(self, E, max_tiles, R, route, xg, w, hgu, act, ye):
+        """The experts on their packed rows (route = counts, offs, tiles; w: the stacked gate, up and down
+        weights): h = xg @ W_e.T for gate and up, act = silu(gate) * up, ye (R, C) = act @ W_down_e.T. hgu holds
+        (R, 2F): gate | up per row with moe_gate_up, else gate's (R, F) then up's."""
+        C, F = self.cfg.n_embd, self.cfg.n_ff
+        w_gate, w_up, w_down = w
+        if self.moe_gate_up(R):
+            self._grouped_rows_wgmma(E, R, 2 * F, C, xg, None, hgu, *route[:2], False, 1.0, 1,
+                                     b16=self._pair_copy(w_gate, w_up, E, F, C))
+            self.runp("swiglu_rows_forward_tiled", (F // 4, R), i32(R), i32(F), hgu, self._kept_copy(act, R, F))
+        else:
+            hg, hu = self.halves(hgu, R * F)
+            for W, h in ((w_gate, hg), (w_up, hu)):
+                self.matmul_grouped_rows(E, max_tiles, F, C, xg, C, W, C, F * C, h, F, *route, tb=1, packed=R)
+            self.moe_swiglu_forward(R, hg, hu, act)
+        self.matmul_grouped_rows(E, max_tiles, C, F, act, F, w_down, F, C * F, ye, C, *route, tb=1, packed=R)
+
+    def moe_experts_backward(self, E, max_tiles, R, N, route, dye, xg, hgu, act, w, gw, dact, dhgu, dxg):
+        """The backward of moe_experts_forward: gw (gate, up, down) += the weight gradients, dxg (R, C) = the
+        gradient of xg; dye holds ye's gradient (its tiled copy alone where moe_combine_backward wrote that).
+        dact and dhgu (as hgu) are scratch."""
+        C, F, K = self.cfg.n_embd, self.cfg.n_ff, self.cfg.n_expert_used
+        counts, offs, _ = route
+        rows = dict(max_rows=N, total_rows=N * K, packed=R)  # top-k picks distinct experts: at most N rows each
+        if not self.moe_gate_up(R):
+            # ye = act @ Wd_e.T:  dWd_e (C,F) += dye_e.T @ act_e;  dact = dye @ Wd_e
+            self.grouped_linear_backward(E, max_tiles, C, F, dye, act, w[2], gw[2], dact, *route, **rows)
+            dhg, dhu = self.halves(dhgu, R * F)
+            hg, hu = self.halves(hgu, R * F)
+            self.moe_swiglu_backward(R, dact, hg, hu, dhg, dhu)
+            # hg = xg @ Wg_e.T, hu = xg @ Wu_e.T:  dW_e (F,C) += dh_e.T @ xg_e;  dxg = dhg @ Wg_e + dhu @ Wu_e
+            for j, (dh, W, g) in enumerate(((dhg, w[0], gw[0]), (dhu, w[1], gw[1]))):
+                self.grouped_linear_backward(E, max_tiles, F, C, dh, xg, W, g, dxg, *route, **rows, accum=j > 0)
+            return
+        copy = self._kept_buf(dhgu, R * 2 * F * 2)  # dgate | dup, only as its tiled copy
+        with self.reuse(dye):
+            self.matmul_grouped_k(E, C, F, dye, C, act, F, gw[2], F, C * F, counts, offs, **rows)
+            self._grouped_rows_wgmma(E, R, F, C, dye, w[2], dact, counts, offs, False, 1.0, 0, swiglu=(hgu, copy))
+        # gate's and up's weight gradients from the copy's two halves (its 64-column blocks lie one after another),
+        # then dxg = dgate | dup @ [Wg_e; Wu_e] in one product of depth 2F
+        half = R * F * 2
+        for j in range(2):
+            sub = self.halves(copy, half // 4)[j] if j else copy
+            self._grouped_k_wgmma(E, F, C, None, xg, gw[j], counts, offs, True, 1.0, N, N * K, R, a16=(sub, R, F))
+        self._grouped_rows_wgmma(E, R, C, 2 * F, None, None, dxg, counts, offs, False, 1.0, 0, a16=(copy, R, 2 * F),
+                                 b16=self._pair_copy(w[0], w[1], E, F, C))
+
+    def _pair_copy(self, gate, up, E, F, C):
+        """The kept tiled copy of the stacked gate and up weights as one (E, 2F, C): expert e's gate rows then its
+        up rows (kernels/matmul_bf16.cl to_bf16_pair), made once per forward."""
+        key = (gate.int_ptr, "pair")
+        hit = self._kept.get(key)
+        if hit is None:
+            Rp, Cp = 2 * E * F, ceil_to(C, 64)
+            out = self._kept_bufs.get(key)
+            if out is None:
+                out = self._kept_bufs[key] = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, Rp * Cp * 2)
+            self._launch(self.k["to_bf16_pair"], (Cp // 8, Rp), (4, 32), (i32(F), i32(C), gate, up, out))
+            hit = self._kept[key] = (out, Rp, Cp)
+        return hit
 
     def moe_gather(self, N, R, pos, x, xg):
         """xg (R,C): xg[pos(n,k)] = x[n]; with moe_tiled only as xg's kept tiled copy (xg is stable)."""
