@@ -16,12 +16,10 @@
 #error "E must be defined"
 #endif
 
-__kernel void moe_router_forward(const int N, const int fixed, __global const float* rlogits,
-                                 __global float* probs, __global int* sel, __global float* w)
+// The router of token n from its logits l (E floats, private).
+inline void route_token(const int n, const int fixed, const float* l, __global float* probs, __global int* sel,
+                        __global float* w)
 {
-    const int n = get_global_id(0);
-    if (n >= N) return;
-    __global const float* l = rlogits + n * E;
     float p[E];
     float mx = -INFINITY;
     for (int e = 0; e < E; e++) mx = fmax(mx, l[e]);
@@ -43,6 +41,74 @@ __kernel void moe_router_forward(const int N, const int fixed, __global const fl
     for (int k = 0; k < K; k++) ssel += p[sel[n * K + k]];
     for (int k = 0; k < K; k++) w[n * K + k] = p[sel[n * K + k]] / ssel;
 }
+
+__kernel void moe_router_forward(const int N, const int fixed, __global const float* rlogits,
+                                 __global float* probs, __global int* sel, __global float* w)
+{
+    const int n = get_global_id(0);
+    if (n >= N) return;
+    float l[E];
+    for (int e = 0; e < E; e++) l[e] = rlogits[n * E + e];
+    route_token(n, fixed, l, probs, sel, w);
+}
+
+// GPUs (clgpt/ops/grouped.py moe_router_forward): the logits x[n] . Wr[e] in fp32 as well, 32 work-items a token
+// (channels lane, lane + 32, ...), each lane's E sums then added in lane order; launch (32, N), local (32, RW).
+#ifdef RW
+__kernel __attribute__((reqd_work_group_size(32, RW, 1)))
+void moe_router_forward_rows(const int N, const int fixed, __global const float* x, __global const float* wr,
+                             __global float* probs, __global int* sel, __global float* w)
+{
+    __local float part[RW][E][33];
+    const int lane = get_local_id(0), ly = get_local_id(1), n = get_global_id(1);
+    float s[E];
+    for (int e = 0; e < E; e++) s[e] = 0.0f;
+    if (n < N)
+        for (int c = lane; c < C; c += 32) {
+            const float xv = x[(size_t)n * C + c];
+            for (int e = 0; e < E; e++) s[e] += xv * wr[e * C + c];
+        }
+    for (int e = 0; e < E; e++) part[ly][e][lane] = s[e];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (lane || n >= N) return;
+    float l[E];
+    for (int e = 0; e < E; e++) {
+        float t = 0.0f;
+        for (int j = 0; j < 32; j++) t += part[ly][e][j];
+        l[e] = t;
+    }
+    route_token(n, fixed, l, probs, sel, w);
+}
+
+// The router weight's gradient in parts: part[p E C + e C + c] = sum over rows n of chunk p (rc rows) of
+// drlogits[n, e] x[n, c], rows in order; clgpt/ops/grouped.py adds the parts with bias_final. Launch (C, P).
+__kernel void moe_router_dw_partial(const int N, const int rc, __global const float* drl, __global const float* x,
+                                    __global float* part)
+{
+    const int c = get_global_id(0), p = get_global_id(1);
+    if (c >= C || p * rc >= N) return;  // (the launch may round P up)
+    float s[E];
+    for (int e = 0; e < E; e++) s[e] = 0.0f;
+    const int end = min(N, (p + 1) * rc);
+    for (int n = p * rc; n < end; n++) {
+        const float xv = x[(size_t)n * C + c];
+        for (int e = 0; e < E; e++) s[e] += drl[n * E + e] * xv;
+    }
+    for (int e = 0; e < E; e++) part[((size_t)p * E + e) * C + c] = s[e];
+}
+
+// dx[n] = drlogits[n] @ Wr + sum_k dxg[pos(n,k)]: the router's input gradient and the gather's together.
+__kernel void moe_scatter_router_backward(const int N, __global const int* pos, __global const float* dxg,
+                                          __global const float* drl, __global const float* wr, __global float* dx)
+{
+    const int c = get_global_id(0), n = get_global_id(1);
+    if (c >= C || n >= N) return;
+    float s = 0.0f;
+    for (int e = 0; e < E; e++) s += drl[n * E + e] * wr[e * C + c];
+    for (int k = 0; k < K; k++) s += dxg[pos[n * K + k] * C + c];
+    dx[n * C + c] = s;
+}
+#endif
 
 // Packed routing for the grouped products (-D RM: their tile rows): expert e's rows start at offs[e] =
 // sum_{e' < e} ceil(counts[e'] / RM) * RM, its tokens in increasing order; tiles[e] = offs[e] / RM and

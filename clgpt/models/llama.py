@@ -47,7 +47,7 @@ from clgpt.errors import ClgptError
 from clgpt.models.base import EngineBase
 from clgpt.ops import F32, ceil_to
 
-i32, f32 = np.int32, np.float32
+i32 = np.int32
 _EXPERT_MATS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 
 
@@ -192,9 +192,8 @@ class LlamaEngine(EngineBase):
         """out = resid + sum_k w_k expert_{sel_k}(ln2): route, gather, the experts (grouped products), combine."""
         cfg, ops, p, pre = self.cfg, self.ops, self.p, f"blk.{i}."
         C, E = cfg.n_embd, cfg.n_expert
-        ops.matmul(N, E, C, a["ln2"], p[pre + "ffn_gate_inp.weight"], self.rlogits, tb=1)
-        ops.runp("moe_router_forward", (N,), i32(N), i32(self._fixed_routing), self.rlogits, a["probs"], a["sel"],
-                 a["w"])
+        ops.moe_router_forward(N, self._fixed_routing, a["ln2"], p[pre + "ffn_gate_inp.weight"], self.rlogits,
+                               a["probs"], a["sel"], a["w"])
         ops.moe_route(N, a["probs"], a["sel"], a["pos"], a["counts"], a["offs"], a["tiles"], a["pmean"])
         self._n_routed = N  # counts and pmean stay on the device until expert_usage / aux_loss ask
         ops.moe_gather(N, self.R, a["pos"], a["ln2"], a["xg"])
@@ -244,8 +243,7 @@ class LlamaEngine(EngineBase):
     def _moe_backward(self, i, a, N, scale, dy):
         """dy: the gradient reaching the MoE output; leaves the gradient of ln2 in dln."""
         cfg, ops, pre, p, g = self.cfg, self.ops, f"blk.{i}.", self.p, self.g
-        C, E, K = cfg.n_embd, cfg.n_expert, cfg.n_expert_used
-        dln = self.dln
+        E, K = cfg.n_expert, cfg.n_expert_used
         route = (a["counts"], a["offs"], a["tiles"])
         ops.moe_combine_backward(N, self.R, dy, a["w"], a["pos"], self.dye)
         ops.moe_weight_backward(N, dy, a["pos"], a["ye"], self.dwsel)
@@ -253,11 +251,8 @@ class LlamaEngine(EngineBase):
                                  [p[f"{pre}{name}.weight"] for name in _EXPERT_MATS],
                                  [g[f"{pre}{name}.weight"] for name in _EXPERT_MATS], self.dact, self.dhgu, self.dxg)
         aux_scale = scale * cfg.moe_aux_loss * E / (float(N) * N * K)
-        ops.runp("moe_router_backward", (N,), i32(N), f32(aux_scale), self.dwsel, a["probs"], a["sel"], a["w"],
-                 a["counts"], self.drlogits)
-        ops.linear_backward(N, E, C, self.drlogits, a["ln2"], p[pre + "ffn_gate_inp.weight"],
-                            g[pre + "ffn_gate_inp.weight"], dln)
-        ops.runp("moe_scatter_backward", (C, N), i32(N), a["pos"], self.dxg, dln)
+        ops.moe_router_backward(N, aux_scale, self.dwsel, a, a["ln2"], p[pre + "ffn_gate_inp.weight"],
+                                g[pre + "ffn_gate_inp.weight"], self.drlogits, self.dxg, self.dln)
 
 
 def _rope_tables(T: int, D: int, base: float) -> tuple[np.ndarray, np.ndarray]:

@@ -268,6 +268,9 @@ class BaseOps:
             for kname in ("swiglu_forward_tiled", "swiglu_backward_tiled", "swiglu_rows_forward_tiled"):
                 k[kname] = dev.kernel("swiglu", kname, SPLIT_TILED=1)
             k["to_bf16_pair"] = dev.kernel("matmul_bf16", "to_bf16_pair", TILED=1, **self._bf16_opts)
+        if self.rows:  # the router's products inside its kernels, in fp32 (grouped.py moe_router_forward)
+            for kname in ("moe_router_forward_rows", "moe_router_dw_partial", "moe_scatter_router_backward"):
+                k[kname] = dev.kernel("moe", kname, **moe, RW=4)
         if self.caps.moe_weight_backward_groups:
             k["moe_weight_backward_wg"] = dev.kernel("moe", "moe_weight_backward_wg", **moe, LW=64)
 

@@ -364,6 +364,36 @@ class GroupedOps:
             return
         self.swiglu_backward(R * F, dy, gate, up, dgate, dup)
 
+    def moe_router_forward(self, N, fixed, x, wr, rlogits, probs, sel, w):
+        """probs (N,E) = softmax(x @ Wr.T), sel (N,K) its top-k (kept with `fixed`), w the renormalised picks. GPUs
+        take the logits inside the router's kernel, in fp32 whatever the precision (a product of width E, with its
+        operand copies, cost more than the dot products); CPUs through matmul into rlogits."""
+        if self.rows:
+            self.run("moe_router_forward_rows", (32, ceil_to(N, 4)), i32(N), i32(fixed), x, wr, probs, sel, w,
+                     lsize=(32, 4))
+            return
+        self.matmul(N, self.cfg.n_expert, self.cfg.n_embd, x, wr, rlogits, tb=1)
+        self.runp("moe_router_forward", (N,), i32(N), i32(fixed), rlogits, probs, sel, w)
+
+    def moe_router_backward(self, N, aux_scale, dwsel, route, x, wr, gwr, drlogits, dxg, dx):
+        """The router's backward: drlogits (N,E) from the picks' weight gradients dwsel and the load-balancing
+        term (aux_scale; route: the forward's probs, sel, w, counts, pos), gwr (E,C) += drlogits.T @ x, and
+        dx (N,C) = drlogits @ Wr plus the sum of each token's rows of dxg (the gather's gradient)."""
+        E, C = self.cfg.n_expert, self.cfg.n_embd
+        pos = route["pos"]
+        self.runp("moe_router_backward", (N,), i32(N), f32(aux_scale), dwsel, route["probs"], route["sel"],
+                  route["w"], route["counts"], drlogits)
+        if self.rows:
+            rc = self.launch["colsum_rows"]
+            P = -(-N // rc)
+            part = self._grown("cparts", P * E * C)
+            self.runp("moe_router_dw_partial", (C, P), i32(N), i32(rc), drlogits, x, part)
+            self._bias_final(P, E * C, part, gwr)
+            self.runp("moe_scatter_router_backward", (C, N), i32(N), pos, dxg, drlogits, wr, dx)
+            return
+        self.linear_backward(N, E, C, drlogits, x, wr, gwr, dx)
+        self.runp("moe_scatter_backward", (C, N), i32(N), pos, dxg, dx)
+
     def moe_route(self, N, probs, sel, pos, counts, offs, tiles, pmean):
         """Pack each expert's tokens in increasing order at a tile-aligned offset (kernels/moe.cl)."""
         args = (i32(N), probs, sel, pos, counts, offs, tiles, pmean)
