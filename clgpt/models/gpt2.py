@@ -31,7 +31,7 @@ class GPT2Engine(EngineBase):
                 a["att_d"] = buf(B * H * T * T)  # the dropped attention probabilities
             self.acts.append(a)
         self.lnf_mean, self.lnf_rstd = buf(N), buf(N)
-        # backward scratch, reused by every layer
+        # backward scratch, shared by every layer
         self.datty, self.dqkv = buf(N * C), buf(N * 3 * C)
         self.dh, self.datt = buf(N * F), buf(self.ops.att_floats(B, T))
         if self.dropout:  # a residual branch before its dropout (forward), its gradient after (backward)

@@ -10,32 +10,31 @@ attention and row kernels, fused cross-entropy, preset launches).
     logits = rms(x, output_norm) @ (output.weight or token_embd.weight).T      (head: clgpt.models.base)
 
 Shapes: B batch, T time, N = B*T rows, C n_embd, H heads, Hkv kv heads, D = C // H, F n_ff, E experts,
-K experts used, R = N*K + E*(RM-1) rows of the packed expert operands, up to a multiple of 64 (RM: the row
-alignment of the grouped products, Ops.grouped_tiles: 6 on CPUs, the largest tile height, 128, on NVIDIA).
+K experts used, R = N*K + E*(RM-1) rows of the packed expert operands, up to a multiple of 64 and of the
+sub-buffer alignment (RM: the row alignment of the grouped products, Ops.grouped_tiles).
 
 The parameter store lays attn_q | attn_k | attn_v back to back (and, dense, ffn_gate | ffn_up), so each is
 one product: (N, C + 2 Ckv) = h @ [Wq; Wk; Wv].T, (N, 2F) = h @ [Wg; Wu].T, and one weight-gradient and one
-input-gradient product each in the backward. Attention reuses kernels/attention.cl: rope.cl rotates q and k
+input-gradient product each in the backward. Attention runs kernels/attention.cl: rope.cl rotates q and k
 of the product's output into its (N,3C) qkv layout, repeating each kv head for its H/Hkv query heads
 (grouped-query attention); without grouping the layouts agree and RoPE runs in place. The model hands RoPE
 to the attention launchers with the call (rope=), which decide where it runs (clgpt/ops/attention.py).
 swiglu.cl's row kernel reads gate | up rows; the backward's dgate | dup is the epilogue of the dact = dy @ Wdown
 product.
 
-Mixture of experts as grouped work, deterministic, all on the device: the router kernel picks each token's
-top-k; one work-item per expert packs its tokens in increasing order at a tile-aligned offset (tokens sorted
-by expert; GPUs: one work-group, moe_route_packed_wg); a gather copies the rows there; each projection is one
-grouped launch over all experts (kernels/matmul.cl, Ops.matmul_grouped_rows / matmul_grouped_k: a tile of rows
+Mixture of experts as grouped work, deterministic, all on the device (clgpt/ops/grouped.py): the router kernel
+picks each token's top-k; the routing packs each expert's tokens in increasing order at a tile-aligned offset;
+a gather copies the rows there; the experts' products are grouped launches over all experts (a tile of rows
 finds its expert, whose matrix is a slice of the stacked (E, F, C) tensor; weight gradients sum each expert's
-rows in order straight into its slice; CPUs the register-blocked form, GPUs the tiled one, or in bf16 with
-tensor cores kernels/matmul_mma.cl's); a combine kernel
+rows in order straight into its slice; where the launchers can, gate and up are one product, as in the dense
+block); a combine kernel
 sums the k weighted outputs per token in order. Nothing comes back to the host within a step (the expert
 counts and mean probabilities are read only when expert_usage or aux_loss ask). The load-balancing loss `cfg.moe_aux_loss * E * sum_e f_e P_e` (per
 layer, f_e = share of the N*K assignments on expert e, P_e = mean router probability, over all B'*T' rows)
 enters the backward only: `forward` returns the cross-entropy alone, `aux_loss()` the last forward's aux.
 
 `expert_usage()` -> (L, E): the fraction of the last forward's tokens that routed to each expert.
-`freeze_routing(True)` reuses the last forward's top-k indices (gradient checks: routing is discrete).
+`freeze_routing(True)` keeps the last forward's top-k indices (gradient checks: routing is discrete).
 """
 
 from __future__ import annotations
@@ -101,7 +100,7 @@ class LlamaEngine(EngineBase):
                 a.update(hgu=buf(N * 2 * F), act=buf(N * F))  # gate | up, silu(gate) * up
             self.acts.append(a)
         self.rf = buf(N)
-        # backward scratch, reused by every layer
+        # backward scratch, shared by every layer
         self.datty, self.dqkv, self.datt = buf(N * C), buf(N * 3 * C), buf(self.ops.att_floats(B, T))
         if Ckv != C:  # grouped: the q | k | v product's output and gradient apart from attention's layout
             self.hqkv, self.dhqkv = buf(N * (C + 2 * Ckv)), buf(N * (C + 2 * Ckv))
@@ -122,7 +121,7 @@ class LlamaEngine(EngineBase):
         self._n_routed = 0
 
     def freeze_routing(self, on: bool = True):
-        """Reuse the last forward's top-k indices in later forwards (same B', T'): gradient checks."""
+        """Keep the last forward's top-k indices for later forwards (same B', T'): gradient checks."""
         self._fixed_routing = bool(on)
 
     def expert_usage(self) -> np.ndarray:
