@@ -54,6 +54,29 @@ class Background:
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _llama_cpp_plain_weights():
+    """llama.cpp, the referee, loads weights as written: no repacking into its extra buffer types (the CPU's
+    repacked and AMX layouts). On an Intel Xeon with AMX and AVX-512, llama-cpp-python 0.3.36 with them on
+    crashed (segmentation fault) in test_llama_parity's q8_0 logits, on this tree and on earlier ones alike; its
+    plain CPU kernels compute the same products."""
+    try:
+        from llama_cpp import llama_cpp as lib
+    except ImportError:
+        yield
+        return
+    default = lib.llama_model_default_params
+
+    def plain():
+        params = default()
+        params.use_extra_bufts = False
+        return params
+
+    lib.llama_model_default_params = plain
+    yield
+    lib.llama_model_default_params = default
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _background_runs(request, tmp_path_factory):
     """{name: Background} of the runs the selected tests need, started before the first test."""
     wanted = {name for item in request.session.items for name in getattr(item, "fixturenames", ())}
