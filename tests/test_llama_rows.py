@@ -204,7 +204,11 @@ def test_llama_engine_on_the_gpu_row_against_float64(monkeypatch, C, n_ff):
     worst, where = max_rel(eng.get_grads(), ref.llama_backward(cache))
     assert worst < 1e-4, f"grads: max relative diff {worst:.3e} in {where}"
     got, want = eng.forward(tokens[:2, :5]), ref.llama_logits(p, cfg, tokens[:2, :5])
-    assert np.abs(got - want).max() < 1e-5, f"logits: max abs diff {np.abs(got - want).max():.3e}"
+    # float32 against float64: within 1e-5 of the largest logit (an absolute 1e-5 failed by 2% on an Intel Xeon
+    # with AVX-512 under Intel's runtime, whose vector code rounds in another order)
+    scale = max(1.0, np.abs(want).max())
+    diff = np.abs(got - want).max()
+    assert diff < 1e-5 * scale, f"logits: max abs diff {diff:.3e}, scale {scale:.3g}"
     rows = {"rmsnorm_forward_rows", "rmsnorm_backward_rows", "rmsnorm_param_final_rows"}
     wg = {"rmsnorm_forward_wg", "rmsnorm_backward_wg"}
     took, left = (rows, wg) if C % 128 == 0 else (wg, rows)
