@@ -72,7 +72,7 @@ for (name, kw), attention in ((m, a) for m in MODELS.items() for a in ("batched"
     eng, loss, grads = run(cfg, params, tok, tgt, "bf16", attention)
     paths = f"wgmma={eng.ops.wgmma is not None} flash={eng.ops.flash}"
     if cfg.n_expert:
-        paths += f" gate|up={eng.ops.moe_gate_up(eng.R)}"
+        paths += f" gate|up={eng.ops.moe_tiled(eng.R)}"
     want_loss, want = reference(eng, cfg, params, tok, tgt)
     worst = max((np.abs(grads[n] - g).max() / max(np.abs(g).max(), 1e-12), n) for n, g in want.items())
     _, loss2, grads2 = run(cfg, params, tok, tgt, "bf16", attention)

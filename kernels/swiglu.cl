@@ -23,22 +23,12 @@ __kernel void swiglu_backward(const int n, __global const float* dy, __global co
     dgate[i] = d * up[i] * sg * (1.0f + g * (1.0f - sg));
 }
 
-// On wgmma, the experts' form with gate and up apart (clgpt/ops/grouped.py moe_tiled; -D SPLIT_TILED): the
-// outputs only as the bf16 tiled copies the grouped products read (precision.cl tiled_store4; R rows a multiple
-// of 64, W columns of 4), the same formulas lane by lane. 2-D launch (W/4, R): four columns of a row an item.
-#ifdef SPLIT_TILED
+// On wgmma, the experts' form (clgpt/ops/grouped.py moe_tiled; -D EXPERTS_TILED): h (R, 2W) from their one
+// gate | up product, each row gate | up as the dense form's; y only as the bf16 tiled copy the down product reads
+// (precision.cl tiled_store4; R rows a multiple of 64, W columns of 4), the same formula lane by lane. 2-D launch
+// (W/4, R): four columns of a row an item. The backward is the down product's epilogue (EPI 3).
+#ifdef EXPERTS_TILED
 #include "precision.cl"
-__kernel void swiglu_forward_tiled(const int R, const int W, __global const float* gate, __global const float* up,
-                                   __global uint2* y16)
-{
-    const int f = 4 * get_global_id(0), r = get_global_id(1);
-    if (f >= W || r >= R) return;
-    const size_t o = (size_t)r * W + f;
-    const float4 g = vload4(0, gate + o);
-    tiled_store4(y16, r, f, R, g / (1.0f + exp(-g)) * vload4(0, up + o));
-}
-
-// The experts' gate | up product (h (R, 2W), each row gate | up, as the dense form's): y only as its tiled copy.
 __kernel void swiglu_rows_forward_tiled(const int R, const int W, __global const float* h, __global uint2* y16)
 {
     const int f = 4 * get_global_id(0), r = get_global_id(1);
@@ -46,18 +36,6 @@ __kernel void swiglu_rows_forward_tiled(const int R, const int W, __global const
     const size_t o = (size_t)r * 2 * W + f;
     const float4 g = vload4(0, h + o);
     tiled_store4(y16, r, f, R, g / (1.0f + exp(-g)) * vload4(0, h + o + W));
-}
-
-__kernel void swiglu_backward_tiled(const int R, const int W, __global const float* dy, __global const float* gate,
-                                    __global const float* up, __global uint2* dgate16, __global uint2* dup16)
-{
-    const int f = 4 * get_global_id(0), r = get_global_id(1);
-    if (f >= W || r >= R) return;
-    const size_t o = (size_t)r * W + f;
-    const float4 g = vload4(0, gate + o), d = vload4(0, dy + o);
-    const float4 sg = 1.0f / (1.0f + exp(-g));
-    tiled_store4(dup16, r, f, R, d * g * sg);
-    tiled_store4(dgate16, r, f, R, d * vload4(0, up + o) * sg * (1.0f + g * (1.0f - sg)));
 }
 #endif
 

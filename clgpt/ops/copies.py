@@ -96,11 +96,13 @@ class CopyOps:
             return out
         return self.to_bf16(slot, X, rows, cols, Rp, Cp, tiled=True), Rp, Cp
 
-    def _kept_buf(self, X, nbytes):
-        """The device buffer that holds stable buffer X's tiled copy, grown to nbytes."""
-        out = self._kept_bufs.get(X.int_ptr)
+    def _kept_buf(self, X, nbytes, what=None):
+        """The device buffer that holds stable buffer X's tiled copy (or another copy made of X, named `what`),
+        grown to nbytes."""
+        key = X.int_ptr if what is None else (X.int_ptr, what)
+        out = self._kept_bufs.get(key)
         if out is None or out.size < nbytes:
-            out = self._kept_bufs[X.int_ptr] = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, nbytes)
+            out = self._kept_bufs[key] = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, nbytes)
         return out
 
     def _kept_copy(self, X, rows, cols):

@@ -265,12 +265,12 @@ class BaseOps:
         if self.tiled_outputs:  # the operands of the grouped products straight to their tiled copies
             for kname in ("moe_gather_packed_tiled", "moe_combine_backward_tiled"):
                 k[kname] = dev.kernel("moe", kname, **moe, MOE_TILED=1)
-            for kname in ("swiglu_forward_tiled", "swiglu_backward_tiled", "swiglu_rows_forward_tiled"):
-                k[kname] = dev.kernel("swiglu", kname, SPLIT_TILED=1)
+            k["swiglu_rows_forward_tiled"] = dev.kernel("swiglu", "swiglu_rows_forward_tiled", EXPERTS_TILED=1)
             k["to_bf16_pair"] = dev.kernel("matmul_bf16", "to_bf16_pair", TILED=1, **self._bf16_opts)
+        self.router_rw = 4  # tokens a work-group of moe_router_forward_rows
         if self.rows:  # the router's products inside its kernels, in fp32 (grouped.py moe_router_forward)
             for kname in ("moe_router_forward_rows", "moe_router_dw_partial", "moe_scatter_router_backward"):
-                k[kname] = dev.kernel("moe", kname, **moe, RW=4)
+                k[kname] = dev.kernel("moe", kname, **moe, RW=self.router_rw)
         if self.caps.moe_weight_backward_groups:
             k["moe_weight_backward_wg"] = dev.kernel("moe", "moe_weight_backward_wg", **moe, LW=64)
 

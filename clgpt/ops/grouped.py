@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import math
 
-import pyopencl as cl
-
 from clgpt.errors import ClgptError
 from clgpt.ops.core import ceil_to, f32, i32
 from clgpt.ops.gemm import matmul_defines, matmul_launch, split_k_chunks
@@ -257,21 +255,16 @@ class GroupedOps:
         return (self.tiled_outputs and R % 64 == 0 and C % 64 == 0 and F % 64 == 0
                 and self.grouped_on_wgmma(R, F, C, R) and self.grouped_on_wgmma(R, C, F, R))
 
-    def moe_gate_up(self, R) -> bool:
-        """Whether the experts' gate and up run as one product of width 2F, each row gate | up as in the dense
-        feed-forward, against a copy of the two stacked weights with each expert's gate and up rows together;
-        its SwiGLU backward then runs in the epilogue of the down product's input gradient (EPI 3): moe_tiled,
-        and those wider products on wgmma too."""
-        C, F = self.cfg.n_embd, self.cfg.n_ff
-        return self.moe_tiled(R) and self.grouped_on_wgmma(R, 2 * F, C, R) and self.grouped_on_wgmma(R, C, 2 * F, R)
-
     def moe_experts_forward(self, E, max_tiles, R, route, xg, w, hgu, act, ye):
         """The experts on their packed rows (route = counts, offs, tiles; w: the stacked gate, up and down
         weights): h = xg @ W_e.T for gate and up, act = silu(gate) * up, ye (R, C) = act @ W_down_e.T. hgu holds
-        (R, 2F): gate | up per row with moe_gate_up, else gate's (R, F) then up's."""
+        (R, 2F): gate | up per row with moe_tiled, else gate's (R, F) then up's. With moe_tiled gate and up are one
+        product of width 2F, as in the dense feed-forward, against a copy of the two stacked weights with each
+        expert's gate and up rows together, and its SwiGLU backward is the epilogue of the down product's input
+        gradient (EPI 3)."""
         C, F = self.cfg.n_embd, self.cfg.n_ff
         w_gate, w_up, w_down = w
-        if self.moe_gate_up(R):
+        if self.moe_tiled(R):
             self._grouped_rows_wgmma(E, R, 2 * F, C, xg, None, hgu, *route[:2], False, 1.0, 1,
                                      b16=self._pair_copy(w_gate, w_up, E, F, C))
             self.runp("swiglu_rows_forward_tiled", (F // 4, R), i32(R), i32(F), hgu, self._kept_copy(act, R, F))
@@ -279,7 +272,7 @@ class GroupedOps:
             hg, hu = self.halves(hgu, R * F)
             for W, h in ((w_gate, hg), (w_up, hu)):
                 self.matmul_grouped_rows(E, max_tiles, F, C, xg, C, W, C, F * C, h, F, *route, tb=1, packed=R)
-            self.moe_swiglu_forward(R, hg, hu, act)
+            self.swiglu_forward(R * F, hg, hu, act)
         self.matmul_grouped_rows(E, max_tiles, C, F, act, F, w_down, F, C * F, ye, C, *route, tb=1, packed=R)
 
     def moe_experts_backward(self, E, max_tiles, R, N, route, dye, xg, hgu, act, w, gw, dact, dhgu, dxg):
@@ -289,12 +282,12 @@ class GroupedOps:
         C, F, K = self.cfg.n_embd, self.cfg.n_ff, self.cfg.n_expert_used
         counts, offs, _ = route
         rows = dict(max_rows=N, total_rows=N * K, packed=R)  # top-k picks distinct experts: at most N rows each
-        if not self.moe_gate_up(R):
+        if not self.moe_tiled(R):
             # ye = act @ Wd_e.T:  dWd_e (C,F) += dye_e.T @ act_e;  dact = dye @ Wd_e
             self.grouped_linear_backward(E, max_tiles, C, F, dye, act, w[2], gw[2], dact, *route, **rows)
             dhg, dhu = self.halves(dhgu, R * F)
             hg, hu = self.halves(hgu, R * F)
-            self.moe_swiglu_backward(R, dact, hg, hu, dhg, dhu)
+            self.swiglu_backward(R * F, dact, hg, hu, dhg, dhu)
             # hg = xg @ Wg_e.T, hu = xg @ Wu_e.T:  dW_e (F,C) += dh_e.T @ xg_e;  dxg = dhg @ Wg_e + dhu @ Wu_e
             for j, (dh, W, g) in enumerate(((dhg, w[0], gw[0]), (dhu, w[1], gw[1]))):
                 self.grouped_linear_backward(E, max_tiles, F, C, dh, xg, W, g, dxg, *route, **rows, accum=j > 0)
@@ -305,10 +298,8 @@ class GroupedOps:
             self._grouped_rows_wgmma(E, R, F, C, dye, w[2], dact, counts, offs, False, 1.0, 0, swiglu=(hgu, copy))
         # gate's and up's weight gradients from the copy's two halves (its 64-column blocks lie one after another),
         # then dxg = dgate | dup @ [Wg_e; Wu_e] in one product of depth 2F
-        half = R * F * 2
-        for j in range(2):
-            sub = self.halves(copy, half // 4)[j] if j else copy
-            self._grouped_k_wgmma(E, F, C, None, xg, gw[j], counts, offs, True, 1.0, N, N * K, R, a16=(sub, R, F))
+        for g, half in zip(gw[:2], self.halves(copy, R * F // 2)):  # R x F bf16 each: R F / 2 floats' bytes
+            self._grouped_k_wgmma(E, F, C, None, xg, g, counts, offs, True, 1.0, N, N * K, R, a16=(half, R, F))
         self._grouped_rows_wgmma(E, R, C, 2 * F, None, None, dxg, counts, offs, False, 1.0, 0, a16=(copy, R, 2 * F),
                                  b16=self._pair_copy(w[0], w[1], E, F, C))
 
@@ -319,9 +310,7 @@ class GroupedOps:
         hit = self._kept.get(key)
         if hit is None:
             Rp, Cp = 2 * E * F, ceil_to(C, 64)
-            out = self._kept_bufs.get(key)
-            if out is None:
-                out = self._kept_bufs[key] = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, Rp * Cp * 2)
+            out = self._kept_buf(gate, Rp * Cp * 2, "pair")
             self._launch(self.k["to_bf16_pair"], (Cp // 8, Rp), (4, 32), (i32(F), i32(C), gate, up, out))
             hit = self._kept[key] = (out, Rp, Cp)
         return hit
@@ -345,44 +334,26 @@ class GroupedOps:
             return
         self.runp("moe_combine_backward", (C, NK), i32(N), dout, w, pos, dye)
 
-    def moe_swiglu_forward(self, R, gate, up, out):
-        """out (R,F) = silu(gate) * up; with moe_tiled only as out's kept tiled copy (out is stable)."""
-        F = self.cfg.n_ff
-        if self.moe_tiled(R):
-            self.runp("swiglu_forward_tiled", (F // 4, R), i32(R), i32(F), gate, up, self._kept_copy(out, R, F))
-            return
-        self.swiglu_forward(R * F, gate, up, out)
-
-    def moe_swiglu_backward(self, R, dy, gate, up, dgate, dup):
-        """dgate, dup (R,F); with moe_tiled only as their tiled copies, which their reuse blocks take."""
-        F = self.cfg.n_ff
-        if self.moe_tiled(R):
-            copies = [self._kept_buf(d, R * F * 2) for d in (dgate, dup)]
-            self.runp("swiglu_backward_tiled", (F // 4, R), i32(R), i32(F), dy, gate, up, *copies)
-            for d, copy in zip((dgate, dup), copies):
-                self._premade[d.int_ptr] = (copy, R, F, None, 0)
-            return
-        self.swiglu_backward(R * F, dy, gate, up, dgate, dup)
-
     def moe_router_forward(self, N, fixed, x, wr, rlogits, probs, sel, w):
         """probs (N,E) = softmax(x @ Wr.T), sel (N,K) its top-k (kept with `fixed`), w the renormalised picks. GPUs
         take the logits inside the router's kernel, in fp32 whatever the precision (a product of width E, with its
         operand copies, cost more than the dot products); CPUs through matmul into rlogits."""
         if self.rows:
-            self.run("moe_router_forward_rows", (32, ceil_to(N, 4)), i32(N), i32(fixed), x, wr, probs, sel, w,
-                     lsize=(32, 4))
+            rw = self.router_rw
+            self.run("moe_router_forward_rows", (32, ceil_to(N, rw)), i32(N), i32(fixed), x, wr, probs, sel, w,
+                     lsize=(32, rw))
             return
         self.matmul(N, self.cfg.n_expert, self.cfg.n_embd, x, wr, rlogits, tb=1)
         self.runp("moe_router_forward", (N,), i32(N), i32(fixed), rlogits, probs, sel, w)
 
-    def moe_router_backward(self, N, aux_scale, dwsel, route, x, wr, gwr, drlogits, dxg, dx):
+    def moe_router_backward(self, N, aux_scale, dwsel, acts, x, wr, gwr, drlogits, dxg, dx):
         """The router's backward: drlogits (N,E) from the picks' weight gradients dwsel and the load-balancing
-        term (aux_scale; route: the forward's probs, sel, w, counts, pos), gwr (E,C) += drlogits.T @ x, and
+        term (aux_scale; acts: the layer's forward buffers probs, sel, w, counts, pos), gwr (E,C) += drlogits.T @ x, and
         dx (N,C) = drlogits @ Wr plus the sum of each token's rows of dxg (the gather's gradient)."""
         E, C = self.cfg.n_expert, self.cfg.n_embd
-        pos = route["pos"]
-        self.runp("moe_router_backward", (N,), i32(N), f32(aux_scale), dwsel, route["probs"], route["sel"],
-                  route["w"], route["counts"], drlogits)
+        pos = acts["pos"]
+        self.runp("moe_router_backward", (N,), i32(N), f32(aux_scale), dwsel, acts["probs"], acts["sel"],
+                  acts["w"], acts["counts"], drlogits)
         if self.rows:
             rc = self.launch["colsum_rows"]
             P = -(-N // rc)
