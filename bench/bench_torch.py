@@ -240,6 +240,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--nanogpt", action="store_true",
                     help="as nanoGPT trains on a GPU: torch.compile, bf16 autocast, SDPA attention, fused AdamW")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="after timing, the N kernels with the most device time a step (torch.profiler, 3 steps)")
     args = ap.parse_args(argv)
 
     import numpy as np
@@ -321,7 +323,28 @@ def main(argv=None) -> int:
         lib = "cuBLAS" if dev.type == "cuda" else "CPU BLAS"
         print(f"gemm {args.gemm}^2 fp32: torch matmul ({lib}) {gf:.1f} GFLOP/s, max rel err {err:.2e}")
     print(f"tokens/s={tps:.1f}")
+    if args.profile > 0:
+        profile_kernels(torch, train_step, sync, args.profile)
     return 0
+
+
+def profile_kernels(torch, train_step, sync, top: int, steps: int = 3) -> None:
+    """Print the `top` device kernels by time a step over `steps` profiled steps, as clgpt's profile lists its own."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            train_step()
+        sync()
+    rows = []
+    for e in prof.key_averages():  # the kernels: events on the device, each with its own device time
+        if e.device_type.name != "CPU" and e.self_device_time_total > 0:
+            rows.append((e.self_device_time_total / steps / 1e3, e.count // steps, e.key))
+    rows.sort(reverse=True)
+    total = sum(r[0] for r in rows)
+    print(f"profile: {total:.2f} ms of kernels a step, {sum(r[1] for r in rows)} launches")
+    for ms, n, name in rows[:top]:
+        print(f"  {ms:8.3f} ms {n:5d}x  {name[:110]}")
 
 
 if __name__ == "__main__":

@@ -6,9 +6,9 @@ check  the three kernels on the tensor cores against the float64 reference (clgp
        64, T = 300 (five 64-row blocks, the last partial), with and without dropout: relative error below 1e-2
        (bf16 operands), and a rerun gives the same bytes;
 time   attention forward + backward at M6 (B 64, T 256, 6 x 64), L (B 16, T 512, 12 x 64) and S (GPT-2 small's
-       B 8, T 1024, 12 x 64): flash (its forward alone too), the batched form it replaces (attention: batched, T x T
+       B 8, T 1024, 12 x 64) and GPT-2 medium's (MED: 16 x 64): flash (its forward alone too), the batched form it replaces (attention: batched, T x T
        scores through the GEMM), and PyTorch's F.scaled_dot_product_attention (flash) on bf16 tensors, forward +
-       backward, in the same process. FLASH_SHAPES="L S" picks shapes; FLASH_BATCHED=0 leaves the batched form out.
+       backward, in the same process. FLASH_SHAPES="L S" picks shapes; FLASH_BATCHED=0 leaves the batched form out; FLASH_REPS timed calls (20).
 """
 import math
 import os
@@ -28,7 +28,7 @@ from clgpt.ops import Ops  # noqa: E402
 dev = get_device()
 mf = cl.mem_flags
 f32 = np.float32
-print("device:", dev.name, flush=True)
+print("device:", dev.name, "| CLGPT_FLASH:", os.environ.get("CLGPT_FLASH", "(the defaults)"), flush=True)
 
 
 def ops_for(B, T, C, H, flash):
@@ -116,7 +116,9 @@ def time_shapes():
         import torch.nn.functional as F
     except ImportError:
         torch = None
-    shapes = {"M6": (64, 256, 384, 6), "L": (16, 512, 768, 12), "S": (8, 1024, 768, 12)}
+    shapes = {"M6": (64, 256, 384, 6), "L": (16, 512, 768, 12), "S": (8, 1024, 768, 12),
+              "MED": (8, 1024, 1024, 16)}
+    reps = int(os.environ.get("FLASH_REPS", "20"))
     for name in os.environ.get("FLASH_SHAPES", "M6 L S").split():
         B, T, C, H = shapes[name]
         r = np.random.default_rng(0)
@@ -126,9 +128,9 @@ def time_shapes():
             ops = ops_for(B, T, C, H, flash)
             b = bufs(ops, B, T, C, qkv, dout)
             if flash:
-                row["flash fwd"] = timed(lambda: ops.attention_forward(B, T, b["qkv"], b["out"], b["att"]), 20)
-            row["flash" if flash else "batched"] = timed(lambda: step(ops, B, T, b), 20)
-            row[("flash" if flash else "batched") + " drop"] = timed(lambda: step(ops, B, T, b, (7, 1, 0.2)), 20)
+                row["flash fwd"] = timed(lambda: ops.attention_forward(B, T, b["qkv"], b["out"], b["att"]), reps)
+            row["flash" if flash else "batched"] = timed(lambda: step(ops, B, T, b), reps)
+            row[("flash" if flash else "batched") + " drop"] = timed(lambda: step(ops, B, T, b, (7, 1, 0.2)), reps)
         if torch is not None and torch.cuda.is_available():
             D = C // H
             q, k, v = (torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -143,10 +145,10 @@ def time_shapes():
                     sdpa(p)
                 torch.cuda.synchronize()
                 t = time.perf_counter()
-                for _ in range(20):
+                for _ in range(reps):
                     sdpa(p)
                 torch.cuda.synchronize()
-                row[key] = (time.perf_counter() - t) / 20 * 1e3
+                row[key] = (time.perf_counter() - t) / reps * 1e3
         print(f"{name} attention fwd+bwd ms: " + ", ".join(f"{k} {v:.3f}" for k, v in row.items()), flush=True)
         if "torch sdpa" in row:
             print(f"{name} flash / torch sdpa: {row['torch sdpa'] / row['flash']:.3f}x speed", flush=True)
