@@ -15,6 +15,7 @@ value read() cannot use is a one-line ClgptError naming the variable and what to
     CLGPT_BF16_SMALL=BM=..,... (tuning)       the bf16 GEMM's small tiles
     CLGPT_WGMMA=BM=..,...|off (tuning)        the wide wgmma tiles (kernels/matmul_wgmma.cl); off: no wgmma
     CLGPT_WGMMA_NARROW=BM=..,... (tuning)     the narrow wgmma tiles
+    CLGPT_FLASH=FWD_MT=..,... (attention)     flash attention's tiles (clgpt/ops/attention.py FLASH_TILES)
     CLGPT_PRESET=0|1 (tuning)                 launch through cl.Kernels whose arguments were set once
     CLGPT_MMA_EMULATE=0|1 (0)                 1: the tensor-core path on any device, mma emulated (tests on PoCL)
     CLGPT_NV_VERBOSE=any (unset)              NVIDIA's compiler reports registers and spills in the build log
@@ -43,6 +44,7 @@ from dataclasses import dataclass
 from clgpt.errors import ClgptError
 
 OFF = "off"  # a tile knob's value that turns its GEMM off (CLGPT_BF16, CLGPT_WGMMA)
+FLASH_KEYS = ("FWD_MT", "KS", "DQ_MT", "KQ", "QK", "KOUTER", "FWD_NREG", "DQ_NREG", "DKV_NREG")  # clgpt/ops/attention.py FLASH_TILES
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,7 @@ class Knobs:
     bf16_small: dict | None = None
     wgmma: dict | str | None = None  # tiles, or OFF
     wgmma_narrow: dict | None = None
+    flash: dict | None = None  # clgpt.ops.attention's FLASH_TILES, overridden
     preset: int | None = None  # 0 | 1 overrides the row's `preset`
     # clgpt.precision, clgpt.ops: which GEMM path and how its copies are made
     mma_emulate: bool = False
@@ -114,6 +117,14 @@ def _tiles(env: Mapping[str, str], var: str, can_be_off: bool = False) -> dict |
     return parse_tiles(var, spec) if spec else None
 
 
+def _flash(env: Mapping[str, str]) -> dict | None:
+    tiles = _tiles(env, "CLGPT_FLASH")
+    unknown = sorted(set(tiles or ()) - set(FLASH_KEYS))
+    if unknown:
+        raise ClgptError(f"CLGPT_FLASH: unknown {', '.join(unknown)}; set {', '.join(FLASH_KEYS)}")
+    return tiles
+
+
 def read(env: Mapping[str, str] | None = None) -> Knobs:
     """The knobs as `env` (default os.environ) sets them now."""
     env = os.environ if env is None else env
@@ -132,6 +143,7 @@ def read(env: Mapping[str, str] | None = None) -> Knobs:
         bf16_small=_tiles(env, "CLGPT_BF16_SMALL"),
         wgmma=_tiles(env, "CLGPT_WGMMA", can_be_off=True),
         wgmma_narrow=_tiles(env, "CLGPT_WGMMA_NARROW"),
+        flash=_flash(env),
         preset=int(preset) if preset in ("0", "1") else None,
         mma_emulate=_on(env.get("CLGPT_MMA_EMULATE")),
         nv_verbose=bool(env.get("CLGPT_NV_VERBOSE")),

@@ -60,6 +60,15 @@
 #define MT 1              // forward, dq: 16-row m tiles a warp (BR / 16 / MT warps)
 #endif
 #define NTQ (BR / 16 / MT * 32)
+#ifndef KS
+#define KS BC             // forward: keys a softmax step (16, 32 or 64)
+#endif
+#ifndef KQ
+#define KQ 16             // dq: keys a step (16, 32 or 64)
+#endif
+#ifndef QK
+#define QK 16             // dk/dv: queries a step (16, 32 or 64)
+#endif
 #define NTK (BRK / 16 * 32)
 #define DP (D + 8)        // local row of a staged block (bf16)
 #define BLK (BC * DP * 2) // bytes of a staged block
@@ -193,6 +202,10 @@ inline void stage(const uint dst, __global const ushort* src, const int ld, cons
 // PRODUCT_T: c[i][0..2NJ) (16 x 16NJ, zeroed) = a[i] (16 x D, A fragments) @ X^T, X: NJ 16-row groups from row
 // x0 of block X; PRODUCT_ACC: acc[i] (16 x D: ND n tiles) += c[i][0..2NK) (16 x 16NK, rounded to bf16 A
 // fragments) @ X, X: rows x0.. of block X
+#ifndef KOUTER
+#define KOUTER 0  // PRODUCT_T: 1, each k step's B fragments loaded together, then its products over all n tiles
+#endif
+#if !KOUTER
 #define PRODUCT_T(c, M, NJ, a, X, x0)                                                       \
     _Pragma("unroll") for (int j_ = 0; j_ < (NJ); j_++) {                                   \
         _Pragma("unroll") for (int i_ = 0; i_ < (M); i_++)                                  \
@@ -206,6 +219,22 @@ inline void stage(const uint dst, __global const ushort* src, const int ld, cons
             }                                                                               \
         }                                                                                   \
     }
+#else
+#define PRODUCT_T(c, M, NJ, a, X, x0)                                                       \
+    _Pragma("unroll") for (int j_ = 0; j_ < (NJ); j_++)                                     \
+        _Pragma("unroll") for (int i_ = 0; i_ < (M); i_++)                                  \
+        _Pragma("unroll") for (int c_ = 0; c_ < 4; c_++) c[i_][2 * j_][c_] = c[i_][2 * j_ + 1][c_] = 0.0f; \
+    _Pragma("unroll") for (int k_ = 0; k_ < KD; k_++) {                                     \
+        uint b_[NJ][4];                                                                     \
+        _Pragma("unroll") for (int j_ = 0; j_ < (NJ); j_++)                                 \
+            LDSM(b_[j_], (X) + AT((x0) + 16 * j_, 16 * k_) + ldn);                          \
+        _Pragma("unroll") for (int j_ = 0; j_ < (NJ); j_++)                                 \
+        _Pragma("unroll") for (int i_ = 0; i_ < (M); i_++) {                                \
+            MMA16816(c[i_][2 * j_], a[i_][k_], b_[j_][0], b_[j_][1]);                       \
+            MMA16816(c[i_][2 * j_ + 1], a[i_][k_], b_[j_][2], b_[j_][3]);                   \
+        }                                                                                   \
+    }
+#endif
 #define PRODUCT_ACC(acc, c, M, NK, X, x0)                                                   \
     _Pragma("unroll") for (int k_ = 0; k_ < (NK); k_++) {                                   \
         uint a_[M][4];                                                                      \
@@ -265,6 +294,20 @@ __kernel void flash_bf16_rope(const int n8, const int T, const int BH, __global 
 #else
 #define OUT_TILED_ARGS
 #endif
+// DQKV_TILED 1 (B T and C multiples of 64): dq, dk and dv written only as dqkv's bf16 copy in matmul_wgmma.cl's
+// tiled layout (Rp = B T) in dqkv16, the copy the q | k | v product's two gradient products read (Ops keeps it),
+// where those products are dqkv's only readers; dqkv itself is not written.
+#ifndef DQKV_TILED
+#define DQKV_TILED 0
+#endif
+#if DQKV_TILED
+#define DQKV_ARGS , __global uint* restrict dqkv16
+#define STORE_DQKV(y, row, col) tiled_store2(dqkv16, row, col, get_num_groups(1) / H * T, y)
+#else
+#define DQKV_ARGS
+#define STORE_DQKV(y, row, col) vstore2(y, 0, dqkv + (size_t)(row) * 3 * C + (col))
+#endif
+
 __kernel __attribute__((reqd_work_group_size(NTQ, 1, 1)))
 void flash_forward(const int T, __global float* restrict out, __global float* att, const uint seed, const uint site,
                    const float p OUT_TILED_ARGS)
@@ -303,44 +346,48 @@ void flash_forward(const int T, __global float* restrict out, __global float* at
             CP_COMMIT();
         }
         const uint Ks = sb + (kb & 1) * 2 * BLK, Vs = Ks + BLK;
-        if (!WARP_ACTIVE(kb * BC <= r0 + 16 * MT - 1)) continue;
-        float s[MT][8][4];
-        PRODUCT_T(s, MT, 4, qa, Ks, 0)
-        const int masked = kb * BC + BC - 1 > r0 || kb * BC + BC > T;
 #pragma unroll
-        for (int i = 0; i < MT; i++) {
-            float mx[2] = {m[i][0], m[i][1]};
+        for (int hs = 0; hs < BC / KS; hs++) {  // KS keys a softmax step
+            const int k0 = kb * BC + hs * KS;
+            if (!WARP_ACTIVE(k0 <= r0 + 16 * MT - 1)) continue;
+            float s[MT][KS / 8][4];
+            PRODUCT_T(s, MT, KS / 16, qa, Ks, hs * KS)
+            const int masked = k0 + KS - 1 > r0 || k0 + KS > T;
 #pragma unroll
-            for (int j = 0; j < 8; j++)
+            for (int i = 0; i < MT; i++) {
+                float mx[2] = {m[i][0], m[i][1]};
 #pragma unroll
-                for (int c = 0; c < 4; c++) {
-                    const int row = r0 + 16 * i + g + 8 * (c >> 1), key = kb * BC + 8 * j + 2 * t + (c & 1);
-                    s[i][j][c] = !masked || (key <= row && key < T) ? s[i][j][c] * SL2 : -INFINITY;
-                    mx[c >> 1] = fmax(mx[c >> 1], s[i][j][c]);
-                }
+                for (int j = 0; j < KS / 8; j++)
 #pragma unroll
-            for (int u = 0; u < 2; u++) {
-                mx[u] = QUAD_MAX(mx[u]);
-                const float alpha = native_exp2(m[i][u] - mx[u]);
-                m[i][u] = mx[u];
-                l[i][u] *= alpha;
-#pragma unroll
-                for (int j = 0; j < ND; j++) { o[i][j][2 * u] *= alpha; o[i][j][2 * u + 1] *= alpha; }
-            }
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-#pragma unroll
-                for (int c = 0; c < 4; c++) {
-                    float e = native_exp2(s[i][j][c] - m[i][c >> 1]);
-                    l[i][c >> 1] += e;
-                    if (p > 0.0f) {
-                        const int row = r0 + 16 * i + g + 8 * (c >> 1), key = kb * BC + 8 * j + 2 * t + (c & 1);
-                        e = KEEP(row, key) ? e * keep : 0.0f;
+                    for (int c = 0; c < 4; c++) {
+                        const int row = r0 + 16 * i + g + 8 * (c >> 1), key = k0 + 8 * j + 2 * t + (c & 1);
+                        s[i][j][c] = !masked || (key <= row && key < T) ? s[i][j][c] * SL2 : -INFINITY;
+                        mx[c >> 1] = fmax(mx[c >> 1], s[i][j][c]);
                     }
-                    s[i][j][c] = e;
+#pragma unroll
+                for (int u = 0; u < 2; u++) {
+                    mx[u] = QUAD_MAX(mx[u]);
+                    const float alpha = native_exp2(m[i][u] - mx[u]);
+                    m[i][u] = mx[u];
+                    l[i][u] *= alpha;
+#pragma unroll
+                    for (int j = 0; j < ND; j++) { o[i][j][2 * u] *= alpha; o[i][j][2 * u + 1] *= alpha; }
                 }
+#pragma unroll
+                for (int j = 0; j < KS / 8; j++)
+#pragma unroll
+                    for (int c = 0; c < 4; c++) {
+                        float e = native_exp2(s[i][j][c] - m[i][c >> 1]);
+                        l[i][c >> 1] += e;
+                        if (p > 0.0f) {
+                            const int row = r0 + 16 * i + g + 8 * (c >> 1), key = k0 + 8 * j + 2 * t + (c & 1);
+                            e = KEEP(row, key) ? e * keep : 0.0f;
+                        }
+                        s[i][j][c] = e;
+                    }
+            }
+            PRODUCT_ACC(o, s, MT, KS / 16, Vs, hs * KS)
         }
-        PRODUCT_ACC(o, s, MT, 4, Vs, 0)
     }
 #pragma unroll
     for (int i = 0; i < MT; i++)
@@ -366,7 +413,7 @@ void flash_forward(const int T, __global float* restrict out, __global float* at
 __kernel __attribute__((reqd_work_group_size(NTQ, 1, 1)))
 void flash_backward_dq(const int T, __global const float* restrict dout, __global const float* restrict out,
                        __global const float* att, __global float* datt, __global float* restrict dqkv,
-                       const uint seed, const uint site, const float p ROPE_ARGS)
+                       const uint seed, const uint site, const float p ROPE_ARGS DQKV_ARGS)
 {
     __local uint4 smem[4 * BLK / 16];  // two stages of (k block, v block)
     XW_DECL
@@ -416,18 +463,18 @@ void flash_backward_dq(const int T, __global const float* restrict dout, __globa
         if (!WARP_ACTIVE(kb * BC <= r0 + 16 * MT - 1)) continue;
         const int masked = kb * BC + BC - 1 > r0 || r0 + 16 * MT > T;
 #pragma unroll
-        for (int hh = 0; hh < BC / 16; hh++) {  // 16 keys at a time
-            float s[MT][2][4], dp[MT][2][4];
-            PRODUCT_T(s, MT, 1, qa, Ks, 16 * hh)
-            PRODUCT_T(dp, MT, 1, da, Vs, 16 * hh)
+        for (int hh = 0; hh < BC / KQ; hh++) {  // KQ keys at a time
+            float s[MT][KQ / 8][4], dp[MT][KQ / 8][4];
+            PRODUCT_T(s, MT, KQ / 16, qa, Ks, KQ * hh)
+            PRODUCT_T(dp, MT, KQ / 16, da, Vs, KQ * hh)
 #pragma unroll
             for (int i = 0; i < MT; i++)
 #pragma unroll
-                for (int j = 0; j < 2; j++)
+                for (int j = 0; j < KQ / 8; j++)
 #pragma unroll
                     for (int c = 0; c < 4; c++) {  // ds = P (dP - delta), dP through the dropout mask
                         const int row = r0 + 16 * i + g + 8 * (c >> 1);
-                        const int key = kb * BC + 16 * hh + 8 * j + 2 * t + (c & 1);
+                        const int key = kb * BC + KQ * hh + 8 * j + 2 * t + (c & 1);
                         const float pr = !masked || (key <= row && row < T)
                                              ? native_exp2(s[i][j][c] * SL2 - L[i][c >> 1]) : 0.0f;
                         float dpv = dp[i][j][c];
@@ -435,7 +482,7 @@ void flash_backward_dq(const int T, __global const float* restrict dout, __globa
                             dpv = KEEP(row, key) ? dpv * keep : 0.0f;
                         s[i][j][c] = pr * (dpv - dl[i][c >> 1]);
                     }
-            PRODUCT_ACC(dq, s, MT, 1, Ks, 16 * hh)
+            PRODUCT_ACC(dq, s, MT, KQ / 16, Ks, KQ * hh)
         }
     }
 #pragma unroll
@@ -448,14 +495,15 @@ void flash_backward_dq(const int T, __global const float* restrict dout, __globa
                 for (int j = 0; j < ND; j++) {
                     float2 y = (float2)(dq[i][j][2 * u] * SCALE, dq[i][j][2 * u + 1] * SCALE);
                     ROPE_BACK(y, row, 4 * j + t);  // columns 8j + 2t, +1: pair 4j + t
-                    vstore2(y, 0, dqkv + ((size_t)b * T + row) * 3 * C + h * D + 8 * j + 2 * t);
+                    STORE_DQKV(y, b * T + row, h * D + 8 * j + 2 * t);
                 }
         }
 }
 
 __kernel __attribute__((reqd_work_group_size(NTK, 1, 1)))
 void flash_backward_dkv(const int T, __global const float* att, __global const float* datt,
-                        __global float* restrict dqkv, const uint seed, const uint site, const float p ROPE_ARGS)
+                        __global float* restrict dqkv, const uint seed, const uint site, const float p ROPE_ARGS
+                        DQKV_ARGS)
 {
     __local uint4 smem[(4 * BLK + 4 * BC * 4) / 16];  // two stages of (q block, dout block), then of (lse, delta)
     XW_DECL
@@ -502,17 +550,17 @@ void flash_backward_dkv(const int T, __global const float* att, __global const f
         __local const float* Dl = Ls + BC;
         if (!WARP_ACTIVE(qb * BC + BC - 1 >= k0)) continue;
 #pragma unroll
-        for (int sub = 0; sub < BC / 16; sub++) {  // 16 queries at a time: s^T, dp^T (16 keys x 16 queries)
-            if (!WARP_ACTIVE(qb * BC + 16 * sub + 15 >= k0)) continue;
-            float st_[1][2][4], dpt[1][2][4];
-            PRODUCT_T(st_, 1, 1, ka, Qs, 16 * sub)
-            PRODUCT_T(dpt, 1, 1, va, Ds, 16 * sub)
-            const int masked = qb * BC + 16 * sub < k0 + 15 || qb * BC + 16 * sub + 15 >= T;
+        for (int sub = 0; sub < BC / QK; sub++) {  // QK queries at a time: s^T, dp^T (16 keys x QK queries)
+            if (!WARP_ACTIVE(qb * BC + QK * sub + QK - 1 >= k0)) continue;
+            float st_[1][QK / 8][4], dpt[1][QK / 8][4];
+            PRODUCT_T(st_, 1, QK / 16, ka, Qs, QK * sub)
+            PRODUCT_T(dpt, 1, QK / 16, va, Ds, QK * sub)
+            const int masked = qb * BC + QK * sub < k0 + 15 || qb * BC + QK * sub + QK - 1 >= T;
 #pragma unroll
-            for (int j = 0; j < 2; j++)
+            for (int j = 0; j < QK / 8; j++)
 #pragma unroll
                 for (int c = 0; c < 4; c++) {  // st -> dropped P^T (for dv), dpt -> dS^T (for dk)
-                    const int key = k0 + g + 8 * (c >> 1), qi = 16 * sub + 8 * j + 2 * t + (c & 1);
+                    const int key = k0 + g + 8 * (c >> 1), qi = QK * sub + 8 * j + 2 * t + (c & 1);
                     const int row = qb * BC + qi;
                     const float pr = !masked || (key <= row && row < T)
                                          ? native_exp2(st_[0][j][c] * SL2 - Ls[qi]) : 0.0f;
@@ -522,8 +570,8 @@ void flash_backward_dkv(const int T, __global const float* att, __global const f
                     st_[0][j][c] = pr * kf;
                     dpt[0][j][c] = pr * (dpt[0][j][c] * kf - Dl[qi]);
                 }
-            PRODUCT_ACC(dv, st_, 1, 1, Ds, 16 * sub)
-            PRODUCT_ACC(dk, dpt, 1, 1, Qs, 16 * sub)
+            PRODUCT_ACC(dv, st_, 1, QK / 16, Ds, QK * sub)
+            PRODUCT_ACC(dk, dpt, 1, QK / 16, Qs, QK * sub)
         }
     }
 #undef STAGE_Q
@@ -533,11 +581,11 @@ void flash_backward_dkv(const int T, __global const float* att, __global const f
         if (key < T)
 #pragma unroll
             for (int j = 0; j < ND; j++) {
-                __global float* o = dqkv + ((size_t)b * T + key) * 3 * C + h * D + 8 * j + 2 * t;
+                const int col = h * D + 8 * j + 2 * t;
                 float2 y = (float2)(dk[0][j][2 * i] * SCALE, dk[0][j][2 * i + 1] * SCALE);
                 ROPE_BACK(y, key, 4 * j + t);
-                vstore2(y, 0, o + C);
-                vstore2((float2)(dv[0][j][2 * i], dv[0][j][2 * i + 1]), 0, o + 2 * C);
+                STORE_DQKV(y, b * T + key, C + col);
+                STORE_DQKV(((float2)(dv[0][j][2 * i], dv[0][j][2 * i + 1])), b * T + key, 2 * C + col);
             }
     }
 }

@@ -81,7 +81,8 @@ __kernel void swiglu_rows_forward_el(const int N, __global const float* h, __glo
 // work-items and their index arithmetic), the same formula lane by lane. 2-D launch
 // (ceil(F/4 / 64) * 64, ceil(N / 4) * 4), local (64, 4); work-item (q, n) writes y[n, 4q..4q+3].
 // SWIGLU_TILED 1 (N, F multiples of 64): also y's bf16 copy in matmul_wgmma.cl's tiled layout (precision.cl
-// tiled_chunk, Rp = N), the copy the down product reads (as layernorm.cl's LN_TILED: no second pass over y).
+// tiled_chunk, Rp = N), the copy the down product reads (as layernorm.cl's LN_TILED: no second pass over y);
+// SWIGLU_TILED 2: that copy alone, where the products are y's only readers (y itself is not written).
 #if F % 4 == 0
 #ifndef SWIGLU_TILED
 #define SWIGLU_TILED 0
@@ -99,7 +100,9 @@ __kernel void swiglu_rows_forward_v4(const int N, __global const float* h, __glo
     __global const float4* g4 = (__global const float4*)(h + (size_t)n * 2 * F) + q;
     const float4 g = g4[0], u = g4[F / 4];
     const float4 v = g / (1.0f + exp(-g)) * u;
+#if SWIGLU_TILED != 2
     ((__global float4*)(y + (size_t)n * F))[q] = v;
+#endif
 #if SWIGLU_TILED
     tiled_store4(y16, n, 4 * q, N, v);
 #endif

@@ -50,9 +50,12 @@ def _copy_at(b, t, h):
     return -(-b * h * t // 64) * 64
 
 
-def _run(dev, qkv, dout, p=0.0, seed=0, site=0):
-    """-> out (B,T,C), dqkv (B,T,3C), lse (B,H,T) from the kernels: the bf16 copies, then the three passes."""
-    cp, fwd, bdq, bdkv = _kernels(dev)
+def _run(dev, qkv, dout, p=0.0, seed=0, site=0, mt=1, ks=64, kq=16, qk=16, kouter=0):
+    """-> out (B,T,C), dqkv (B,T,3C), lse (B,H,T) from the kernels: the bf16 copies, then the three passes. mt, ks:
+    the forward's and dq's m tiles a warp and the forward's keys a softmax step (clgpt/ops/attention.py
+    FLASH_TILES)."""
+    tiles = dict(MT=mt, KS=ks, KQ=kq, QK=qk, KOUTER=kouter)
+    cp, fwd, bdq, bdkv = _kernels(dev, **({} if (mt, ks, kq, qk, kouter) == (1, 64, 16, 16, 0) else tiles))
     mf, q = cl.mem_flags, dev.queue
     bq = cl.Buffer(dev.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(qkv, f32))
     bd = cl.Buffer(dev.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(dout, f32))
@@ -60,7 +63,8 @@ def _run(dev, qkv, dout, p=0.0, seed=0, site=0):
     bo, bl = cl.Buffer(dev.ctx, mf.READ_WRITE, B * T * C * 4), cl.Buffer(dev.ctx, mf.READ_WRITE, natt)
     bdl, bg = cl.Buffer(dev.ctx, mf.READ_WRITE, natt), cl.Buffer(dev.ctx, mf.READ_WRITE, B * T * 3 * C * 4)
     tail = (u32(seed), u32(site), f32(p))
-    gq, gk = ((-(-T // 128) * 256, B * H), (256, 1)), ((-(-T // 64) * 128, B * H), (128, 1))
+    nq = 256 // mt  # work-items of 128 query rows
+    gq, gk = ((-(-T // 128) * nq, B * H), (nq, 1)), ((-(-T // 64) * 128, B * H), (128, 1))
     for src, cols, dst in ((bq, 3 * C, bl), (bd, C, bdl)):
         n8 = B * T * cols // 8
         cp(q, (-(-n8 // 256) * 256,), (256,), i32(n8), i32(T), i32(B * H), src, dst)
@@ -78,15 +82,17 @@ def _rel(got, want):
     return float(np.abs(got - want).max() / np.abs(want).max())
 
 
-@pytest.mark.parametrize("p", [0.0, 0.2])
-def test_flash_attention_against_float64_and_deterministic(dev, p):
+@pytest.mark.parametrize("p, tiles", [(0.0, (1, 64)), (0.2, (1, 64)), (0.2, (2, 32, 64, 32, 1))],
+                         ids=["p0", "p0.2", "p0.2-other-tiles"])
+def test_flash_attention_against_float64_and_deterministic(dev, p, tiles):
     """out, dq, dk, dv and the softmax statistic within bf16's tolerance of float64 (dropout drawing the same
-    mask as the batched form, index (b*H + h, query, key)); a second run gives the same bytes."""
+    mask as the batched form, index (b*H + h, query, key)); a second run gives the same bytes. Also with two m
+    tiles a warp, other key and query steps and the other product order (clgpt/ops/attention.py FLASH_TILES)."""
     r = np.random.default_rng(11)
     qkv, dout = r.normal(size=(B, T, 3 * C)).astype(f32), r.normal(size=(B, T, C)).astype(f32)
     seed, site = 0xC0FFEE, 7
     dmask = scale_mask(seed, site, (B, H, T, T), p) if p else None
-    out, dqkv, lse = _run(dev, qkv, dout, p, seed, site)
+    out, dqkv, lse = _run(dev, qkv, dout, p, seed, site, *tiles)
     want, att = ref.attention_forward(qkv, H, dmask)
     dwant = ref.attention_backward(dout, qkv, att, H, dmask)
     for name, got, w in (("out", out, want), ("dq", dqkv[..., :C], dwant[..., :C]),
@@ -99,7 +105,7 @@ def test_flash_attention_against_float64_and_deterministic(dev, p):
     s = np.where(np.tril(np.ones((T, T), bool)), s, -np.inf)
     lse_want = np.log2(np.exp2(s - s.max(-1, keepdims=True)).sum(-1)) + s.max(-1)
     assert np.abs(lse - lse_want).max() < TOL * np.abs(lse_want).max()
-    again = _run(dev, qkv, dout, p, seed, site)
+    again = _run(dev, qkv, dout, p, seed, site, *tiles)
     assert all(np.array_equal(a, b) for a, b in zip((out, dqkv, lse), again))
 
 
@@ -198,6 +204,76 @@ def test_flash_forward_writes_its_tiled_copy(dev):
         outs.append((out, lse, copy))
     assert np.array_equal(outs[0][0], outs[1][0]) and np.array_equal(outs[0][1], outs[1][1])
     assert np.array_equal(outs[1][2][tiled_index(b * t, c)], bf16_pattern(outs[1][0]))
+
+
+def test_flash_backward_writes_only_the_tiled_copy_of_dqkv(dev):
+    """flash_backward_dq / _dkv with DQKV_TILED (llama on wgmma, where the q | k | v product's two gradient products
+    alone read dqkv): dqkv's bf16 copy in the wgmma layout, the bf16 of what the plain kernels write, bit for bit,
+    and dqkv itself untouched. This module's widths at T 64 (B T a multiple of 64, the copy's rows)."""
+    t, n = 64, B * 64
+    r = np.random.default_rng(8)
+    qkv, dout = r.normal(size=(B, t, 3 * C)).astype(f32), r.normal(size=(B, t, C)).astype(f32)
+    mf, q = cl.mem_flags, dev.queue
+    rw = lambda a: cl.Buffer(dev.ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(a))  # noqa: E731
+    natt = _copy_at(B, t, H) + n * 3 * C // 2
+    tail, cp3 = (u32(0), u32(0), f32(0.0)), -(-3 * C // 64) * 64  # the copy's columns, padded to 64
+    cp, fwd, bdq, bdkv = _kernels(dev)
+    tiled = [dev.kernel("flash", k, C=C, H=H, D=D, SCALE=float(1.0 / math.sqrt(D)), MMA_EMULATE=1, DQKV_TILED=1)
+             for k in ("flash_backward_dq", "flash_backward_dkv")]
+    att, datt = cl.Buffer(dev.ctx, mf.READ_WRITE, natt * 4), cl.Buffer(dev.ctx, mf.READ_WRITE, natt * 4)
+    bo, bd = cl.Buffer(dev.ctx, mf.READ_WRITE, n * C * 4), rw(dout)
+    for src, cols, dst in ((rw(qkv), 3 * C, att), (bd, C, datt)):
+        n8 = n * cols // 8
+        cp(q, (-(-n8 // 256) * 256,), (256,), i32(n8), i32(t), i32(B * H), src, dst)
+    fwd(q, (256, B * H), (256, 1), i32(t), bo, att, *tail)
+    got = []
+    for kq, kk in ((bdq, bdkv), tiled):
+        bg, b16 = rw(np.full((n, 3 * C), -7.0, f32)), rw(np.zeros(n * cp3, np.uint16))
+        more = (b16,) if kq is tiled[0] else ()
+        kq(q, (256, B * H), (256, 1), i32(t), bd, bo, att, datt, bg, *tail, *more)
+        kk(q, (128, B * H), (128, 1), i32(t), att, datt, bg, *tail, *more)
+        got.append((_host(dev, bg, n * 3 * C).reshape(n, 3 * C), _host(dev, b16, n * cp3, np.uint16)))
+    (plain, _), (untouched, copy) = got
+    assert (untouched == -7.0).all() and np.abs(plain).max() > 0
+    assert np.array_equal(copy[tiled_index(n, 3 * C)], bf16_pattern(plain))
+
+
+@pytest.mark.parametrize("products_only, wgmma, rows", [(True, True, 128), (False, True, 128), (True, False, 128),
+                                                         (True, True, 140)])
+def test_attention_backward_hands_dqkv_over_as_its_tiled_copy(dev, monkeypatch, products_only, wgmma, rows):
+    """attention_backward on llama's flash path with RoPE inside (the launches recorded, not run: 3C 192 here):
+    with products_only, both products on wgmma and B T a multiple of 64, the _tiled_only kernels and dqkv's copy
+    waiting for its reuse block, which takes it (an fp32 read is an error); else the plain kernels."""
+    from clgpt.models.llama import _rope_tables
+    from clgpt.ops import Ops
+    from test_precision import emulated_knobs
+
+    c, h, t = 64, 2, rows // 2
+    cfg = ModelConfig(arch="llama", vocab_size=32, n_ctx=t, n_embd=c, n_head=h, n_layer=1, n_ff=64)
+    monkeypatch.setattr(dev, "kernel", lambda stem, name, build_options=(), **d: (name, d.get("DQKV_TILED", 0)))
+    ops = Ops(dev, cfg, t, "bf16", batch_size=2, knobs=emulated_knobs(), attention="flash")
+    assert ops.flash and ops.rope_fused
+    monkeypatch.setattr(ops, "tiled_outputs", True)
+    monkeypatch.setattr(ops, "on_wgmma", lambda M, N, K, epi=0: wgmma)
+    ops._flash_setup()
+    assert ops.k["flash_backward_dq_tiled_only"] == ("flash_backward_dq", 1)
+    launched = []
+    monkeypatch.setattr(ops, "run", lambda name, *a, **kw: launched.append(name))
+    cos, sin = (ops.buf(x.size) for x in _rope_tables(t, c // h, 10000.0))
+    dout, qkv, att, datt, dqkv, out = (ops.buf(k) for k in (rows * c, rows * 3 * c, ops.att_floats(2, t),
+                                                           ops.att_floats(2, t), rows * 3 * c, rows * c))
+    ops.attention_backward(2, t, dout, qkv, att, datt, dqkv, out=out, rope=(dqkv, cos, sin),
+                           products_only=products_only)
+    only = products_only and wgmma and rows % 64 == 0
+    suffix = "_tiled_only" if only else ""
+    assert launched == ["flash_bf16", "flash_backward_dq" + suffix, "flash_backward_dkv" + suffix]
+    assert (dqkv.int_ptr in ops._premade) is only
+    if only:
+        copy = ops._premade[dqkv.int_ptr][0]
+        with pytest.raises(ClgptError, match="read as fp32"):
+            ops._settle(dqkv)
+        with ops.reuse(dqkv):
+            assert ops.tiled_copy(0, dqkv, rows, 3 * c) == (copy, rows, 3 * c)
 
 
 # ---- llama: RoPE inside flash attention (rope_fused: n_head_kv == n_head) ----

@@ -46,6 +46,7 @@ def test_read_takes_os_environ_when_called(monkeypatch):
     ("CLGPT_WGMMA", "off", "wgmma", OFF),
     ("CLGPT_WGMMA", "BM=128,BN=256,STAGES=4,PIPE=1", "wgmma", dict(BM=128, BN=256, STAGES=4, PIPE=1)),
     ("CLGPT_WGMMA_NARROW", "BM=128,BN=64,STAGES=3,PIPE=1", "wgmma_narrow", dict(BM=128, BN=64, STAGES=3, PIPE=1)),
+    ("CLGPT_FLASH", "FWD_MT=2,KS=32", "flash", dict(FWD_MT=2, KS=32)),
     ("CLGPT_PRESET", "0", "preset", 0),
     ("CLGPT_MMA_EMULATE", "1", "mma_emulate", True),
     ("CLGPT_NV_VERBOSE", "1", "nv_verbose", True),
@@ -84,6 +85,7 @@ def test_no_variable_sets_a_field_code_passes_in():
     ("CLGPT_REDUCE_THREADS", "two", "CLGPT_REDUCE_THREADS='two': set it to a number of threads"),
     ("CLGPT_MMA", "BM=wide", "CLGPT_MMA='BM=wide': 'BM' needs an integer"),
     ("CLGPT_MATMUL", "off", "CLGPT_MATMUL='off': 'off' needs an integer"),
+    ("CLGPT_FLASH", "BM=64", "CLGPT_FLASH: unknown BM; set FWD_MT, KS"),
 ])
 def test_a_value_that_cannot_be_used_is_a_one_line_error_naming_the_variable(variable, value, message):
     with pytest.raises(ClgptError, match=re.escape(message)) as err:
@@ -123,3 +125,9 @@ def test_no_module_but_knobs_reads_a_clgpt_variable():
         names = {m for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)
                  and id(node) not in docs for m in re.findall(r"CLGPT_\w+", node.value)}
         assert names <= PROTOCOL, f"{path}: {sorted(names - PROTOCOL)}"
+
+
+def test_the_flash_knob_names_the_tiles_attention_has():
+    from clgpt.ops.attention import FLASH_TILES
+
+    assert tuple(FLASH_TILES) == knobs.FLASH_KEYS

@@ -131,6 +131,12 @@ def test_swiglu_rows_forward_v4_writes_its_tiled_copy(dev, N, F):
                    dict(F=F, SWIGLU_TILED=1), lsize=lsize)
     assert np.array_equal(plain["y"], tiled["y"])
     assert np.array_equal(tiled["y16"][tiled_index(N, F)], bf16_pattern(plain["y"]))
+    # SWIGLU_TILED 2: the same copy, and y left as it was
+    only = run_op(dev, "swiglu", "swiglu_rows_forward_v4", gsize,
+                  [("N", i32(N)), ("h", h), ("y", np.full((N, F), -7.0, f32)), ("y16", np.zeros(N * F, np.uint16))],
+                  dict(F=F, SWIGLU_TILED=2), lsize=lsize)
+    assert np.array_equal(only["y16"], tiled["y16"])
+    assert (only["y"] == -7.0).all()
 
 
 def _to_dev(dev, a):
@@ -182,6 +188,42 @@ def test_ops_write_the_tiled_copies_of_stable_outputs(dev, monkeypatch, N):
             assert kept[1:] == (N, cols)
             copy = _from_dev(dev, kept[0], N * cols, np.uint16)
             assert np.array_equal(copy[tiled_index(N, cols)], bf16_pattern(got))
+
+
+@pytest.mark.parametrize("wgmma", [True, False])
+def test_swiglu_writes_only_the_copy_where_products_alone_read_it(dev, monkeypatch, wgmma):
+    """products_only: where both products that read the output (down's forward and weight gradient) run on
+    wgmma, swiglu_rows_forward writes only the kept tiled copy (the fp32 output untouched); elsewhere both."""
+    N, C, F = 64, 128, 192
+    cfg = ModelConfig(arch="llama", vocab_size=16, n_ctx=8, n_embd=C, n_head=2, n_layer=1, n_ff=F)
+    ops = Ops(dev, cfg, 8, knobs=Knobs(launch="gpu"))
+    ops.tiled_outputs = True
+    ops.build_llama()
+    asked = []
+    monkeypatch.setattr(ops, "on_wgmma", lambda M, Nn, K, epi=0: (asked.append((M, Nn, K)), wgmma)[1])
+    names = _recorded(ops, monkeypatch)
+    h = _swiglu_h(N, F)
+    act = _to_dev(dev, np.full((N, F), -7.0, f32))
+    ops.stable(act)
+    ops.swiglu_rows_forward(N, _to_dev(dev, h), act, products_only=True)
+    assert names == ["swiglu_rows_forward_v4_tiled_only" if wgmma else "swiglu_rows_forward_v4_tiled"]
+    assert asked[0] == (N, C, F)
+    want = ref.swiglu_forward(h[:, :F], h[:, F:])
+    copy = _from_dev(dev, ops._kept[(act.int_ptr, N, F)][0], N * F, np.uint16)
+    assert np.array_equal(copy[tiled_index(N, F)], bf16_pattern(_from_dev(dev, act, (N, F)) if not wgmma else
+                                                                 _plain_swiglu(dev, h, N, F)))
+    got = _from_dev(dev, act, (N, F))
+    if wgmma:
+        assert (got == -7.0).all()
+    else:
+        assert_close(got, want, 1e-5 * np.abs(want).max(), 1e-5, "output")
+
+
+def _plain_swiglu(dev, h, N, F):
+    """y of swiglu_rows_forward_v4 without a copy."""
+    gsize, lsize = _swiglu_grid(N, F)
+    return run_op(dev, "swiglu", "swiglu_rows_forward_v4", gsize,
+                  [("N", i32(N)), ("h", h), ("y", np.zeros((N, F), f32))], dict(F=F), lsize=lsize)["y"]
 
 
 @pytest.mark.parametrize("C,n_ff", [(128, 192), (8, 12), (8, 10)])

@@ -181,7 +181,7 @@ class LlamaEngine(EngineBase):
                 self._moe_forward(i, a, N, resid if resid is not None else self.zero_res, out)
             else:
                 ops.matmul(N, 2 * F, C, a["ln2"], p[pre + "ffn_gate+up"], a["hgu"], tb=1)
-                ops.swiglu_rows_forward(N, a["hgu"], a["act"])
+                ops.swiglu_rows_forward(N, a["hgu"], a["act"], products_only=True)  # read by the down products alone
                 ops.matmul(N, C, F, a["act"], p[pre + "ffn_down.weight"], out, tb=1, resid=resid)
             if self._drop:
                 self._residual(N * C, i, "ffn_res", a["x_mid"], self.branch, x_next)
@@ -230,7 +230,7 @@ class LlamaEngine(EngineBase):
             dh = self.dqkv if Ckv == C else self.dhqkv  # the q | k | v product's gradient (N, C + 2Ckv)
             ops.attention_backward(Bp, Tp, self.datty, a["qkv"], a["att"], self.datt, self.dqkv,
                                    drop and (*drop, a.get("att_d")), out=a["atty"],
-                                   rope=(dh, self.rope_cos, self.rope_sin))
+                                   rope=(dh, self.rope_cos, self.rope_sin), products_only=True)
             ops.linear_backward(N, C + 2 * Ckv, C, dh, a["ln1"], p[pre + "attn_q+k+v"], g[pre + "attn_q+k+v"], dln)
             ops.rmsnorm_backward(N, dln, a["x"], a["r1"], p[pre + "attn_norm.weight"], g[pre + "attn_norm.weight"],
                                  dx, 1)

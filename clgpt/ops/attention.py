@@ -17,6 +17,12 @@ from clgpt.ops.core import f32, i32
 from clgpt.ops.gemm import MATMUL_TILES
 
 FLASH_MIN_GROUPS, FLASH_LONG_T = 4, 1024  # flash attention's size rule (Ops._use_flash)
+# kernels/flash.cl's tiles: the forward's and dq's 16-row m tiles a warp (MT: 128 query rows as 8 / MT warps), the
+# keys (forward KS, dq KQ) or queries (dk/dv QK) a step, the order of the score products (KOUTER) and each
+# kernel's register cap (NREG, clgpt/sm90a.py cap_registers; 0: none). The flash knob (clgpt.knobs FLASH_KEYS)
+# overrides them.
+FLASH_TILES = dict(FWD_MT=1, KS=64, DQ_MT=1, KQ=16, QK=16, KOUTER=0, FWD_NREG=128, DQ_NREG=128, DKV_NREG=128)
+_FLASH_DEFAULTS = dict(MT=1, KS=64, KQ=16, QK=16, KOUTER=0)  # kernels/flash.cl's own: left out of its options
 
 
 class AttentionOps:
@@ -40,19 +46,28 @@ class AttentionOps:
         """kernels/flash.cl's kernels, with the bf16 GEMM's options (MMA_EMULATE on PoCL, for tests); where RoPE
         is fused (rope_fused) built with ROPE (the dq, dk stores rotate back), and the rotating copy too."""
         cfg = self.cfg
+        ft = self.flash_tiles = {**FLASH_TILES, **(self.knobs.flash or {})}
+        capped = not self._bf16_opts.get("MMA_EMULATE")  # NVIDIA only: the cap rebuilds the program's PTX
         rope = {"ROPE": 1} if self.rope_fused else {}
-        if not self._bf16_opts.get("MMA_EMULATE"):  # two 256-item work-groups an SM (clgpt/sm90a.py cap_registers)
-            rope["MAXNREG"] = 128
+        own = {"flash_forward": dict(MT=ft["FWD_MT"], KS=ft["KS"], KOUTER=ft["KOUTER"], MAXNREG=ft["FWD_NREG"]),
+               "flash_backward_dq": dict(MT=ft["DQ_MT"], KQ=ft["KQ"], KOUTER=ft["KOUTER"], MAXNREG=ft["DQ_NREG"]),
+               "flash_backward_dkv": dict(QK=ft["QK"], KOUTER=ft["KOUTER"], MAXNREG=ft["DKV_NREG"])}
+
+        def build(kname, **extra):
+            opts = {**self._bf16_opts, **rope, **own.get(kname, {}), **extra}
+            opts = {k: v for k, v in opts.items()  # the kernel's defaults left out: one program where all agree
+                    if _FLASH_DEFAULTS.get(k, -1) != v and not (k == "MAXNREG" and not (capped and v))}
+            return self.dev.kernel("flash", kname, build_options=self._nv_verbose(self._bf16_opts), C=cfg.n_embd,
+                                   H=cfg.n_head, D=cfg.head_dim, SCALE=float(1.0 / math.sqrt(cfg.head_dim)), **opts)
+
         for kname in ("flash_bf16", "flash_forward", "flash_backward_dq", "flash_backward_dkv",
                       *(("flash_bf16_rope",) if rope else ())):
-            self.k[kname] = self.dev.kernel("flash", kname, build_options=self._nv_verbose(self._bf16_opts),
-                                            C=cfg.n_embd, H=cfg.n_head, D=cfg.head_dim,
-                                            SCALE=float(1.0 / math.sqrt(cfg.head_dim)), **self._bf16_opts, **rope)
+            self.k[kname] = build(kname)
         if self.tiled_outputs and cfg.n_embd % 64 == 0:
-            self.k["flash_forward_tiled"] = self.dev.kernel(  # the output's tiled copy on the way (wgmma)
-                "flash", "flash_forward", build_options=self._nv_verbose(self._bf16_opts), C=cfg.n_embd,
-                H=cfg.n_head, D=cfg.head_dim, SCALE=float(1.0 / math.sqrt(cfg.head_dim)), OUT_TILED=1,
-                **self._bf16_opts, **({"MAXNREG": 128} if "MAXNREG" in rope else {}))
+            self.k["flash_forward_tiled"] = build("flash_forward", OUT_TILED=1)  # the output's tiled copy (wgmma)
+            if rope:  # dqkv as its tiled copy alone (attention_backward's products_only)
+                for kname in ("flash_backward_dq", "flash_backward_dkv"):
+                    self.k[kname + "_tiled_only"] = build(kname, DQKV_TILED=1)
 
     def att_floats(self, B: int, T: int) -> int:
         """Floats of a layer's attention state (att, datt): the probabilities (B,H,T,T), or with flash
@@ -64,12 +79,17 @@ class AttentionOps:
         return -(-BHT // 64) * 64 + B * T * 3 * self.cfg.n_embd // 2
 
     def _flash_grid(self, Bp, Tp, drop):
-        """kernels/flash.cl's global sizes, of the forward and dq (128 query rows a work-group of 256) and of dk/dv
-        (64 keys a work-group of 128), and the kernels' last arguments: dropout's seed, site and p (p 0: none)."""
+        """kernels/flash.cl's global sizes, of the forward and of dq (128 query rows a work-group of 256 / MT) and
+        of dk/dv (64 keys a work-group of 128), and the kernels' last arguments: dropout's seed, site and p (p 0:
+        none)."""
         seed, site, p = drop[:3] if drop is not None else (0, 0, 0.0)
-        H = self.cfg.n_head
-        return ((-(-Tp // 128) * 256, Bp * H), (-(-Tp // 64) * 128, Bp * H),
-                (np.uint32(seed), np.uint32(site), f32(p)))
+        H, nq = self.cfg.n_head, -(-Tp // 128)
+        return ((nq * self._flash_items("FWD_MT"), Bp * H), (nq * self._flash_items("DQ_MT"), Bp * H),
+                (-(-Tp // 64) * 128, Bp * H), (np.uint32(seed), np.uint32(site), f32(p)))
+
+    def _flash_items(self, mt):
+        """Work-items of a forward or dq work-group: 128 rows as warps of 16 MT rows."""
+        return 128 // (16 * self.flash_tiles[mt]) * 32
 
     def _flash_copy(self, Bp, Tp, X, cols, dst, tables=()):
         """X (B',T',cols) as its bf16 copy into dst (att or datt) at float COPY_AT (kernels/flash.cl); tables
@@ -102,10 +122,10 @@ class AttentionOps:
         if rope is not None and not tables:
             self.rope_forward(Bp * Tp, Tp, *rope, qkv)
         if self.flash:
-            g, _, tail = self._flash_grid(Bp, Tp, drop)
+            g, _, _, tail = self._flash_grid(Bp, Tp, drop)
             self._flash_copy(Bp, Tp, qkv, 3 * C, att, tables)
             kname, copy = self._with_copy("flash_forward", out, Bp * Tp, C)
-            self.run(kname, g, i32(Tp), out, att, *tail, *copy, lsize=(256, 1))
+            self.run(kname, g, i32(Tp), out, att, *tail, *copy, lsize=(self._flash_items("FWD_MT"), 1))
             return
         if drop is not None:
             self._attention_forward_batched(Bp, Tp, qkv, out, att, drop)
@@ -152,25 +172,38 @@ class AttentionOps:
         if self.rope_fused:
             self.rope_forward(N, Tp, qkv, cos, sin, qkv)
 
-    def attention_backward(self, Bp, Tp, dout, qkv, att, datt, dqkv, drop=None, out=None, rope=None):
+    def attention_backward(self, Bp, Tp, dout, qkv, att, datt, dqkv, drop=None, out=None, rope=None,
+                           products_only=False):
         """dqkv (B',T',3C) from dout (B',T',C); datt is scratch. drop as in attention_forward. out: the forward's
         output (B',T',C), which flash attention's backward reads (with att's copy of qkv). rope = (dsrc, cos, sin)
         as the forward's: the gradient then goes on through RoPE's transpose into dsrc (B'T', C + 2Ckv; dqkv
         itself without grouped kv heads), by rope_backward after attention, or, where rope_fused, in flash's dq
-        and dk stores."""
+        and dk stores. products_only: dqkv's only readers are the q | k | v product's two gradient products
+        (linear_backward's, next); where flash does the RoPE and both run on wgmma, dqkv is written only as the
+        tiled copy they read (flash.cl DQKV_TILED), which Ops keeps for that reuse block."""
         tables = self._fused_tables(rope, dqkv)
-        self._attention_backward(Bp, Tp, dout, qkv, att, datt, dqkv, drop, out, tables)
+        N, C3 = Bp * Tp, 3 * self.cfg.n_embd
+        copy = None
+        if (products_only and tables and self.tiled_outputs and N % 64 == 0 and C3 % 64 == 0
+                and self.on_wgmma(C3, self.cfg.n_embd, N) and self.on_wgmma(N, self.cfg.n_embd, C3)):
+            copy = self._b16_slot(3, N * C3 * 2)
+        self._attention_backward(Bp, Tp, dout, qkv, att, datt, dqkv, drop, out, tables, copy)
+        if copy is not None:
+            self._premade[dqkv.int_ptr] = (copy, N, C3, None, N // 64)
         if rope is not None and not tables:
             self.rope_backward(Bp * Tp, Tp, dqkv, rope[1], rope[2], rope[0])
 
-    def _attention_backward(self, Bp, Tp, dout, qkv, att, datt, dqkv, drop, out, tables):
+    def _attention_backward(self, Bp, Tp, dout, qkv, att, datt, dqkv, drop, out, tables, copy=None):
         cfg = self.cfg
         C, H, D = cfg.n_embd, cfg.n_head, cfg.head_dim
         if self.flash:
-            gq, gk, tail = self._flash_grid(Bp, Tp, drop)
+            _, gq, gk, tail = self._flash_grid(Bp, Tp, drop)
             self._flash_copy(Bp, Tp, dout, C, datt)
-            self.run("flash_backward_dq", gq, i32(Tp), dout, out, att, datt, dqkv, *tail, *tables, lsize=(256, 1))
-            self.run("flash_backward_dkv", gk, i32(Tp), att, datt, dqkv, *tail, *tables, lsize=(128, 1))
+            only, extra = ("_tiled_only", (copy,)) if copy is not None else ("", ())
+            self.run("flash_backward_dq" + only, gq, i32(Tp), dout, out, att, datt, dqkv, *tail, *tables, *extra,
+                     lsize=(self._flash_items("DQ_MT"), 1))
+            self.run("flash_backward_dkv" + only, gk, i32(Tp), att, datt, dqkv, *tail, *tables, *extra,
+                     lsize=(128, 1))
             return
         if drop is None and not self.attn_gemm:
             self.runp("attention_backward_query", (Tp, Bp * H), i32(Bp), i32(Tp), dout, qkv, att, datt, dqkv)

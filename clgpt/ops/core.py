@@ -245,6 +245,8 @@ class BaseOps:
         self.k["swiglu_rows_forward_v4"] = dev.kernel("swiglu", "swiglu_rows_forward_v4", F=F)
         if self.tiled_outputs and F % 64 == 0:
             self.k["swiglu_rows_forward_v4_tiled"] = dev.kernel("swiglu", "swiglu_rows_forward_v4", F=F, SWIGLU_TILED=1)
+            self.k["swiglu_rows_forward_v4_tiled_only"] = dev.kernel("swiglu", "swiglu_rows_forward_v4", F=F,
+                                                                     SWIGLU_TILED=2)
 
     def _build_moe(self):
         """kernels/moe.cl: routing, gather, combine and their gradients, rows aligned to grouped_tiles' RM. GPUs

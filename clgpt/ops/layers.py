@@ -84,11 +84,15 @@ class LayerOps:
         self._rope_launch("rope_backward", 2 * H if H == Hkv else H + 2 * Hkv, N,
                           (i32(N), i32(Tp), dqkv, cos, sin, dsrc))
 
-    def swiglu_rows_forward(self, N, h, out):
-        """out (N,F) = silu(h[:, :F]) * h[:, F:], h (N,2F) = gate | up."""
+    def swiglu_rows_forward(self, N, h, out, products_only=False):
+        """out (N,F) = silu(h[:, :F]) * h[:, F:], h (N,2F) = gate | up. products_only: the caller's products
+        (down's forward and weight gradient) are out's only readers; where out is stable and both run on wgmma,
+        only out's kept tiled copy is written then, as gpt2's gelu(h) (Ops._matmul_bf16)."""
         F = self.cfg.n_ff
         if self.caps.swiglu_per_element and F % 4 == 0:  # GPUs: 4 outputs a work-item, out's tiled copy where kept
             kname, copy = self._with_copy("swiglu_rows_forward_v4", out, N, F)
+            if products_only and copy and self.on_wgmma(N, self.cfg.n_embd, F) and self.on_wgmma(self.cfg.n_embd, F, N):
+                kname += "_only"
             self.run(kname, (ceil_to(F // 4, 64), ceil_to(N, 4)), i32(N), h, out, *copy, lsize=(64, 4))
             return
         if self.caps.swiglu_per_element:  # other widths: one work-item per output
