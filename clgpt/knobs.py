@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from clgpt.errors import ClgptError
 
 OFF = "off"  # a tile knob's value that turns its GEMM off (CLGPT_BF16, CLGPT_WGMMA)
-FLASH_KEYS = ("FWD_MT", "KS", "DQ_MT", "KQ", "QK", "KOUTER", "FWD_NREG", "DQ_NREG", "DKV_NREG")  # clgpt/ops/attention.py FLASH_TILES
+FLASH_KEYS = ("FWD_MT", "KS", "DQ_MT", "KQ", "QK", "FWD_NREG", "DQ_NREG", "DKV_NREG")  # clgpt/ops/attention.py FLASH_TILES
 
 
 @dataclass(frozen=True)

@@ -202,10 +202,6 @@ inline void stage(const uint dst, __global const ushort* src, const int ld, cons
 // PRODUCT_T: c[i][0..2NJ) (16 x 16NJ, zeroed) = a[i] (16 x D, A fragments) @ X^T, X: NJ 16-row groups from row
 // x0 of block X; PRODUCT_ACC: acc[i] (16 x D: ND n tiles) += c[i][0..2NK) (16 x 16NK, rounded to bf16 A
 // fragments) @ X, X: rows x0.. of block X
-#ifndef KOUTER
-#define KOUTER 0  // PRODUCT_T: 1, each k step's B fragments loaded together, then its products over all n tiles
-#endif
-#if !KOUTER
 #define PRODUCT_T(c, M, NJ, a, X, x0)                                                       \
     _Pragma("unroll") for (int j_ = 0; j_ < (NJ); j_++) {                                   \
         _Pragma("unroll") for (int i_ = 0; i_ < (M); i_++)                                  \
@@ -219,22 +215,6 @@ inline void stage(const uint dst, __global const ushort* src, const int ld, cons
             }                                                                               \
         }                                                                                   \
     }
-#else
-#define PRODUCT_T(c, M, NJ, a, X, x0)                                                       \
-    _Pragma("unroll") for (int j_ = 0; j_ < (NJ); j_++)                                     \
-        _Pragma("unroll") for (int i_ = 0; i_ < (M); i_++)                                  \
-        _Pragma("unroll") for (int c_ = 0; c_ < 4; c_++) c[i_][2 * j_][c_] = c[i_][2 * j_ + 1][c_] = 0.0f; \
-    _Pragma("unroll") for (int k_ = 0; k_ < KD; k_++) {                                     \
-        uint b_[NJ][4];                                                                     \
-        _Pragma("unroll") for (int j_ = 0; j_ < (NJ); j_++)                                 \
-            LDSM(b_[j_], (X) + AT((x0) + 16 * j_, 16 * k_) + ldn);                          \
-        _Pragma("unroll") for (int j_ = 0; j_ < (NJ); j_++)                                 \
-        _Pragma("unroll") for (int i_ = 0; i_ < (M); i_++) {                                \
-            MMA16816(c[i_][2 * j_], a[i_][k_], b_[j_][0], b_[j_][1]);                       \
-            MMA16816(c[i_][2 * j_ + 1], a[i_][k_], b_[j_][2], b_[j_][3]);                   \
-        }                                                                                   \
-    }
-#endif
 #define PRODUCT_ACC(acc, c, M, NK, X, x0)                                                   \
     _Pragma("unroll") for (int k_ = 0; k_ < (NK); k_++) {                                   \
         uint a_[M][4];                                                                      \

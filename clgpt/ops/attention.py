@@ -18,11 +18,10 @@ from clgpt.ops.gemm import MATMUL_TILES
 
 FLASH_MIN_GROUPS, FLASH_LONG_T = 4, 1024  # flash attention's size rule (Ops._use_flash)
 # kernels/flash.cl's tiles: the forward's and dq's 16-row m tiles a warp (MT: 128 query rows as 8 / MT warps), the
-# keys (forward KS, dq KQ) or queries (dk/dv QK) a step, the order of the score products (KOUTER) and each
-# kernel's register cap (NREG, clgpt/sm90a.py cap_registers; 0: none). The flash knob (clgpt.knobs FLASH_KEYS)
+# keys (forward KS, dq KQ) or queries (dk/dv QK) a step and each kernel's register cap (NREG, clgpt/sm90a.py cap_registers; 0: none). The flash knob (clgpt.knobs FLASH_KEYS)
 # overrides them.
-FLASH_TILES = dict(FWD_MT=1, KS=64, DQ_MT=1, KQ=16, QK=16, KOUTER=0, FWD_NREG=128, DQ_NREG=128, DKV_NREG=128)
-_FLASH_DEFAULTS = dict(MT=1, KS=64, KQ=16, QK=16, KOUTER=0)  # kernels/flash.cl's own: left out of its options
+FLASH_TILES = dict(FWD_MT=1, KS=64, DQ_MT=1, KQ=16, QK=16, FWD_NREG=128, DQ_NREG=128, DKV_NREG=128)
+_FLASH_DEFAULTS = dict(MT=1, KS=64, KQ=16, QK=16)  # kernels/flash.cl's own: left out of its options
 
 
 class AttentionOps:
@@ -49,9 +48,9 @@ class AttentionOps:
         ft = self.flash_tiles = {**FLASH_TILES, **(self.knobs.flash or {})}
         capped = not self._bf16_opts.get("MMA_EMULATE")  # NVIDIA only: the cap rebuilds the program's PTX
         rope = {"ROPE": 1} if self.rope_fused else {}
-        own = {"flash_forward": dict(MT=ft["FWD_MT"], KS=ft["KS"], KOUTER=ft["KOUTER"], MAXNREG=ft["FWD_NREG"]),
-               "flash_backward_dq": dict(MT=ft["DQ_MT"], KQ=ft["KQ"], KOUTER=ft["KOUTER"], MAXNREG=ft["DQ_NREG"]),
-               "flash_backward_dkv": dict(QK=ft["QK"], KOUTER=ft["KOUTER"], MAXNREG=ft["DKV_NREG"])}
+        own = {"flash_forward": dict(MT=ft["FWD_MT"], KS=ft["KS"], MAXNREG=ft["FWD_NREG"]),
+               "flash_backward_dq": dict(MT=ft["DQ_MT"], KQ=ft["KQ"], MAXNREG=ft["DQ_NREG"]),
+               "flash_backward_dkv": dict(QK=ft["QK"], MAXNREG=ft["DKV_NREG"])}
 
         def build(kname, **extra):
             opts = {**self._bf16_opts, **rope, **own.get(kname, {}), **extra}
