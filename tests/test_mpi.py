@@ -7,8 +7,10 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +18,7 @@ import pytest
 
 from clgpt.errors import ClgptError
 from clgpt.io.checkpoint import load_checkpoint
-from clgpt.training.launch import culprit
+from clgpt.training.launch import FirstToEnd, culprit
 from clgpt.training.train import run_stage
 from test_train import TINY, dialog_docs, settings, text_docs, write_encoded
 
@@ -181,6 +183,36 @@ def test_launcher_names_the_failed_rank(output, pid_of_1, want):
     ranks = {0: {"rank": 0, "pid": 1}, 1: {"rank": 1, "pid": pid_of_1}}
     assert culprit(output, ranks)[0] == want
     assert culprit(output, {0: {"rank": 0, "pid": 1}, 1: {"rank": 1, "pid": 2, "error": "boom"}}) == (1, "boom")
+
+
+@pytest.mark.parametrize("finished", [False, True])
+def test_first_rank_to_end_is_named_before_the_launchers_report(tmp_path, finished):
+    """The launcher kills the other ranks after the first dies and may report one of those (MPICH names one
+    pid); the wrapper names the rank whose process ended first, unless that rank had finished its work."""
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2)]
+    try:
+        for r, p in enumerate(procs):
+            rec = {"rank": r, "size": 2, "pid": p.pid, "host": socket.gethostname(), "finished": finished and r == 1}
+            (tmp_path / f"rank{r}.json").write_text(json.dumps(rec))
+        watch = FirstToEnd(str(tmp_path))
+        time.sleep(0.3)
+        procs[1].kill()
+        procs[1].wait()
+        time.sleep(0.3)
+        procs[0].kill()
+        procs[0].wait()
+        time.sleep(0.1)
+        first = watch.stop(2)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert first == (0 if finished else 1)
+    reported = "=   PID %d RUNNING AT vm\n=   EXIT CODE: 9\n" % procs[0].pid  # the launcher names rank 0
+    ranks = {r: json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)}
+    assert culprit(reported, ranks, first) == (first, "EXIT CODE: 9")
+    assert culprit(reported, ranks, None)[0] == 0
+    assert FirstToEnd(str(tmp_path)).stop(3) is None  # a rank it could not watch: the launcher's output decides
 
 
 def test_two_rank_pipeline_runs_through_snakemakes_mpi_launch(local_sweep):

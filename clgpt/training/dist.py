@@ -286,6 +286,10 @@ class Dist:
                 traceback.print_exc(file=sys.stderr)
             sys.stderr.flush()
             self.comm.Abort(1)
+        else:
+            if self.comm is not None:  # a rank that ends now is not the one that failed (clgpt.training.launch)
+                self._status({"rank": self.rank, "size": self.size, "pid": os.getpid(),
+                              "host": socket.gethostname(), "finished": True})
 
 
 class OverlappedReduce:
