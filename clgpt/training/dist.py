@@ -246,11 +246,14 @@ class Dist:
     def describe(self, device_name: str) -> str:
         """One line naming every rank (pid, host, device), gathered on all ranks; also written to the
         launcher's status folder so a rank killed later can be named by its pid."""
-        me = {"rank": self.rank, "size": self.size, "pid": os.getpid(), "host": socket.gethostname(),
-              "device": device_name}
+        me = self._me(device=device_name)
         self._status(me)
         table = self.allgather(me)
         return "; ".join(f"rank {t['rank']} pid {t['pid']} on {t['host']} ({t['device']})" for t in table)
+
+    def _me(self, **extra) -> dict:
+        """This rank's record: rank, world size, pid and host, with `extra`."""
+        return {"rank": self.rank, "size": self.size, "pid": os.getpid(), "host": socket.gethostname(), **extra}
 
     def _status(self, record: dict) -> None:
         folder = os.environ.get(RANK_DIR_ENV)
@@ -278,8 +281,7 @@ class Dist:
                 raise
             msg = str(e) if isinstance(e, ClgptError) else f"{type(e).__name__}: {e}"
             print(f"error: {self.stage}: {self.where}: {msg}", file=sys.stderr, flush=True)
-            self._status({"rank": self.rank, "size": self.size, "pid": os.getpid(), "host": socket.gethostname(),
-                          "error": msg})
+            self._status(self._me(error=msg))
             if not isinstance(e, ClgptError):
                 import traceback
 
@@ -288,8 +290,7 @@ class Dist:
             self.comm.Abort(1)
         else:
             if self.comm is not None:  # a rank that ends now is not the one that failed (clgpt.training.launch)
-                self._status({"rank": self.rank, "size": self.size, "pid": os.getpid(),
-                              "host": socket.gethostname(), "finished": True})
+                self._status(self._me(finished=True))
 
 
 class OverlappedReduce:

@@ -7,9 +7,10 @@ Each rank records itself (rank, pid, host, device; and its error, if it raised o
 named by CLGPT_RANK_DIR (clgpt.training.dist). A rank killed outright (SIGKILL, out of memory, a lost node) cannot
 say so itself. When every rank runs on this host, the wrapper watches their pids and names the first to end:
 the launcher then kills the others, and its own report may name one of those. Otherwise the launcher's output
-names the rank by its pid (MPICH) or its number (Open MPI, srun), and this wrapper maps that back to the rank. It passes the launcher's output through, adds one `error:` line, and
-exits with the launcher's code. The stage's outputs are written by rank 0 at the very end (temp + rename),
-so a failed launch leaves none; the last `.partial` checkpoint stays for a resume.
+names the rank by its pid (MPICH) or its number (Open MPI, srun), and this wrapper maps that back to the rank.
+It passes the launcher's output through, adds one `error:` line, and exits with the launcher's code. The
+stage's outputs are written by rank 0 at the very end (temp + rename), so a failed launch leaves none; the last
+`.partial` checkpoint stays for a resume.
 """
 
 from __future__ import annotations
@@ -148,8 +149,8 @@ def main(argv: list[str] | None = None) -> int:
             tail = (tail + text)[-_TAIL:]
         rc = proc.wait()
         ranks = _ranks(folder)
-        n = max((int(rec.get("size", 0)) for rec in ranks.values()), default=0) or len(ranks) or "?"  # world size
-        first = watch.stop(n if isinstance(n, int) else -1)
+        world = max((int(rec.get("size", 0)) for rec in ranks.values()), default=0) or len(ranks)
+        first = watch.stop(world)
         if rc == 0:
             return 0
         rank, why = culprit(tail, ranks, first)
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             rec = ranks.get(rank, {})
             where = f" (pid {rec['pid']} on {rec['host']}{', ' + rec['device'] if rec.get('device') else ''})" if rec else ""
-            who = f"MPI rank {rank} of {n}{where}"
+            who = f"MPI rank {rank} of {world or '?'}{where}"
         kept = (f"the last checkpoint is kept at {a.partial}; run again to resume" if a.partial and os.path.exists(a.partial)
                 else "no checkpoint was written yet")
         msg = f"error: {a.stage}: {who} failed: {why}; the stage's outputs were not written; {kept}"
