@@ -101,7 +101,7 @@ def main(argv=None) -> int:
     import numpy as np
 
     from clgpt.bench import profile
-    from clgpt.device import get_device
+    from clgpt.device.opencl import get_device
     from clgpt.model import ModelConfig, init_params
     from clgpt.models.factory import make_engine
 

@@ -13,7 +13,7 @@ builds and warms up first (untimed), then times --runs decodes and reports their
     PYTHONPATH=$PWD python bench/bench_generate.py model.gguf --pairs 5 --threads 2 [--devices default,1:0]
 
 --devices: the OpenCL devices clgpt runs on, each as PYOPENCL_CTX takes it (`clgpt devices`), or `default`: the
-one `clgpt generate` picks (clgpt.device.decode_device), which is also what none given means. Needs the test extra (llama-cpp-python).
+one `clgpt generate` picks (clgpt.device.opencl.decode_device), which is also what none given means. Needs the test extra (llama-cpp-python).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def side(a) -> dict:
     """One side's figures: decode tokens/s (median of a.runs) and prefill tokens/s (best)."""
     import numpy as np
 
-    from clgpt.generate import eog_ids
+    from clgpt.inference.generate import eog_ids
     from clgpt.io.gguf import read_gguf
 
     cfg, params, tok, kv = read_gguf(a.model)
@@ -39,8 +39,8 @@ def side(a) -> dict:
     prompt = [tok.bos_id, *tok.encode(a.prompt)]
     long_prompt = [tok.bos_id, *np.random.default_rng(0).integers(0, tok.bos_id, a.prefill - 1).tolist()]
     if a.side == "clgpt":
-        from clgpt.device import decode_device
-        from clgpt.generate import Generator
+        from clgpt.device.opencl import decode_device
+        from clgpt.inference.generate import Generator
 
         gen = Generator(cfg, params, device=decode_device())  # what `clgpt generate` takes
 

@@ -29,7 +29,7 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--shapes", nargs="+", default=["S", "M"], choices=sorted(SHAPES))
     args = ap.parse_args()
-    from clgpt.device import cpu_implementations
+    from clgpt.device.opencl import cpu_implementations
 
     impls = cpu_implementations()
     if len(impls) < 2:

@@ -8,7 +8,7 @@ import sys
 
 from clgpt.config import load_workflow_config
 from clgpt.data import load_encoded, text_batches
-from clgpt.device import get_device
+from clgpt.device.opencl import get_device
 from clgpt.eval.evaluate import mean_loss, text_bytes, token_byte_lengths
 from clgpt.io.checkpoint import load_checkpoint
 from clgpt.models.factory import make_engine

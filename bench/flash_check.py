@@ -19,7 +19,7 @@ import numpy as np
 import pyopencl as cl
 
 sys.path.insert(0, os.getcwd())
-from clgpt.device import get_device  # noqa: E402
+from clgpt.device.opencl import get_device  # noqa: E402
 from clgpt.model import ModelConfig  # noqa: E402
 from clgpt.models import reference as ref  # noqa: E402
 from clgpt.models.dropout import scale_mask  # noqa: E402

@@ -4,7 +4,7 @@ import numpy as np
 import pyopencl as cl
 
 sys.path.insert(0, os.getcwd())
-from clgpt.device import get_device
+from clgpt.device.opencl import get_device
 from clgpt.model import ModelConfig, init_params
 from clgpt.models.gpt2 import GPT2Engine as Engine
 

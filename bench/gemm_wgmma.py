@@ -1,4 +1,4 @@
-"""The wgmma GEMM (kernels/matmul_wgmma.cl, sm_90a through clgpt/sm90a.py) against torch.matmul bf16, in one
+"""The wgmma GEMM (kernels/matmul_wgmma.cl, sm_90a through clgpt/device/sm90a.py) against torch.matmul bf16, in one
 process on an H100/H200 (issue 15): the kernel alone, on operands already in its tiled layout (as torch.matmul
 gets bf16 tensors); bench/gemm_tc.py times the engine's whole product (copies included).
 
@@ -16,7 +16,7 @@ import numpy as np
 import pyopencl as cl
 
 sys.path.insert(0, os.getcwd())
-from clgpt.device import get_device  # noqa: E402
+from clgpt.device.opencl import get_device  # noqa: E402
 
 dev = get_device()
 mf = cl.mem_flags

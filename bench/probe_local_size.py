@@ -1,7 +1,7 @@
 """How much local (shared) memory can one work-group use on NVIDIA's OpenCL? The device reports
 CL_DEVICE_LOCAL_MEM_SIZE 49152; Hopper has up to 227 KB a block, which CUDA grants after an opt-in. Tried:
 a __local kernel argument (dynamic shared memory) of growing size, and a static __local array whose size is
-raised in the program's PTX (clgpt/sm90a.py's route). Each run writes every word and reads it back.
+raised in the program's PTX (clgpt/device/sm90a.py's route). Each run writes every word and reads it back.
 
     python bench/probe_local_size.py
 """

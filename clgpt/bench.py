@@ -18,7 +18,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from clgpt import knobs
+from clgpt.device import knobs
 from clgpt.errors import ClgptError
 
 WARMUP = 3
@@ -118,7 +118,7 @@ def _profiling_device(dev):
     """A second Device on the same OpenCL device, with a profiling queue and recording kernels."""
     import pyopencl as cl
 
-    from clgpt.device import Device
+    from clgpt.device.opencl import Device
 
     class ProfDevice(Device):
         def __init__(self, d):
@@ -201,7 +201,7 @@ def device_bytes(eng) -> int:
 
 
 def run_bench(args) -> None:
-    from clgpt.device import get_device
+    from clgpt.device.opencl import get_device
     from clgpt.model import ModelConfig, init_params, num_params
     from clgpt.models.factory import make_engine
 

@@ -22,7 +22,7 @@ def _load_tokenizer(path: str):
 
 
 def cmd_devices(args) -> None:
-    from clgpt.device import get_device, list_devices
+    from clgpt.device.opencl import get_device, list_devices
 
     devices = list_devices()
     for index, name, kind, chosen, note in devices:
@@ -104,7 +104,7 @@ def chat_messages(chat: str | None, turns: list[dict]) -> list[dict]:
 
 
 def cmd_generate(args) -> None:
-    from clgpt.generate import Generator, eog_ids
+    from clgpt.inference.generate import Generator, eog_ids
     from clgpt.io.gguf import read_gguf
     from clgpt.text.chat import encode_prompt
 
@@ -113,7 +113,7 @@ def cmd_generate(args) -> None:
         raise ClgptError("generate: give either --prompt TEXT, or a conversation: --chat TEXT|FILE.json and/or "
                          "--system/--user/--assistant TEXT")
     messages = chat_messages(args.chat, turns) if args.prompt is None else None
-    from clgpt.device import decode_device
+    from clgpt.device.opencl import decode_device
 
     cfg, params, tok, kv = read_gguf(args.model)
     prompt_ids = encode_prompt(tok, messages) if messages is not None else [tok.bos_id, *tok.encode(args.prompt)]
@@ -122,7 +122,7 @@ def cmd_generate(args) -> None:
             f"the prompt is {len(prompt_ids)} tokens and the model's context is {cfg.n_ctx}, which leaves no room "
             "for a reply; shorten the prompt"
         )
-    from clgpt.interactive import sampling_settings, stream_text
+    from clgpt.inference.interactive import sampling_settings, stream_text
 
     gen = Generator(cfg, params, device=decode_device(args.device))
     out = gen.stream(prompt_ids, **sampling_settings(args, eog_ids(kv)))
@@ -135,7 +135,7 @@ def cmd_generate(args) -> None:
 
 
 def cmd_chat(args) -> None:
-    from clgpt.interactive import run_chat
+    from clgpt.inference.interactive import run_chat
 
     run_chat(args)
 
@@ -212,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--gemm", type=int, default=1024, help="square GEMM size (0 = skip)")
     p.add_argument("--precision", default="auto", choices=["fp32", "tf32", "bf16", "auto"],
-                   help="matmul operands (clgpt/precision.py)")
+                   help="matmul operands (clgpt/device/precision.py)")
     p.add_argument("--attention", default="auto", choices=["auto", "flash", "batched"],
                    help="bf16 attention as flash attention's fused kernels or batched products, as a stage's")
     p.add_argument("--dropout", type=float, default=0.0, help="dropout probability, as a training stage's")

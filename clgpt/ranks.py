@@ -1,6 +1,6 @@
 """Which rank of a data-parallel stage this process is, read before MPI or OpenCL start.
 
-Its own module at the bottom of the package: the device code needs it (a PoCL cache per rank, clgpt.icd) and so
+Its own module at the bottom of the package: the device code needs it (a PoCL cache per rank, clgpt.device.icd) and so
 does the stage runner (one log per stage, clgpt.stage), which sits layers above the device code.
 """
 

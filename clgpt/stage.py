@@ -282,7 +282,7 @@ def _scan_imports(path: Path, module: str) -> set[str]:
 def code_inputs(script: str | Path, root: str | Path = ".") -> list[str]:
     """The files a stage script runs, relative to `root` (the workflow folder): every package module in
     its import graph, each with its packages' `__init__.py`, plus `kernels/*.cl` when the graph holds
-    clgpt/device.py (which builds them at run time)."""
+    clgpt/device/opencl.py (which builds them at run time)."""
     root = Path(root)
     seen: dict[str, Path] = {}
     todo = [(None, root / script)]

@@ -18,7 +18,7 @@
 //
 // NVIDIA's OpenCL compiles for `.target sm_90`, where wgmma does not exist, so the sm_90a lines here are PTX
 // comments "// @sm90a@ ..." that name their operands (%0.. as inline asm does; the compiler fills in the
-// registers); clgpt/sm90a.py retargets the program's PTX to sm_90a, drops the comment marks, sets the local
+// registers); clgpt/device/sm90a.py retargets the program's PTX to sm_90a, drops the comment marks, sets the local
 // array `smem` to SMEM_BYTES (OpenCL C may declare only 48 KB) and builds the PTX as the program binary.
 // bench/probe_sm90a.py is the smallest proof; bench/gemm_wgmma.py times this kernel against torch.matmul.
 //
@@ -119,7 +119,7 @@
 #error STAGE_OUT needs BM * (BN + 8) floats of local memory: more stages
 #endif
 #if SMEM_NEED > 49152 && SMEM_BYTES != SMEM_NEED
-#error SMEM_BYTES must be STAGES * (BM + BN) * 128 + 64: the size clgpt/sm90a.py gives the local array
+#error SMEM_BYTES must be STAGES * (BM + BN) * 128 + 64: the size clgpt/device/sm90a.py gives the local array
 #endif
 
 // matrix descriptors, 128-byte swizzle, the tiles 1024-aligned (sm90a.py aligns the array): start >> 4,

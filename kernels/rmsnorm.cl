@@ -10,7 +10,7 @@
 #ifndef EPS
 #define EPS 1e-5f
 #endif
-// CPUs (-DRB=8 -DCB=16, clgpt/tuning.py's norm_rb, norm_cb): the rows' sums of 8 rows a work-item as one float8,
+// CPUs (-DRB=8 -DCB=16, clgpt/device/tuning.py's norm_rb, norm_cb): the rows' sums of 8 rows a work-item as one float8,
 // 8x8 blocks turned in registers (RMS_TR, C % 8 == 0); dw 16 channels a work-item as one float16 (RMS_CV,
 // C % 16 == 0). Each lane sums in the order of the one-row (one-channel) form, with the same operations: the
 // same bits.

@@ -15,7 +15,7 @@ from clgpt.atomic import publish
 from clgpt.config import load_workflow_config
 from clgpt.data import check_corpus as check_text_corpus
 from clgpt.data.preflight import check_corpus, check_outputs
-from clgpt.device import get_device
+from clgpt.device.opencl import get_device
 from clgpt.errors import ClgptError
 from clgpt.stage import ANOTHER_RUN, RESUME_AFTER_KILL, code_inputs, live_run, quiet_after_ctrl_c, stale_lock
 

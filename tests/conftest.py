@@ -130,14 +130,14 @@ ON_EVERY_IMPLEMENTATION = {"test_kernels", "test_engine", "test_llama_engine", "
 
 # The emulated NVIDIA kernels (tensor-core instructions done with local memory and barriers) run on no CPU or
 # GPU in use and take minutes to emulate per compiler: those modules run on PoCL where one works, else on the
-# first implementation (Intel's builds the emulated flash kernels unoptimised, see clgpt/device.py).
+# first implementation (Intel's builds the emulated flash kernels unoptimised, see clgpt/device/opencl.py).
 ON_POCL = {"test_flash", "test_precision"}
 
 
 def pytest_generate_tests(metafunc):
     name = metafunc.module.__name__
     if name in ON_EVERY_IMPLEMENTATION | ON_POCL and "opencl" in metafunc.fixturenames:
-        from clgpt.device import cpu_implementations
+        from clgpt.device.opencl import cpu_implementations
 
         impls = cpu_implementations(gpu_first=True)
         if name in ON_POCL:

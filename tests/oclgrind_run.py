@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 
-from clgpt.kvcache import KVCache
+from clgpt.inference.kvcache import KVCache
 from clgpt.model import ModelConfig, init_params
 from clgpt.models.factory import make_engine
 
@@ -39,7 +39,7 @@ def main(device: str, precision: str) -> None:
         stepped = cache.step(tokens[:, 4], [4, 2])
         assert np.isfinite(loss) and np.isfinite(logits).all() and np.isfinite(stepped).all(), shape
         print(shape["arch"], shape.get("n_expert", 0), float(loss), flush=True)
-    from clgpt.device import get_device
+    from clgpt.device.opencl import get_device
 
     print("families:", " ".join(sorted({stem for stem, _ in get_device(device)._programs})))
     print("ok")

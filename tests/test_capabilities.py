@@ -8,9 +8,9 @@ import dataclasses
 
 import pytest
 
-from clgpt.device import get_device
+from clgpt.device.opencl import get_device
 from clgpt.models.factory import make_engine
-from clgpt.knobs import OFF, Knobs
+from clgpt.device.knobs import OFF, Knobs
 from clgpt.model import ModelConfig, init_params
 from clgpt.ops.capabilities import Capabilities, capabilities
 

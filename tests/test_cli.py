@@ -7,8 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from clgpt.generate import Generator, eog_ids
-from clgpt.interactive import stream_text
+from clgpt.inference.generate import Generator, eog_ids
+from clgpt.inference.interactive import stream_text
 from clgpt.io.gguf import export_gguf, read_gguf
 from clgpt.model import ModelConfig, init_params
 from clgpt.text.chat import encode_prompt

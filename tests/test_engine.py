@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from clgpt.device import get_device, list_devices
+from clgpt.device.opencl import get_device, list_devices
 from clgpt.errors import ClgptError
-from clgpt.knobs import Knobs
+from clgpt.device.knobs import Knobs
 from clgpt.model import ModelConfig, init_params
 from clgpt.models import reference as ref
 from clgpt.models.gpt2 import GPT2Engine as Engine
@@ -350,7 +350,7 @@ class FakeDevice:
 
 
 def _fake_devices(monkeypatch, fakes, broken):
-    from clgpt import device as D
+    from clgpt.device import opencl as D
 
     monkeypatch.delenv("PYOPENCL_CTX", raising=False)
     monkeypatch.setattr(D, "_all_devices", lambda: [(f"{i}:0", d) for i, d in enumerate(fakes)])
@@ -395,7 +395,7 @@ def test_auto_choice_prefers_pocl_then_other_cpu_runtimes_and_never_a_simulator(
 
 def test_probe_runs_a_real_kernel_on_the_chosen_device():
     """The probe builds kernels/adamw.cl, creates its work-group kernel and checks the sum it computes."""
-    from clgpt import device as D
+    from clgpt.device import opencl as D
 
     dev = get_device().device
     D._probe_cache.pop(dev.int_ptr, None)

@@ -541,7 +541,7 @@ def test_code_inputs_cover_every_module_the_script_loads(stage):
         parts = module.split(".")
         assert {f"{'/'.join(parts)}.py", f"{'/'.join(parts)}/__init__.py"} & files, (module, sorted(files))
     engine = stage in ("pretrain", "tune", "evaluate")
-    assert ("clgpt/tuning.py" in files) == engine and ("kernels/matmul.cl" in files) == engine
+    assert ("clgpt/device/tuning.py" in files) == engine and ("kernels/matmul.cl" in files) == engine
 
 
 def test_no_copies_of_the_defaults():

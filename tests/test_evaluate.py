@@ -189,7 +189,7 @@ def test_exact_match_counts_generated_answers(stages, tmp_path, monkeypatch):
 def test_batched_greedy_answers_match_the_generator(stages):
     """greedy_answers (rows of different lengths in one padded batch) gives the Generator's greedy replies."""
     from clgpt.eval.evaluate import greedy_answers
-    from clgpt.generate import Generator
+    from clgpt.inference.generate import Generator
     from clgpt.models.factory import make_engine
     from clgpt.text.chat import encode_prompt
 

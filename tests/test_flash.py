@@ -17,9 +17,9 @@ import pyopencl as cl
 import pytest
 
 from clgpt.bench import device_bytes
-from clgpt.device import get_device
+from clgpt.device.opencl import get_device
 from clgpt.errors import ClgptError
-from clgpt.knobs import Knobs
+from clgpt.device.knobs import Knobs
 from clgpt.model import ModelConfig, init_params
 from clgpt.models import reference as ref
 from clgpt.models.dropout import scale_mask
@@ -409,7 +409,7 @@ def test_llama_batched_attention_keeps_rope_launches_and_prefill_rotates_keys(de
     """The batched form (no flash) launches rope_forward_el / rope_backward_el a layer, as before. A key/value
     cache's prefill on the flash engine (whose forward leaves qkv's q, k unrotated) caches the rotated keys: layer
     0's (the same product and rotation in both engines) bit for bit as the batched engine's, layer 1's close."""
-    from clgpt.kvcache import KVCache
+    from clgpt.inference.kvcache import KVCache
 
     r = np.random.default_rng(9)
     tok, tgt = (r.integers(0, 32, size=(B, T)).astype(np.int32) for _ in range(2))

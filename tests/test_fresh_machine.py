@@ -45,7 +45,7 @@ def test_bench_on_a_device_that_cannot_run_our_kernels_is_one_line(monkeypatch, 
     names the device and what to do, and no traceback; on a machine with such a device (PyPI's PoCL on a CPU its
     LLVM does not know), the real one too."""
     from clgpt import cli
-    from clgpt import device as D
+    from clgpt.device import opencl as D
 
     idx, dev = next((i, d) for i, d in D._all_devices() if not D.is_simulator(d))
     monkeypatch.delenv("PYOPENCL_CTX", raising=False)
@@ -65,7 +65,7 @@ def test_ci_runs_the_kernels_on_two_implementations():
     """CI runs the kernel tests on two compilers: PyPI's PoCL and Intel's runtime, or, where PyPI's PoCL runs
     none of our kernels, the distribution's PoCL that .ci/run adds; elsewhere the tests run on whatever
     implementations work, one at least."""
-    from clgpt.device import cpu_implementations
+    from clgpt.device.opencl import cpu_implementations
 
     found = cpu_implementations()
     assert len(found) >= (2 if os.environ.get("CI") == "true" else 1), found

@@ -19,7 +19,7 @@ import torch
 import transformers
 
 from clgpt.errors import ClgptError
-from clgpt.generate import Generator
+from clgpt.inference.generate import Generator
 from clgpt.io import hf_export
 from clgpt.io.hf_export import HF_FILES, export_hf, hf_state_dict, rope_to_halves, rope_to_pairs
 from clgpt.model import ModelConfig, init_params

@@ -1,9 +1,9 @@
-"""clgpt/icd.py: Intel's pip-installed CPU runtime made visible to the ICD loader, beside the system's runtimes."""
+"""clgpt/device/icd.py: Intel's pip-installed CPU runtime made visible to the ICD loader, beside the system's runtimes."""
 
 import sys
 from pathlib import Path
 
-from clgpt import icd
+from clgpt.device import icd
 
 
 def _prefix(tmp_path: Path) -> Path:
@@ -50,7 +50,7 @@ def test_the_loader_lists_intels_runtime_in_this_environment():
 
     import pyopencl as cl
 
-    import clgpt.device  # noqa: F401 - registers before the first listing
+    import clgpt.device.opencl  # noqa: F401 - registers before the first listing
 
     expected = platform.machine() in ("x86_64", "AMD64") and sys.platform in ("linux", "win32")
     assert (icd.intel_cpu_library() is not None) == expected
@@ -64,7 +64,7 @@ def test_mpi_ranks_past_the_first_build_in_a_pocl_cache_of_their_own(tmp_path):
     import os
     import subprocess
 
-    script = ("from clgpt.device import Device, _all_devices, _is_pocl, _probe\n"
+    script = ("from clgpt.device.opencl import Device, _all_devices, _is_pocl, _probe\n"
               "Device(next(d for _, d in _all_devices() if _is_pocl(d) and not _probe(d))).program('swiglu')\n")
     for rank, preset in ((0, None), (1, None), (1, tmp_path / "mine")):
         env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / f"cache{rank}{bool(preset)}"), "PMI_RANK": str(rank)}

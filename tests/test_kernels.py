@@ -11,8 +11,8 @@ import numpy as np
 import pyopencl as cl
 import pytest
 
-from clgpt.device import get_device
-from clgpt.knobs import Knobs
+from clgpt.device.opencl import get_device
+from clgpt.device.knobs import Knobs
 from clgpt.models import reference as ref
 from clgpt.ops import MATMUL_TILES, matmul_defines, matmul_launch
 from opcheck import FD, check_op, run_op

@@ -1,4 +1,4 @@
-"""clgpt.knobs: every CLGPT_* knob parsed in one place, at call time, into its typed field."""
+"""clgpt.device.knobs: every CLGPT_* knob parsed in one place, at call time, into its typed field."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from clgpt import knobs
+from clgpt.device import knobs
 from clgpt.errors import ClgptError
-from clgpt.knobs import OFF, Knobs
+from clgpt.device.knobs import OFF, Knobs
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTOCOL = {"CLGPT_RANK_DIR"}  # how clgpt.training.launch and its ranks find their status folder, not a knob
@@ -107,11 +107,11 @@ def test_lenient_values_read_as_they_always_have(variable, value, field, want):
 
 
 def _modules():
-    return [p for p in sorted((ROOT / "clgpt").rglob("*.py")) if p != ROOT / "clgpt" / "knobs.py"]
+    return [p for p in sorted((ROOT / "clgpt").rglob("*.py")) if p != ROOT / "clgpt" / "device" / "knobs.py"]
 
 
 def test_no_module_but_knobs_reads_a_clgpt_variable():
-    """Every knob is read through clgpt.knobs: no other module mentions os.environ beside a CLGPT_ name, or holds a
+    """Every knob is read through clgpt.device.knobs: no other module mentions os.environ beside a CLGPT_ name, or holds a
     CLGPT_ name as a string of its own (which a split line could pass to os.environ), but the RANK_DIR protocol."""
     assert len(_modules()) > 20
     for path in _modules():

@@ -1,4 +1,4 @@
-"""The key/value cache: kernels/kvcache.cl against float64 numpy, and prefill + one-token steps (clgpt.kvcache)
+"""The key/value cache: kernels/kvcache.cl against float64 numpy, and prefill + one-token steps (clgpt.inference.kvcache)
 against the engine's full forward for gpt2, llama with grouped-query heads, and mixture of experts, with
 sequences of different lengths decoding in one batch. Generation with the cache against llama.cpp is in
 tests/test_llama_parity.py and tests/test_llama_gguf.py (Generator decodes with it)."""
@@ -10,8 +10,8 @@ import math
 import numpy as np
 import pytest
 
-from clgpt.device import get_device
-from clgpt.kvcache import KVCache
+from clgpt.device.opencl import get_device
+from clgpt.inference.kvcache import KVCache
 from clgpt.model import ModelConfig, init_params
 from clgpt.models.factory import make_engine
 
@@ -224,7 +224,7 @@ def test_generation_decodes_on_intels_runtime_where_it_works(monkeypatch):
     """clgpt generate and chat decode on Intel's CPU runtime where the automatic choice is a CPU and that runtime
     works (its launches return in microseconds, PoCL's in tens); a device named, or PYOPENCL_CTX, is taken as
     given; training's choice stays get_device's."""
-    from clgpt.device import cpu_implementations, decode_device, get_device
+    from clgpt.device.opencl import cpu_implementations, decode_device, get_device
 
     monkeypatch.delenv("PYOPENCL_CTX", raising=False)
     impls = cpu_implementations(gpu_first=True)

@@ -15,16 +15,16 @@ MAX_LINES = 600
 # Lowest first. A package name covers every module under it. The model's shape (clgpt.model) sits at the bottom:
 # the launchers size their kernels by it, and every layer above reads it.
 LAYERS = [
-    ("base", ["clgpt", "clgpt.errors", "clgpt.paths", "clgpt.atomic", "clgpt.knobs", "clgpt.icd", "clgpt.ranks",
-              "clgpt.model", "clgpt.config"]),
-    ("device", ["clgpt.tuning", "clgpt.precision", "clgpt.sm90a", "clgpt.device", "clgpt.ops"]),
-    ("models", ["clgpt.models", "clgpt.kvcache"]),
+    ("base", ["clgpt", "clgpt.errors", "clgpt.paths", "clgpt.atomic", "clgpt.ranks", "clgpt.model", "clgpt.config"]),
+    ("device", ["clgpt.device", "clgpt.ops"]),
+    ("models", ["clgpt.models"]),
     ("text", ["clgpt.text"]),
     ("io", ["clgpt.io"]),
     ("data", ["clgpt.data"]),
     ("training", ["clgpt.training"]),
-    ("eval", ["clgpt.eval", "clgpt.generate"]),
-    ("app", ["clgpt.cli", "clgpt.__main__", "clgpt.interactive", "clgpt.bench", "clgpt.runner", "clgpt.stage"]),
+    ("inference", ["clgpt.inference"]),
+    ("eval", ["clgpt.eval"]),
+    ("app", ["clgpt.cli", "clgpt.__main__", "clgpt.bench", "clgpt.runner", "clgpt.stage"]),
 ]
 
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from clgpt.device import get_device
+from clgpt.device.opencl import get_device
 from clgpt.errors import ClgptError
-from clgpt.knobs import Knobs
+from clgpt.device.knobs import Knobs
 from clgpt.model import ModelConfig, init_params, param_shapes
 from clgpt.models import reference_llama as ref
 from clgpt.models.factory import make_engine

@@ -19,7 +19,7 @@ import llama_cpp  # noqa: F401  (fails collection loudly when the test dependenc
 import numpy as np
 import pytest
 
-from clgpt.generate import Generator
+from clgpt.inference.generate import Generator
 from clgpt.io.gguf import export_gguf, read_gguf
 from clgpt.model import ModelConfig, init_params
 from clgpt.models import reference_llama as ref

@@ -26,7 +26,7 @@ import llama_cpp  # (fails collection loudly when the test dependency is missing
 import numpy as np
 import pytest
 
-from clgpt.generate import Generator, eog_ids
+from clgpt.inference.generate import Generator, eog_ids
 from clgpt.io.gguf import export_gguf, read_gguf
 from clgpt.model import ModelConfig, init_params
 from clgpt.models import reference
@@ -59,7 +59,7 @@ Q8_TOL = 3e-2  # of max|logit|: llama.cpp also quantizes activations to q8_0 in 
 
 def train_tiny(precision="fp32", **model):
     """Tokenizer (~360 tokens) + a 2-layer model memorising the lines and dialogs above (100 AdamW
-    steps on the engine, a few seconds); precision: the matmuls' (clgpt/precision.py); model: ModelConfig keys."""
+    steps on the engine, a few seconds); precision: the matmuls' (clgpt/device/precision.py); model: ModelConfig keys."""
     tok = Tokenizer.train(PRETRAIN + [f"{u} {a}" for u, a in DIALOGS], 360)
     cfg = ModelConfig(vocab_size=tok.vocab_size, n_ctx=N_CTX, n_embd=64, n_head=2, n_layer=2, n_ff=128, **model)
     rows = [([tok.bos_id, *tok.encode(s), tok.eos_id], 0) for s in PRETRAIN]  # text: every target counts

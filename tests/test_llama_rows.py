@@ -15,8 +15,8 @@ import numpy as np
 import pyopencl as cl
 import pytest
 
-from clgpt.device import get_device
-from clgpt.knobs import Knobs
+from clgpt.device.opencl import get_device
+from clgpt.device.knobs import Knobs
 from clgpt.model import ModelConfig
 from clgpt.models import reference_llama as ref
 from clgpt.models.llama import LlamaEngine

@@ -12,7 +12,7 @@ from test_llama_gguf import DIALOGS, N_CTX, PRETRAIN, llama_logits, load, prompt
 from test_train import data, pretrained, settings  # noqa: F401  (fixtures)
 
 from clgpt.errors import ClgptError
-from clgpt.generate import Generator
+from clgpt.inference.generate import Generator
 from clgpt.io.checkpoint import load_checkpoint
 from clgpt.io.gguf import export_gguf
 from clgpt.models import reference as ref_gpt2

@@ -154,7 +154,7 @@ def test_kernel_edit_reruns_the_stages_that_use_it(workdir):
 
 @pytest.mark.parametrize(
     "module, rules",
-    [("clgpt/tuning.py", {"pretrain", "tune", "evaluate", "export"}),  # imported by the engine only
+    [("clgpt/device/tuning.py", {"pretrain", "tune", "evaluate", "export"}),  # imported by the engine only
      ("clgpt/io/gguf.py", {"export"})],
 )
 def test_module_edit_reruns_the_stages_that_import_it(workdir, module, rules):

@@ -1,4 +1,4 @@
-"""Reduced-precision matmuls (clgpt/precision.py): operand rounding against numpy bit for bit, every form
+"""Reduced-precision matmuls (clgpt/device/precision.py): operand rounding against numpy bit for bit, every form
 against float64 with tolerances per precision, the tensor-core kernels' data movement (kernels/matmul_mma.cl
 and the bf16 GEMM kernels/matmul_bf16.cl with cp.async, ldmatrix and mma emulated, MMA_EMULATE=1) against
 the portable kernel bit for bit, which device gets which kernel, the engine with each precision, and the setting.
@@ -16,16 +16,16 @@ import numpy as np
 import pyopencl as cl
 import pytest
 
-from clgpt import sm90a
+from clgpt.device import sm90a
 from clgpt.config import validate_config
-from clgpt.device import get_device
+from clgpt.device.opencl import get_device
 from clgpt.errors import ClgptError
-from clgpt.knobs import OFF, Knobs
+from clgpt.device.knobs import OFF, Knobs
 from clgpt.model import ModelConfig, init_params
 from clgpt.models import reference as ref
 from clgpt.models.gpt2 import GPT2Engine
 from clgpt.ops import matmul_defines, matmul_launch
-from clgpt.precision import ROUND, matrix_path, resolve
+from clgpt.device.precision import ROUND, matrix_path, resolve
 from opcheck import bf16_pattern as _bf16_pattern, run_op, tiled_index as _tiled_index
 
 i32, f32 = np.int32, np.float32
@@ -322,7 +322,7 @@ def test_bf16_tiled_copies_are_the_wgmma_layout(dev):
 
 
 def test_sm90a_ptx_patch():
-    """clgpt/sm90a.py's rewrite: the target, the marked comments (registers filled in by the compiler) and the
+    """clgpt/device/sm90a.py's rewrite: the target, the marked comments (registers filled in by the compiler) and the
     local array's size and alignment; PTX for another target is refused."""
     ptx = (".version 9.0\n.target sm_90, texmode_independent\n.address_size 64\n"
            ".shared .align 16 .b8 matmul_wgmma_$_smem[49152];\n"
@@ -338,7 +338,7 @@ def test_sm90a_ptx_patch():
 
 
 def test_register_cap_goes_on_every_kernel_entry():
-    """clgpt/sm90a.py cap_ptx: `.maxnreg` after each .entry's parameter list (before its other directives and
+    """clgpt/device/sm90a.py cap_ptx: `.maxnreg` after each .entry's parameter list (before its other directives and
     body); PTX without an entry is refused."""
     ptx = (".target sm_90\n.entry flash_forward(\n\t.param .u32 flash_forward_param_0,\n\t.param .u64 .ptr "
            ".global .align 4 flash_forward_param_1\n)\n.reqntid 256, 1, 1\n{\n\tret;\n}\n"
@@ -359,7 +359,7 @@ def test_register_cap_goes_on_every_kernel_entry():
 def test_wgmma_kernel_compiles_apart_from_its_ptx(dev, defines):
     """kernels/matmul_wgmma.cl runs only on sm_90 GPUs; here its OpenCL C (descriptors, bulk-copy addresses,
     epilogue.cl's store_pair) builds on this device with the inline PTX stubbed out, so a C-level slip shows in CI."""
-    from clgpt.device import KERNEL_DIR, kernel_source
+    from clgpt.device.opencl import KERNEL_DIR, kernel_source
 
     src = kernel_source(KERNEL_DIR / "matmul_wgmma.cl")
     assert sm90a.MARK in src and "asm volatile(" in src
@@ -377,7 +377,7 @@ def test_wgmma_only_on_sm90(vendor, cc, want):
 
 
 class FakeDevice:
-    """Enough of a pyopencl Device for clgpt.precision's checks (vendor, platform, extensions, NV attributes)."""
+    """Enough of a pyopencl Device for clgpt.device.precision's checks (vendor, platform, extensions, NV attributes)."""
 
     def __init__(self, vendor, cc=None, gpu=True):
         self.vendor = vendor

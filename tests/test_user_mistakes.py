@@ -217,7 +217,7 @@ def test_model_shape_error_points_at_the_keys_line(tmp_path):
 
 
 def test_pyopencl_ctx_is_named_when_it_matches_no_device(monkeypatch):
-    from clgpt.device import get_device
+    from clgpt.device.opencl import get_device
 
     monkeypatch.setenv("PYOPENCL_CTX", "5")
     with pytest.raises(ClgptError, match=r"^PYOPENCL_CTX='5' names no OpenCL device; .*unset PYOPENCL_CTX"):

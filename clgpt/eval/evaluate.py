@@ -74,12 +74,12 @@ def greedy_answers(eng, prompts: list[list[int]], max_tokens: int, stop_id: int,
                    desc: str = "answers") -> list[list[int]]:
     """Greedy replies (ids, without the stop id) to many prompts, B at a time: one prefill of the batch's rows
     padded to a multiple of PAD_WIDTH (causal attention: padding after a row's last token changes none of its
-    logits), then one token a row and step against the key/value cache (clgpt.kvcache), each row at its own
-    position. Stops a row as clgpt.generate.Generator does: at the stop id, after max_tokens, or when it fills
+    logits), then one token a row and step against the key/value cache (clgpt.inference.kvcache), each row at its own
+    position. Stops a row as clgpt.inference.generate.Generator does: at the stop id, after max_tokens, or when it fills
     n_ctx."""
     from tqdm import tqdm
 
-    from clgpt.kvcache import KVCache
+    from clgpt.inference.kvcache import KVCache
 
     cache = KVCache(eng)
     # batch prompts of similar length together (less padding); answers come back in the given order
@@ -219,7 +219,7 @@ def _has_val(log: dict) -> bool:
 
 def _resolve_device(device):
     if device is None or isinstance(device, str):
-        from clgpt.device import get_device
+        from clgpt.device.opencl import get_device
 
         return get_device(device or None)
     return device
@@ -411,7 +411,7 @@ def run_evaluate(
     when tuned), each atomically; return the metrics. Dialogs are {"messages": [...]} dicts as
     clgpt.data.read_dialogs gives them; every assistant turn is answered after the conversation before it.
     tune_ckpt None: no tune stage; the pretrained model is the one evaluated."""
-    from clgpt.generate import Generator
+    from clgpt.inference.generate import Generator
     from clgpt.models.factory import make_engine
     from clgpt.text.tokenizer import Tokenizer
 

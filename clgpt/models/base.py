@@ -16,9 +16,9 @@ from __future__ import annotations
 import numpy as np
 import pyopencl as cl
 
-from clgpt.device import Device, resolve_device
+from clgpt.device.opencl import Device, resolve_device
 from clgpt.errors import ClgptError
-from clgpt.knobs import Knobs
+from clgpt.device.knobs import Knobs
 from clgpt.model import ModelConfig, decays, param_shapes, trains
 from clgpt.models.params import ParamStore
 from clgpt.ops import Ops

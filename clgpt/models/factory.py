@@ -6,8 +6,8 @@ The one module that knows every architecture: it imports each engine, and each e
 
 from __future__ import annotations
 
-from clgpt.device import Device
-from clgpt.knobs import Knobs
+from clgpt.device.opencl import Device
+from clgpt.device.knobs import Knobs
 from clgpt.model import ModelConfig
 from clgpt.models.base import EngineBase
 from clgpt.models.gpt2 import GPT2Engine
@@ -18,10 +18,10 @@ def make_engine(cfg: ModelConfig, params: dict, batch_size: int, seq_len: int, d
                 dropout: float = 0.0, precision: str = "fp32", optimizer: bool = True,
                 knobs: Knobs | None = None, attention: str = "auto") -> EngineBase:
     """The engine for cfg.arch (GPT2Engine or LlamaEngine, same interface); device: a Device, a spec string
-    or None (clgpt.device.resolve_device); dropout: the probability on embeddings, attention probabilities
+    or None (clgpt.device.opencl.resolve_device); dropout: the probability on embeddings, attention probabilities
     and residual branches, active in forward calls with targets and a dropout_seed; precision: the matmuls'
-    operands, fp32 | tf32 | bf16 | auto (clgpt/precision.py); optimizer=False: no AdamW moments (a frozen
-    base under LoRA adapters, clgpt.models.lora); knobs: the clgpt.knobs switches (None: the environment's); attention: auto | flash | batched, where bf16 attention may
+    operands, fp32 | tf32 | bf16 | auto (clgpt/device/precision.py); optimizer=False: no AdamW moments (a frozen
+    base under LoRA adapters, clgpt.models.lora); knobs: the clgpt.device.knobs switches (None: the environment's); attention: auto | flash | batched, where bf16 attention may
     run as flash attention's fused kernels (Ops._use_flash)."""
     cls = LlamaEngine if cfg.arch == "llama" else GPT2Engine  # another arch: the engine's cfg.validate() names it
     return cls(cfg, params, batch_size=batch_size, seq_len=seq_len, device=device, dropout=dropout,

@@ -2,7 +2,7 @@
 
 As llm.c splits kernels (`kernels/*.cl`) from launchers (`llmc/*.cuh`), the architectures in clgpt/models/gpt2.py
 and clgpt/models/llama.py call only these methods; which kernel, tiles, split-K, local sizes and launch style a
-device gets comes from its clgpt.tuning row and is decided here, once, for every architecture.
+device gets comes from its clgpt.device.tuning row and is decided here, once, for every architecture.
 
 Shapes: B batch, T time, N = B*T rows, C n_embd, V vocab, H heads, D = C // H, F n_ff.
 Buffers are pyopencl Buffers (or sub-buffers) of float32 (int32 for token ids), row-major.
@@ -55,6 +55,6 @@ class Ops(GemmOps, MmaOps, Bf16Ops, WgmmaOps, CopyOps, GroupedOps, NormOps, Atte
     """Launchers for one device and one model's widths (C, H, D, V, eps are build options of the kernels).
 
     `seq_len` (the engine's longest T) decides whether attention runs as batched matmuls on GPUs.
-    `precision` (clgpt/precision.py): the matmuls' operands, fp32 | tf32 | bf16 | auto.
+    `precision` (clgpt/device/precision.py): the matmuls' operands, fp32 | tf32 | bf16 | auto.
     """
 

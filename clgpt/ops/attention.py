@@ -18,7 +18,7 @@ from clgpt.ops.gemm import MATMUL_TILES
 
 FLASH_MIN_GROUPS, FLASH_LONG_T = 4, 1024  # flash attention's size rule (Ops._use_flash)
 # kernels/flash.cl's tiles: the forward's and dq's 16-row m tiles a warp (MT: 128 query rows as 8 / MT warps), the
-# keys (forward KS, dq KQ) or queries (dk/dv QK) a step and each kernel's register cap (NREG, clgpt/sm90a.py cap_registers; 0: none). The flash knob (clgpt.knobs FLASH_KEYS)
+# keys (forward KS, dq KQ) or queries (dk/dv QK) a step and each kernel's register cap (NREG, clgpt/device/sm90a.py cap_registers; 0: none). The flash knob (clgpt.device.knobs FLASH_KEYS)
 # overrides them.
 FLASH_TILES = dict(FWD_MT=1, KS=64, DQ_MT=1, KQ=16, QK=16, FWD_NREG=128, DQ_NREG=128, DKV_NREG=128)
 _FLASH_DEFAULTS = dict(MT=1, KS=64, KQ=16, QK=16)  # kernels/flash.cl's own: left out of its options

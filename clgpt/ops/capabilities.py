@@ -2,7 +2,7 @@
 
 Ops builds and launches what this record says and nothing else decides a variant: its fields name the choice
 they make. It is read off what the device reports (type, vendor, NVIDIA compute capability, sm_90a) through its
-clgpt.tuning row, clgpt.precision's matrix path and clgpt/sm90a.py, under the knobs in effect (a launch row
+clgpt.device.tuning row, clgpt.device.precision's matrix path and clgpt/device/sm90a.py, under the knobs in effect (a launch row
 taken on any device, emulated tensor cores, GEMM tiles turned off).
 
 The forms it picks among: kernels/layernorm.cl and rmsnorm.cl (a work-item, a work-group or a 32-wide slice a
@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from clgpt import sm90a
-from clgpt.knobs import Knobs
-from clgpt.precision import matrix_path
-from clgpt.tuning import launch_config
+from clgpt.device import sm90a
+from clgpt.device.knobs import Knobs
+from clgpt.device.precision import matrix_path
+from clgpt.device.tuning import launch_config
 
 GEMM_BACKENDS = ("portable", "mma", "bf16", "wgmma")
 
@@ -29,7 +29,7 @@ class Capabilities:
     """One device's op forms and GEMM backends (see the module doc). Shape conditions (C % 128, D % 16, ...)
     stay with the op: a field says the device takes the form wherever the shape allows it."""
 
-    launch: dict  # the clgpt.tuning row: tiles, local sizes and thresholds (Ops copies it: tests change it)
+    launch: dict  # the clgpt.device.tuning row: tiles, local sizes and thresholds (Ops copies it: tests change it)
     # GPUs: one work-group of `group_rows` work-items a row (LayerNorm, RMSNorm, softmax, cross-entropy) and
     # two-stage column sums; 0: one work-item a row (CPUs: PoCL vectorises those loops, its barriers cost)
     group_rows: int
@@ -55,14 +55,14 @@ class Capabilities:
     attention_gemm_min_t: int | None
     split_k: bool  # the portable GEMM splits deep products whose output gives too few work-groups
     preset: bool  # launches through cl.Kernels whose arguments were set once
-    tensor_cores: bool  # mma.sync on NVIDIA sm_80+ (clgpt.precision.matrix_path), or emulated (mma_emulate)
+    tensor_cores: bool  # mma.sync on NVIDIA sm_80+ (clgpt.device.precision.matrix_path), or emulated (mma_emulate)
     mma_emulated: bool  # the tensor-core kernels built with MMA_EMULATE: no NVIDIA device (tests on PoCL)
     bf16_gemm: bool  # bf16 products on kernels/matmul_bf16.cl (its tiles not turned off), else on matmul_mma.cl
     wgmma: bool  # large bf16 products on Hopper's wgmma (sm_90a and its tiles not turned off)
     colsum_copies: bool  # wgmma's reuse copies also give bias_partial's column sums (64-row chunks)
 
     def gemm_backend(self, round_mode: int) -> str:
-        """The GEMM for operands rounded as clgpt.precision.ROUND's round_mode: portable (kernels/matmul.cl),
+        """The GEMM for operands rounded as clgpt.device.precision.ROUND's round_mode: portable (kernels/matmul.cl),
         mma (tf32, or bf16 with its GEMM off), bf16, or wgmma (bf16 with wgmma for the large products)."""
         if not round_mode or not self.tensor_cores:
             return "portable"

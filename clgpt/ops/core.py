@@ -3,8 +3,8 @@ the launch helpers every other clgpt/ops module launches through.
 
 Builds, and launches none itself: kernels/embedding.cl, attention.cl, xent.cl, bias.cl, transpose.cl, matmul.cl, adamw.cl and
 dropout.cl for every architecture (_build_common), layernorm.cl for GPT-2 (build_gpt2), rmsnorm.cl, rope.cl,
-swiglu.cl and moe.cl for Llama (build_llama). The path a device takes comes from its clgpt.tuning row,
-clgpt.precision's matrix path and clgpt.knobs, read once into clgpt/ops/capabilities.py's record: the portable GEMM (self.mm), tensor cores (self.mma), the bf16
+swiglu.cl and moe.cl for Llama (build_llama). The path a device takes comes from its clgpt.device.tuning row,
+clgpt.device.precision's matrix path and clgpt.device.knobs, read once into clgpt/ops/capabilities.py's record: the portable GEMM (self.mm), tensor cores (self.mma), the bf16
 GEMM (self.bf16) and wgmma (self.wgmma); clgpt/ops/gemm.py dispatches between them.
 """
 
@@ -16,14 +16,14 @@ from operator import itemgetter
 import numpy as np
 import pyopencl as cl
 
-from clgpt.device import Device
+from clgpt.device.opencl import Device
 from clgpt.errors import ClgptError
-from clgpt.knobs import Knobs
-from clgpt.knobs import read as read_knobs
+from clgpt.device.knobs import Knobs
+from clgpt.device.knobs import read as read_knobs
 from clgpt.model import ModelConfig
 from clgpt.ops.capabilities import capabilities
-from clgpt.precision import ROUND, resolve
-from clgpt.tuning import WGMMA_MIN_MNK
+from clgpt.device.precision import ROUND, resolve
+from clgpt.device.tuning import WGMMA_MIN_MNK
 
 ATTENTION = ("auto", "flash", "batched")  # the stages' `attention` setting (AttentionOps._use_flash)
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 import pyopencl as cl
 
 from clgpt.ops.core import F32, ceil_to, f32, i32
-from clgpt.precision import mma_launch
-from clgpt.tuning import SMALL_GROUPS, SPLIT_MIN_K, SPLIT_MIN_TOTAL_K, SPLIT_SMALL_GROUPS
+from clgpt.device.precision import mma_launch
+from clgpt.device.tuning import SMALL_GROUPS, SPLIT_MIN_K, SPLIT_MIN_TOTAL_K, SPLIT_SMALL_GROUPS
 
 # Default tiles of the local-memory matmul: TSM x TSN outputs per work-group, TSK deep, WPTM x WPTN outputs
-# per work-item. What a device actually runs comes from clgpt.tuning (per device type and vendor).
+# per work-item. What a device actually runs comes from clgpt.device.tuning (per device type and vendor).
 MATMUL_TILES = dict(TSM=64, TSN=64, TSK=32, WPTM=8, WPTN=8)
 
 
@@ -38,7 +38,7 @@ def split_k_chunks(Kp: int, groups: int, target: int, min_k: int, align: int) ->
 
 
 def matmul_launch(mm: dict, M: int, N: int) -> tuple[tuple[int, int], tuple[int, int]]:
-    """-> (global size, local size) of the matmul form `mm` (a clgpt.tuning matmul config) for C (M,N)."""
+    """-> (global size, local size) of the matmul form `mm` (a clgpt.device.tuning matmul config) for C (M,N)."""
     if mm["kernel"] == "matmul_rb":
         lsize = tuple(mm.get("lsize", (1, 4)))
         return (ceil_to(-(-M // mm["RM"]), lsize[0]), ceil_to(-(-N // (mm.get("VW", 8) * mm["NV"])), lsize[1])), lsize

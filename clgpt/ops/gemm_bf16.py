@@ -16,8 +16,8 @@ from clgpt.errors import ClgptError
 from clgpt.ops.copies import _Deferred
 from clgpt.ops.core import ceil_to, f32, i32
 from clgpt.ops.gemm import split_k_chunks
-from clgpt.precision import mma_groups, mma_launch, mma_threads
-from clgpt.tuning import MMA_SMALL_GROUPS, MMA_SPLIT_GROUPS, MMA_SPLIT_MIN_K, SPLIT_MIN_TOTAL_K
+from clgpt.device.precision import mma_groups, mma_launch, mma_threads
+from clgpt.device.tuning import MMA_SMALL_GROUPS, MMA_SPLIT_GROUPS, MMA_SPLIT_MIN_K, SPLIT_MIN_TOTAL_K
 
 
 class Bf16Ops:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from clgpt.errors import ClgptError
 from clgpt.ops.core import ceil_to, f32, i32
-from clgpt.precision import mma_bk, mma_groups, mma_launch, mma_threads
-from clgpt.tuning import MMA_SMALL_GROUPS, MMA_SPLIT_GROUPS, MMA_SPLIT_MIN_K, SPLIT_MIN_TOTAL_K
+from clgpt.device.precision import mma_bk, mma_groups, mma_launch, mma_threads
+from clgpt.device.tuning import MMA_SMALL_GROUPS, MMA_SPLIT_GROUPS, MMA_SPLIT_MIN_K, SPLIT_MIN_TOTAL_K
 
 
 class MmaOps:

@@ -1,5 +1,5 @@
 """The bf16 GEMM on Hopper's wgmma (sm_90a: H100, H200), on tiled bf16 copies of the operands (clgpt/ops/
-copies.py), built through clgpt/sm90a.py.
+copies.py), built through clgpt/device/sm90a.py.
 
 Launches kernels/matmul_wgmma.cl (and kernels/matmul.cl's splitk_reduce for split-K).
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from clgpt.ops.core import ceil_to, f32, i32
 from clgpt.ops.gemm import split_k_chunks
-from clgpt.tuning import SPLIT_MIN_TOTAL_K, WGMMA_SPLIT_GROUPS, WGMMA_SPLIT_MIN_K
+from clgpt.device.tuning import SPLIT_MIN_TOTAL_K, WGMMA_SPLIT_GROUPS, WGMMA_SPLIT_MIN_K
 
 
 class WgmmaOps:

@@ -21,8 +21,8 @@ import math
 from clgpt.errors import ClgptError
 from clgpt.ops.core import ceil_to, f32, i32
 from clgpt.ops.gemm import matmul_defines, matmul_launch, split_k_chunks
-from clgpt.precision import mma_bk, mma_groups, mma_launch
-from clgpt.tuning import (MMA_SPLIT_GROUPS, MMA_SPLIT_MIN_K, SPLIT_MIN_TOTAL_K, WGMMA_SPLIT_GROUPS,
+from clgpt.device.precision import mma_bk, mma_groups, mma_launch
+from clgpt.device.tuning import (MMA_SPLIT_GROUPS, MMA_SPLIT_MIN_K, SPLIT_MIN_TOTAL_K, WGMMA_SPLIT_GROUPS,
                           WGMMA_SPLIT_MIN_K)
 
 

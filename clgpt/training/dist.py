@@ -27,7 +27,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from clgpt import knobs
+from clgpt.device import knobs
 from clgpt.errors import ClgptError
 
 # Floats per bucket of the gradient all-reduce: the sum runs in pieces of this size, each an all-to-all
@@ -99,10 +99,10 @@ class Dist:
     def device(self, device, devices: list | None):
         """This rank's OpenCL device: `devices[local_rank % len]` when a list is given, else the
         local_rank-th of the devices `device` matches (ranks share devices when there are fewer)."""
-        from clgpt.device import get_device, get_device_for, matching_devices
+        from clgpt.device.opencl import get_device, get_device_for, matching_devices
 
         if device is not None and not isinstance(device, str):
-            return device  # a clgpt.device.Device: every rank on it (tests)
+            return device  # a clgpt.device.opencl.Device: every rank on it (tests)
         if devices:
             return get_device(str(devices[self.local_rank % len(devices)]))
         if self.size == 1:

@@ -123,7 +123,7 @@ def _start_log(path: str, rows: list[dict]):
 
 
 def _resolve_device(device):
-    from clgpt.device import (
+    from clgpt.device.opencl import (
         resolve_device,  # OpenCL is imported only where a stage runs the engine
     )
 
@@ -317,7 +317,7 @@ def run_stage(
     heldout: the encoded held-out set; with settings.eval_every > 0 its loss is measured every eval_every
     steps and at the end (log.csv val_loss, the progress bar); keep: best then ships the weights of the
     lowest one, kept meanwhile in `ckpt_out + ".best"` (a resumed run keeps it); patience stops early.
-    device: a clgpt.device.Device, or a spec string for clgpt.device.get_device (None = default choice).
+    device: a clgpt.device.opencl.Device, or a spec string for clgpt.device.opencl.get_device (None = default choice).
     settings.ranks > 1: this process is one of that many MPI ranks (clgpt.training.dist); each rank runs on
     devices[local rank % len] when `devices` is given, else on the local-rank-th device `device` matches.
     callback(step, loss) runs after every optimizer step, on every rank (tests use it to interrupt a run).

@@ -83,8 +83,8 @@ class Conversation:
 
 
 def run_chat(args, stdin=None, stdout=None, stderr=None) -> None:
-    from clgpt.device import decode_device
-    from clgpt.generate import Generator, eog_ids
+    from clgpt.device.opencl import decode_device
+    from clgpt.inference.generate import Generator, eog_ids
     from clgpt.io.gguf import read_gguf
 
     stdin, stdout, stderr = stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr

@@ -14,7 +14,7 @@ identically (kernels/precision.cl) and differ only in the order the tensor cores
 
 from __future__ import annotations
 
-from clgpt import knobs
+from clgpt.device import knobs
 from clgpt.errors import ClgptError
 
 PRECISIONS = ("fp32", "tf32", "bf16", "auto")
@@ -46,7 +46,7 @@ def intel_matrix_path(device) -> str | None:
 def matrix_path(device, kn: knobs.Knobs | None = None) -> str | None:
     """'nv_mma' (kernels/matmul_mma.cl) on NVIDIA sm_80+; intel_matrix_path's on Intel; else None.
     Knobs(mma_emulate=True) (CLGPT_MMA_EMULATE=1) gives 'nv_mma' on any device with the kernel's emulated mma
-    (tests on PoCL); kn None: clgpt.knobs.read()."""
+    (tests on PoCL); kn None: clgpt.device.knobs.read()."""
     if (knobs.read() if kn is None else kn).mma_emulate:
         return "nv_mma"
     import pyopencl as cl

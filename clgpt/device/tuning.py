@@ -9,14 +9,14 @@ CLGPT_MMA and CLGPT_MMA_SMALL override the big and small tensor-core tiles, e.g.
 CLGPT_BF16 and CLGPT_BF16_SMALL do so for the bf16 GEMM (kernels/matmul_bf16.cl), e.g.
 `CLGPT_BF16=BM=128,BN=256,WM=2,WN=4,STAGES=2`; CLGPT_BF16=off sends bf16 to matmul_mma.cl instead.
 CLGPT_LAUNCH=cpu|nvidia|gpu takes that table row whatever the device (tests run the GPU paths on PoCL).
-clgpt/knobs.py lists these knobs with the others.
+clgpt/device/knobs.py lists these knobs with the others.
 """
 
 from __future__ import annotations
 
 import pyopencl as cl
 
-from clgpt import knobs
+from clgpt.device import knobs
 
 # matmul: local-memory tiles TSM x TSN x TSK, WPTM x WPTN outputs per work-item (kernels/matmul.cl).
 # matmul_rb: RM rows x NV vectors of VW floats per work-item, no local memory; lsize in work-items.
@@ -49,7 +49,7 @@ MMA_SMALL_GROUPS = 132
 # per work-group: STAGES * (BM + BN) * 64 bytes (48 KB without opting in on NVIDIA's OpenCL).
 _NVIDIA_BF16 = dict(kernel="matmul_bf16", BM=128, BN=128, WM=2, WN=4, STAGES=3)
 _NVIDIA_BF16_SMALL = dict(kernel="matmul_bf16", BM=64, BN=64, WM=2, WN=2, STAGES=4)
-# bf16 on Hopper (sm_90a: kernels/matmul_wgmma.cl, clgpt/sm90a.py): wgmma on tiled, swizzled bf16 copies fetched
+# bf16 on Hopper (sm_90a: kernels/matmul_wgmma.cl, clgpt/device/sm90a.py): wgmma on tiled, swizzled bf16 copies fetched
 # by bulk copies, 128 x 128 outputs per work-group of 2 warpgroups, 3 stages of 64 k (96 KB local memory, 103-118
 # registers: two work-groups an SM, so one's epilogue overlaps the other's products). 128 x 256 with 4 stages
 # (one work-group an SM) is about as fast on the kernel alone but trains slower: training time, not the single
@@ -126,7 +126,7 @@ _DEFAULT = dict(matmul=_GPU, local_1d=64, local_2d=(16, 4), vec=0, norm_parts=40
 def launch_config(device: cl.Device, kn: knobs.Knobs | None = None) -> dict:
     """-> dict(matmul=..., [matmul_small=...,] local_1d=int, local_2d=(int, int), vec=0/1 (float8 attention),
     norm_parts: partial sums of the grad norm (GPUs: many, strided)) for this device under knobs `kn` (None:
-    clgpt.knobs.read())."""
+    clgpt.device.knobs.read())."""
     vendor = (device.vendor + " " + device.platform.name).lower()
     dtype_of = device.type
     kn = knobs.read() if kn is None else kn
@@ -146,11 +146,11 @@ def launch_config(device: cl.Device, kn: knobs.Knobs | None = None) -> dict:
         if not kn.matmul_keep_small:
             cfg.pop("matmul_small", None)
             cfg.pop("matmul_narrow", None)
-    cfg.setdefault("matmul_mma", _NVIDIA_MMA)  # used only where clgpt.precision.matrix_path says so
+    cfg.setdefault("matmul_mma", _NVIDIA_MMA)  # used only where clgpt.device.precision.matrix_path says so
     cfg.setdefault("matmul_mma_small", _NVIDIA_MMA_SMALL)
     cfg.setdefault("matmul_bf16", _NVIDIA_BF16)
     cfg.setdefault("matmul_bf16_small", _NVIDIA_BF16_SMALL)
-    cfg.setdefault("matmul_wgmma", _NVIDIA_WGMMA)  # used only on sm_90 devices (clgpt.sm90a.supported)
+    cfg.setdefault("matmul_wgmma", _NVIDIA_WGMMA)  # used only on sm_90 devices (clgpt.device.sm90a.supported)
     cfg.setdefault("matmul_wgmma_narrow", _NVIDIA_WGMMA_NARROW)
     for key, tiles in (("matmul_mma", kn.mma), ("matmul_mma_small", kn.mma_small), ("matmul_bf16", kn.bf16),
                        ("matmul_bf16_small", kn.bf16_small), ("matmul_wgmma", kn.wgmma),

@@ -15,7 +15,7 @@ import re
 
 import pyopencl as cl
 
-from clgpt import knobs
+from clgpt.device import knobs
 from clgpt.errors import ClgptError
 
 MARK = "// @sm90a@ "
@@ -69,6 +69,6 @@ def cap_registers(ctx: cl.Context, device: cl.Device, prg: cl.Program, maxnreg: 
 
 def supported(device: cl.Device) -> bool:
     """An NVIDIA device of compute capability 9.0 (H100, H200, GH200): the one target that has sm_90a."""
-    from clgpt.precision import nvidia_compute_capability
+    from clgpt.device.precision import nvidia_compute_capability
 
     return nvidia_compute_capability(device) == (9, 0)

@@ -6,7 +6,7 @@ takes effect; callers read once per constructor or function, not per launch. Uns
 value read() cannot use is a one-line ClgptError naming the variable and what to set.
 
     variable=values (default)                 what it is for
-    CLGPT_LAUNCH=cpu|nvidia|gpu (device)      take that clgpt.tuning row on any device (GPU paths on PoCL)
+    CLGPT_LAUNCH=cpu|nvidia|gpu (device)      take that clgpt.device.tuning row on any device (GPU paths on PoCL)
     CLGPT_MATMUL=key=value,... (tuning)       the matmul form and tiles, e.g. kernel=matmul,TSM=128,TSN=128,...
     CLGPT_MATMUL_KEEP_SMALL=0|1 (0)           1: keep the table's small and narrow tiles beside CLGPT_MATMUL's
     CLGPT_MMA=BM=..,BN=..,... (tuning)        the big tensor-core tiles (kernels/matmul_mma.cl)
@@ -28,7 +28,7 @@ One field no variable sets, since it changes which kernel computes a product; th
 Knobs(...) in (bench/gpu_tc.py check and bench/gpu_engine_check.py: 0, every bf16 product on wgmma):
 
     field=values (default)                    what it is for
-    wgmma_min_mnk=integer (None: 2**30)       smaller products (M*N*K) stay on mma.sync; None: clgpt.tuning's
+    wgmma_min_mnk=integer (None: 2**30)       smaller products (M*N*K) stay on mma.sync; None: clgpt.device.tuning's
 
 The 0 | 1 switches read as the code always has: any value but empty or 0 is on. CLGPT_RANK_DIR
 (clgpt.training.dist, clgpt.training.launch) is not a knob but how the launcher and its ranks find their status
@@ -49,9 +49,9 @@ FLASH_KEYS = ("FWD_MT", "KS", "DQ_MT", "KQ", "QK", "FWD_NREG", "DQ_NREG", "DKV_N
 
 @dataclass(frozen=True)
 class Knobs:
-    # clgpt.tuning: the table row and its tiles (None: the table's)
+    # clgpt.device.tuning: the table row and its tiles (None: the table's)
     launch: str = ""  # "" (the device's row) | cpu | nvidia | gpu
-    matmul: dict | None = None  # the matmul config: kernel, TSM.. or RM.. (clgpt.tuning)
+    matmul: dict | None = None  # the matmul config: kernel, TSM.. or RM.. (clgpt.device.tuning)
     matmul_keep_small: bool = False
     mma: dict | None = None
     mma_small: dict | None = None
@@ -61,9 +61,9 @@ class Knobs:
     wgmma_narrow: dict | None = None
     flash: dict | None = None  # clgpt.ops.attention's FLASH_TILES, overridden
     preset: int | None = None  # 0 | 1 overrides the row's `preset`
-    # clgpt.precision, clgpt.ops: which GEMM path and how its copies are made
+    # clgpt.device.precision, clgpt.ops: which GEMM path and how its copies are made
     mma_emulate: bool = False
-    wgmma_min_mnk: int | None = None  # None: clgpt.tuning.WGMMA_MIN_MNK; passed in, never read from a variable
+    wgmma_min_mnk: int | None = None  # None: clgpt.device.tuning.WGMMA_MIN_MNK; passed in, never read from a variable
     # diagnostics
     nv_verbose: bool = False
     sm90a_verbose: bool = False

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pyopencl as cl
 
-from clgpt import sm90a
+from clgpt.device import sm90a
 from clgpt.errors import ClgptError
-from clgpt.icd import register_pip_runtimes, separate_pocl_cache
+from clgpt.device.icd import register_pip_runtimes, separate_pocl_cache
 from clgpt.paths import data_path
 from clgpt.ranks import env_rank
 
@@ -291,7 +291,7 @@ class Device:
                     # PoCL fails a build that races another process's on its shared kernel cache (pocl/pocl#1480):
                     # two single-rank jobs of a sweep can; the second try finds the cache settled
                     prg = _build(cl.Program(self.ctx, source), list(options))
-                if sm90a.MARK in source:  # wgmma and the like, written as PTX comments (clgpt/sm90a.py)
+                if sm90a.MARK in source:  # wgmma and the like, written as PTX comments (clgpt/device/sm90a.py)
                     prg = sm90a.retarget(self.ctx, self.device, prg, defines.get("SMEM_BYTES"))
                 if defines.get("MAXNREG") and "nvidia" in self.device.platform.name.lower():
                     prg = sm90a.cap_registers(self.ctx, self.device, prg, defines["MAXNREG"])

@@ -4,7 +4,7 @@ The Generator runs the engine for cfg.arch (`clgpt.models.factory.make_engine`: 
 LlamaEngine for llama; batch 1, seq_len = n_ctx) on any parameters -- typically the
 float32 weights `gguf_io.read_gguf` reads back, so q8_0/q4_0 exports generate from the same dequantized
 weights llama.cpp runs. It prefills the prompt in one forward pass, then decodes one token a step against a
-key/value cache (clgpt.kvcache). The prompt is padded up to a multiple of PAD_TO tokens: the attention is
+key/value cache (clgpt.inference.kvcache). The prompt is padded up to a multiple of PAD_TO tokens: the attention is
 causal, so padding after the last token changes none of its logits, and the engine sees n_ctx / PAD_TO
 distinct lengths instead of n_ctx (on PoCL each new length costs a kernel build).
 
@@ -96,7 +96,7 @@ class Generator:
     """Next-token logits and sampling from the OpenCL engine for one sequence at a time."""
 
     def __init__(self, cfg: ModelConfig, params: dict[str, np.ndarray], device=None):
-        from clgpt.kvcache import KVCache
+        from clgpt.inference.kvcache import KVCache
         from clgpt.models.factory import make_engine  # import here: reading a GGUF must not need OpenCL
 
         self.cfg = cfg
