@@ -13,6 +13,7 @@ usage() {
 usage: bash bench/gpu.sh SUBCOMMAND [ARG]   (settings from the environment; files under OUT, default /tmp/out)
   suite [full|bench|quick]  NVIDIA OpenCL tests, GEMM sweep, fp32 training S/M/L vs PyTorch eager, profiles, pipeline
   ratio        clgpt bf16 vs PyTorch torch.compile, alternated per shape; SHAPES (M6 L M), REPS (3), BASE, NOWARM
+  peer         clgpt bf16 vs the PyTorch peer compiled once a shape, alternated, and the peer's minimal-loop check
   flash        bench/flash_check.py, then bf16 training with flash attention on and off vs PyTorch; SHAPES, PROFILE
   arch         gpt2, llama and MoE in fp32 vs PyTorch eager at M and G; EQUAL_PARAMS=1, PROFILE=1
   tc           tensor-core checks, GEMM vs torch, bf16 / tf32 / fp32 training vs PyTorch, 200-step curves
@@ -116,6 +117,21 @@ cmd_ratio() {
       torch_peer "rep $rep $shape" "$args" $steps
     done
   done
+}
+
+# peer (issue 44): clgpt bf16 against the PyTorch peer as nanoGPT users run it (torch.compile, bf16 autocast, SDPA,
+# fused AdamW, pinned batches fetched ahead, zero_grad(set_to_none=True)) through bench/peer_ratio.py: each shape's
+# peer compiles once (while clgpt's first, untimed runs build its kernels), then REPS (2) pairs a shape, clgpt then
+# the waiting peer; at CHECK (CHAR_L GPT2S) the peer against a minimal nanoGPT-style loop in its own process. SHAPES
+# (CHAR CHAR_L L GPT2S GPT2S_L GPT2M GPT2M_L CHAR_MOE), steps as `at` gives (100; 30 at L and the GPT-2 shapes).
+# The table goes to $O/peer_table.md, each peer's output to $O/torch_SHAPE.log. About 6-8 minutes on an H100.
+cmd_peer() {
+  setup
+  local a=() c=()
+  for shape in ${SHAPES:-CHAR CHAR_L L GPT2S GPT2S_L GPT2M GPT2M_L CHAR_MOE}; do at $shape 100 30; a+=(--shape $shape $steps "$args"); done
+  for shape in ${CHECK:-CHAR_L GPT2S}; do c+=(--check $shape); done
+  timeout 500 python3 bench/peer_ratio.py "${a[@]}" "${c[@]}" --reps "${REPS:-2}" --budget 400 --out "$O" 2>&1 \
+    | grep -v "Warn\|lambda" | tee "$O/peer.txt"
 }
 
 # flash: the tensor-core checks and bench/flash_check.py (the kernels against float64, attention forward + backward
