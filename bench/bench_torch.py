@@ -69,7 +69,7 @@ def build_llama(torch, V, T, C, F, H, Hkv, L, E, K, written):
         def forward(self, x):
             return Fn.rms_norm(x, (C,), self.weight, eps=1e-5)
 
-    def rope(x, cos, sin):  # x (B, h, T, D), cos/sin (T, D/2): adjacent pairs (2i, 2i+1) rotated (llama.cpp's normal rope)
+    def rope(x, cos, sin):  # x (B, h, T, D), cos/sin (T, D/2): pairs (2i, 2i+1) rotated (llama.cpp's normal rope)
         x2 = x.view(*x.shape[:-1], D // 2, 2)
         a, b = x2[..., 0], x2[..., 1]
         return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)

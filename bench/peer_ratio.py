@@ -10,7 +10,8 @@ bench/bench_torch.py arguments of a shape, STEPS its timed steps.
    SDPA, fused AdamW, pinned batches fetched ahead) starts and compiles, --jobs at a time, largest first; it
    then waits with its cached memory handed back. While they compile, `clgpt bench` runs each shape once,
    untimed, so that its kernel builds are in the driver's cache and the GPU's clocks are up. No timed run shares
-   the machine with a compile.
+   the machine with a compile: a peer not ready --compile-limit seconds after the start is killed, and clgpt
+   runs alone at its shape.
 2. Per shape, --reps times: one `clgpt bench` process (--precision, bf16), then one burst of that shape's waiting peer
    (`train STEPS` after 3 untimed steps). Each pair gives clgpt / PyTorch speed = peer ms / clgpt ms.
 3. At each --check shape, the peer's `check 3 STEPS`: its loop against a minimal nanoGPT-style loop on the same
@@ -81,7 +82,10 @@ class PeerProcess:
         self.proc.stdin.flush()
         return self.wait_for("done", timeout)
 
-    def close(self):
+    def close(self, kill: bool = False):
+        """End it: at the end of its input, or killed (one still compiling must not run beside a timed run)."""
+        if kill and self.proc.poll() is None:
+            self.proc.kill()
         if self.proc.poll() is None:
             self.proc.stdin.close()
             try:
@@ -100,7 +104,8 @@ def clgpt_bench(args: str, steps: int, timeout: float, precision: str) -> tuple[
     line = next((x for x in run.stdout.splitlines() if x.startswith("train:")), "")
     m = TRAIN.search(line)
     if run.returncode or not m:
-        raise RuntimeError(f"clgpt bench {args}: exit {run.returncode}, no train: line\n{(run.stdout + run.stderr)[-1500:]}")
+        raise RuntimeError(f"clgpt bench {args}: exit {run.returncode}, no train: line\n"
+                           f"{(run.stdout + run.stderr)[-1500:]}")
     return float(m.group(1)), float(m.group(2)), line
 
 
@@ -121,10 +126,14 @@ def size_key(args: str) -> float:
 
 
 def table(rows: dict, checks: dict, moe: str, not_run: list[str], errors: dict) -> str:
-    out = ["| shape | clgpt ms/step | PyTorch ms/step (CPU ms, host issue ms) | clgpt / PyTorch speed, per pair | median |",
+    out = ["| shape | clgpt ms/step | PyTorch ms/step (CPU ms, host issue ms) | clgpt / PyTorch speed, per pair "
+           "| median |",
            "| --- | --- | --- | --- | ---: |"]
     for name, pairs in rows.items():
         cl = ", ".join(f"{p['clgpt'][0]:.2f}" for p in pairs)
+        if any(p["torch"] is None for p in pairs):  # its peer failed: clgpt alone (for the MoE ratio)
+            out.append(f"| {name} | {cl} | (no peer) | | |")
+            continue
         pt = ", ".join(f"{p['torch'][0]:.2f} ({p['torch'][1]:.2f}, {p['torch'][2]:.2f})" for p in pairs)
         ratios = [p["torch"][0] / p["clgpt"][0] for p in pairs]
         out.append(f"| {name} | {cl} | {pt} | {', '.join(f'{r:.3f}' for r in ratios)} | "
@@ -146,6 +155,8 @@ def main(argv=None) -> int:
                     help="shapes where the peer is checked against the minimal loop")
     ap.add_argument("--warmup", type=int, default=5, help="the peers' untimed first steps (torch.compile runs in them)")
     ap.add_argument("--jobs", type=int, default=3, help="peers compiling at once (each holds GPU memory)")
+    ap.add_argument("--compile-limit", type=float, default=300,
+                    help="seconds after the start by which every peer must be compiled; a later one is dropped")
     ap.add_argument("--budget", type=float, default=480, help="seconds after which no further shape starts")
     ap.add_argument("--out", default=os.environ.get("OUT") or "/tmp/out")
     ap.add_argument("--precision", default="bf16", help="clgpt's (`clgpt bench --precision`)")
@@ -187,11 +198,11 @@ def main(argv=None) -> int:
             warm_thread.start()
         name = compiling.pop(0)
         try:
-            peers[name].wait_for("ready", 600)
+            peers[name].wait_for("ready", max(5.0, args.compile_limit - (time.monotonic() - t_start)))
             print(f"peer {name} compiled and warm ({time.monotonic() - t_start:.0f} s)", flush=True)
         except RuntimeError as e:
             errors[name] = str(e)
-            peers.pop(name).close()
+            peers.pop(name).close(kill=True)
             print(f"peer {name}: {e}", flush=True)
     warm_thread.join()
     print(f"all peers ready after {time.monotonic() - t_start:.0f} s", flush=True)
@@ -199,34 +210,36 @@ def main(argv=None) -> int:
     # 2.-4. alternated pairs, checks, the MoE ratio; the table after each shape
     rows, checks, not_run, moe = {}, {}, [], ""
     for name, (steps, a) in shapes.items():
-        if name not in peers:
-            continue
+        peer = peers.get(name)  # None where it failed to compile: clgpt still runs (CHAR_MOE's ratio needs it)
         if time.monotonic() - t_start > args.budget:
             not_run.append(name)
-            peers[name].close()
+            if peer:
+                peer.close()
             continue
         rows[name] = []
         try:
             for rep in range(args.reps):
                 cl = clgpt_bench(a, steps, 180, args.precision)
-                pt = peer_burst(peers[name], steps, 180)
+                pt = peer_burst(peer, steps, 180) if peer else None
                 rows[name].append({"clgpt": cl, "torch": pt})
-                print(f"{name} pair {rep + 1}: clgpt {cl[0]:.2f} ms/step, PyTorch {pt[0]:.2f} ms/step "
-                      f"(CPU {pt[1]:.2f}, issue {pt[2]:.2f}): {pt[0] / cl[0]:.3f}x", flush=True)
+                vs = (f"PyTorch {pt[0]:.2f} ms/step (CPU {pt[1]:.2f}, issue {pt[2]:.2f}): {pt[0] / cl[0]:.3f}x"
+                      if pt else "no peer")
+                print(f"{name} pair {rep + 1}: clgpt {cl[0]:.2f} ms/step, {vs}", flush=True)
         except (RuntimeError, subprocess.TimeoutExpired) as e:
             errors[name] = str(e)[:600]
             print(f"{name}: {errors[name]}", flush=True)
             if not rows[name]:
                 del rows[name]
-        if name in args.check and name not in errors:
+        if peer and name in args.check and name not in errors:
             try:
-                text = "\n".join(peers[name].ask(f"check 3 {steps}", 300))
+                text = "\n".join(peer.ask(f"check 3 {steps}", 300))
             except RuntimeError as e:
                 text = str(e)
             m = re.search(r"^minimal check: .*$", text, re.M)
             checks[name] = m.group(0) if m else f"no check line: {text[-300:]}"
             print(f"{name} {checks[name]}", flush=True)
-        peers[name].close()
+        if peer:
+            peer.close()
         if "CHAR_MOE" in rows and "CHAR_L" in rows:
             med = {n: statistics.median(p["clgpt"][0] for p in rows[n]) for n in ("CHAR_MOE", "CHAR_L")}
             moe = (f"CHAR_MOE step / CHAR_L step (clgpt, medians): {med['CHAR_MOE']:.2f} / {med['CHAR_L']:.2f} = "
