@@ -134,6 +134,37 @@ ON_EVERY_IMPLEMENTATION = {"test_kernels", "test_engine", "test_llama_engine", "
 ON_POCL = {"test_flash", "test_precision"}
 
 
+# Mesa's rusticl, where installed (Debian: mesa-opencl-icd), is the third compiler: clang, SPIR-V and NIR, as for
+# AMD's and Intel's GPUs on Linux. Its CPU device (llvmpipe: no fp16, fp64 or subgroups, 32 KB of local memory) is
+# listed only when RUSTICL_ENABLE asks for it. Mesa 22.3's rusticl compiles each kernel again in every process (no
+# cache) and runs them up to 150 times slower than PoCL, so it takes only the kernel, engine and llama.cpp-parity
+# modules (names starting with ON_RUSTICL), and there leaves out: products of over RUSTICL_MAX_MACS multiply-adds
+# (a minute each); the CPU row's register-blocked matmul forms (rb*: no GPU runs them, and LLVM takes minutes over
+# their 96 to 480 accumulators a work-item); the parity tests that train a model of their own (the others share one).
+os.environ.setdefault("RUSTICL_ENABLE", "llvmpipe")
+ON_RUSTICL = ("test_kernels", "test_engine", "test_llama_parity")
+RUSTICL_MAX_MACS = 50_000_000
+RUSTICL_LEAVES_OUT = ("test_matmul_rb", "test_bf16_trained_model", "test_bias_off_model")
+
+
+def _left_out_on_rusticl(item) -> bool:
+    call = getattr(item, "callspec", None)
+    if call is None or "rusticl" not in call.id.split("-"):
+        return False
+    p = call.params
+    macs = p.get("M", 1) * p.get("N", 1) * p.get("K", 1)
+    return (not item.module.__name__.startswith(ON_RUSTICL) or item.name.startswith(RUSTICL_LEAVES_OUT)
+            or str(p.get("form", "")).startswith("rb") or macs > RUSTICL_MAX_MACS)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Deselect the rusticl cases the note above leaves out."""
+    dropped = [item for item in items if _left_out_on_rusticl(item)]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if not _left_out_on_rusticl(item)]
+
+
 def pytest_generate_tests(metafunc):
     name = metafunc.module.__name__
     if name in ON_EVERY_IMPLEMENTATION | ON_POCL and "opencl" in metafunc.fixturenames:
