@@ -8,6 +8,7 @@ import numpy as np
 from clgpt.models import reference as ref
 
 from conftest import assert_close
+
 rng = np.random.default_rng(1234)
 
 

@@ -36,7 +36,6 @@ def test_softmax_xent(dev):
                    np.float64(0.7), grads={"dl": "logits"}))
 
 
-# ---------------- CPU forms (xent_fused, the float8 transposes, bias sums, attention forms) ----------------
 @pytest.mark.parametrize("N,V", [(13, 37), (9, 512), (5, 4099)])
 def test_xent_fused(dev, N, V):
     """Loss as xent_forward; dlogits = mask * (softmax - onehot), unscaled (the engine's matmuls scale it)."""
