@@ -184,8 +184,8 @@ ON_POCL = {"test_flash", "test_precision_gemm", "test_precision_mma", "test_prec
 
 # Mesa's rusticl, where installed (Debian: mesa-opencl-icd), is the third compiler: clang, SPIR-V and NIR, as for
 # AMD's and Intel's GPUs on Linux. Its CPU device (llvmpipe: no fp16, fp64 or subgroups, 32 KB of local memory) is
-# listed only when RUSTICL_ENABLE asks for it. Mesa 22.3's rusticl compiles each kernel again in every process (no
-# cache) and runs them up to 150 times slower than PoCL, so it takes only the kernel, engine and llama.cpp-parity
+# listed only when RUSTICL_ENABLE asks for it. Mesa 22.3's rusticl compiles each kernel with LLVM on its first launch
+# on a machine and runs them up to 150 times slower than PoCL, so it takes only the kernel, engine and llama.cpp-parity
 # modules (names starting with ON_RUSTICL), and there leaves out: products of over RUSTICL_MAX_MACS multiply-adds
 # (a minute each); the CPU row's register-blocked matmul forms (rb*: no GPU runs them, and LLVM takes minutes over
 # their 96 to 480 accumulators a work-item); the parity tests that train a model of their own (the others share one).
