@@ -197,5 +197,16 @@ def decays(name: str) -> bool:
     return name.endswith(".weight") and "norm" not in name
 
 
+def muon_matrices(cfg: ModelConfig) -> dict[str, tuple[int, int, int]]:
+    """The tensors Muon trains (as nanochat splits them: the matrices inside the blocks, attention and
+    feed-forward, dense and experts; the router, norms, biases, embeddings and head keep AdamW):
+    name -> (matrices, rows, cols), an expert stack (E, R, C) being E matrices."""
+    out = {}
+    for name, shape in param_shapes(cfg).items():
+        if name.startswith("blk.") and len(shape) >= 2 and "ffn_gate_inp" not in name and trains(cfg)(name):
+            out[name] = (int(np.prod(shape[:-2])), int(shape[-2]), int(shape[-1]))
+    return out
+
+
 def num_params(cfg: ModelConfig) -> int:
     return int(sum(np.prod(s) for s in param_shapes(cfg).values()))

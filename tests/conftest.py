@@ -125,7 +125,7 @@ def slurm_sweep(_background_runs) -> tuple[Path, str]:
 # test_flash and test_precision check the NVIDIA-only kernels (tensor-core instructions emulated) on one CPU
 # runtime: they run on no CPU in use, and emulating them costs minutes per compiler.
 ON_EVERY_IMPLEMENTATION = {"test_kernels", "test_engine", "test_llama_engine", "test_llama_rows", "test_dropout",
-                           "test_llama_parity", "test_kvcache"}
+                           "test_llama_parity", "test_kvcache", "test_muon"}
 
 
 # The emulated NVIDIA kernels (tensor-core instructions done with local memory and barriers) run on no CPU or

@@ -70,6 +70,8 @@ def stage_settings(stage: str, settings: dict) -> dict:
     s.setdefault("mix_pretrain", 0.0)  # pretrain has no such setting: it never mixes
     if s.get("lora", 0) is None:  # full tuning: settings (and checkpoints) as before adapters existed
         del s["lora"]
+    if s.get("optimizer") == "adamw":  # AdamW alone: settings (and checkpoints) as before Muon existed
+        del s["optimizer"], s["muon"]
     if s.get("lora") and s["ranks"] > 1:
         raise ClgptError(f"{stage}.lora trains on one rank; set {stage}.ranks: 1 (now {s['ranks']})")
     if s["ranks"] > s["batch_size"]:
@@ -167,6 +169,11 @@ class _Progress:
     tokens_seen: int = 0
     best_loss: float | None = None  # lowest held-out loss so far (validation on)
     best_step: int = 0  # the step it was measured at
+
+
+def _muon_on(s: dict) -> bool:
+    """Whether the stage's block matrices take Muon (clgpt/ops/muon.py); its lr follows lr's schedule."""
+    return s.get("optimizer", "adamw") == "muon"
 
 
 def _resume_key(stage: str, s: dict, inp: _Inputs, total: int) -> str:
@@ -376,7 +383,8 @@ def _run_stage(stage, encoded, s, ckpt_out, log_csv, dist, *, model, init_ckpt, 
     dev = dist.device(device, devices) if dist.size > 1 else _resolve_device(device)
     lora = s.get("lora") and lora_spec(s["lora"], cfg, f"{stage}.lora")
     eng = make_engine(cfg, inp.params, batch_size=-(-B // dist.size), seq_len=T, device=dev, dropout=s["dropout"],
-                      precision=s["precision"], optimizer=not lora, attention=s["attention"])
+                      precision=s["precision"], optimizer=not lora, attention=s["attention"],
+                      muon=_muon_on(s) and not lora)
     if lora:  # adapters on the frozen base (clgpt/models/lora.py); the engine runs the merged weights
         eng = LoraEngine(eng, lora, s["seed"])
     if dist.size > 1:
@@ -437,7 +445,8 @@ def _run_stage(stage, encoded, s, ckpt_out, log_csv, dist, *, model, init_ckpt, 
                         f"(now {s['lr']}) or raise warmup_steps"
                     )
                 in_update = True
-                norm = float(eng.step(lr, s["beta1"], s["beta2"], ADAM_EPS, s["weight_decay"], s["grad_clip"]))
+                muon = dict(s["muon"], lr=s["muon"]["lr"] * lr / s["lr"]) if _muon_on(s) and not lora else None
+                norm = float(eng.step(lr, s["beta1"], s["beta2"], ADAM_EPS, s["weight_decay"], s["grad_clip"], muon))
                 prog.step += 1
                 resume_state = batches.state()
                 prog.tokens_seen += n_tokens
