@@ -6,7 +6,7 @@
 //   muon_sumsq:      partials[i] = sum_{j in chunk i} x[off + j]^2        (chunk = ceil(n / n_parts))
 //   muon_inv_norm:   out[0] = 1 / max(sqrt(sum_i partials[i]), eps)
 //   muon_scale:      y[j] = x[off + j] * scale[0]                         (X0 = U / max(||U||_F, eps))
-//   muon_axpy_copy:  y[j] = alpha x[j]                                    (the a X and b A terms the GEMM adds to)
+//   muon_poly_init:  P (r, r) = b A + a I          (the GEMM then adds c A A: X' = a X + (b A + c A A) X = P X)
 //   muon_update:     p[off + j] = p[off + j] * decay - lr_adj * o[j]       (decay = 1 - lr wd; o: NS's output)
 // Fixed orders of summation: deterministic.
 
@@ -46,10 +46,10 @@ __kernel void muon_scale(const int n, const int off, __global const float* x, __
     if (j < n) y[j] = x[off + j] * scale[0];
 }
 
-__kernel void muon_axpy_copy(const int n, const float alpha, __global const float* x, __global float* y)
+__kernel void muon_poly_init(const int r, const float a, const float b, __global const float* A, __global float* P)
 {
     const int j = get_global_id(0);
-    if (j < n) y[j] = alpha * x[j];
+    if (j < r * r) P[j] = b * A[j] + (j / r == j % r ? a : 0.0f);
 }
 
 __kernel void muon_update(const int n, const int off, __global float* p, __global const float* o,

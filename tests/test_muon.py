@@ -43,7 +43,7 @@ def test_muon_momentum_kernel(dev, nesterov):
     assert np.array_equal(out["g"], g), "muon_momentum must leave the gradient as it is"
 
 
-def test_muon_norm_scale_axpy_update_kernels(dev):
+def test_muon_norm_scale_poly_update_kernels(dev):
     n, off, parts = 777, 33, 5
     x = rand(off + n, 2)
     chunk = -(-n // parts)
@@ -60,9 +60,11 @@ def test_muon_norm_scale_axpy_update_kernels(dev):
     check_op(dev, "muon", "muon_scale", (n,), [("n", i32(n)), ("off", i32(off)), ("x", x),
                                                ("s", np.array([inv], f32)), ("y", np.zeros(n, f32))],
              {"y": x[off:].astype(np.float64) * inv}, atol=1e-6, rtol=1e-5)
-    check_op(dev, "muon", "muon_axpy_copy", (n,), [("n", i32(n)), ("a", f32(-4.775)), ("x", x[:n]),
-                                                   ("y", np.zeros(n, f32))], {"y": -4.775 * x[:n].astype(np.float64)},
-             atol=1e-6, rtol=1e-6)
+    r = 7
+    A = rand((r, r), 6)
+    check_op(dev, "muon", "muon_poly_init", (r * r,), [("r", i32(r)), ("a", f32(3.4445)), ("b", f32(-4.775)),
+                                                       ("A", A), ("P", np.zeros((r, r), f32))],
+             {"P": -4.775 * A.astype(np.float64) + 3.4445 * np.eye(r)}, atol=1e-6, rtol=1e-6)
     p, o = rand(off + n, 3), rand(n, 4)
     want_p = p.astype(np.float64).copy()
     want_p[off:] = want_p[off:] * 0.998 - 0.03 * o

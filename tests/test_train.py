@@ -421,6 +421,28 @@ def test_nan_loss_stops_and_keeps_the_partial(data, tmp_path):
     assert all(np.isfinite(w).all() for w in ck["params"].values())
 
 
+@pytest.mark.parametrize("model", [TINY, {**TINY, "arch": "llama", "n_head_kv": 1, "n_expert": 2, "n_expert_used": 1}],
+                         ids=["gpt2", "llama-moe"])
+def test_muon_resume_is_bit_identical_and_muon_moves_the_weights(data, tmp_path, model):
+    """optimizer: muon: the momentum rides in the checkpoint, so a run stopped at step 5 resumes to the same bytes;
+    and the run is not AdamW's under another name."""
+    kw = {"steps": 8, "optimizer": "muon", "muon": {"lr": 0.05}, "accum_steps": 2}
+    args = lambda out, **k: ("pretrain", data["text"], settings(**{**kw, **k}), str(out / "model.ckpt"),  # noqa: E731
+                             str(out / "log.csv"))
+    for name in ("full", "resumed", "adamw"):
+        (tmp_path / name).mkdir()
+    run_stage(*args(tmp_path / "full"), model=model)
+    with pytest.raises(KeyboardInterrupt):
+        run_stage(*args(tmp_path / "resumed"), model=model, callback=stop_at(5))
+    run_stage(*args(tmp_path / "resumed"), model=model)
+    full = (tmp_path / "full" / "model.ckpt").read_bytes()
+    assert (tmp_path / "resumed" / "model.ckpt").read_bytes() == full
+    run_stage(*args(tmp_path / "adamw", optimizer="adamw"), model=model)
+    a, b = (load_checkpoint(str(tmp_path / n / "model.ckpt")) for n in ("full", "adamw"))
+    assert a["extra"]["settings"]["optimizer"] == "muon" and "optimizer" not in b["extra"]["settings"]
+    assert not np.array_equal(a["params"]["blk.0.attn_output.weight"], b["params"]["blk.0.attn_output.weight"])
+
+
 @pytest.mark.parametrize("extra", [{}, {"n_expert": 2, "n_expert_used": 1}], ids=["dense", "moe"])
 def test_llama_resume_is_bit_identical(data, tmp_path, extra):
     model = {**TINY, "arch": "llama", "n_head_kv": 1, **extra}

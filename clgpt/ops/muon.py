@@ -5,9 +5,11 @@ A part of its own: it takes the ops object it launches through (its device, queu
 
 Newton-Schulz (torch.optim.Muon, Keller Jordan's muon.py), on U (R, C) with (a, b, c) = NS_COEFFS:
     X = U / max(||U||_F, eps), as X^T when R > C (r = min(R, C) rows);  ns_steps times:
-    A = X X^T (r, r);  Bm = b A + c A A;  X = a X + Bm X
-Where R > C the transposes are the GEMM's operand flags, not copies: A = X^T X, X = a X + X Bm^T, so X keeps
-U's (R, C) layout throughout. The products take the precision path of the ops (bf16 operands where it is bf16).
+    A = X X^T (r, r);  P = a I + b A + c A A;  X = P X   (= a X + (b A + c A A) X, one product fewer)
+Where R > C the transposes are the GEMM's operand flags, not copies: A = X^T X, X = X P^T = X P, so X keeps
+U's (R, C) layout throughout. A and P come out exactly symmetric (entry (i, j) and (j, i) sum the same products
+in the same order), which is why P needs no transpose. The products take the precision path of the ops (bf16
+operands where it is bf16).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ class Muon:
     def __init__(self, ops):
         self.ops, self.queue, self.local = ops, ops.queue, ops.launch["local_1d"]
         self.k = {name: ops.dev.kernel("muon", name) for name in
-                  ("muon_momentum", "muon_sumsq", "muon_inv_norm", "muon_scale", "muon_axpy_copy", "muon_update")}
+                  ("muon_momentum", "muon_sumsq", "muon_inv_norm", "muon_scale", "muon_poly_init", "muon_update")}
         self._bufs = {}
 
     def _buf(self, key, n):
@@ -64,21 +66,20 @@ class Muon:
         X, Xn = self._buf("x0", n), self._buf("x1", n)
         self._run("muon_scale", n, i32(n), i32(off), U, scale, X)
         r = min(rows, cols)
-        A, Bm = self._buf("gram", r * r), self._buf("poly", r * r)
+        A, P = self._buf("gram", r * r), self._buf("poly", r * r)
         mm = self.ops.matmul
         tall = rows > cols
         for _ in range(ns_steps):
-            if tall:  # X (rows, cols) holds Y^T: A = Y Y^T = X^T X
+            if tall:  # X (rows, cols) holds Y^T: A = Y Y^T = X^T X, and Y' = P Y is X' = X P
                 mm(r, r, rows, X, X, A, ta=1)
             else:
                 mm(r, r, cols, X, X, A, tb=1)
-            self._run("muon_axpy_copy", r * r, i32(r * r), f32(b), A, Bm)
-            mm(r, r, r, A, A, Bm, accum=True, alpha=c)
-            self._run("muon_axpy_copy", n, i32(n), f32(a), X, Xn)
-            if tall:  # Y' = a Y + Bm Y  ->  X' = a X + X Bm^T
-                mm(rows, cols, r, X, Bm, Xn, tb=1, accum=True)
+            self._run("muon_poly_init", r * r, i32(r), f32(a), f32(b), A, P)
+            mm(r, r, r, A, A, P, accum=True, alpha=c)
+            if tall:
+                mm(rows, cols, r, X, P, Xn)
             else:
-                mm(rows, cols, r, Bm, X, Xn, accum=True)
+                mm(rows, cols, r, P, X, Xn)
             X, Xn = Xn, X
         return X
 
