@@ -156,7 +156,8 @@ def test_settings_defaults_and_errors():
 def test_pretrain_loss_goes_down_and_logs(data, tmp_path):
     summary = pretrain(data, tmp_path, steps=40, checkpoint_every=100)
     rows = read_log(tmp_path / "log.csv")
-    assert list(rows[0]) == ["step", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s", "val_loss"]
+    assert list(rows[0]) == ["step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "elapsed_s", "val_loss"]
+    assert all(r["mfu"] == "" for r in rows)  # no peak known for a CPU: no MFU
     assert [int(r["step"]) for r in rows] == list(range(1, 41))
     losses = [float(r["loss"]) for r in rows]
     assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.5, losses
@@ -296,6 +297,20 @@ def test_bad_checkpoint_names_the_file(tmp_path):
     bad.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
     with pytest.raises(ClgptError, match="bad.ckpt: not a readable clgpt checkpoint"):
         load_checkpoint(str(bad))
+
+
+def test_mfu_is_tokens_per_second_times_flops_per_token_over_the_peak(data, tmp_path, monkeypatch):
+    import clgpt.training.train as train
+    from clgpt.model import ModelConfig, flops_per_token
+
+    asked = []
+    monkeypatch.setattr(train, "peak_flops", lambda name, precision: asked.append((name, precision)) or 1e9)
+    pretrain(data, tmp_path, steps=4)
+    assert asked and asked[0][1] == "fp32"
+    cfg = ModelConfig(**{**TINY, "vocab_size": V})
+    for r in read_log(tmp_path / "log.csv"):
+        want = float(r["tokens_per_s"]) * flops_per_token(cfg, 12) / 1e9
+        assert abs(float(r["mfu"]) - want) <= 1e-4 + 1e-3 * want, r
 
 
 # ---- determinism and resume ----

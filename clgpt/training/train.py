@@ -43,7 +43,8 @@ from clgpt.data import (  # noqa: F401  (batching lives in clgpt.data; the names
     text_batches,
 )
 from clgpt.errors import ClgptError
-from clgpt.model import ModelConfig
+from clgpt.device.peaks import peak_flops
+from clgpt.model import ModelConfig, flops_per_token
 from clgpt.models.lora import lora_spec
 from clgpt.models.lora_engine import LoraEngine
 from clgpt.training.train_inputs import _Inputs, _pretrain_inputs, _sha256_file, _tune_inputs
@@ -54,7 +55,7 @@ from clgpt.training.train_inputs import _Inputs, _pretrain_inputs, _sha256_file,
 STAGES = ("pretrain", "tune")
 ADAM_EPS = 1e-8
 SMOOTHING = 0.9  # smoothed loss = SMOOTHING * previous + (1 - SMOOTHING) * this step's loss
-LOG_COLUMNS = ("step", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s", "val_loss")
+LOG_COLUMNS = ("step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "elapsed_s", "val_loss")
 _OPTIONAL_COLUMNS = ("val_loss",)  # empty on steps without an evaluation
 # Settings that change how a run is recorded but not the weights it computes: not in the resume hash.
 # ranks: the sampler, weights and AdamW state are the same whatever the rank count, so a run may resume
@@ -385,6 +386,10 @@ def _run_stage(stage, encoded, s, ckpt_out, log_csv, dist, *, model, init_ckpt, 
     eng = make_engine(cfg, inp.params, batch_size=-(-B // dist.size), seq_len=T, device=dev, dropout=s["dropout"],
                       precision=s["precision"], optimizer=not lora, attention=s["attention"],
                       muon=_muon_on(s) and not lora)
+    # model FLOPs utilisation beside tokens/s (nanochat's): None where clgpt.device.peaks knows no peak
+    peak = peak_flops(dev.name, eng.precision)
+    mfu_of = (lambda tok_s: "") if peak is None else (  # noqa: E731
+        lambda tok_s, f=flops_per_token(cfg, T) / (peak * dist.size): f"{tok_s * f:.4f}")
     if lora:  # adapters on the frozen base (clgpt/models/lora.py); the engine runs the merged weights
         eng = LoraEngine(eng, lora, s["seed"])
     if dist.size > 1:
@@ -467,7 +472,7 @@ def _run_stage(stage, encoded, s, ckpt_out, log_csv, dist, *, model, init_ckpt, 
                     evals_since = (prog.step - prog.best_step) // s["eval_every"]
                     patience_out = 0 < s["patience"] <= evals_since
                 if writer is not None:
-                    writer.writerow([prog.step, f"{loss:.6f}", f"{lr:.6g}", f"{norm:.6g}", f"{tok_s:.1f}",
+                    writer.writerow([prog.step, f"{loss:.6f}", f"{lr:.6g}", f"{norm:.6g}", f"{tok_s:.1f}", mfu_of(tok_s),
                                      f"{elapsed_before + now - t0:.3f}", "" if val_loss is None else f"{val_loss:.6f}"])
                     log.flush()
                 post = {"loss": f"{prog.smoothed_loss:.4f}"}
