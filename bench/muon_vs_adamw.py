@@ -78,6 +78,7 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--muon-lr", type=float, default=0.0, help="muon.lr (0: the schema's default)")
     ap.add_argument("--optimizers", default="adamw,muon")
+    ap.add_argument("--precision", default="", help="replace the recipe's pretrain.precision (fp32|tf32|bf16|auto)")
     ap.add_argument("--out", default="bench/data/muon_cpu")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -98,6 +99,8 @@ def main() -> None:
     if args.steps:
         base["steps"] = args.steps
     base["eval_every"] = args.eval_every
+    if args.precision:
+        base["precision"] = args.precision
     base["checkpoint_every"] = max(base["checkpoint_every"], base["steps"])  # no saves mid-run inside the timing
     opts = args.optimizers.split(",")
     rows = []
