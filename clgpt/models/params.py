@@ -42,9 +42,8 @@ class ParamStore:
         bad = [n for n in self.muon if not (trains(n) and decays(n))]
         if bad:
             raise ValueError(f"Muon tensors must train and decay: {bad}")
-        names = [n for n in shapes if n in self.muon] + [n for n in shapes if n not in self.muon]
-        shapes_in = shapes
-        shapes = {n: shapes_in[n] for n in names}
+        # Muon's tensors first (they all decay), so they span 0..n_muon and AdamW runs on one range after them
+        shapes = {n: shapes[n] for n in sorted(shapes, key=lambda n: n not in self.muon)}
         names = ([n for n in shapes if trains(n) and decays(n)] + [n for n in shapes if trains(n) and not decays(n)]
                  + [n for n in shapes if not trains(n)])
         self.packed = dict(packed or {})
