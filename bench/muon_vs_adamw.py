@@ -11,7 +11,7 @@ of its own, optimizers alternated (adamw, muon, adamw, muon, ...) with seeds see
 --eval-every replace the recipe's (the same for both). Every step's wall and process CPU time are recorded beside
 the log's held-out losses.
 
-Writes OUT/runs.csv (optimizer, seed, step, wall_s, cpu_s, val_loss at every evaluation), OUT/heldout.png (held-out
+Writes the runs' checkpoints and logs under --runs (a temporary folder unless given), OUT/runs.csv (optimizer, seed, step, wall_s, cpu_s, val_loss at every evaluation), OUT/heldout.png (held-out
 loss against wall time) and prints the summary: the target = median over seeds of AdamW's best held-out loss;
 each run's wall time to first reach it (linear between evaluations; none if it never does); the medians and
 muon / adamw. On the GPU recipe: --configfile configs/shakespeare_char_gpu.yaml (the device from the config).
@@ -26,6 +26,7 @@ import json
 import os
 import statistics
 import subprocess
+import tempfile
 import sys
 import time
 from pathlib import Path
@@ -80,6 +81,7 @@ def main() -> None:
     ap.add_argument("--optimizers", default="adamw,muon")
     ap.add_argument("--precision", default="", help="replace the recipe's pretrain.precision (fp32|tf32|bf16|auto)")
     ap.add_argument("--out", default="bench/data/muon_cpu")
+    ap.add_argument("--runs", default="", help="folder of the runs' checkpoints and logs (default: a temporary one)")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
@@ -103,13 +105,14 @@ def main() -> None:
         base["precision"] = args.precision
     base["checkpoint_every"] = max(base["checkpoint_every"], base["steps"])  # no saves mid-run inside the timing
     opts = args.optimizers.split(",")
+    runs_dir = Path(args.runs or tempfile.mkdtemp(prefix="muon_vs_adamw_"))
     rows = []
     for k in range(args.seeds):
         for opt in opts:
             s = dict(base, seed=base["seed"] + k, optimizer=opt)
             if opt == "muon" and args.muon_lr:
                 s["muon"] = dict(s.get("muon", {}), lr=args.muon_lr)
-            d = out / f"{opt}-{s['seed']}"
+            d = runs_dir / f"{opt}-{s['seed']}"
             for name in ("model.ckpt", "log.csv", "model.ckpt.best"):
                 (d / name).unlink(missing_ok=True)
             spec = {"dir": str(d), "settings": s, "model": cfg["model"], "device": cfg["device"],
