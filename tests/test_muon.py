@@ -5,24 +5,18 @@ the Newton-Schulz orthogonalisation through the device's GEMM, whole engine step
 from __future__ import annotations
 
 import numpy as np
-import pyopencl as cl
 import pytest
 
-from clgpt.device.opencl import get_device
 from clgpt.model import ModelConfig, init_params, muon_matrices
 from clgpt.models import reference as ref
 from clgpt.models.factory import make_engine
 from clgpt.ops import Ops
 from clgpt.ops.muon import Muon, lr_scale
-from opcheck import assert_close, check_op, run_op
+from conftest import assert_close, from_dev, to_dev
+from opcheck import check_op, run_op
 
 i32, f32 = np.int32, np.float32
 MUON = {"lr": 0.02, "momentum": 0.95, "nesterov": True, "ns_steps": 5, "lr_scale": "original", "weight_decay": 0.1}
-
-
-@pytest.fixture(scope="module")
-def dev(opencl):  # on the implementation tests/conftest.py sets for this module's run
-    return get_device()
 
 
 def rand(shape, seed, scale=1.0):
@@ -81,10 +75,8 @@ def test_newton_schulz_on_the_gemm_matches_float64(dev, rows, cols):
     ops = Ops(dev, cfg, 8, "fp32")
     off = 64  # inside a larger buffer, as a tensor's place in the flat store
     u = rand(off + rows * cols, 5, 0.1)
-    U = cl.Buffer(dev.ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=u)
-    X = Muon(ops).orthogonalize(U, off, rows, cols, 5)
-    got = np.empty(rows * cols, f32)
-    cl.enqueue_copy(dev.queue, got, X, is_blocking=True)
+    X = Muon(ops).orthogonalize(to_dev(dev, u), off, rows, cols, 5)
+    got = from_dev(dev, X, rows * cols)
     want = ref.newton_schulz(u[off:].reshape(rows, cols))
     assert_close(got.reshape(rows, cols), want, 2e-5, 1e-4, f"Newton-Schulz {rows}x{cols}")
     # what Muon is for: singular values pulled into roughly (0.5, 1.5) from a spread of 1e3
