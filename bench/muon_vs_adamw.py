@@ -11,7 +11,8 @@ of its own, optimizers alternated (adamw, muon, adamw, muon, ...) with seeds see
 --eval-every replace the recipe's (the same for both). Every step's wall and process CPU time are recorded beside
 the log's held-out losses.
 
-Writes the runs' checkpoints and logs under --runs (a temporary folder unless given), OUT/runs.csv (optimizer, seed, step, wall_s, cpu_s, val_loss at every evaluation), OUT/heldout.png (held-out
+Writes the runs' checkpoints and logs under --runs (a temporary folder unless given), OUT/runs.csv (optimizer,
+seed, step, wall_s, cpu_s, val_loss at every evaluation), OUT/heldout.png (held-out
 loss against wall time) and prints the summary: the target = median over seeds of AdamW's best held-out loss;
 each run's wall time to first reach it (linear between evaluations; none if it never does); the medians and
 muon / adamw. On the GPU recipe: --configfile configs/shakespeare_char_gpu.yaml (the device from the config).
@@ -92,7 +93,8 @@ def main() -> None:
     from clgpt.config import load_workflow_config
 
     cfg = load_workflow_config("config.yaml", [args.configfile])
-    targets = ["results/encoded/pretrain.bin", "results/encoded/pretrain_heldout.bin", "results/tokenizer/tokenizer.json"]
+    targets = ["results/encoded/pretrain.bin", "results/encoded/pretrain_heldout.bin",
+               "results/tokenizer/tokenizer.json"]
     subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", *targets, "--configfile", args.configfile],
                    check=True)
     out = Path(args.out)

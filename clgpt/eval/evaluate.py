@@ -329,14 +329,16 @@ def report_markdown(m: dict) -> str:
         forgetting = "n/a" if m["forgetting"] is None else f"{m['forgetting']:+.4f}"
         lines += [f"Forgetting (pretrain held-out loss after tune minus before): {forgetting}", ""]
     lines += tokenizer_markdown(m["tokenizer"])
-    lines += ["## Training", "", "| stage | steps | final loss | best held-out loss (step) | seconds | tokens/s | MFU |",
+    lines += ["## Training", "",
+              "| stage | steps | final loss | best held-out loss (step) | seconds | tokens/s | MFU |",
               "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for stage in m["training"]:
         t = m["training"][stage]
         best = "n/a" if t.get("best_val_loss") is None else f"{t['best_val_loss']:.4f} ({t['best_step']})"
         tok_s = "n/a" if t.get("tokens_per_s") is None else f"{t['tokens_per_s']:,.0f}"
         mfu = "n/a" if t.get("mfu") is None else f"{100 * t['mfu']:.1f}%"
-        lines.append(f"| {stage} | {t['steps']} | {_fmt(t['final_loss'])} | {best} | {t['elapsed_s']:.1f} | {tok_s} | {mfu} |")
+        lines.append(f"| {stage} | {t['steps']} | {_fmt(t['final_loss'])} | {best} | {t['elapsed_s']:.1f} | {tok_s} "
+                     f"| {mfu} |")
     lines += ["", "tokens/s and MFU (model FLOPs utilisation: clgpt.model.flops_per_token against the device's peak in "
               "clgpt/device/peaks.py; n/a where no peak is known, as on CPUs) are medians over the steps.", ""]
     lines += [f"![{stage} loss](loss_{stage}.png)\n" for stage in m["training"]]

@@ -56,7 +56,7 @@ STAGES = ("pretrain", "tune")
 ADAM_EPS = 1e-8
 SMOOTHING = 0.9  # smoothed loss = SMOOTHING * previous + (1 - SMOOTHING) * this step's loss
 LOG_COLUMNS = ("step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "elapsed_s", "val_loss")
-_OPTIONAL_COLUMNS = ("val_loss",)  # empty on steps without an evaluation
+_OPTIONAL_COLUMNS = ("val_loss", "mfu")  # empty on steps without an evaluation; on devices without a known peak
 # Settings that change how a run is recorded but not the weights it computes: not in the resume hash.
 # ranks: the sampler, weights and AdamW state are the same whatever the rank count, so a run may resume
 # with another count (the sums then round differently: equal up to float rounding, not bit for bit).
@@ -472,7 +472,8 @@ def _run_stage(stage, encoded, s, ckpt_out, log_csv, dist, *, model, init_ckpt, 
                     evals_since = (prog.step - prog.best_step) // s["eval_every"]
                     patience_out = 0 < s["patience"] <= evals_since
                 if writer is not None:
-                    writer.writerow([prog.step, f"{loss:.6f}", f"{lr:.6g}", f"{norm:.6g}", f"{tok_s:.1f}", mfu_of(tok_s),
+                    writer.writerow([prog.step, f"{loss:.6f}", f"{lr:.6g}", f"{norm:.6g}", f"{tok_s:.1f}",
+                                     mfu_of(tok_s),
                                      f"{elapsed_before + now - t0:.3f}", "" if val_loss is None else f"{val_loss:.6f}"])
                     log.flush()
                 post = {"loss": f"{prog.smoothed_loss:.4f}"}
