@@ -351,14 +351,17 @@ PY
 }
 
 # muon: AdamW against Muon on nanoGPT's character GPU recipe (configs/shakespeare_char_gpu.yaml, the rest unchanged),
-# SEEDS seeds each (3), alternated, held-out loss every EVAL_EVERY steps (250), precision PRECISION (auto: bf16 on
-# tensor cores): bench/muon_vs_adamw.py's CSV, plot and summary (the time Muon needs to reach AdamW's best held-out
-# loss, over AdamW's). Needs text/austen.txt (bench/austen_text.py), carried:
+# SEEDS seeds each (3) from FIRST_SEED (the recipe's), alternated, held-out loss every EVAL_EVERY steps (250),
+# precision PRECISION (auto: bf16 on tensor cores): bench/muon_vs_adamw.py's CSV, plot and summary (the time Muon
+# needs to reach AdamW's best held-out loss, over AdamW's). One seed a call where calls are time-limited (SEEDS=1
+# FIRST_SEED=1337, 1338, 1339), then `python bench/muon_vs_adamw.py --summarize */runs.csv`. Needs text/austen.txt
+# (bench/austen_text.py), carried:
 #   run(carry=[".whl", "text"], command="bash bench/gpu.sh muon")
 cmd_muon() {
   setup
   python3 bench/muon_vs_adamw.py --configfile configs/shakespeare_char_gpu.yaml --seeds "${SEEDS:-3}" \
-    --eval-every "${EVAL_EVERY:-250}" --precision "${PRECISION:-auto}" --out "$O/muon" 2>"$O/muon.log" | tee "$O/muon.txt"
+    --first-seed "${FIRST_SEED:--1}" --eval-every "${EVAL_EVERY:-250}" --precision "${PRECISION:-auto}" \
+    --out "$O/muon" 2>"$O/muon.log" | tee "$O/muon.txt"
 }
 
 # mpi [one] (issue 16), on nvidia-h200-x2: 1 GPU vs 2 GPUs over MPI at S6 and L (bench/bench_mpi.py), the loss

@@ -15,7 +15,8 @@ Writes the runs' checkpoints and logs under --runs (a temporary folder unless gi
 seed, step, wall_s, cpu_s, val_loss at every evaluation), OUT/heldout.png (held-out
 loss against wall time) and prints the summary: the target = median over seeds of AdamW's best held-out loss;
 each run's wall time to first reach it (linear between evaluations; none if it never does); the medians and
-muon / adamw. On the GPU recipe: --configfile configs/shakespeare_char_gpu.yaml (the device from the config).
+muon / adamw. On the GPU recipe: --configfile configs/shakespeare_char_gpu.yaml (the device from the config); where
+a call has a time limit, one seed a call (--seeds 1 --first-seed S --out DIR_S), then --summarize DIR_*/runs.csv.
 """
 
 from __future__ import annotations
@@ -76,6 +77,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--configfile", default="configs/shakespeare_char_cpu.yaml")
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--first-seed", type=int, default=-1, help="the first run's seed (default: the recipe's)")
+    ap.add_argument("--summarize", nargs="+", metavar="CSV", help="only the summary and plot of runs.csv files "
+                    "(e.g. one seed a device call), into --out")
     ap.add_argument("--steps", type=int, default=0, help="replace the recipe's steps (0: keep)")
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--muon-lr", type=float, default=0.0, help="muon.lr (0: the schema's default)")
@@ -87,6 +91,15 @@ def main() -> None:
     args = ap.parse_args()
     if args.one:
         one_run(args)
+        return
+    if args.summarize:
+        rows = []
+        for path in args.summarize:
+            with open(path, newline="") as f:
+                rows += [{**r, "seed": int(r["seed"]), "step": int(r["step"]),
+                          **{k: float(r[k]) for k in ("wall_s", "cpu_s", "val_loss")}} for r in csv.DictReader(f)]
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        summarize(rows, args.optimizers.split(","), Path(args.out))
         return
     os.chdir(ROOT)
     sys.path.insert(0, str(ROOT))
@@ -111,7 +124,7 @@ def main() -> None:
     rows = []
     for k in range(args.seeds):
         for opt in opts:
-            s = dict(base, seed=base["seed"] + k, optimizer=opt)
+            s = dict(base, seed=(base["seed"] if args.first_seed < 0 else args.first_seed) + k, optimizer=opt)
             if opt == "muon" and args.muon_lr:
                 s["muon"] = dict(s.get("muon", {}), lr=args.muon_lr)
             d = runs_dir / f"{opt}-{s['seed']}"
