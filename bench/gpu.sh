@@ -21,6 +21,7 @@ usage: bash bench/gpu.sh SUBCOMMAND [ARG]   (settings from the environment; file
   char         nanoGPT's character GPU recipe beside the pretrain stage, same time: held-out loss
   char-speed   the same recipe timed whole, nanoGPT's train.py then the pretrain stage; PRECISION (bf16)
   char-vocab   the character CPU recipe's held-out loss by vocabulary size, nanoGPT vs clgpt, fp32; SEEDS, FINAL=1
+  muon         AdamW against Muon on the character GPU recipe: held-out loss against time; SEEDS (3), PRECISION
   mpi [one]    1 vs 2 GPUs over MPI at S6 and L (nvidia-h200-x2); one: both ranks share one GPU
 EOF
 }
@@ -364,6 +365,20 @@ for f in sys.argv[1:]:
 for name, v in runs.items():
     print(f"{name:9s} " + " ".join(f"{x:.4f}" for x in v) + f"   mean {sum(v) / len(v):.4f}")
 PY
+}
+
+# muon: AdamW against Muon on nanoGPT's character GPU recipe (configs/shakespeare_char_gpu.yaml, the rest unchanged),
+# SEEDS seeds each (3) from FIRST_SEED (the recipe's), alternated, held-out loss every EVAL_EVERY steps (250),
+# precision PRECISION (auto: bf16 on tensor cores): bench/muon_vs_adamw.py's CSV, plot and summary (the time Muon
+# needs to reach AdamW's best held-out loss, over AdamW's). One seed a call where calls are time-limited (SEEDS=1
+# FIRST_SEED=1337, 1338, 1339), then `python bench/muon_vs_adamw.py --summarize */runs.csv`. Needs text/austen.txt
+# (bench/austen_text.py), carried:
+#   run(carry=[".whl", "text"], command="bash bench/gpu.sh muon")
+cmd_muon() {
+  setup
+  python3 bench/muon_vs_adamw.py --configfile configs/shakespeare_char_gpu.yaml --seeds "${SEEDS:-3}" \
+    --first-seed "${FIRST_SEED:--1}" --eval-every "${EVAL_EVERY:-250}" --precision "${PRECISION:-auto}" \
+    --out "$O/muon" 2>"$O/muon.log" | tee "$O/muon.txt"
 }
 
 # mpi [one] (issue 16), on nvidia-h200-x2: 1 GPU vs 2 GPUs over MPI at S6 and L (bench/bench_mpi.py), the loss

@@ -172,7 +172,8 @@ def slurm_sweep(_background_runs) -> tuple[Path, str]:
 KERNEL_MODULES = {"test_kernels_gemm", "test_kernels_copies", "test_kernels_attention", "test_kernels_norms",
                   "test_kernels_pointwise", "test_kernels_xent", "test_kernels_optim", "test_kernels_reference"}
 ON_EVERY_IMPLEMENTATION = KERNEL_MODULES | {"test_engine", "test_engine_contract", "test_llama_engine",
-                                            "test_llama_rows", "test_dropout", "test_llama_parity", "test_kvcache"}
+                                            "test_llama_rows", "test_dropout", "test_llama_parity", "test_kvcache",
+                                            "test_muon"}
 
 
 # The emulated NVIDIA kernels (tensor-core instructions done with local memory and barriers) run on no CPU or
