@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections import namedtuple
 from contextlib import contextmanager
 
-import pyopencl as cl
-
 from clgpt.errors import ClgptError
 from clgpt.ops.core import ceil_to, i32
 
@@ -102,7 +100,7 @@ class CopyOps:
         key = X.int_ptr if what is None else (X.int_ptr, what)
         out = self._kept_bufs.get(key)
         if out is None or out.size < nbytes:
-            out = self._kept_bufs[key] = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, nbytes)
+            out = self._kept_bufs[key] = self.launcher.bytes_buf(nbytes)
         return out
 
     def _kept_copy(self, X, rows, cols):
@@ -130,6 +128,4 @@ class CopyOps:
 
     def _b16_slot(self, slot, nbytes):
         """Scratch slot `slot`'s bf16 buffer, grown to at least nbytes."""
-        if self._b16_size[slot] < nbytes:
-            self._b16[slot], self._b16_size[slot] = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, nbytes), nbytes
-        return self._b16[slot]
+        return self.launcher.slot(slot, nbytes)

@@ -9,8 +9,6 @@ CPUs), kernels/bias.cl (bias_backward, bias_partial, bias_final, bias_backward_v
 
 from __future__ import annotations
 
-import pyopencl as cl
-
 from clgpt.ops.core import F32, ceil_to, f32, i32
 from clgpt.device.precision import mma_launch
 from clgpt.device.tuning import SMALL_GROUPS, SPLIT_MIN_K, SPLIT_MIN_TOTAL_K, SPLIT_SMALL_GROUPS
@@ -237,16 +235,7 @@ class GemmOps:
                                               f32(scale), None))
 
     def _sub(self, buf, off):
-        """The sub-buffer of buf from float `off` on (kept: the same few every step, so preset launches hit)."""
-        if off == 0:
-            return buf
-        key = (buf.int_ptr, off)
-        sub = self._subs.get(key)
-        if sub is None:
-            parent = buf.get_info(cl.mem_info.ASSOCIATED_MEMOBJECT)  # a sub-buffer's: regions of the parent
-            base = buf.get_info(cl.mem_info.OFFSET) if parent is not None else 0
-            sub = self._subs[key] = (parent or buf).get_sub_region(base + off * F32, buf.size - off * F32)
-        return sub
+        return self.launcher.sub(buf, off)
 
     # ---- batched products (attention) ----
     def bmm(self, M, N, K, nz, hb, A, lda, a_off, B, ldb, b_off, Cm, ldc, c_off, ta=0, tb=0, alpha=1.0, causal=0,

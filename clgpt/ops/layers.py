@@ -134,5 +134,6 @@ class LayerOps:
     def adamw(self, n, n_decay, p, g, m, v, norm_buf, lr, beta1, beta2, bc1, bc2, eps, weight_decay):
         lsize = (self.launch["local_1d"],)  # lr and the bias corrections change every step: no preset
         name, per = ("adamw_v8", 8) if self.caps.adamw_v8 else ("adamw", 1)  # adamw_v8: 8 parameters a work-item
-        self.k[name](self.queue, (ceil_to(-(-n // per), lsize[0]),), lsize, i32(n), i32(n_decay), p, g, m, v,
-                     norm_buf, f32(lr), f32(beta1), f32(beta2), f32(bc1), f32(bc2), f32(eps), f32(weight_decay))
+        self.launcher.launch_plain(self.k[name], (ceil_to(-(-n // per), lsize[0]),), lsize,
+                                   (i32(n), i32(n_decay), p, g, m, v, norm_buf, f32(lr), f32(beta1), f32(beta2),
+                                    f32(bc1), f32(bc2), f32(eps), f32(weight_decay)))
