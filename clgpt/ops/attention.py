@@ -188,7 +188,7 @@ class AttentionOps:
             copy = self._b16_slot(3, N * C3 * 2)
         self._attention_backward(Bp, Tp, dout, qkv, att, datt, dqkv, drop, out, tables, copy)
         if copy is not None:
-            self._premade[dqkv.int_ptr] = (copy, N, C3, None, N // 64)
+            self.copies.premake(dqkv, (copy, N, C3, None, N // 64))
         if rope is not None and not tables:
             self.rope_backward(Bp * Tp, Tp, dqkv, rope[1], rope[2], rope[0])
 

@@ -21,6 +21,7 @@ from clgpt.device.knobs import Knobs
 from clgpt.device.knobs import read as read_knobs
 from clgpt.model import ModelConfig
 from clgpt.ops.capabilities import capabilities
+from clgpt.ops.copybook import CopyBook
 from clgpt.ops.launcher import F32, Launcher, ceil_to
 from clgpt.device.precision import ROUND, resolve
 from clgpt.device.tuning import WGMMA_MIN_MNK
@@ -63,19 +64,9 @@ class BaseOps:
         # the launcher's byte slots hold the bf16 copies: 0, 1 op(A), op(B); 2 reuse's; 3 a gradient's copy its
         # product wrote (TILED_OUT 2)
         self.wgmma_min = WGMMA_MIN_MNK if kn.wgmma_min_mnk is None else kn.wgmma_min_mnk  # 0: every product
-        # wgmma reads one tiled copy of a matrix for a product and for its transposes (M- / N-major operands).
-        # Copies of `stable` buffers (the forward's activations, the weights) serve every product until the
-        # next forward (forget_copies); one `reuse` buffer's copy serves the products inside its block.
-        self._stable, self._reusing = {}, None  # stable: handle -> buffer (held, so no handle is reused while kept)
-        self._colsums = None  # (key, row chunks, buffer): the reuse copy's column sums (bias_backward)
-        # products that wrote their output only as its tiled copy (matmul_wgmma.cl TILED_OUT 2): handle ->
-        # (copy, Rp, Cp, column sums, row chunks), taken by the reuse block of that buffer
-        self._premade = {}
-        # a GELU' deferred from the backward's product dg (epi 2) into its gradient's reuse copy: handle ->
-        # _Deferred; once copied, the copy holds dg * gelu'(E) and the fp32 buffer dg, which nothing reads
-        self._gelu_pending = {}
-        self._halves = {}  # (buffer, n) -> its two views (halves)
-        self._kept, self._kept_bufs = {}, {}  # (buffer, rows, cols) -> (copy, Rp, Cp) while valid; buffer -> its copy's
+        # wgmma reads one tiled copy of a matrix for a product and for its transposes (M- / N-major operands):
+        # the book of which copies serve which products (clgpt/ops/copybook.py)
+        self.copies = CopyBook()
         self.align = self.launcher.align  # sub-buffer alignment, in floats
         # the record's op forms where this model's widths allow them (see clgpt/ops/capabilities.py)
         C, D = cfg.n_embd, cfg.head_dim

@@ -273,8 +273,9 @@ class GemmOps:
 
     def bias_backward(self, M, N, dy, db):
         """db (N) += column sums of dy (M,N), in a fixed order."""
-        if self._colsums is not None and self._colsums[0] == (dy.int_ptr, M, N):  # made with dy's tiled copy
-            self._bias_final(self._colsums[1], N, self._colsums[2], db)
+        sums = self.copies.colsums_of((dy.int_ptr, M, N))
+        if sums is not None:  # made with dy's tiled copy
+            self._bias_final(sums[0], N, sums[1], db)
             return
         self._settle(dy)
         if self.caps.bias_v8:

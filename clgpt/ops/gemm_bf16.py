@@ -13,7 +13,6 @@ import numpy as np
 import pyopencl as cl
 
 from clgpt.errors import ClgptError
-from clgpt.ops.copies import _Deferred
 from clgpt.ops.core import ceil_to, f32, i32
 from clgpt.ops.gemm import split_k_chunks
 from clgpt.device.precision import mma_groups, mma_launch, mma_threads
@@ -89,7 +88,7 @@ class Bf16Ops:
 
     def _matmul_bf16(self, M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E, ldc=None):
         for X in (A, B):  # a deferred GELU' is read from the reuse copy only
-            if X.int_ptr in self._gelu_pending and not (X.int_ptr == self._reusing and self.on_wgmma(M, N, K, epi)):
+            if self.copies.deferred(X) is not None and not (self.copies.is_reusing(X) and self.on_wgmma(M, N, K, epi)):
                 self._settle(X)
         if (epi == 2 and self.colsum_copies and self.on_wgmma(M, N, K)
                 and bias is None and resid is None and not accum):
@@ -97,11 +96,11 @@ class Bf16Ops:
                 # dh = dg * gelu'(E) written only as dh's tiled copy and its column sums, for dh's reuse block
                 copy, part = self._b16_slot(3, M * N * 2), self._grown("tparts", M // 64 * N)
                 self._matmul_wgmma(M, N, K, A, B, Cm, ta, tb, None, None, False, alpha, 2, E, tiled_out=(copy, part))
-                self._premade[Cm.int_ptr] = (copy, M, N, part, M // 64)
+                self.copies.premake(Cm, (copy, M, N, part, M // 64))
                 return
             # dh = dg * gelu'(E): the product on wgmma now, gelu' when dh's reuse copy is made (or _settle)
             self._matmul_wgmma(M, N, K, A, B, Cm, ta, tb, None, None, False, alpha, 0, None)
-            self._gelu_pending[Cm.int_ptr] = _Deferred(Cm, E, M, N, False)
+            self.copies.defer_gelu(Cm, E, M, N)
             return
         if self.on_wgmma(M, N, K, epi):
             if epi == 3 and self.tiled_outputs and M % 64 == 0 and N % 64 == 0 and ldc == 2 * N and not accum:
@@ -110,9 +109,9 @@ class Bf16Ops:
                 copy = self._b16_slot(3, M * 2 * N * 2)
                 self._matmul_wgmma(M, N, K, A, B, Cm, ta, tb, bias, resid, False, alpha, 3, E, tiled_out=(copy, None),
                                    ldc=ldc)
-                self._premade[Cm.int_ptr] = (copy, M, 2 * N, None, M // 64)
+                self.copies.premake(Cm, (copy, M, 2 * N, None, M // 64))
                 return
-            if (epi == 1 and self.tiled_outputs and E.int_ptr in self._stable and M % 64 == 0
+            if (epi == 1 and self.tiled_outputs and self.copies.is_stable(E) and M % 64 == 0
                     and N % 64 == 0):
                 # g = gelu(h) written only as g's kept tiled copy (the products read g through it alone)
                 self._matmul_wgmma(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E,

@@ -307,12 +307,12 @@ class GroupedOps:
         """The kept tiled copy of the stacked gate and up weights as one (E, 2F, C): expert e's gate rows then its
         up rows (kernels/matmul_bf16.cl to_bf16_pair), made once per forward."""
         key = (gate.int_ptr, "pair")
-        hit = self._kept.get(key)
+        hit = self.copies.hit(key)
         if hit is None:
             Rp, Cp = 2 * E * F, ceil_to(C, 64)
             out = self._kept_buf(gate, Rp * Cp * 2, "pair")
             self._launch(self.k["to_bf16_pair"], (Cp // 8, Rp), (4, 32), (i32(F), i32(C), gate, up, out))
-            hit = self._kept[key] = (out, Rp, Cp)
+            hit = self.copies.keep(key, (out, Rp, Cp))
         return hit
 
     def moe_gather(self, N, R, pos, x, xg):
@@ -330,7 +330,7 @@ class GroupedOps:
         if self.moe_tiled(R):
             copy = self._kept_buf(dye, R * C * 2)
             self.runp("moe_combine_backward_tiled", (C // 4, NK), i32(N), i32(R), dout, w, pos, copy)
-            self._premade[dye.int_ptr] = (copy, R, C, None, 0)
+            self.copies.premake(dye, (copy, R, C, None, 0))
             return
         self.runp("moe_combine_backward", (C, NK), i32(N), dout, w, pos, dye)
 

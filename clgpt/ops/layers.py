@@ -33,14 +33,14 @@ class LayerOps:
         if self.caps.xent_fused:  # the forward left the unscaled gradient in dlogits
             return s
         V = self.cfg.vocab_size
-        if (dlogits.int_ptr == self._reusing and self.on_wgmma(N, self.cfg.n_embd, V)
+        if (self.copies.is_reusing(dlogits) and self.on_wgmma(N, self.cfg.n_embd, V)
                 and self.on_wgmma(V, self.cfg.n_embd, N)):
             # both products on dlogits read its tiled bf16 copy: write that instead of the fp32 gradient
             Rp, Cp = ceil_to(N, 64), ceil_to(V, 64)
             out = self._b16_slot(2, Rp * Cp * 2)
             self._launch(self.k["xent_backward_tiled"], (Cp // 8, Rp), (4, 32),
                          (i32(N), f32(s), logits, targets, mask, lse, out))
-            self._kept[(dlogits.int_ptr, N, V)] = (out, Rp, Cp)
+            self.copies.keep((dlogits.int_ptr, N, V), (out, Rp, Cp))
             return 1.0
         self.run("xent_backward", (ceil_to(V, 64), N), i32(N), f32(s), logits, targets, mask, lse, dlogits,
                  lsize=(64, 1))
