@@ -41,22 +41,22 @@ class AttentionOps:
         return (mode == "flash" or groups is None or T >= FLASH_LONG_T
                 or groups >= FLASH_MIN_GROUPS * self.dev.device.max_compute_units)
 
-    def _flash_setup(self):
+    def flash_setup(self):
         """kernels/flash.cl's kernels, with the bf16 GEMM's options (MMA_EMULATE on PoCL, for tests); where RoPE
         is fused (rope_fused) built with ROPE (the dq, dk stores rotate back), and the rotating copy too."""
         cfg = self.cfg
         ft = self.flash_tiles = {**FLASH_TILES, **(self.knobs.flash or {})}
-        capped = not self._bf16_opts.get("MMA_EMULATE")  # NVIDIA only: the cap rebuilds the program's PTX
+        capped = not self.bf16_options.get("MMA_EMULATE")  # NVIDIA only: the cap rebuilds the program's PTX
         rope = {"ROPE": 1} if self.rope_fused else {}
         own = {"flash_forward": dict(MT=ft["FWD_MT"], KS=ft["KS"], MAXNREG=ft["FWD_NREG"]),
                "flash_backward_dq": dict(MT=ft["DQ_MT"], KQ=ft["KQ"], MAXNREG=ft["DQ_NREG"]),
                "flash_backward_dkv": dict(QK=ft["QK"], MAXNREG=ft["DKV_NREG"])}
 
         def build(kname, **extra):
-            opts = {**self._bf16_opts, **rope, **own.get(kname, {}), **extra}
+            opts = {**self.bf16_options, **rope, **own.get(kname, {}), **extra}
             opts = {k: v for k, v in opts.items()  # the kernel's defaults left out: one program where all agree
                     if _FLASH_DEFAULTS.get(k, -1) != v and not (k == "MAXNREG" and not (capped and v))}
-            return self.dev.kernel("flash", kname, build_options=self._nv_verbose(self._bf16_opts), C=cfg.n_embd,
+            return self.dev.kernel("flash", kname, build_options=self._nv_verbose(self.bf16_options), C=cfg.n_embd,
                                    H=cfg.n_head, D=cfg.head_dim, SCALE=float(1.0 / math.sqrt(cfg.head_dim)), **opts)
 
         for kname in ("flash_bf16", "flash_forward", "flash_backward_dq", "flash_backward_dkv",

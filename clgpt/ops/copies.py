@@ -20,11 +20,6 @@ class CopyOps:
 
     copies: CopyBook
 
-    # the book's records under the names tests read them by, until they read the book
-    _premade = property(lambda self: self.copies.premade)
-    _kept = property(lambda self: self.copies.kept)
-    _colsums = property(lambda self: self.copies.colsums)
-
     def stable(self, *bufs):
         """Declare fp32 buffers that hold still from a forward to the end of its backward (activations the
         forward writes once, the weights): on wgmma the tiled copy one product makes serves the later ones, until
@@ -73,7 +68,7 @@ class CopyOps:
                 self._launch(self.k["to_bf16_colsum_gelu"], (Cp // 8, Rp), (4, 64), args + (gelu.E,))
                 book.gelu_copied(X)
             else:
-                self._settle(X)
+                self.settle(X)
                 self._launch(self.k["to_bf16_colsum"], (Cp // 8, Rp), (4, 64), args)
             book.colsums = (key, Rp // 64, part)
             return book.keep(key, (out, Rp, Cp))
@@ -103,7 +98,7 @@ class CopyOps:
             return kname, ()
         return kname + "_tiled", (self._kept_copy(X, rows, cols),)
 
-    def _settle(self, X):
+    def settle(self, X):
         """X's fp32 values made what its readers expect: a deferred GELU' (_matmul_bf16) applied in place."""
         gelu = self.copies.settle(X)
         if gelu is not None:

@@ -4,7 +4,7 @@ the launch helpers every other clgpt/ops module launches through.
 Builds, and launches none itself: kernels/embedding.cl, attention.cl, xent.cl, bias.cl, transpose.cl, matmul.cl, adamw.cl and
 dropout.cl for every architecture (_build_common), layernorm.cl for GPT-2 (build_gpt2), rmsnorm.cl, rope.cl,
 swiglu.cl and moe.cl for Llama (build_llama). The path a device takes comes from its clgpt.device.tuning row,
-clgpt.device.precision's matrix path and clgpt.device.knobs, read once into clgpt/ops/capabilities.py's record: the portable GEMM (self.mm), tensor cores (self.mma), the bf16
+clgpt.device.precision's matrix path and clgpt.device.knobs, read once into clgpt/device/capabilities.py's record: the portable GEMM (self.mm), tensor cores (self.mma), the bf16
 GEMM (self.bf16) and wgmma (self.wgmma); clgpt/ops/gemm.py dispatches between them.
 """
 
@@ -17,13 +17,13 @@ import pyopencl as cl
 
 from clgpt.device.opencl import Device
 from clgpt.errors import ClgptError
+from clgpt.device.capabilities import capabilities
 from clgpt.device.knobs import Knobs
 from clgpt.device.knobs import read as read_knobs
 from clgpt.model import ModelConfig
-from clgpt.ops.capabilities import capabilities
 from clgpt.ops.copybook import CopyBook
 from clgpt.ops.launcher import F32, Launcher, ceil_to
-from clgpt.device.precision import ROUND, resolve
+from clgpt.device.precision import ROUND
 from clgpt.device.tuning import WGMMA_MIN_MNK
 
 ATTENTION = ("auto", "flash", "batched")  # the stages' `attention` setting (AttentionOps._use_flash)
@@ -50,7 +50,9 @@ class BaseOps:
         # matmul precision: ROUND for the portable kernels; the GEMM backend the record gives for it, with its
         # (big, small) tiles: mma on fp32 operands, the bf16 GEMM on bf16 operand copies (kernels/matmul_bf16.cl:
         # cp.async, ldmatrix), and on sm_90 (H100, H200) wgmma (kernels/matmul_wgmma.cl) on tiled copies
-        self.precision = resolve(precision, dev.device, kn)
+        if precision not in ROUND:  # resolved where the device is made (EngineBase: clgpt.device.precision.resolve)
+            raise ClgptError(f"Ops: precision {precision!r} is not resolved; use one of {', '.join(ROUND)}")
+        self.precision = precision
         self.round = ROUND[self.precision]
         self.gemm = caps.gemm_backend(self.round)
         self.mma = self.bf16 = self.wgmma = None
@@ -60,7 +62,7 @@ class BaseOps:
             self.bf16 = (self.launch["matmul_bf16"], self.launch["matmul_bf16_small"])
         if self.gemm == "wgmma":
             self.wgmma = (self.launch["matmul_wgmma"], self.launch["matmul_wgmma_narrow"])
-        self._bf16_opts = {}
+        self.bf16_options = {}
         # the launcher's byte slots hold the bf16 copies: 0, 1 op(A), op(B); 2 reuse's; 3 a gradient's copy its
         # product wrote (TILED_OUT 2)
         self.wgmma_min = WGMMA_MIN_MNK if kn.wgmma_min_mnk is None else kn.wgmma_min_mnk  # 0: every product
@@ -68,7 +70,7 @@ class BaseOps:
         # the book of which copies serve which products (clgpt/ops/copybook.py)
         self.copies = CopyBook()
         self.align = self.launcher.align  # sub-buffer alignment, in floats
-        # the record's op forms where this model's widths allow them (see clgpt/ops/capabilities.py)
+        # the record's op forms where this model's widths allow them (see clgpt/device/capabilities.py)
         C, D = cfg.n_embd, cfg.head_dim
         self.rows = caps.group_rows  # GPUs: one work-group of `rows` work-items per row
         self.ln_rows = caps.layernorm_rows and C % 128 == 0 and C <= 2048  # LayerNorm's and RMSNorm's
@@ -82,20 +84,20 @@ class BaseOps:
         self.colsum_copies = self.wgmma is not None and caps.colsum_copies
         # the launcher's scratch: slots 0, 1 the transposed B, A for matmul_rb; grown floats "parts" split-K
         # partial products, "cparts" column-sum partials, "tparts" the column sums a TILED_OUT 2 product wrote
-        self._mm = {}
-        self._rb_variants = {}  # matmul_rb tiles with fewer vectors per work-item, by NV (_rb_tiles)
-        self._rb_plans = {}  # matmul_rb launches by product shape (_rb_plan)
+        self.product_kernels = {}  # the GEMM kernels built, by their build options (the backends' _kernel_*)
+        self._rb_variants = {}  # matmul_rb tiles with fewer vectors per work-item, by NV (rb_tiles)
+        self.rb_plans = {}  # matmul_rb launches by product shape (_rb_plan)
         # LayerNorm's one-work-item kernels: rows (forward, backward) and channels (dw, db) a work-item
         self.norm_rb, self.norm_cb = self.launch.get("norm_rb", 1), self.launch.get("norm_cb", 1)
         self.k = self.launcher.k
         self._build_common()
         if self.bf16 is not None:
             self._bf16_setup()
-        self.flash = self._use_flash(attention, seq_len, batch_size)  # (after _bf16_setup: it may turn bf16 off)
+        self.flash = self._use_flash(attention, seq_len, batch_size)
         # llama's RoPE inside flash attention's copy and stores where no kv head serves several query heads
         self.rope_fused = self.flash and cfg.arch == "llama" and cfg.kv_heads == cfg.n_head
         if self.flash:
-            self._flash_setup()
+            self.flash_setup()
 
     # ---- kernels ----
     def buf(self, nfloats: int) -> cl.Buffer:
@@ -250,7 +252,7 @@ class BaseOps:
             for kname in ("moe_gather_packed_tiled", "moe_combine_backward_tiled"):
                 k[kname] = dev.kernel("moe", kname, **moe, MOE_TILED=1)
             k["swiglu_rows_forward_tiled"] = dev.kernel("swiglu", "swiglu_rows_forward_tiled", EXPERTS_TILED=1)
-            k["to_bf16_pair"] = dev.kernel("matmul_bf16", "to_bf16_pair", TILED=1, **self._bf16_opts)
+            k["to_bf16_pair"] = dev.kernel("matmul_bf16", "to_bf16_pair", TILED=1, **self.bf16_options)
         self.router_rw = 4  # tokens a work-group of moe_router_forward_rows
         if self.rows:  # the router's products inside its kernels, in fp32 (grouped.py moe_router_forward)
             for kname in ("moe_router_forward_rows", "moe_router_dw_partial", "moe_scatter_router_backward"):

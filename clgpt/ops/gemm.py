@@ -61,7 +61,7 @@ class GemmOps:
         where the big give fewer than SMALL_GROUPS work-groups."""
         mm = self.mm
         if mm["kernel"] == "matmul_rb":
-            return self._rb_tiles(N), 0
+            return self.rb_tiles(N), 0
         if mm["kernel"] != "matmul":
             return mm, 0
         groups = -(-M // mm["TSM"]) * -(-N // mm["TSN"]) * nz
@@ -73,7 +73,7 @@ class GemmOps:
             return narrow, -(-M // narrow["TSM"]) * -(-N // narrow["TSN"]) * nz
         return mm, groups
 
-    def _rb_tiles(self, N):
+    def rb_tiles(self, N):
         """matmul_rb's tiles for an output N columns wide: the table's NV vectors of VW columns, or fewer where
         that leaves a shorter last partial block (the slow scalar path), e.g. N = 96 takes 2 blocks of 3 x 16.
         The sums are the same whatever the tiles (each output sums over k in order), and the tail is always the
@@ -89,7 +89,7 @@ class GemmOps:
 
     def _kernel_mm(self, mm, ta, tb, bias, resid, accum, epi, split=0, batch=0, causal=0, init=0):
         key = (ta, tb, bias, resid, accum, epi, split, batch, causal, id(mm), init)
-        kern = self._mm.get(key)
+        kern = self.product_kernels.get(key)
         if kern is None:
             extra = {}
             if split:
@@ -100,7 +100,7 @@ class GemmOps:
                 extra.update(BATCH=1, CAUSAL=causal)
             if self.round:  # tf32/bf16 operands (fp32 builds keep their options, so their binaries, unchanged)
                 extra["ROUND"] = self.round
-            kern = self._mm[key] = self.dev.kernel(
+            kern = self.product_kernels[key] = self.dev.kernel(
                 "matmul", mm["kernel"], TA=ta, TB=tb, BIAS=int(bias), RESID=int(resid), ACCUM=int(accum), EPI=epi,
                 **extra, **matmul_defines(mm))
         return kern
@@ -173,7 +173,7 @@ class GemmOps:
         extra cost; a plain one is copied (once per product) where it holds at least ld_pad_copy floats.
         A small op(A) (M*K <= ta_direct floats: S's weight gradients) is read in place (matmul_rb's TA=1):
         measured 25-30% under transpose + NN there, and one launch fewer."""
-        mm = self._rb_tiles(N)
+        mm = self.rb_tiles(N)
         pad = self.launch.get("ld_pad", 0)
         if tb:
             b_op, ldb = "transpose", (N + pad if pad and N % 64 == 0 else N)
@@ -202,9 +202,9 @@ class GemmOps:
 
     def _matmul_rb(self, M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E, ldc):
         key = (M, N, K, ta, tb, bias is not None, resid is not None, bool(accum), epi, ldc)
-        plan = self._rb_plans.get(key)
+        plan = self.rb_plans.get(key)
         if plan is None:
-            plan = self._rb_plans[key] = self._rb_plan(*key)
+            plan = self.rb_plans[key] = self._rb_plan(*key)
         b_op, ldb, a_transpose, kern, gsize, lsize, (iM, iN, iK, ilda, ildb, ildc) = plan
         if b_op == "transpose":
             B = self._transposed(0, B, N, K, ldb)
@@ -277,7 +277,7 @@ class GemmOps:
         if sums is not None:  # made with dy's tiled copy
             self._bias_final(sums[0], N, sums[1], db)
             return
-        self._settle(dy)
+        self.settle(dy)
         if self.caps.bias_v8:
             self.run("bias_backward_v8", (-(-N // 8),), i32(M), i32(N), dy, db, lsize=(1,))
             return

@@ -27,9 +27,9 @@ class WgmmaOps:
 
     def _kernel_wgmma(self, mm, trans, bias, resid, accum, epi, split=0, tiled_out=0, group=0, ngroups=0):
         key = ("wgmma", trans, bias, resid, accum, epi, split, tiled_out, group, ngroups, id(mm))
-        kern = self._mm.get(key)
+        kern = self.product_kernels.get(key)
         if kern is None:
-            kern = self._mm[key] = self.dev.kernel(
+            kern = self.product_kernels[key] = self.dev.kernel(
                 "matmul_wgmma", "matmul_wgmma", BM=mm["BM"], BN=mm["BN"], TA=int(trans[0]), TB=int(trans[1]),
                 STAGES=mm["STAGES"], PIPE=mm["PIPE"],
                 BIAS=int(bias), RESID=int(resid), ACCUM=int(accum), EPI=epi, SPLITK=int(bool(split)),

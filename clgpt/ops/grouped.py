@@ -66,9 +66,9 @@ class GroupedOps:
 
     def _grouped_kernel_local(self, mm, group, E, ta, tb, accum, split=0):
         key = ("grouped", group, E, ta, tb, accum, split, id(mm))
-        kern = self._mm.get(key)
+        kern = self.product_kernels.get(key)
         if kern is None:
-            kern = self._mm[key] = self.dev.kernel("matmul", "matmul", GROUP=group, NGROUPS=E, TA=ta, TB=tb,
+            kern = self.product_kernels[key] = self.dev.kernel("matmul", "matmul", GROUP=group, NGROUPS=E, TA=ta, TB=tb,
                                                    ACCUM=int(accum), SPLITK=split, **matmul_defines(mm))
         return kern
 
@@ -232,9 +232,9 @@ class GroupedOps:
 
     def _grouped_reduce(self, E, MN, kc, accum, alpha, counts, parts, Cm):
         """C_e (MN) = alpha * the sum of group e's chunks of kc rows in parts [+ C_e] (splitk_reduce_grouped)."""
-        red = self._mm.get(("grouped_reduce", E))
+        red = self.product_kernels.get(("grouped_reduce", E))
         if red is None:
-            red = self._mm[("grouped_reduce", E)] = self.dev.kernel("matmul", "splitk_reduce_grouped", GROUP=2,
+            red = self.product_kernels[("grouped_reduce", E)] = self.dev.kernel("matmul", "splitk_reduce_grouped", GROUP=2,
                                                                    NGROUPS=E)
         lsz = tuple(self.launch["local_2d"])
         self._launch(red, (ceil_to(MN, lsz[0]), ceil_to(E, lsz[1])), lsz,

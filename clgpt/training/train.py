@@ -31,6 +31,7 @@ from tqdm import tqdm
 
 from clgpt.atomic import atomic_path
 from clgpt.config import section_settings
+from clgpt.device.knobs import read as read_knobs  # once, at the stage's edge
 from clgpt.io.checkpoint import load_checkpoint, save_checkpoint
 from clgpt.data import (  # noqa: F401  (batching lives in clgpt.data; the names stay importable here)
     DialogBatches,
@@ -376,7 +377,7 @@ def _run_stage(stage, encoded, s, ckpt_out, log_csv, dist, *, model, init_ckpt, 
     dev = dist.device(device, devices) if dist.size > 1 else _resolve_device(device)
     lora = s.get("lora") and lora_spec(s["lora"], cfg, f"{stage}.lora")
     eng = make_engine(cfg, inp.params, batch_size=-(-B // dist.size), seq_len=T, device=dev, dropout=s["dropout"],
-                      precision=s["precision"], optimizer=not lora, attention=s["attention"])
+                      precision=s["precision"], optimizer=not lora, attention=s["attention"], knobs=read_knobs())
     if lora:  # adapters on the frozen base (clgpt/models/lora.py); the engine runs the merged weights
         eng = LoraEngine(eng, lora, s["seed"])
     if dist.size > 1:
