@@ -77,8 +77,8 @@ cmd_suite() {
   case $mode in full | bench | quick) ;; *) echo "gpu.sh suite: full, bench or quick, not '$mode'" >&2; exit 2 ;; esac
   setup
   S="--vocab 512 --ctx 80 --embd 64 --ffn 128 --heads 2 --layers 1 --batch 8"
-  timeout 170 python3 -m pytest tests/test_kernels.py tests/test_engine.py -q -x -p no:cacheprovider -W ignore 2>&1 \
-    | tail -15 | tee "$O/tests.txt"
+  timeout 170 python3 -m pytest tests/test_kernels_*.py tests/test_engine.py tests/test_engine_contract.py -q -x \
+    -p no:cacheprovider -W ignore 2>&1 | tail -15 | tee "$O/tests.txt"
   [ "$mode" != quick ] && timeout 60 python3 bench/gemm_sweep.py 4096 2>&1 | grep -v Warn | tee "$O/gemm.txt"
   for shape in S M L; do
     at $shape
@@ -145,8 +145,8 @@ cmd_flash() {
 # PROFILE=1: then per-kernel device times of MoE at M and G and of dense llama at G.
 cmd_arch() {
   setup
-  timeout 150 python3 -m pytest tests/test_llama_engine.py tests/test_dropout.py -q -x -p no:cacheprovider -W ignore \
-    -k "engine_loss_logits or grouped or moe_kernels or with_dropout_vs_reference" 2>&1 | tail -4 | tee "$O/tests.txt"
+  timeout 150 python3 -m pytest tests/test_llama_engine.py tests/test_engine_contract.py tests/test_dropout.py -q -x \
+    -p no:cacheprovider -W ignore -k "(not gpt2 and engine_loss_logits) or grouped or moe_kernels or with_dropout_vs_reference" 2>&1 | tail -4 | tee "$O/tests.txt"
   G=$CHAR
   local moe="--arch llama --experts 4 --experts-used 2"
   for shape in M G; do
