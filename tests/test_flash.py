@@ -249,7 +249,7 @@ def test_attention_backward_hands_dqkv_over_as_its_tiled_copy(dev, monkeypatch, 
     assert ops.flash and ops.rope_fused
     monkeypatch.setattr(ops, "tiled_outputs", True)
     monkeypatch.setattr(ops, "on_wgmma", lambda M, N, K, epi=0: wgmma)
-    ops._flash_setup()
+    ops.flash_setup()
     assert ops.k["flash_backward_dq_tiled_only"] == ("flash_backward_dq", 1)
     launched = []
     monkeypatch.setattr(ops, "run", lambda name, *a, **kw: launched.append(name))
@@ -261,11 +261,11 @@ def test_attention_backward_hands_dqkv_over_as_its_tiled_copy(dev, monkeypatch, 
     only = products_only and wgmma and rows % 64 == 0
     suffix = "_tiled_only" if only else ""
     assert launched == ["flash_bf16", "flash_backward_dq" + suffix, "flash_backward_dkv" + suffix]
-    assert (dqkv.int_ptr in ops._premade) is only
+    assert (dqkv.int_ptr in ops.copies.premade) is only
     if only:
-        copy = ops._premade[dqkv.int_ptr][0]
+        copy = ops.copies.premade[dqkv.int_ptr][0]
         with pytest.raises(ClgptError, match="read as fp32"):
-            ops._settle(dqkv)
+            ops.settle(dqkv)
         with ops.reuse(dqkv):
             assert ops.tiled_copy(0, dqkv, rows, 3 * c) == (copy, rows, 3 * c)
 

@@ -58,21 +58,3 @@ class Ops(GemmOps, MmaOps, Bf16Ops, WgmmaOps, CopyOps, GroupedOps, NormOps, Atte
     `seq_len` (the engine's longest T) decides whether attention runs as batched matmuls on GPUs.
     `precision` (clgpt/device/precision.py): the matmuls' operands, fp32 | tf32 | bf16, resolved by the caller.
     """
-
-    # temporary: the private names tests reach, until they read the public ones (ops.copies, ops.settle, ...)
-    _premade = property(lambda self: self.copies.premade)
-    _kept = property(lambda self: self.copies.kept)
-    _colsums = property(lambda self: self.copies.colsums)
-    _bf16_opts = property(lambda self: self.bf16_options)
-    _mm = property(lambda self: self.product_kernels)
-    _rb_plans = property(lambda self: self.rb_plans)
-
-    def _settle(self, X):
-        self.settle(X)
-
-    def _rb_tiles(self, N):
-        return self.rb_tiles(N)
-
-    def _flash_setup(self):
-        self.flash_setup()
-

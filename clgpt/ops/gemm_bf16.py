@@ -77,11 +77,11 @@ class Bf16Ops:
             if M % 64 == 0 and N % 64 == 0:
                 # dh = dg * gelu'(E) written only as dh's tiled copy and its column sums, for dh's reuse block
                 copy, part = self._b16_slot(3, M * N * 2), self._grown("tparts", M // 64 * N)
-                self._matmul_wgmma(M, N, K, A, B, Cm, ta, tb, None, None, False, alpha, 2, E, tiled_out=(copy, part))
+                self.matmul_wgmma(M, N, K, A, B, Cm, ta, tb, None, None, False, alpha, 2, E, tiled_out=(copy, part))
                 self.copies.premake(Cm, (copy, M, N, part, M // 64))
                 return
             # dh = dg * gelu'(E): the product on wgmma now, gelu' when dh's reuse copy is made (or settle)
-            self._matmul_wgmma(M, N, K, A, B, Cm, ta, tb, None, None, False, alpha, 0, None)
+            self.matmul_wgmma(M, N, K, A, B, Cm, ta, tb, None, None, False, alpha, 0, None)
             self.copies.defer_gelu(Cm, E, M, N)
             return
         if self.on_wgmma(M, N, K, epi):
@@ -89,17 +89,17 @@ class Bf16Ops:
                 # dgate | dup (M, 2N) written only as its tiled copy, for its reuse block (the products after it
                 # are larger: on wgmma too)
                 copy = self._b16_slot(3, M * 2 * N * 2)
-                self._matmul_wgmma(M, N, K, A, B, Cm, ta, tb, bias, resid, False, alpha, 3, E, tiled_out=(copy, None),
+                self.matmul_wgmma(M, N, K, A, B, Cm, ta, tb, bias, resid, False, alpha, 3, E, tiled_out=(copy, None),
                                    ldc=ldc)
                 self.copies.premake(Cm, (copy, M, 2 * N, None, M // 64))
                 return
             if (epi == 1 and self.tiled_outputs and self.copies.is_stable(E) and M % 64 == 0
                     and N % 64 == 0):
                 # g = gelu(h) written only as g's kept tiled copy (the products read g through it alone)
-                self._matmul_wgmma(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E,
+                self.matmul_wgmma(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E,
                                    tiled_out=(self._kept_copy(E, M, N), None))
                 return
-            self._matmul_wgmma(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E, ldc=ldc)
+            self.matmul_wgmma(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E, ldc=ldc)
             return
         big, small = self.bf16
         mm = big if mma_groups(big, M, N) >= MMA_SMALL_GROUPS else small
