@@ -148,8 +148,9 @@ def _recorded(ops, monkeypatch) -> list:
     """The names of the kernels ops launches from now on."""
     names = []
     for meth in ("run", "runp"):
-        launch = getattr(ops, meth)
-        monkeypatch.setattr(ops, meth, lambda name, *a, _f=launch, **k: (names.append(name), _f(name, *a, **k)))
+        launch = getattr(ops.launcher, meth)
+        monkeypatch.setattr(ops.launcher, meth, lambda name, *a, _f=launch, **k: (names.append(name),
+                                                                                  _f(name, *a, **k)))
     return names
 
 

@@ -61,15 +61,15 @@ class CopyOps:
         if book.is_reusing(X):  # slot 2, with the column sums for bias_backward where the GPU has them
             if not self.colsum_copies:
                 return book.keep(key, (self.to_bf16(2, X, rows, cols, Rp, Cp, tiled=True), Rp, Cp))
-            out, part = self._b16_slot(2, Rp * Cp * 2), self._grown("cparts", Rp // 64 * cols)
+            out, part = self.launcher.slot(2, Rp * Cp * 2), self.launcher.grown("cparts", Rp // 64 * cols)
             args = (i32(rows), i32(cols), X, i32(cols), out, i32(Cp), part)
             gelu = book.deferred(X)
             if gelu is not None and (gelu.rows, gelu.cols, gelu.copied) == (rows, cols, False):  # GELU' on the way
-                self._launch(self.k["to_bf16_colsum_gelu"], (Cp // 8, Rp), (4, 64), args + (gelu.E,))
+                self.launcher.launch(self.k["to_bf16_colsum_gelu"], (Cp // 8, Rp), (4, 64), args + (gelu.E,))
                 book.gelu_copied(X)
             else:
                 self.settle(X)
-                self._launch(self.k["to_bf16_colsum"], (Cp // 8, Rp), (4, 64), args)
+                self.launcher.launch(self.k["to_bf16_colsum"], (Cp // 8, Rp), (4, 64), args)
             book.colsums = (key, Rp // 64, part)
             return book.keep(key, (out, Rp, Cp))
         return self.to_bf16(slot, X, rows, cols, Rp, Cp, tiled=True), Rp, Cp
@@ -107,8 +107,4 @@ class CopyOps:
     def _gelu_backward(self, gelu):
         """A deferred GELU' applied to its buffer's fp32 values, in place."""
         n = gelu.rows * gelu.cols
-        self.runp("gelu_backward", (n,), i32(n), gelu.buf, gelu.E, gelu.buf)
-
-    def _b16_slot(self, slot, nbytes):
-        """Scratch slot `slot`'s bf16 buffer, grown to at least nbytes."""
-        return self.launcher.slot(slot, nbytes)
+        self.launcher.runp("gelu_backward", (n,), i32(n), gelu.buf, gelu.E, gelu.buf)

@@ -1,5 +1,5 @@
-"""The Ops base: what one device and one model's widths decide once, the kernels an architecture builds, and
-the launch helpers every other clgpt/ops module launches through.
+"""The Ops base: what one device and one model's widths decide once, the kernels an architecture builds (into the
+launcher's table, clgpt/ops/launcher.py, through which every clgpt/ops module launches), and split-K's reduce.
 
 Builds, and launches none itself: kernels/embedding.cl, attention.cl, xent.cl, bias.cl, transpose.cl, matmul.cl, adamw.cl and
 dropout.cl for every architecture (_build_common), layernorm.cl for GPT-2 (build_gpt2), rmsnorm.cl, rope.cl,
@@ -32,7 +32,7 @@ i32, f32 = np.int32, np.float32
 
 
 class BaseOps:
-    """State and kernels of one Ops (see clgpt.ops.Ops), and the launch helpers."""
+    """State and kernels of one Ops (see clgpt.ops.Ops); run / runp for the models, through the launcher."""
 
     def __init__(self, dev: Device, cfg: ModelConfig, seq_len: int, precision: str = "fp32",
                  batch_size: int | None = None, knobs: Knobs | None = None, attention: str = "auto"):
@@ -263,23 +263,12 @@ class BaseOps:
     def _nv_verbose(self, opts: dict) -> tuple:
         return self.launcher.verbose_options(opts)
 
-    # ---- launch helpers: the launcher's (clgpt/ops/launcher.py), kept on Ops while tests reach them here ----
+    # ---- what the models launch by name (the launcher's) ----
     def run(self, name, gsize, *args, lsize=None):
-        self._launch(self.k[name], gsize, lsize, args)
-
-    def _launch(self, kern, gsize, lsize, args):
-        self.launcher.launch(kern, gsize, lsize, args)
+        self.launcher.run(name, gsize, *args, lsize=lsize)
 
     def runp(self, name, gsize, *args):
-        lsize = (self.launch["local_1d"],) if len(gsize) == 1 else tuple(self.launch["local_2d"])
-        self._launch(self.k[name], tuple(ceil_to(g, l) for g, l in zip(gsize, lsize)), lsize, args)
-
-    def _rows(self, name, N, args):
-        """A one-work-item-per-row kernel over N work-items (Launcher.rows)."""
-        if self.caps.row_groups_of_one:
-            self.run(name, (N,), *args, lsize=(1,))
-        else:
-            self.runp(name, (N,), *args)
+        self.launcher.runp(name, gsize, *args)
 
     # ---- scratch ----
     def _split_k(self, kern, gsize, lsize, M, N, S, operands, tail, accum, alpha, Cm):
@@ -287,17 +276,7 @@ class BaseOps:
         one per slice of K along grid dimension 2, into the "parts" scratch; splitk_reduce then adds them in
         order into Cm (alpha, accum). operands: the kernel's arguments between M, N and its output; tail: those
         after its epilogue's (the slice depth kc and what follows)."""
-        P = self._grown("parts", S * M * N)
-        self._launch(kern, (*gsize, S), (*lsize, 1),
-                     (i32(M), i32(N), *operands, P, i32(N), None, None, f32(1.0), None, *tail))
-        self.runp("splitk_reduce", (M * N,), i32(M * N), i32(S), i32(bool(accum)), f32(alpha), P, Cm)
-
-    def halves(self, buf, n):
-        """(first, second): views of buf's floats 0..n-1 and n..2n-1 (Launcher.halves)."""
-        return self.launcher.halves(buf, n)
-
-    def _grown(self, key, n):
-        return self.launcher.grown(key, n)
-
-    def _scratch_buf(self, slot, n):
-        return self.launcher.scratch(slot, n)
+        P = self.launcher.grown("parts", S * M * N)
+        self.launcher.launch(kern, (*gsize, S), (*lsize, 1),
+                             (i32(M), i32(N), *operands, P, i32(N), None, None, f32(1.0), None, *tail))
+        self.launcher.runp("splitk_reduce", (M * N,), i32(M * N), i32(S), i32(bool(accum)), f32(alpha), P, Cm)

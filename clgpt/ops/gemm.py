@@ -158,7 +158,7 @@ class GemmOps:
                 return
         kern = self._kernel_mm(mm, ta, tb, bias is not None, resid is not None, bool(accum), epi)
         gsize, lsize = matmul_launch(mm, M, N)
-        self._launch(kern, gsize, lsize, (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm, i32(ldc or N),
+        self.launcher.launch(kern, gsize, lsize, (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm, i32(ldc or N),
                                           bias, resid, f32(alpha), E))
 
     def _rb_plan(self, M, N, K, ta, tb, bias, resid, accum, epi, ldc):
@@ -215,7 +215,7 @@ class GemmOps:
         if isinstance(kern, tuple):  # split along K (_rb_plan)
             self._matmul_rb_chunks(kern, gsize, lsize, plan[-1], A, B, Cm, accum, alpha)
             return
-        self._launch(kern, gsize, lsize, (iM, iN, iK, A, ilda, B, ildb, Cm, ildc, bias, resid, f32(alpha), E))
+        self.launcher.launch(kern, gsize, lsize, (iM, iN, iK, A, ilda, B, ildb, Cm, ildc, bias, resid, f32(alpha), E))
 
     def _matmul_rb_chunks(self, kerns, gsize, lsize, ints, A, B, Cm, accum, alpha):
         """A product split along K into chunks (_rb_plan's rb_kmax): the first launch writes its raw sums (alpha 1,
@@ -224,18 +224,15 @@ class GemmOps:
         itself, or to a scratch where Cm accumulates."""
         (first, mid, last), chunks, ta = kerns
         iM, iN, _, ilda, ildb, ildc = ints
-        P, ldp = (self._grown("parts", int(iM) * int(iN)), iN) if accum else (Cm, ildc)
+        P, ldp = (self.launcher.grown("parts", int(iM) * int(iN)), iN) if accum else (Cm, ildc)
         end = len(chunks) - 1
         for c, (k0, kc) in enumerate(chunks):
-            a = self._sub(A, k0 * (int(ilda) if ta else 1))
-            b = self._sub(B, k0 * int(ildb))
+            a = self.launcher.sub(A, k0 * (int(ilda) if ta else 1))
+            b = self.launcher.sub(B, k0 * int(ildb))
             kern = first if c == 0 else last if c == end else mid
             out, ldo, scale = (Cm, ildc, alpha) if c == end else (P, ldp, 1.0)
-            self._launch(kern, gsize, lsize, (iM, iN, i32(kc), a, ilda, b, ildb, out, ldo, None, P if c else None,
+            self.launcher.launch(kern, gsize, lsize, (iM, iN, i32(kc), a, ilda, b, ildb, out, ldo, None, P if c else None,
                                               f32(scale), None))
-
-    def _sub(self, buf, off):
-        return self.launcher.sub(buf, off)
 
     # ---- batched products (attention) ----
     def bmm(self, M, N, K, nz, hb, A, lda, a_off, B, ldb, b_off, Cm, ldc, c_off, ta=0, tb=0, alpha=1.0, causal=0,
@@ -249,7 +246,7 @@ class GemmOps:
             align4 = all(v % 4 == 0 for v in (lda, ldb, *a_off, *b_off))
             kern = self._kernel_mma(mm, ta, tb, False, False, False, 0, align4, batch=1, causal=causal)
             (gx, gy), lsize = mma_launch(mm, M, N)
-            self._launch(kern, (gx, gy, nz), lsize + (1,), (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm,
+            self.launcher.launch(kern, (gx, gy, nz), lsize + (1,), (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm,
                          i32(ldc), None, None, f32(alpha), None, i32(0), i32(hb),
                          *(i32(v) for v in (*a_off, *b_off, *c_off))))
             return
@@ -257,7 +254,7 @@ class GemmOps:
             mm, _ = self._tiles(M, N, nz)
         kern = self._kernel_mm(mm, ta, tb, False, False, False, 0, batch=1, causal=causal)
         (gx, gy), lsize = matmul_launch(mm, M, N)
-        self._launch(kern, (gx, gy, nz), lsize + (1,), (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm, i32(ldc),
+        self.launcher.launch(kern, (gx, gy, nz), lsize + (1,), (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm, i32(ldc),
                      None, None, f32(alpha), None, i32(0), i32(hb), *(i32(v) for v in (*a_off, *b_off, *c_off))))
 
     # ---- gradients ----
@@ -279,47 +276,47 @@ class GemmOps:
             return
         self.settle(dy)
         if self.caps.bias_v8:
-            self.run("bias_backward_v8", (-(-N // 8),), i32(M), i32(N), dy, db, lsize=(1,))
+            self.launcher.run("bias_backward_v8", (-(-N // 8),), i32(M), i32(N), dy, db, lsize=(1,))
             return
         if not self.rows:
-            self.runp("bias_backward", (N,), i32(M), i32(N), dy, db)
+            self.launcher.runp("bias_backward", (N,), i32(M), i32(N), dy, db)
             return
         rc = self.launch["colsum_rows"]
         R = -(-M // rc)
         if R < self.launch["colsum_min_parts"]:
-            self.runp("bias_backward", (N,), i32(M), i32(N), dy, db)
+            self.launcher.runp("bias_backward", (N,), i32(M), i32(N), dy, db)
             return
-        part = self._grown("cparts", R * N)
-        self.runp("bias_partial", (N, R), i32(M), i32(N), i32(rc), dy, part)
+        part = self.launcher.grown("cparts", R * N)
+        self.launcher.runp("bias_partial", (N, R), i32(M), i32(N), i32(rc), dy, part)
         self._bias_final(R, N, part, db)
 
     def _bias_final(self, R, N, part, db):
         """db (N) += the sums of R rows of parts (bias_partial's, or to_bf16 COLSUM's): kernels/matmul.cl."""
-        self.run("bias_final", (ceil_to(N, 16), 16), i32(R), i32(N), part, db, lsize=(16, 16))
+        self.launcher.run("bias_final", (ceil_to(N, 16), 16), i32(R), i32(N), part, db, lsize=(16, 16))
 
     # ---- transposes (CPU matmul operands) ----
     def _transpose_into(self, x, out, rows, cols, ldo=None):
         """out (cols, rows) = x (rows, cols).T; out's rows ldo (default rows) floats apart (transpose_ld_v8)."""
         if ldo is not None and ldo != rows:
-            self.run("transpose_ld_v8", (ceil_to(-(-cols // 8), 4), -(-rows // 16)), i32(rows), i32(cols), x, out,
+            self.launcher.run("transpose_ld_v8", (ceil_to(-(-cols // 8), 4), -(-rows // 16)), i32(rows), i32(cols), x, out,
                      i32(ldo), lsize=(4, 1))
             return
         if self.caps.transpose_v8:  # 16 x 8 blocks
-            self.run("transpose_v8", (ceil_to(-(-cols // 8), 4), -(-rows // 16)), i32(rows), i32(cols), x, out,
+            self.launcher.run("transpose_v8", (ceil_to(-(-cols // 8), 4), -(-rows // 16)), i32(rows), i32(cols), x, out,
                      lsize=(4, 1))
             return
-        self.run("transpose", (ceil_to(-(-cols // 8), 4), -(-rows // 8)), i32(rows), i32(cols), x, out, lsize=(4, 1))
+        self.launcher.run("transpose", (ceil_to(-(-cols // 8), 4), -(-rows // 8)), i32(rows), i32(cols), x, out, lsize=(4, 1))
 
     def _transposed(self, slot, x, rows, cols, ldo=None):
         """x (rows, cols) transposed into scratch buffer `slot` (grown as needed) -> the scratch (cols, rows),
         its rows ldo (default rows) floats apart."""
         ldo = rows if ldo is None else ldo
-        out = self._scratch_buf(slot, cols * ldo)
+        out = self.launcher.scratch(slot, cols * ldo)
         self._transpose_into(x, out, rows, cols, ldo)
         return out
 
     def _padded(self, slot, x, rows, cols, ldo):
         """x (rows, cols) copied into scratch buffer `slot`, its rows ldo floats apart (the padding unwritten)."""
-        out = self._scratch_buf(slot, rows * ldo)
-        self.run("copy_ld_v8", (-(-cols // 64), rows), i32(rows), i32(cols), x, out, i32(ldo), lsize=(1, 1))
+        out = self.launcher.scratch(slot, rows * ldo)
+        self.launcher.run("copy_ld_v8", (-(-cols // 64), rows), i32(rows), i32(cols), x, out, i32(ldo), lsize=(1, 1))
         return out

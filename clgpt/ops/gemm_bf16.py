@@ -54,8 +54,8 @@ class Bf16Ops:
         """-> the bf16 copy (Rp x Cp, zero-padded) of X (rows x cols, row-major); into `out`, else scratch `slot` (0: A, 1: B, 2: Ops.reuse's). Rp and Cp multiples of 32.
         tiled: in matmul_wgmma.cl's layout (matmul_bf16.cl TILED; Rp a multiple of 8, Cp of 64)."""
         if out is None:
-            out = self._b16_slot(slot, Rp * Cp * 2)
-        self._launch(self.k["to_bf16_tiled" if tiled else "to_bf16"], (Cp // 8, Rp), (4, 32),
+            out = self.launcher.slot(slot, Rp * Cp * 2)
+        self.launcher.launch(self.k["to_bf16_tiled" if tiled else "to_bf16"], (Cp // 8, Rp), (4, 32),
                      (i32(rows), i32(cols), X, i32(cols), out, i32(Cp)))
         return out
 
@@ -76,7 +76,7 @@ class Bf16Ops:
                 and bias is None and resid is None and not accum):
             if M % 64 == 0 and N % 64 == 0:
                 # dh = dg * gelu'(E) written only as dh's tiled copy and its column sums, for dh's reuse block
-                copy, part = self._b16_slot(3, M * N * 2), self._grown("tparts", M // 64 * N)
+                copy, part = self.launcher.slot(3, M * N * 2), self.launcher.grown("tparts", M // 64 * N)
                 self.matmul_wgmma(M, N, K, A, B, Cm, ta, tb, None, None, False, alpha, 2, E, tiled_out=(copy, part))
                 self.copies.premake(Cm, (copy, M, N, part, M // 64))
                 return
@@ -88,7 +88,7 @@ class Bf16Ops:
             if epi == 3 and self.tiled_outputs and M % 64 == 0 and N % 64 == 0 and ldc == 2 * N and not accum:
                 # dgate | dup (M, 2N) written only as its tiled copy, for its reuse block (the products after it
                 # are larger: on wgmma too)
-                copy = self._b16_slot(3, M * 2 * N * 2)
+                copy = self.launcher.slot(3, M * 2 * N * 2)
                 self.matmul_wgmma(M, N, K, A, B, Cm, ta, tb, bias, resid, False, alpha, 3, E, tiled_out=(copy, None),
                                    ldc=ldc)
                 self.copies.premake(Cm, (copy, M, 2 * N, None, M // 64))
@@ -121,5 +121,5 @@ class Bf16Ops:
                 return
         kern = self._kernel_bf16(mm, akc, bkc, bias is not None, resid is not None, bool(accum), epi)
         gsize, lsize = mma_launch(mm, M, N)
-        self._launch(kern, gsize, lsize, (i32(M), i32(N), i32(Kp), A16, i32(lda), B16, i32(ldb), Cm, i32(ldc or N),
+        self.launcher.launch(kern, gsize, lsize, (i32(M), i32(N), i32(Kp), A16, i32(lda), B16, i32(ldb), Cm, i32(ldc or N),
                                           bias, resid, f32(alpha), E))

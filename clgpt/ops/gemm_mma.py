@@ -61,5 +61,5 @@ class MmaOps:
                 return
         kern = self._kernel_mma(mm, ta, tb, bias is not None, resid is not None, bool(accum), epi, align4)
         gsize, lsize = mma_launch(mm, M, N)
-        self._launch(kern, gsize, lsize, (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm, i32(ldc or N),
+        self.launcher.launch(kern, gsize, lsize, (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm, i32(ldc or N),
                                           bias, resid, f32(alpha), E))

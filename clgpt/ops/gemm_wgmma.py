@@ -63,5 +63,5 @@ class WgmmaOps:
                 return
         kern = self._kernel_wgmma(mm, trans, bias is not None, resid is not None, bool(accum), epi,
                                   tiled_out=epi if tiled_out else 0)
-        self._launch(kern, gsize, lsize, (i32(M), i32(N), *operands, Cm, i32(ldc or N), bias, resid, f32(alpha), E,
+        self.launcher.launch(kern, gsize, lsize, (i32(M), i32(N), *operands, Cm, i32(ldc or N), bias, resid, f32(alpha), E,
                                           *(tiled_out or ())))
