@@ -19,6 +19,7 @@ import numpy as np
 import pyopencl as cl
 
 sys.path.insert(0, os.getcwd())
+from clgpt.device.knobs import read as read_knobs  # noqa: E402
 from clgpt.device.opencl import get_device  # noqa: E402
 from clgpt.model import ModelConfig  # noqa: E402
 from clgpt.models import reference as ref  # noqa: E402
@@ -33,7 +34,7 @@ print("device:", dev.name, "| CLGPT_FLASH:", os.environ.get("CLGPT_FLASH", "(the
 
 def ops_for(B, T, C, H, flash):
     cfg = ModelConfig(vocab_size=64, n_ctx=T, n_embd=C, n_head=H, n_layer=1, n_ff=4 * C)
-    ops = Ops(dev, cfg, T, "bf16", attention="flash" if flash else "batched")
+    ops = Ops(dev, cfg, T, "bf16", knobs=read_knobs(), attention="flash" if flash else "batched")
     assert ops.flash is flash, "flash not taken: is this a bf16 tensor-core device?"
     return ops
 

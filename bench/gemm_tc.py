@@ -83,7 +83,7 @@ def main():
     os.environ["CLGPT_NV_VERBOSE"] = "1"
     rng = np.random.default_rng(0)
     probe = engine(spec(CONFIGS[0]))
-    print("bf16 path:", probe.ops.bf16 is not None, "options", probe.ops._bf16_opts, flush=True)
+    print("bf16 path:", probe.ops.bf16 is not None, "options", probe.ops.bf16_options, flush=True)
     summary = {}
     for name, M, N, K, ta, tb, *epi in SHAPES:
         epi = epi[0] if epi else 0

@@ -1,4 +1,4 @@
-"""The capabilities record (clgpt/ops/capabilities.py): the op forms and GEMM backend each launch row gives, and
+"""The capabilities record (clgpt/device/capabilities.py): the op forms and GEMM backend each launch row gives, and
 the kernels Ops builds agreeing with them, on this device for every row (CPU, GPU, NVIDIA, emulated tensor
 cores)."""
 
@@ -11,7 +11,7 @@ import pytest
 from clgpt.models.factory import make_engine
 from clgpt.device.knobs import OFF, Knobs
 from clgpt.model import ModelConfig, init_params
-from clgpt.ops.capabilities import Capabilities, capabilities
+from clgpt.device.capabilities import Capabilities, capabilities
 
 EMULATED = Knobs(launch="nvidia", mma_emulate=True, mma=dict(BM=32, BN=32, WM=2, WN=2),
                  mma_small=dict(BM=32, BN=16, WM=1, WN=1), bf16=dict(BM=32, BN=32, WM=2, WN=2, STAGES=3),

@@ -249,10 +249,10 @@ def test_attention_backward_hands_dqkv_over_as_its_tiled_copy(dev, monkeypatch, 
     assert ops.flash and ops.rope_fused
     monkeypatch.setattr(ops, "tiled_outputs", True)
     monkeypatch.setattr(ops, "on_wgmma", lambda M, N, K, epi=0: wgmma)
-    ops._flash_setup()
+    ops.flash_setup()
     assert ops.k["flash_backward_dq_tiled_only"] == ("flash_backward_dq", 1)
     launched = []
-    monkeypatch.setattr(ops, "run", lambda name, *a, **kw: launched.append(name))
+    monkeypatch.setattr(ops.launcher, "run", lambda name, *a, **kw: launched.append(name))
     cos, sin = (ops.buf(x.size) for x in _rope_tables(t, c // h, 10000.0))
     dout, qkv, att, datt, dqkv, out = (ops.buf(k) for k in (rows * c, rows * 3 * c, ops.att_floats(2, t),
                                                            ops.att_floats(2, t), rows * 3 * c, rows * c))
@@ -261,11 +261,11 @@ def test_attention_backward_hands_dqkv_over_as_its_tiled_copy(dev, monkeypatch, 
     only = products_only and wgmma and rows % 64 == 0
     suffix = "_tiled_only" if only else ""
     assert launched == ["flash_bf16", "flash_backward_dq" + suffix, "flash_backward_dkv" + suffix]
-    assert (dqkv.int_ptr in ops._premade) is only
+    assert (dqkv.int_ptr in ops.copies.premade) is only
     if only:
-        copy = ops._premade[dqkv.int_ptr][0]
+        copy = ops.copies.premade[dqkv.int_ptr][0]
         with pytest.raises(ClgptError, match="read as fp32"):
-            ops._settle(dqkv)
+            ops.settle(dqkv)
         with ops.reuse(dqkv):
             assert ops.tiled_copy(0, dqkv, rows, 3 * c) == (copy, rows, 3 * c)
 
@@ -357,8 +357,8 @@ def _llama_engine(attention, heads_kv=0, dropout=0.2):
     eng = make_engine(cfg, init_params(cfg, 0), batch_size=B, seq_len=T, precision="bf16", dropout=dropout,
                       knobs=emulated_knobs(), attention=attention)
     launched = []
-    run = eng.ops.run
-    eng.ops.run = lambda name, *a, **kw: (launched.append(name), run(name, *a, **kw))  # noqa: E731
+    run = eng.ops.launcher.run
+    eng.ops.launcher.run = lambda name, *a, **kw: (launched.append(name), run(name, *a, **kw))  # noqa: E731
     return eng, launched
 
 

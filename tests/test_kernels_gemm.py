@@ -101,11 +101,11 @@ def test_rb_tiles_for_ragged_widths(dev):
 
     ops = Ops(dev, ModelConfig(), 16)
     ops.mm = dict(kernel="matmul_rb", RM=6, NV=4, VW=16, PREFETCH=1, lsize=(1, 1))  # the AVX-512 CPU row's
-    got = {N: ops._rb_tiles(N)["NV"] for N in (64, 128, 96, 160, 32, 16, 48, 260, 7)}
+    got = {N: ops.rb_tiles(N)["NV"] for N in (64, 128, 96, 160, 32, 16, 48, 260, 7)}
     assert got == {64: 4, 128: 4, 96: 3, 160: 2, 32: 2, 16: 1, 48: 3, 260: 4, 7: 4}, got
-    assert ops._rb_tiles(96) is ops._rb_tiles(96)  # one dict per NV (kernels are cached by its id)
+    assert ops.rb_tiles(96) is ops.rb_tiles(96)  # one dict per NV (kernels are cached by its id)
     for N in range(1, 400):  # the scalar tail is always the last N mod 16 columns (what 16-column tiles leave)
-        assert N % (16 * ops._rb_tiles(N)["NV"]) == N % 16, N
+        assert N % (16 * ops.rb_tiles(N)["NV"]) == N % 16, N
 
 
 @pytest.mark.parametrize("form", sorted(MATMUL_FORMS))

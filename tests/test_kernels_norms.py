@@ -150,8 +150,9 @@ def test_engine_layernorm_rows(dev, monkeypatch, C, new):
     ops.launch["ln_parts"] = 2  # 37 // (4 * 2) = 4 rows a row-slot, 3 parts
     names = []  # the kernels launched
     for meth in ("run", "runp"):
-        launch = getattr(ops, meth)
-        monkeypatch.setattr(ops, meth, lambda name, *a, _f=launch, **k: (names.append(name), _f(name, *a, **k)))
+        launch = getattr(ops.launcher, meth)
+        monkeypatch.setattr(ops.launcher, meth, lambda name, *a, _f=launch, **k: (names.append(name),
+                                                                                  _f(name, *a, **k)))
     x, w, b, dout, dx0, dw0, db0 = _ln_inputs(N, C)
     want, (mean, rstd) = ref.layernorm_forward(x, w, b, eps)
     dx_want, dw_want, db_want = ref.layernorm_backward(dout, x, w, mean, rstd)

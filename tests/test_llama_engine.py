@@ -471,7 +471,7 @@ def test_grouped_ops_on_tensor_cores(monkeypatch):
         want_g[e] += round_bf16(got_c[rows]).T.astype(np.float64) @ rx[rows]
     close(got_c, want_c, "grouped rows (tensor cores)")
     close(got_g, want_g, "grouped weight gradients (tensor cores, split)")
-    assert any(key[0] == "mma" and key[8] == 1 and key[-2] == 2 for key in o._mm), "GROUP 2 did not split"
+    assert any(key[0] == "mma" and key[8] == 1 and key[-2] == 2 for key in o.product_kernels), "GROUP 2 did not split"
 
 
 # ---- the reference model against finite differences ---------------------------------------------

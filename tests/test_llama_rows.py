@@ -148,8 +148,9 @@ def _recorded(ops, monkeypatch) -> list:
     """The names of the kernels ops launches from now on."""
     names = []
     for meth in ("run", "runp"):
-        launch = getattr(ops, meth)
-        monkeypatch.setattr(ops, meth, lambda name, *a, _f=launch, **k: (names.append(name), _f(name, *a, **k)))
+        launch = getattr(ops.launcher, meth)
+        monkeypatch.setattr(ops.launcher, meth, lambda name, *a, _f=launch, **k: (names.append(name),
+                                                                                  _f(name, *a, **k)))
     return names
 
 
@@ -177,7 +178,7 @@ def test_ops_write_the_tiled_copies_of_stable_outputs(dev, monkeypatch, N):
     for buf, cols, want in wants:
         got = _from_dev(dev, buf, (N, cols))
         assert_close(got, want, 1e-5 * np.abs(want).max(), 1e-5, "output")
-        kept = ops._kept.get((buf.int_ptr, N, cols))
+        kept = ops.copies.kept.get((buf.int_ptr, N, cols))
         assert (kept is not None) is tiled
         if tiled:
             assert kept[1:] == (N, cols)
@@ -204,7 +205,7 @@ def test_swiglu_writes_only_the_copy_where_products_alone_read_it(dev, monkeypat
     assert names == ["swiglu_rows_forward_v4_tiled_only" if wgmma else "swiglu_rows_forward_v4_tiled"]
     assert asked[0] == (N, C, F)
     want = ref.swiglu_forward(h[:, :F], h[:, F:])
-    copy = _from_dev(dev, ops._kept[(act.int_ptr, N, F)][0], N * F, np.uint16)
+    copy = _from_dev(dev, ops.copies.kept[(act.int_ptr, N, F)][0], N * F, np.uint16)
     assert np.array_equal(copy[tiled_index(N, F)], bf16_pattern(_from_dev(dev, act, (N, F)) if not wgmma else
                                                                  _plain_swiglu(dev, h, N, F)))
     got = _from_dev(dev, act, (N, F))

@@ -68,7 +68,7 @@ def test_bf16_tiled_copies_are_the_wgmma_layout(dev):
     """to_bf16 with TILED 1 (what kernels/matmul_wgmma.cl reads): the same rounded, zero-padded
     values, in Kp/64 x Rp/8 atoms of 8 rows x 64 k, row r's 16-byte chunk c stored at c ^ r."""
     ops = _bf16_ops()
-    ops.k["to_bf16_tiled"] = dev.kernel("matmul_bf16", "to_bf16", TILED=1, **ops._bf16_opts)
+    ops.k["to_bf16_tiled"] = dev.kernel("matmul_bf16", "to_bf16", TILED=1, **ops.bf16_options)
     rows, cols, Rp, Cp = 37, 100, 128, 128
     X = rng.normal(size=(rows, cols)).astype(f32)
     out = np.empty(Rp * Cp, np.uint16)
@@ -159,14 +159,14 @@ def test_tiled_copies_kept_for_stable_and_reused_buffers(dev, monkeypatch):
     """Ops.tiled_copy: a stable buffer's copy is made once per forward (forget_copies drops it), a reuse block's
     buffer's once per block, any other buffer's at every call; the copy holds the tiled bf16 values."""
     ops = _bf16_ops()
-    ops.k["to_bf16_tiled"] = dev.kernel("matmul_bf16", "to_bf16", TILED=1, **ops._bf16_opts)
+    ops.k["to_bf16_tiled"] = dev.kernel("matmul_bf16", "to_bf16", TILED=1, **ops.bf16_options)
     rows, cols = 100, 70
     X, Y, Z = (rng.normal(size=(rows, cols)).astype(f32) for _ in range(3))
     xb, yb, zb = to_dev(dev, X), to_dev(dev, Y), to_dev(dev, Z)
     ops.stable(xb)
     launches = []
-    real = ops._launch
-    monkeypatch.setattr(ops, "_launch", lambda *a: (launches.append(a[0]), real(*a)))
+    real = ops.launcher.launch
+    monkeypatch.setattr(ops.launcher, "launch", lambda *a: (launches.append(a[0]), real(*a)))
     first = ops.tiled_copy(0, xb, rows, cols)
     assert ops.tiled_copy(1, xb, rows, cols) is first and len(launches) == 1
     out = np.empty(first[1] * first[2], np.uint16)
@@ -197,32 +197,32 @@ def test_products_that_write_only_their_tiled_copy(dev, monkeypatch):
     ops = _bf16_ops()
     calls = []
     monkeypatch.setattr(ops, "on_wgmma", lambda M, N, K, epi=0: epi != 2)
-    monkeypatch.setattr(ops, "_matmul_wgmma", lambda *a, tiled_out=None, **_: calls.append((a[12], tiled_out)))
-    monkeypatch.setattr(ops, "_launch", lambda *a: calls.append(("launch", a[0])))
+    monkeypatch.setattr(ops, "matmul_wgmma", lambda *a, tiled_out=None, **_: calls.append((a[12], tiled_out)))
+    monkeypatch.setattr(ops.launcher, "launch", lambda *a: calls.append(("launch", a[0])))
     ops.k["to_bf16_colsum_gelu"] = ops.k["to_bf16_colsum"] = "copy"
     monkeypatch.setattr(ops, "colsum_copies", True)
     monkeypatch.setattr(ops, "tiled_outputs", True)
     M, N, K = 128, 192, 64
     A, B, h, g, dh = (ops.buf(n) for n in (M * K, N * K, M * N, M * N, M * N))
     ops.stable(g)
-    ops._matmul_bf16(M, N, K, A, B, h, 0, 1, None, None, False, 1.0, 1, g)
+    ops.matmul_epi(M, N, K, A, B, h, 0, 1, None, None, False, 1.0, 1, g)
     assert calls[-1][0] == 1 and calls[-1][1][1] is None
     assert ops.tiled_copy(0, g, M, N) == (calls[-1][1][0], M, N) and calls[-1][0] == 1  # kept: no copy made
-    ops._matmul_bf16(M, N, K, A, B, dh, 0, 0, None, None, False, 1.0, 2, h)
+    ops.matmul_epi(M, N, K, A, B, dh, 0, 0, None, None, False, 1.0, 2, h)
     copy, parts = calls[-1][1]
-    assert calls[-1][0] == 2 and ops._premade[dh.int_ptr][:3] == (copy, M, N)
+    assert calls[-1][0] == 2 and ops.copies.premade[dh.int_ptr][:3] == (copy, M, N)
     with ops.reuse(dh):
         assert ops.tiled_copy(2, dh, M, N) == (copy, M, N) and ops.tiled_copy(0, dh, M, N) == (copy, M, N)
-        assert ops._colsums == ((dh.int_ptr, M, N), M // 64, parts) and calls[-1][0] == 2
-    ops._matmul_bf16(M, N, K, A, B, dh, 0, 0, None, None, False, 1.0, 2, h)
+        assert ops.copies.colsums == ((dh.int_ptr, M, N), M // 64, parts) and calls[-1][0] == 2
+    ops.matmul_epi(M, N, K, A, B, dh, 0, 0, None, None, False, 1.0, 2, h)
     with pytest.raises(ClgptError, match="read as fp32"):
-        ops._settle(dh)
+        ops.settle(dh)
     with pytest.raises(ClgptError, match="never read"):
         with ops.reuse(dh):
             pass
     ops.forget_copies()
-    ops._matmul_bf16(M + 8, N, K, A, B, h, 0, 1, None, None, False, 1.0, 1, g)  # M off 64: fp32 g
-    assert calls[-1] == (1, None) and not ops._kept
+    ops.matmul_epi(M + 8, N, K, A, B, h, 0, 1, None, None, False, 1.0, 1, g)  # M off 64: fp32 g
+    assert calls[-1] == (1, None) and not ops.copies.kept
 
 
 def test_swiglu_gradient_written_only_as_its_tiled_copy(dev, monkeypatch):
@@ -232,19 +232,19 @@ def test_swiglu_gradient_written_only_as_its_tiled_copy(dev, monkeypatch):
     ops = _bf16_ops()
     calls = []
     monkeypatch.setattr(ops, "on_wgmma", lambda M, N, K, epi=0: epi != 2)
-    monkeypatch.setattr(ops, "_matmul_wgmma", lambda *a, tiled_out=None, **_: calls.append((a[12], tiled_out)))
-    monkeypatch.setattr(ops, "_launch", lambda *a: calls.append(("launch", a[0])))
+    monkeypatch.setattr(ops, "matmul_wgmma", lambda *a, tiled_out=None, **_: calls.append((a[12], tiled_out)))
+    monkeypatch.setattr(ops.launcher, "launch", lambda *a: calls.append(("launch", a[0])))
     monkeypatch.setattr(ops, "tiled_outputs", True)
     M, N, K = 128, 192, 64
     A, B, hgu, dhgu = (ops.buf(n) for n in (M * K, N * K, M * 2 * N, M * 2 * N))
-    ops._matmul_bf16(M, N, K, A, B, dhgu, 0, 0, None, None, False, 1.0, 3, hgu, ldc=2 * N)
+    ops.matmul_epi(M, N, K, A, B, dhgu, 0, 0, None, None, False, 1.0, 3, hgu, ldc=2 * N)
     copy, part = calls[-1][1]
-    assert calls[-1][0] == 3 and part is None and ops._premade[dhgu.int_ptr][:3] == (copy, M, 2 * N)
+    assert calls[-1][0] == 3 and part is None and ops.copies.premade[dhgu.int_ptr][:3] == (copy, M, 2 * N)
     with ops.reuse(dhgu):
         assert ops.tiled_copy(0, dhgu, M, 2 * N) == (copy, M, 2 * N) == ops.tiled_copy(1, dhgu, M, 2 * N)
     assert not any(c[0] == "launch" for c in calls)
-    ops._matmul_bf16(M + 8, N, K, A, B, dhgu, 0, 0, None, None, False, 1.0, 3, hgu, ldc=2 * N)
-    assert calls[-1] == (3, None) and dhgu.int_ptr not in ops._premade
+    ops.matmul_epi(M + 8, N, K, A, B, dhgu, 0, 0, None, None, False, 1.0, 3, hgu, ldc=2 * N)
+    assert calls[-1] == (3, None) and dhgu.int_ptr not in ops.copies.premade
 
 
 @pytest.mark.parametrize("N,C", [(128, 128), (64, 384)])

@@ -143,8 +143,8 @@ def test_llama_engine_on_tensor_cores_against_float64(dev, shape):
         eng.backward()
         runs.append((loss, eng.get_grads()))
     if cfg.n_expert:  # _kernel_mma's keys end (group, groups); no grouped product left on kernels/matmul.cl
-        assert {key[-2:] for key in eng.ops._mm if key[0] == "mma" and key[-2]} == {(1, 4), (2, 4)}
-        assert not any(key[0] == "grouped" for key in eng.ops._mm)
+        assert {key[-2:] for key in eng.ops.product_kernels if key[0] == "mma" and key[-2]} == {(1, 4), (2, 4)}
+        assert not any(key[0] == "grouped" for key in eng.ops.product_kernels)
     routing = None
     if cfg.n_expert:
         routing = [from_dev(dev, a["sel"], (tok.size, cfg.n_expert_used)).view(np.int32) for a in eng.acts]

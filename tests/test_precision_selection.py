@@ -109,7 +109,7 @@ def test_kernel_selection_per_precision(dev):
         ops = _engine(precision, launch="nvidia").ops
         assert ops.mma is None and ops.bf16 is None and ops.precision == ("fp32" if precision == "auto" else precision)
     ops = _engine("bf16", launch="nvidia", emulate=True).ops
-    assert ops.mma is not None and ops.bf16 is not None and ops._bf16_opts == {"MMA_EMULATE": 1}
+    assert ops.mma is not None and ops.bf16 is not None and ops.bf16_options == {"MMA_EMULATE": 1}
     assert _engine("auto", launch="nvidia", emulate=True).ops.bf16 is not None
     ops = _engine("tf32", launch="nvidia", emulate=True).ops
     assert ops.mma is not None and ops.bf16 is None

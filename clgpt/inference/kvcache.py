@@ -97,7 +97,7 @@ class KVCache:
         if self.fused:
             plan = self._plans.get(Bp) or self._plans.setdefault(Bp, self._llama_plan(Bp))
             for kern, gsize, lsize in plan:
-                cl.enqueue_nd_range_kernel(self.queue, kern, gsize, lsize)
+                ops.launcher.launch_set(kern, gsize, lsize)
         else:
             self._step_by_op(Bp)
         out = np.empty((Bp, cfg.vocab_size), np.float32)
@@ -173,13 +173,13 @@ class KVCache:
                                                          GELU=int(key[3]))
         lsize = tuple(self.ops.launch["local_2d"])
         gsize = (-(-N // lsize[0]) * lsize[0], -(-Bp // lsize[1]) * lsize[1])
-        self.ops._launch(kern, gsize, lsize, (i32(Bp), i32(N), x, W, bias, resid, y, gelu))
+        self.ops.launcher.launch(kern, gsize, lsize, (i32(Bp), i32(N), x, W, bias, resid, y, gelu))
 
     def _run(self, name, gsize, *args):
         """A launch at the device's fixed 2-D local size, the global size padded to it (the kernels bound-check):
         PoCL builds a kernel once per local size, so sizes that change with B' must not pick new ones."""
         lsize = tuple(self.ops.launch["local_2d"])
-        self.ops._launch(self.k[name], tuple(-(-g // l) * l for g, l in zip(gsize, lsize)), lsize, args)
+        self.ops.launcher.launch(self.k[name], tuple(-(-g // l) * l for g, l in zip(gsize, lsize)), lsize, args)
 
     def _attend(self, i, src, Bp, out):
         """out (B', C): this step's attention, after appending its keys and values from src (B', C + 2Ckv)."""

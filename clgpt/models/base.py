@@ -19,6 +19,8 @@ import pyopencl as cl
 from clgpt.device.opencl import Device, resolve_device
 from clgpt.errors import ClgptError
 from clgpt.device.knobs import Knobs
+from clgpt.device.knobs import read as read_knobs
+from clgpt.device.precision import resolve as resolve_precision
 from clgpt.model import ModelConfig, decays, muon_matrices, param_shapes, trains
 from clgpt.models.params import ParamStore
 from clgpt.ops import Ops
@@ -46,9 +48,11 @@ class EngineBase:
         self.cfg, self.B, self.T, self.dropout = cfg, int(batch_size), int(seq_len), float(dropout)
         self.dev = resolve_device(device)
         self.ctx, self.queue = self.dev.ctx, self.dev.queue
-        self.ops = Ops(self.dev, cfg, self.T, precision, batch_size=self.B, knobs=knobs, attention=attention)
-        # the matmuls' precision, resolved ("auto" -> the device's best), its ROUND and tensor-core tiles
-        self.precision, self.round, self.mma = self.ops.precision, self.ops.round, self.ops.mma
+        knobs = read_knobs() if knobs is None else knobs  # (library callers; the CLI and stages pass theirs)
+        # the matmuls' precision, resolved once where the device is made ("auto" -> the device's best)
+        self.precision = resolve_precision(precision, self.dev.device, knobs)
+        self.ops = Ops(self.dev, cfg, self.T, self.precision, batch_size=self.B, knobs=knobs, attention=attention)
+        self.round, self.mma = self.ops.round, self.ops.mma  # its ROUND and tensor-core tiles
         self.shapes = param_shapes(cfg)
         self.store = ParamStore(self.ops, self.shapes, decays, self._packed(), trains=trains(cfg), optimizer=optimizer,
                                 muon=muon_matrices(cfg) if muon else None)

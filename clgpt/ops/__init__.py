@@ -20,14 +20,15 @@ Buffers are pyopencl Buffers (or sub-buffers) of float32 (int32 for token ids), 
 
 One class, Ops, composed of a mixin a file; each file names the kernels/*.cl files it launches:
 
-    capabilities.py  the record of which op forms and GEMM backend a device runs, read once per device
-    core.py        BaseOps: __init__ (path choice), kernel builds, run / runp / _launch, scratch buffers
+    launcher.py    Launcher (self.launcher): the one place a kernel is enqueued; kernels by name, buffers, scratch
+    core.py        BaseOps: __init__ (path choice from clgpt/device/capabilities.py's record), kernel builds
     gemm.py        matmul / matmul_epi dispatch, the portable tiled and register-blocked forms, split-K, bmm,
                    bias_backward, linear_backward
     gemm_mma.py    tensor cores on fp32 operands (kernels/matmul_mma.cl)
     gemm_bf16.py   the bf16 GEMM on bf16 operand copies (kernels/matmul_bf16.cl)
     gemm_wgmma.py  Hopper's wgmma (kernels/matmul_wgmma.cl)
-    copies.py      the tiled bf16 copies wgmma reads: stable, reuse, forget_copies
+    copybook.py    CopyBook (self.copies): how long each tiled bf16 copy wgmma reads serves, bookkeeping alone
+    copies.py      the tiled bf16 copies wgmma reads, made as the book says: stable, reuse, forget_copies
     grouped.py     mixture of experts: grouped products, moe_route, moe_weight_backward
     norms.py       layernorm, rmsnorm
     attention.py   attention, flash attention
@@ -55,6 +56,5 @@ class Ops(GemmOps, MmaOps, Bf16Ops, WgmmaOps, CopyOps, GroupedOps, NormOps, Atte
     """Launchers for one device and one model's widths (C, H, D, V, eps are build options of the kernels).
 
     `seq_len` (the engine's longest T) decides whether attention runs as batched matmuls on GPUs.
-    `precision` (clgpt/device/precision.py): the matmuls' operands, fp32 | tf32 | bf16 | auto.
+    `precision` (clgpt/device/precision.py): the matmuls' operands, fp32 | tf32 | bf16, resolved by the caller.
     """
-

@@ -41,22 +41,22 @@ class AttentionOps:
         return (mode == "flash" or groups is None or T >= FLASH_LONG_T
                 or groups >= FLASH_MIN_GROUPS * self.dev.device.max_compute_units)
 
-    def _flash_setup(self):
+    def flash_setup(self):
         """kernels/flash.cl's kernels, with the bf16 GEMM's options (MMA_EMULATE on PoCL, for tests); where RoPE
         is fused (rope_fused) built with ROPE (the dq, dk stores rotate back), and the rotating copy too."""
         cfg = self.cfg
         ft = self.flash_tiles = {**FLASH_TILES, **(self.knobs.flash or {})}
-        capped = not self._bf16_opts.get("MMA_EMULATE")  # NVIDIA only: the cap rebuilds the program's PTX
+        capped = not self.bf16_options.get("MMA_EMULATE")  # NVIDIA only: the cap rebuilds the program's PTX
         rope = {"ROPE": 1} if self.rope_fused else {}
         own = {"flash_forward": dict(MT=ft["FWD_MT"], KS=ft["KS"], MAXNREG=ft["FWD_NREG"]),
                "flash_backward_dq": dict(MT=ft["DQ_MT"], KQ=ft["KQ"], MAXNREG=ft["DQ_NREG"]),
                "flash_backward_dkv": dict(QK=ft["QK"], MAXNREG=ft["DKV_NREG"])}
 
         def build(kname, **extra):
-            opts = {**self._bf16_opts, **rope, **own.get(kname, {}), **extra}
+            opts = {**self.bf16_options, **rope, **own.get(kname, {}), **extra}
             opts = {k: v for k, v in opts.items()  # the kernel's defaults left out: one program where all agree
                     if _FLASH_DEFAULTS.get(k, -1) != v and not (k == "MAXNREG" and not (capped and v))}
-            return self.dev.kernel("flash", kname, build_options=self._nv_verbose(self._bf16_opts), C=cfg.n_embd,
+            return self.dev.kernel("flash", kname, build_options=self._nv_verbose(self.bf16_options), C=cfg.n_embd,
                                    H=cfg.n_head, D=cfg.head_dim, SCALE=float(1.0 / math.sqrt(cfg.head_dim)), **opts)
 
         for kname in ("flash_bf16", "flash_forward", "flash_backward_dq", "flash_backward_dkv",
@@ -94,7 +94,7 @@ class AttentionOps:
         """X (B',T',cols) as its bf16 copy into dst (att or datt) at float COPY_AT (kernels/flash.cl); tables
         (cos, sin): qkv's copy with q and k rotated (flash_bf16_rope)."""
         n8 = Bp * Tp * cols // 8
-        self.run("flash_bf16_rope" if tables else "flash_bf16", (-(-n8 // 256) * 256,), i32(n8), i32(Tp),
+        self.launcher.run("flash_bf16_rope" if tables else "flash_bf16", (-(-n8 // 256) * 256,), i32(n8), i32(Tp),
                  i32(Bp * self.cfg.n_head), X, *tables, dst, lsize=(256,))
 
     def _fused_tables(self, rope, x):
@@ -124,13 +124,13 @@ class AttentionOps:
             g, _, _, tail = self._flash_grid(Bp, Tp, drop)
             self._flash_copy(Bp, Tp, qkv, 3 * C, att, tables)
             kname, copy = self._with_copy("flash_forward", out, Bp * Tp, C)
-            self.run(kname, g, i32(Tp), out, att, *tail, *copy, lsize=(self._flash_items("FWD_MT"), 1))
+            self.launcher.run(kname, g, i32(Tp), out, att, *tail, *copy, lsize=(self._flash_items("FWD_MT"), 1))
             return
         if drop is not None:
             self._attention_forward_batched(Bp, Tp, qkv, out, att, drop)
             return
         if not self.attn_gemm:
-            self.runp("attention_forward", (Tp, Bp * H), i32(Bp), i32(Tp), qkv, out, att)
+            self.launcher.runp("attention_forward", (Tp, Bp * H), i32(Bp), i32(Tp), qkv, out, att)
             if self.attn_rb:  # out = att @ v
                 self._rows_rb(Bp, Tp, att, qkv, 2 * C, 3 * C, out, 0, C, 1.0)
             return
@@ -156,7 +156,7 @@ class AttentionOps:
         # att = SCALE q k^T (causal tiles only), softmax rows, [dropout], out = att v
         self.bmm(Tp, Tp, D, nz, H, qkv, 3 * C, (0, T3, D), qkv, 3 * C, (C, T3, D), att, Tp, (0, H * TT, TT),
                  tb=1, alpha=scale, causal=1, mm=mm)
-        self.run("attention_softmax" + sfx, (nz * Tp * LW,), i32(Tp), att, lsize=(LW,))
+        self.launcher.run("attention_softmax" + sfx, (nz * Tp * LW,), i32(Tp), att, lsize=(LW,))
         probs = att
         if drop is not None:
             seed, site, p, probs = drop
@@ -185,10 +185,10 @@ class AttentionOps:
         copy = None
         if (products_only and tables and self.tiled_outputs and N % 64 == 0 and C3 % 64 == 0
                 and self.on_wgmma(C3, self.cfg.n_embd, N) and self.on_wgmma(N, self.cfg.n_embd, C3)):
-            copy = self._b16_slot(3, N * C3 * 2)
+            copy = self.launcher.slot(3, N * C3 * 2)
         self._attention_backward(Bp, Tp, dout, qkv, att, datt, dqkv, drop, out, tables, copy)
         if copy is not None:
-            self._premade[dqkv.int_ptr] = (copy, N, C3, None, N // 64)
+            self.copies.premake(dqkv, (copy, N, C3, None, N // 64))
         if rope is not None and not tables:
             self.rope_backward(Bp * Tp, Tp, dqkv, rope[1], rope[2], rope[0])
 
@@ -199,19 +199,19 @@ class AttentionOps:
             _, gq, gk, tail = self._flash_grid(Bp, Tp, drop)
             self._flash_copy(Bp, Tp, dout, C, datt)
             only, extra = ("_tiled_only", (copy,)) if copy is not None else ("", ())
-            self.run("flash_backward_dq" + only, gq, i32(Tp), dout, out, att, datt, dqkv, *tail, *tables, *extra,
+            self.launcher.run("flash_backward_dq" + only, gq, i32(Tp), dout, out, att, datt, dqkv, *tail, *tables, *extra,
                      lsize=(self._flash_items("DQ_MT"), 1))
-            self.run("flash_backward_dkv" + only, gk, i32(Tp), att, datt, dqkv, *tail, *tables, *extra,
+            self.launcher.run("flash_backward_dkv" + only, gk, i32(Tp), att, datt, dqkv, *tail, *tables, *extra,
                      lsize=(128, 1))
             return
         if drop is None and not self.attn_gemm:
-            self.runp("attention_backward_query", (Tp, Bp * H), i32(Bp), i32(Tp), dout, qkv, att, datt, dqkv)
+            self.launcher.runp("attention_backward_query", (Tp, Bp * H), i32(Bp), i32(Tp), dout, qkv, att, datt, dqkv)
             if self.attn_rb:
                 self._rows_rb(Bp, Tp, datt, qkv, C, 3 * C, dqkv, 0, 3 * C, 1.0 / math.sqrt(D))  # dq = SCALE ds @ k
-                self.run("attention_backward_key_rb", (-(-Tp // 6), Bp * H * (D // 8)), i32(Bp), i32(Tp), dout, qkv,
+                self.launcher.run("attention_backward_key_rb", (-(-Tp // 6), Bp * H * (D // 8)), i32(Bp), i32(Tp), dout, qkv,
                          att, datt, dqkv, lsize=(1, D // 8))
                 return
-            self.runp("attention_backward_key", (Tp, Bp * H), i32(Bp), i32(Tp), dout, qkv, att, datt, dqkv)
+            self.launcher.runp("attention_backward_key", (Tp, Bp * H), i32(Bp), i32(Tp), dout, qkv, att, datt, dqkv)
             return
         mm, LW, sfx = self._batched_tiles()
         T3, TT, TC = Tp * 3 * C, Tp * Tp, Tp * C
@@ -225,7 +225,7 @@ class AttentionOps:
         if drop is not None:
             seed, site, p, _ = drop
             self.dropout_backward(nz * TT, seed, site, p, datt)
-        self.run("attention_dsoftmax" + sfx, (nz * Tp * LW,), i32(Tp), att, datt, lsize=(LW,))
+        self.launcher.run("attention_dsoftmax" + sfx, (nz * Tp * LW,), i32(Tp), att, datt, lsize=(LW,))
         self.bmm(Tp, D, Tp, nz, H, datt, Tp, ATT, qkv, 3 * C, (C, T3, D), dqkv, 3 * C, (0, T3, D), alpha=scale,
                  causal=2, mm=mm)
         self.bmm(Tp, D, Tp, nz, H, datt, Tp, ATT, qkv, 3 * C, (0, T3, D), dqkv, 3 * C, (C, T3, D), ta=1,
@@ -236,5 +236,5 @@ class AttentionOps:
     def _rows_rb(self, Bp, Tp, A, Bm, boff, ldb, O, ooff, ldo, sc):
         """CPUs: O[b, t, head h] = sc * sum_{t2 <= t} A[b, h, t, t2] Bm[b, t2, head h] (kernels/attention.cl)."""
         D = self.cfg.head_dim
-        self.run("attention_rows_rb", (-(-Tp // 6), Bp * self.cfg.n_head * (D // 16)), i32(Bp), i32(Tp), A, Bm,
+        self.launcher.run("attention_rows_rb", (-(-Tp // 6), Bp * self.cfg.n_head * (D // 16)), i32(Bp), i32(Tp), A, Bm,
                  i32(boff), i32(ldb), O, i32(ooff), i32(ldo), f32(sc), lsize=(1, D // 16))

@@ -1,42 +1,38 @@
-"""The Ops base: what one device and one model's widths decide once, the kernels an architecture builds, and
-the launch helpers every other clgpt/ops module launches through.
+"""The Ops base: what one device and one model's widths decide once, the kernels an architecture builds (into the
+launcher's table, clgpt/ops/launcher.py, through which every clgpt/ops module launches), and split-K's reduce.
 
 Builds, and launches none itself: kernels/embedding.cl, attention.cl, xent.cl, bias.cl, transpose.cl, matmul.cl, adamw.cl and
 dropout.cl for every architecture (_build_common), layernorm.cl for GPT-2 (build_gpt2), rmsnorm.cl, rope.cl,
 swiglu.cl and moe.cl for Llama (build_llama). The path a device takes comes from its clgpt.device.tuning row,
-clgpt.device.precision's matrix path and clgpt.device.knobs, read once into clgpt/ops/capabilities.py's record: the portable GEMM (self.mm), tensor cores (self.mma), the bf16
+clgpt.device.precision's matrix path and clgpt.device.knobs, read once into clgpt/device/capabilities.py's record: the portable GEMM (self.mm), tensor cores (self.mma), the bf16
 GEMM (self.bf16) and wgmma (self.wgmma); clgpt/ops/gemm.py dispatches between them.
 """
 
 from __future__ import annotations
 
 import math
-from operator import itemgetter
 
 import numpy as np
 import pyopencl as cl
 
 from clgpt.device.opencl import Device
 from clgpt.errors import ClgptError
+from clgpt.device.capabilities import capabilities
 from clgpt.device.knobs import Knobs
 from clgpt.device.knobs import read as read_knobs
 from clgpt.model import ModelConfig
-from clgpt.ops.capabilities import capabilities
-from clgpt.device.precision import ROUND, resolve
+from clgpt.ops.copybook import CopyBook
+from clgpt.ops.launcher import F32, Launcher, ceil_to
+from clgpt.device.precision import ROUND
 from clgpt.device.tuning import WGMMA_MIN_MNK
 
 ATTENTION = ("auto", "flash", "batched")  # the stages' `attention` setting (AttentionOps._use_flash)
 
-F32 = 4
 i32, f32 = np.int32, np.float32
 
 
-def ceil_to(a: int, b: int) -> int:
-    return (a + b - 1) // b * b
-
-
 class BaseOps:
-    """State and kernels of one Ops (see clgpt.ops.Ops), and the launch helpers."""
+    """State and kernels of one Ops (see clgpt.ops.Ops); run / runp for the models, through the launcher."""
 
     def __init__(self, dev: Device, cfg: ModelConfig, seq_len: int, precision: str = "fp32",
                  batch_size: int | None = None, knobs: Knobs | None = None, attention: str = "auto"):
@@ -48,11 +44,15 @@ class BaseOps:
         self.knobs = kn
         self.caps = caps = capabilities(dev.device, kn)
         self.launch = dict(caps.launch)
+        # the one place a kernel is enqueued (clgpt/ops/launcher.py): kernels by name, buffers, scratch
+        self.launcher = Launcher(dev, self.launch, caps.preset, caps.row_groups_of_one, kn.nv_verbose)
         self.mm = self.launch["matmul"]
         # matmul precision: ROUND for the portable kernels; the GEMM backend the record gives for it, with its
         # (big, small) tiles: mma on fp32 operands, the bf16 GEMM on bf16 operand copies (kernels/matmul_bf16.cl:
         # cp.async, ldmatrix), and on sm_90 (H100, H200) wgmma (kernels/matmul_wgmma.cl) on tiled copies
-        self.precision = resolve(precision, dev.device, kn)
+        if precision not in ROUND:  # resolved where the device is made (EngineBase: clgpt.device.precision.resolve)
+            raise ClgptError(f"Ops: precision {precision!r} is not resolved; use one of {', '.join(ROUND)}")
+        self.precision = precision
         self.round = ROUND[self.precision]
         self.gemm = caps.gemm_backend(self.round)
         self.mma = self.bf16 = self.wgmma = None
@@ -62,25 +62,15 @@ class BaseOps:
             self.bf16 = (self.launch["matmul_bf16"], self.launch["matmul_bf16_small"])
         if self.gemm == "wgmma":
             self.wgmma = (self.launch["matmul_wgmma"], self.launch["matmul_wgmma_narrow"])
-        self._bf16_opts = {}
-        # the bf16 copies of op(A), op(B); reuse's; a gradient's copy its product wrote (TILED_OUT 2)
-        self._b16, self._b16_size = [None, None, None, None], [0, 0, 0, 0]
+        self.bf16_options = {}
+        # the launcher's byte slots hold the bf16 copies: 0, 1 op(A), op(B); 2 reuse's; 3 a gradient's copy its
+        # product wrote (TILED_OUT 2)
         self.wgmma_min = WGMMA_MIN_MNK if kn.wgmma_min_mnk is None else kn.wgmma_min_mnk  # 0: every product
-        # wgmma reads one tiled copy of a matrix for a product and for its transposes (M- / N-major operands).
-        # Copies of `stable` buffers (the forward's activations, the weights) serve every product until the
-        # next forward (forget_copies); one `reuse` buffer's copy serves the products inside its block.
-        self._stable, self._reusing = {}, None  # stable: handle -> buffer (held, so no handle is reused while kept)
-        self._colsums = None  # (key, row chunks, buffer): the reuse copy's column sums (bias_backward)
-        # products that wrote their output only as its tiled copy (matmul_wgmma.cl TILED_OUT 2): handle ->
-        # (copy, Rp, Cp, column sums, row chunks), taken by the reuse block of that buffer
-        self._premade = {}
-        # a GELU' deferred from the backward's product dg (epi 2) into its gradient's reuse copy: handle ->
-        # _Deferred; once copied, the copy holds dg * gelu'(E) and the fp32 buffer dg, which nothing reads
-        self._gelu_pending = {}
-        self._halves = {}  # (buffer, n) -> its two views (halves)
-        self._kept, self._kept_bufs = {}, {}  # (buffer, rows, cols) -> (copy, Rp, Cp) while valid; buffer -> its copy's
-        self.align = max(64, dev.device.mem_base_addr_align // 8 // F32)  # sub-buffer alignment, in floats
-        # the record's op forms where this model's widths allow them (see clgpt/ops/capabilities.py)
+        # wgmma reads one tiled copy of a matrix for a product and for its transposes (M- / N-major operands):
+        # the book of which copies serve which products (clgpt/ops/copybook.py)
+        self.copies = CopyBook()
+        self.align = self.launcher.align  # sub-buffer alignment, in floats
+        # the record's op forms where this model's widths allow them (see clgpt/device/capabilities.py)
         C, D = cfg.n_embd, cfg.head_dim
         self.rows = caps.group_rows  # GPUs: one work-group of `rows` work-items per row
         self.ln_rows = caps.layernorm_rows and C % 128 == 0 and C <= 2048  # LayerNorm's and RMSNorm's
@@ -92,32 +82,26 @@ class BaseOps:
         # products'), reuse copies that also give the bias gradient's column sums
         self.tiled_outputs = self.wgmma is not None
         self.colsum_copies = self.wgmma is not None and caps.colsum_copies
-        self._plans = {}  # preset launches: (kernel, gsize, lsize, buffers) -> [a cl.Kernel, the args it holds]
-        self._buffer_args = {}  # kernel -> a function picking its non-scalar arguments (_launch's key)
-        self._scratch, self._scratch_size = [None, None], [0, 0]  # transposed B, A for matmul_rb
-        # scratch floats grown as asked (_grown): "parts" split-K partial products, "cparts" column-sum partials,
-        # "tparts" the column sums a TILED_OUT 2 product wrote (GPUs)
-        self._grown_bufs = {}
-        self._mm = {}
-        self._rb_variants = {}  # matmul_rb tiles with fewer vectors per work-item, by NV (_rb_tiles)
-        self._rb_plans = {}  # matmul_rb launches by product shape (_rb_plan)
-        self._subs = {}  # sub-buffers by (buffer, offset): the K chunks of split products (_sub)
+        # the launcher's scratch: slots 0, 1 the transposed B, A for matmul_rb; grown floats "parts" split-K
+        # partial products, "cparts" column-sum partials, "tparts" the column sums a TILED_OUT 2 product wrote
+        self.product_kernels = {}  # the GEMM kernels built, by their build options (the backends' _kernel_*)
+        self._rb_variants = {}  # matmul_rb tiles with fewer vectors per work-item, by NV (rb_tiles)
+        self.rb_plans = {}  # matmul_rb launches by product shape (_rb_plan)
         # LayerNorm's one-work-item kernels: rows (forward, backward) and channels (dw, db) a work-item
         self.norm_rb, self.norm_cb = self.launch.get("norm_rb", 1), self.launch.get("norm_cb", 1)
-        self.k = {}
-        self._nv_verbose_on = kn.nv_verbose  # NVIDIA's build log with registers and spills (_nv_verbose)
+        self.k = self.launcher.k
         self._build_common()
         if self.bf16 is not None:
             self._bf16_setup()
-        self.flash = self._use_flash(attention, seq_len, batch_size)  # (after _bf16_setup: it may turn bf16 off)
+        self.flash = self._use_flash(attention, seq_len, batch_size)
         # llama's RoPE inside flash attention's copy and stores where no kv head serves several query heads
         self.rope_fused = self.flash and cfg.arch == "llama" and cfg.kv_heads == cfg.n_head
         if self.flash:
-            self._flash_setup()
+            self.flash_setup()
 
     # ---- kernels ----
     def buf(self, nfloats: int) -> cl.Buffer:
-        return cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, max(1, int(nfloats)) * F32)
+        return self.launcher.buf(nfloats)
 
     def _build_common(self):
         """Kernels every architecture launches: matmul helpers, attention, cross-entropy, embedding, AdamW."""
@@ -268,7 +252,7 @@ class BaseOps:
             for kname in ("moe_gather_packed_tiled", "moe_combine_backward_tiled"):
                 k[kname] = dev.kernel("moe", kname, **moe, MOE_TILED=1)
             k["swiglu_rows_forward_tiled"] = dev.kernel("swiglu", "swiglu_rows_forward_tiled", EXPERTS_TILED=1)
-            k["to_bf16_pair"] = dev.kernel("matmul_bf16", "to_bf16_pair", TILED=1, **self._bf16_opts)
+            k["to_bf16_pair"] = dev.kernel("matmul_bf16", "to_bf16_pair", TILED=1, **self.bf16_options)
         self.router_rw = 4  # tokens a work-group of moe_router_forward_rows
         if self.rows:  # the router's products inside its kernels, in fp32 (grouped.py moe_router_forward)
             for kname in ("moe_router_forward_rows", "moe_router_dw_partial", "moe_scatter_router_backward"):
@@ -277,59 +261,14 @@ class BaseOps:
             k["moe_weight_backward_wg"] = dev.kernel("moe", "moe_weight_backward_wg", **moe, LW=64)
 
     def _nv_verbose(self, opts: dict) -> tuple:
-        """Build options: CLGPT_NV_VERBOSE=1 has NVIDIA's compiler report registers and spills in the build log
-        (bench/gpu_tc.py), not for kernels built with MMA_EMULATE in `opts`."""
-        return ("-cl-nv-verbose",) if self._nv_verbose_on and not opts.get("MMA_EMULATE") else ()
+        return self.launcher.verbose_options(opts)
 
-    # ---- launch helpers ----
+    # ---- what the models launch by name (the launcher's) ----
     def run(self, name, gsize, *args, lsize=None):
-        self._launch(self.k[name], gsize, lsize, args)
-
-    def _launch(self, kern, gsize, lsize, args):
-        """kern(queue, gsize, lsize, *args); with `preset`, through a cl.Kernel kept per (kernel, sizes, buffers)
-        whose arguments were set once: a repeated launch (every step of training) is one enqueue, and one whose
-        scalars change every step (a dropout seed, AdamW's bias corrections) sets them again on the same
-        cl.Kernel instead of making a new one each step."""
-        if not self.preset or not isinstance(kern, cl.Kernel):
-            kern(self.queue, gsize, lsize, *args)
-            return
-        ptr = kern.int_ptr
-        buffers = self._buffer_args.get(ptr)  # the kernel's non-scalar arguments (buffers, None), by position
-        if buffers is None:
-            pos = tuple(i for i, a in enumerate(args) if not isinstance(a, np.generic))
-            buffers = self._buffer_args[ptr] = (itemgetter(*pos) if len(pos) > 1 else
-                                                 (lambda a, i=pos[0]: a[i]) if pos else (lambda a: ()))
-        key = (ptr, tuple(gsize), lsize and tuple(lsize), buffers(args))
-        try:
-            plan = self._plans.get(key)
-        except TypeError:  # an unhashable argument: launch it plainly
-            kern(self.queue, gsize, lsize, *args)
-            return
-        if plan is None:
-            if len(self._plans) >= 4096:
-                self._plans.clear()
-            plan = self._plans[key] = [cl.Kernel(kern.program, kern.function_name), None]
-        if plan[1] != args:
-            plan[0].set_args(*args)
-            plan[1] = args
-        cl.enqueue_nd_range_kernel(self.queue, plan[0], gsize, lsize)
+        self.launcher.run(name, gsize, *args, lsize=lsize)
 
     def runp(self, name, gsize, *args):
-        """run with the device's fixed local size, the global size padded to it (the kernel bounds-checks).
-        A fixed local size matters on PoCL: it compiles a kernel once per local size, and lets it pick one
-        that divides the global size when none is given, so a size that changes per call (distinct tokens,
-        T') would compile again and again."""
-        lsize = (self.launch["local_1d"],) if len(gsize) == 1 else tuple(self.launch["local_2d"])
-        self._launch(self.k[name], tuple(ceil_to(g, l) for g, l in zip(gsize, lsize)), lsize, args)
-
-    def _rows(self, name, N, args):
-        """A one-work-item-per-row kernel over N work-items: CPUs one work-item a work-group (explicit vector loops,
-        as the CPU forms' float8 kernels are launched; so that a few, LayerNorm's dw, db at C / norm_cb, still spread
-        over the cores), other devices the fixed 1-D local size."""
-        if self.caps.row_groups_of_one:
-            self.run(name, (N,), *args, lsize=(1,))
-        else:
-            self.runp(name, (N,), *args)
+        self.launcher.runp(name, gsize, *args)
 
     # ---- scratch ----
     def _split_k(self, kern, gsize, lsize, M, N, S, operands, tail, accum, alpha, Cm):
@@ -337,30 +276,7 @@ class BaseOps:
         one per slice of K along grid dimension 2, into the "parts" scratch; splitk_reduce then adds them in
         order into Cm (alpha, accum). operands: the kernel's arguments between M, N and its output; tail: those
         after its epilogue's (the slice depth kc and what follows)."""
-        P = self._grown("parts", S * M * N)
-        self._launch(kern, (*gsize, S), (*lsize, 1),
-                     (i32(M), i32(N), *operands, P, i32(N), None, None, f32(1.0), None, *tail))
-        self.runp("splitk_reduce", (M * N,), i32(M * N), i32(S), i32(bool(accum)), f32(alpha), P, Cm)
-
-    def halves(self, buf, n):
-        """(first, second): views of buf's floats 0..n-1 and n..2n-1, made once; n a multiple of self.align."""
-        key = (buf.int_ptr, n)
-        views = self._halves.get(key)
-        if views is None:
-            if n % self.align:
-                raise ClgptError(f"internal: a view at float {n} is off the device's sub-buffer alignment "
-                                 f"({self.align} floats)")
-            views = self._halves[key] = (buf.get_sub_region(0, n * F32), buf.get_sub_region(n * F32, n * F32))
-        return views
-
-    def _grown(self, key, n):
-        """Scratch floats `key` (see _grown_bufs), grown to at least n."""
-        buf = self._grown_bufs.get(key)
-        if buf is None or buf.size < n * F32:
-            buf = self._grown_bufs[key] = self.buf(n)
-        return buf
-
-    def _scratch_buf(self, slot, n):
-        if self._scratch_size[slot] < n:
-            self._scratch[slot], self._scratch_size[slot] = self.buf(n), n
-        return self._scratch[slot]
+        P = self.launcher.grown("parts", S * M * N)
+        self.launcher.launch(kern, (*gsize, S), (*lsize, 1),
+                             (i32(M), i32(N), *operands, P, i32(N), None, None, f32(1.0), None, *tail))
+        self.launcher.runp("splitk_reduce", (M * N,), i32(M * N), i32(S), i32(bool(accum)), f32(alpha), P, Cm)

@@ -9,8 +9,6 @@ CPUs), kernels/bias.cl (bias_backward, bias_partial, bias_final, bias_backward_v
 
 from __future__ import annotations
 
-import pyopencl as cl
-
 from clgpt.ops.core import F32, ceil_to, f32, i32
 from clgpt.device.precision import mma_launch
 from clgpt.device.tuning import SMALL_GROUPS, SPLIT_MIN_K, SPLIT_MIN_TOTAL_K, SPLIT_SMALL_GROUPS
@@ -63,7 +61,7 @@ class GemmOps:
         where the big give fewer than SMALL_GROUPS work-groups."""
         mm = self.mm
         if mm["kernel"] == "matmul_rb":
-            return self._rb_tiles(N), 0
+            return self.rb_tiles(N), 0
         if mm["kernel"] != "matmul":
             return mm, 0
         groups = -(-M // mm["TSM"]) * -(-N // mm["TSN"]) * nz
@@ -75,7 +73,7 @@ class GemmOps:
             return narrow, -(-M // narrow["TSM"]) * -(-N // narrow["TSN"]) * nz
         return mm, groups
 
-    def _rb_tiles(self, N):
+    def rb_tiles(self, N):
         """matmul_rb's tiles for an output N columns wide: the table's NV vectors of VW columns, or fewer where
         that leaves a shorter last partial block (the slow scalar path), e.g. N = 96 takes 2 blocks of 3 x 16.
         The sums are the same whatever the tiles (each output sums over k in order), and the tail is always the
@@ -91,7 +89,7 @@ class GemmOps:
 
     def _kernel_mm(self, mm, ta, tb, bias, resid, accum, epi, split=0, batch=0, causal=0, init=0):
         key = (ta, tb, bias, resid, accum, epi, split, batch, causal, id(mm), init)
-        kern = self._mm.get(key)
+        kern = self.product_kernels.get(key)
         if kern is None:
             extra = {}
             if split:
@@ -102,7 +100,7 @@ class GemmOps:
                 extra.update(BATCH=1, CAUSAL=causal)
             if self.round:  # tf32/bf16 operands (fp32 builds keep their options, so their binaries, unchanged)
                 extra["ROUND"] = self.round
-            kern = self._mm[key] = self.dev.kernel(
+            kern = self.product_kernels[key] = self.dev.kernel(
                 "matmul", mm["kernel"], TA=ta, TB=tb, BIAS=int(bias), RESID=int(resid), ACCUM=int(accum), EPI=epi,
                 **extra, **matmul_defines(mm))
         return kern
@@ -160,7 +158,7 @@ class GemmOps:
                 return
         kern = self._kernel_mm(mm, ta, tb, bias is not None, resid is not None, bool(accum), epi)
         gsize, lsize = matmul_launch(mm, M, N)
-        self._launch(kern, gsize, lsize, (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm, i32(ldc or N),
+        self.launcher.launch(kern, gsize, lsize, (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm, i32(ldc or N),
                                           bias, resid, f32(alpha), E))
 
     def _rb_plan(self, M, N, K, ta, tb, bias, resid, accum, epi, ldc):
@@ -175,7 +173,7 @@ class GemmOps:
         extra cost; a plain one is copied (once per product) where it holds at least ld_pad_copy floats.
         A small op(A) (M*K <= ta_direct floats: S's weight gradients) is read in place (matmul_rb's TA=1):
         measured 25-30% under transpose + NN there, and one launch fewer."""
-        mm = self._rb_tiles(N)
+        mm = self.rb_tiles(N)
         pad = self.launch.get("ld_pad", 0)
         if tb:
             b_op, ldb = "transpose", (N + pad if pad and N % 64 == 0 else N)
@@ -204,9 +202,9 @@ class GemmOps:
 
     def _matmul_rb(self, M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E, ldc):
         key = (M, N, K, ta, tb, bias is not None, resid is not None, bool(accum), epi, ldc)
-        plan = self._rb_plans.get(key)
+        plan = self.rb_plans.get(key)
         if plan is None:
-            plan = self._rb_plans[key] = self._rb_plan(*key)
+            plan = self.rb_plans[key] = self._rb_plan(*key)
         b_op, ldb, a_transpose, kern, gsize, lsize, (iM, iN, iK, ilda, ildb, ildc) = plan
         if b_op == "transpose":
             B = self._transposed(0, B, N, K, ldb)
@@ -217,7 +215,7 @@ class GemmOps:
         if isinstance(kern, tuple):  # split along K (_rb_plan)
             self._matmul_rb_chunks(kern, gsize, lsize, plan[-1], A, B, Cm, accum, alpha)
             return
-        self._launch(kern, gsize, lsize, (iM, iN, iK, A, ilda, B, ildb, Cm, ildc, bias, resid, f32(alpha), E))
+        self.launcher.launch(kern, gsize, lsize, (iM, iN, iK, A, ilda, B, ildb, Cm, ildc, bias, resid, f32(alpha), E))
 
     def _matmul_rb_chunks(self, kerns, gsize, lsize, ints, A, B, Cm, accum, alpha):
         """A product split along K into chunks (_rb_plan's rb_kmax): the first launch writes its raw sums (alpha 1,
@@ -226,27 +224,15 @@ class GemmOps:
         itself, or to a scratch where Cm accumulates."""
         (first, mid, last), chunks, ta = kerns
         iM, iN, _, ilda, ildb, ildc = ints
-        P, ldp = (self._grown("parts", int(iM) * int(iN)), iN) if accum else (Cm, ildc)
+        P, ldp = (self.launcher.grown("parts", int(iM) * int(iN)), iN) if accum else (Cm, ildc)
         end = len(chunks) - 1
         for c, (k0, kc) in enumerate(chunks):
-            a = self._sub(A, k0 * (int(ilda) if ta else 1))
-            b = self._sub(B, k0 * int(ildb))
+            a = self.launcher.sub(A, k0 * (int(ilda) if ta else 1))
+            b = self.launcher.sub(B, k0 * int(ildb))
             kern = first if c == 0 else last if c == end else mid
             out, ldo, scale = (Cm, ildc, alpha) if c == end else (P, ldp, 1.0)
-            self._launch(kern, gsize, lsize, (iM, iN, i32(kc), a, ilda, b, ildb, out, ldo, None, P if c else None,
+            self.launcher.launch(kern, gsize, lsize, (iM, iN, i32(kc), a, ilda, b, ildb, out, ldo, None, P if c else None,
                                               f32(scale), None))
-
-    def _sub(self, buf, off):
-        """The sub-buffer of buf from float `off` on (kept: the same few every step, so preset launches hit)."""
-        if off == 0:
-            return buf
-        key = (buf.int_ptr, off)
-        sub = self._subs.get(key)
-        if sub is None:
-            parent = buf.get_info(cl.mem_info.ASSOCIATED_MEMOBJECT)  # a sub-buffer's: regions of the parent
-            base = buf.get_info(cl.mem_info.OFFSET) if parent is not None else 0
-            sub = self._subs[key] = (parent or buf).get_sub_region(base + off * F32, buf.size - off * F32)
-        return sub
 
     # ---- batched products (attention) ----
     def bmm(self, M, N, K, nz, hb, A, lda, a_off, B, ldb, b_off, Cm, ldc, c_off, ta=0, tb=0, alpha=1.0, causal=0,
@@ -260,7 +246,7 @@ class GemmOps:
             align4 = all(v % 4 == 0 for v in (lda, ldb, *a_off, *b_off))
             kern = self._kernel_mma(mm, ta, tb, False, False, False, 0, align4, batch=1, causal=causal)
             (gx, gy), lsize = mma_launch(mm, M, N)
-            self._launch(kern, (gx, gy, nz), lsize + (1,), (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm,
+            self.launcher.launch(kern, (gx, gy, nz), lsize + (1,), (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm,
                          i32(ldc), None, None, f32(alpha), None, i32(0), i32(hb),
                          *(i32(v) for v in (*a_off, *b_off, *c_off))))
             return
@@ -268,7 +254,7 @@ class GemmOps:
             mm, _ = self._tiles(M, N, nz)
         kern = self._kernel_mm(mm, ta, tb, False, False, False, 0, batch=1, causal=causal)
         (gx, gy), lsize = matmul_launch(mm, M, N)
-        self._launch(kern, (gx, gy, nz), lsize + (1,), (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm, i32(ldc),
+        self.launcher.launch(kern, (gx, gy, nz), lsize + (1,), (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm, i32(ldc),
                      None, None, f32(alpha), None, i32(0), i32(hb), *(i32(v) for v in (*a_off, *b_off, *c_off))))
 
     # ---- gradients ----
@@ -284,52 +270,53 @@ class GemmOps:
 
     def bias_backward(self, M, N, dy, db):
         """db (N) += column sums of dy (M,N), in a fixed order."""
-        if self._colsums is not None and self._colsums[0] == (dy.int_ptr, M, N):  # made with dy's tiled copy
-            self._bias_final(self._colsums[1], N, self._colsums[2], db)
+        sums = self.copies.colsums_of((dy.int_ptr, M, N))
+        if sums is not None:  # made with dy's tiled copy
+            self._bias_final(sums[0], N, sums[1], db)
             return
-        self._settle(dy)
+        self.settle(dy)
         if self.caps.bias_v8:
-            self.run("bias_backward_v8", (-(-N // 8),), i32(M), i32(N), dy, db, lsize=(1,))
+            self.launcher.run("bias_backward_v8", (-(-N // 8),), i32(M), i32(N), dy, db, lsize=(1,))
             return
         if not self.rows:
-            self.runp("bias_backward", (N,), i32(M), i32(N), dy, db)
+            self.launcher.runp("bias_backward", (N,), i32(M), i32(N), dy, db)
             return
         rc = self.launch["colsum_rows"]
         R = -(-M // rc)
         if R < self.launch["colsum_min_parts"]:
-            self.runp("bias_backward", (N,), i32(M), i32(N), dy, db)
+            self.launcher.runp("bias_backward", (N,), i32(M), i32(N), dy, db)
             return
-        part = self._grown("cparts", R * N)
-        self.runp("bias_partial", (N, R), i32(M), i32(N), i32(rc), dy, part)
+        part = self.launcher.grown("cparts", R * N)
+        self.launcher.runp("bias_partial", (N, R), i32(M), i32(N), i32(rc), dy, part)
         self._bias_final(R, N, part, db)
 
     def _bias_final(self, R, N, part, db):
         """db (N) += the sums of R rows of parts (bias_partial's, or to_bf16 COLSUM's): kernels/matmul.cl."""
-        self.run("bias_final", (ceil_to(N, 16), 16), i32(R), i32(N), part, db, lsize=(16, 16))
+        self.launcher.run("bias_final", (ceil_to(N, 16), 16), i32(R), i32(N), part, db, lsize=(16, 16))
 
     # ---- transposes (CPU matmul operands) ----
     def _transpose_into(self, x, out, rows, cols, ldo=None):
         """out (cols, rows) = x (rows, cols).T; out's rows ldo (default rows) floats apart (transpose_ld_v8)."""
         if ldo is not None and ldo != rows:
-            self.run("transpose_ld_v8", (ceil_to(-(-cols // 8), 4), -(-rows // 16)), i32(rows), i32(cols), x, out,
+            self.launcher.run("transpose_ld_v8", (ceil_to(-(-cols // 8), 4), -(-rows // 16)), i32(rows), i32(cols), x, out,
                      i32(ldo), lsize=(4, 1))
             return
         if self.caps.transpose_v8:  # 16 x 8 blocks
-            self.run("transpose_v8", (ceil_to(-(-cols // 8), 4), -(-rows // 16)), i32(rows), i32(cols), x, out,
+            self.launcher.run("transpose_v8", (ceil_to(-(-cols // 8), 4), -(-rows // 16)), i32(rows), i32(cols), x, out,
                      lsize=(4, 1))
             return
-        self.run("transpose", (ceil_to(-(-cols // 8), 4), -(-rows // 8)), i32(rows), i32(cols), x, out, lsize=(4, 1))
+        self.launcher.run("transpose", (ceil_to(-(-cols // 8), 4), -(-rows // 8)), i32(rows), i32(cols), x, out, lsize=(4, 1))
 
     def _transposed(self, slot, x, rows, cols, ldo=None):
         """x (rows, cols) transposed into scratch buffer `slot` (grown as needed) -> the scratch (cols, rows),
         its rows ldo (default rows) floats apart."""
         ldo = rows if ldo is None else ldo
-        out = self._scratch_buf(slot, cols * ldo)
+        out = self.launcher.scratch(slot, cols * ldo)
         self._transpose_into(x, out, rows, cols, ldo)
         return out
 
     def _padded(self, slot, x, rows, cols, ldo):
         """x (rows, cols) copied into scratch buffer `slot`, its rows ldo floats apart (the padding unwritten)."""
-        out = self._scratch_buf(slot, rows * ldo)
-        self.run("copy_ld_v8", (-(-cols // 64), rows), i32(rows), i32(cols), x, out, i32(ldo), lsize=(1, 1))
+        out = self.launcher.scratch(slot, rows * ldo)
+        self.launcher.run("copy_ld_v8", (-(-cols // 64), rows), i32(rows), i32(cols), x, out, i32(ldo), lsize=(1, 1))
         return out

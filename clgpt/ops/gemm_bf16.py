@@ -2,18 +2,14 @@
 for tests): the bf16 path's dispatch (_matmul_bf16: wgmma where it runs, a deferred GELU', else this kernel) and
 the plain (not tiled) operand copies.
 
-Launches kernels/matmul_bf16.cl (smem_probe, to_bf16, matmul_bf16; kernels/matmul.cl's splitk_reduce
+Launches kernels/matmul_bf16.cl (to_bf16, matmul_bf16; kernels/matmul.cl's splitk_reduce
 for split-K). _bf16_setup also builds the tiled copies' kernels (to_bf16 TILED, COLSUM, GELU_GRAD), kernels/
 gelu.cl's gelu_backward and kernels/xent.cl's xent_backward_tiled, which clgpt/ops/copies.py and layers.py launch.
 """
 
 from __future__ import annotations
 
-import numpy as np
-import pyopencl as cl
-
 from clgpt.errors import ClgptError
-from clgpt.ops.copies import _Deferred
 from clgpt.ops.core import ceil_to, f32, i32
 from clgpt.ops.gemm import split_k_chunks
 from clgpt.device.precision import mma_groups, mma_launch, mma_threads
@@ -24,37 +20,22 @@ class Bf16Ops:
     """matmul on kernels/matmul_bf16.cl (mixed into clgpt.ops.Ops)."""
 
     def _bf16_setup(self):
-        """Build the copy kernels; on NVIDIA, find how a local pointer becomes a shared-window address for
-        cp.async / ldmatrix (its integer value, or cvta.to.shared of it): kernels/matmul_bf16.cl smem_probe.
-        Neither works -> self.bf16 = None (bf16 runs on matmul_mma.cl)."""
-        if self.caps.mma_emulated:
-            self._bf16_opts = dict(MMA_EMULATE=1)  # CLGPT_MMA_EMULATE (tests on PoCL)
-        else:
-            out = np.zeros(4, np.uint32)
-            d = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=out)
-            self.dev.kernel("matmul_bf16", "smem_probe")(self.queue, (64,), (64,), d)
-            cl.enqueue_copy(self.queue, out, d, is_blocking=True)
-            if out[1] == 0x5EED0003:
-                self._bf16_opts = dict(SMEM_CVTA=0)
-            elif out[2] == 0x5EED0003:
-                self._bf16_opts = dict(SMEM_CVTA=1)
-            else:  # the record's bf16 backend cannot run here: tensor cores on fp32 operands
-                self.bf16 = self.wgmma = None
-                self.gemm, self.tiled_outputs, self.colsum_copies = "mma", False, False
-                return
-        self.k["to_bf16"] = self.dev.kernel("matmul_bf16", "to_bf16", **self._bf16_opts)
+        """Build the copy kernels, with the record's bf16 build options (clgpt/device/capabilities.py: MMA_EMULATE
+        on PoCL for tests, else how smem_probe found a local pointer becomes a shared-window address)."""
+        self.bf16_options = dict(self.caps.bf16_options)
+        self.k["to_bf16"] = self.dev.kernel("matmul_bf16", "to_bf16", **self.bf16_options)
         if self.wgmma is not None:
-            self.k["to_bf16_tiled"] = self.dev.kernel("matmul_bf16", "to_bf16", TILED=1, **self._bf16_opts)
+            self.k["to_bf16_tiled"] = self.dev.kernel("matmul_bf16", "to_bf16", TILED=1, **self.bf16_options)
             if self.colsum_copies:  # reuse copies: bias_partial's sums too
                 for name, extra in (("to_bf16_colsum", {}), ("to_bf16_colsum_gelu", dict(GELU_GRAD=1))):
                     self.k[name] = self.dev.kernel("matmul_bf16", "to_bf16", TILED=1, COLSUM=1, **extra,
-                                                   **self._bf16_opts)
+                                                   **self.bf16_options)
                 self.k["gelu_backward"] = self.dev.kernel("gelu", "gelu_backward")
             self.k["xent_backward_tiled"] = self.dev.kernel("xent", "xent_backward_tiled", V=self.cfg.vocab_size)
 
     def _kernel_bf16(self, mm, akc, bkc, bias, resid, accum, epi, split=0):
         key = ("bf16", akc, bkc, bias, resid, accum, epi, split, id(mm))
-        kern = self._mm.get(key)
+        kern = self.product_kernels.get(key)
         if kern is None:
             nth = mma_threads(mm)
             if (mm["BM"] % 32 or mm["BN"] % 32 or mm["BM"] % (16 * mm["WM"]) or mm["BN"] % (16 * mm["WN"])
@@ -62,19 +43,19 @@ class Bf16Ops:
                 raise ClgptError(f"bf16 tiles {mm}: BM, BN multiples of 32, BM of 16 WM, BN of 16 WN, "
                                  "(BM + BN) * 4 of the work-group's threads")
             extra = dict(SPLITK=1) if split else {}
-            build = self._nv_verbose(self._bf16_opts)
-            kern = self._mm[key] = self.dev.kernel(
+            build = self._nv_verbose(self.bf16_options)
+            kern = self.product_kernels[key] = self.dev.kernel(
                 "matmul_bf16", "matmul_bf16", build_options=build, AKC=int(akc), BKC=int(bkc), BIAS=int(bias),
                 RESID=int(resid), ACCUM=int(accum), EPI=epi, BM=mm["BM"], BN=mm["BN"], WM=mm["WM"], WN=mm["WN"],
-                STAGES=mm.get("STAGES", 2), **extra, **self._bf16_opts)
+                STAGES=mm.get("STAGES", 2), **extra, **self.bf16_options)
         return kern
 
     def to_bf16(self, slot, X, rows, cols, Rp, Cp, tiled=False, out=None):
         """-> the bf16 copy (Rp x Cp, zero-padded) of X (rows x cols, row-major); into `out`, else scratch `slot` (0: A, 1: B, 2: Ops.reuse's). Rp and Cp multiples of 32.
         tiled: in matmul_wgmma.cl's layout (matmul_bf16.cl TILED; Rp a multiple of 8, Cp of 64)."""
         if out is None:
-            out = self._b16_slot(slot, Rp * Cp * 2)
-        self._launch(self.k["to_bf16_tiled" if tiled else "to_bf16"], (Cp // 8, Rp), (4, 32),
+            out = self.launcher.slot(slot, Rp * Cp * 2)
+        self.launcher.launch(self.k["to_bf16_tiled" if tiled else "to_bf16"], (Cp // 8, Rp), (4, 32),
                      (i32(rows), i32(cols), X, i32(cols), out, i32(Cp)))
         return out
 
@@ -89,36 +70,36 @@ class Bf16Ops:
 
     def _matmul_bf16(self, M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E, ldc=None):
         for X in (A, B):  # a deferred GELU' is read from the reuse copy only
-            if X.int_ptr in self._gelu_pending and not (X.int_ptr == self._reusing and self.on_wgmma(M, N, K, epi)):
-                self._settle(X)
+            if self.copies.deferred(X) is not None and not (self.copies.is_reusing(X) and self.on_wgmma(M, N, K, epi)):
+                self.settle(X)
         if (epi == 2 and self.colsum_copies and self.on_wgmma(M, N, K)
                 and bias is None and resid is None and not accum):
             if M % 64 == 0 and N % 64 == 0:
                 # dh = dg * gelu'(E) written only as dh's tiled copy and its column sums, for dh's reuse block
-                copy, part = self._b16_slot(3, M * N * 2), self._grown("tparts", M // 64 * N)
-                self._matmul_wgmma(M, N, K, A, B, Cm, ta, tb, None, None, False, alpha, 2, E, tiled_out=(copy, part))
-                self._premade[Cm.int_ptr] = (copy, M, N, part, M // 64)
+                copy, part = self.launcher.slot(3, M * N * 2), self.launcher.grown("tparts", M // 64 * N)
+                self.matmul_wgmma(M, N, K, A, B, Cm, ta, tb, None, None, False, alpha, 2, E, tiled_out=(copy, part))
+                self.copies.premake(Cm, (copy, M, N, part, M // 64))
                 return
-            # dh = dg * gelu'(E): the product on wgmma now, gelu' when dh's reuse copy is made (or _settle)
-            self._matmul_wgmma(M, N, K, A, B, Cm, ta, tb, None, None, False, alpha, 0, None)
-            self._gelu_pending[Cm.int_ptr] = _Deferred(Cm, E, M, N, False)
+            # dh = dg * gelu'(E): the product on wgmma now, gelu' when dh's reuse copy is made (or settle)
+            self.matmul_wgmma(M, N, K, A, B, Cm, ta, tb, None, None, False, alpha, 0, None)
+            self.copies.defer_gelu(Cm, E, M, N)
             return
         if self.on_wgmma(M, N, K, epi):
             if epi == 3 and self.tiled_outputs and M % 64 == 0 and N % 64 == 0 and ldc == 2 * N and not accum:
                 # dgate | dup (M, 2N) written only as its tiled copy, for its reuse block (the products after it
                 # are larger: on wgmma too)
-                copy = self._b16_slot(3, M * 2 * N * 2)
-                self._matmul_wgmma(M, N, K, A, B, Cm, ta, tb, bias, resid, False, alpha, 3, E, tiled_out=(copy, None),
+                copy = self.launcher.slot(3, M * 2 * N * 2)
+                self.matmul_wgmma(M, N, K, A, B, Cm, ta, tb, bias, resid, False, alpha, 3, E, tiled_out=(copy, None),
                                    ldc=ldc)
-                self._premade[Cm.int_ptr] = (copy, M, 2 * N, None, M // 64)
+                self.copies.premake(Cm, (copy, M, 2 * N, None, M // 64))
                 return
-            if (epi == 1 and self.tiled_outputs and E.int_ptr in self._stable and M % 64 == 0
+            if (epi == 1 and self.tiled_outputs and self.copies.is_stable(E) and M % 64 == 0
                     and N % 64 == 0):
                 # g = gelu(h) written only as g's kept tiled copy (the products read g through it alone)
-                self._matmul_wgmma(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E,
+                self.matmul_wgmma(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E,
                                    tiled_out=(self._kept_copy(E, M, N), None))
                 return
-            self._matmul_wgmma(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E, ldc=ldc)
+            self.matmul_wgmma(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E, ldc=ldc)
             return
         big, small = self.bf16
         mm = big if mma_groups(big, M, N) >= MMA_SMALL_GROUPS else small
@@ -140,5 +121,5 @@ class Bf16Ops:
                 return
         kern = self._kernel_bf16(mm, akc, bkc, bias is not None, resid is not None, bool(accum), epi)
         gsize, lsize = mma_launch(mm, M, N)
-        self._launch(kern, gsize, lsize, (i32(M), i32(N), i32(Kp), A16, i32(lda), B16, i32(ldb), Cm, i32(ldc or N),
+        self.launcher.launch(kern, gsize, lsize, (i32(M), i32(N), i32(Kp), A16, i32(lda), B16, i32(ldb), Cm, i32(ldc or N),
                                           bias, resid, f32(alpha), E))

@@ -24,7 +24,7 @@ class MmaOps:
                     ngroups=0):
         """matmul_mma built for tiles mm; group 1 / 2 with ngroups: the grouped forms (clgpt/ops/grouped.py)."""
         key = ("mma", ta, tb, bias, resid, accum, epi, align4, split, batch, causal, id(mm), group, ngroups)
-        kern = self._mm.get(key)
+        kern = self.product_kernels.get(key)
         if kern is None:
             nth = mma_threads(mm)
             if (mm["BM"] * 4) % nth or (mm["BN"] * 4) % nth or mm["BM"] % (16 * mm["WM"]) or mm["BN"] % (8 * mm["WN"]):
@@ -38,7 +38,7 @@ class MmaOps:
             if self.caps.mma_emulated:
                 extra["MMA_EMULATE"] = 1  # CLGPT_MMA_EMULATE on a device without tensor cores (tests)
             build = self._nv_verbose(extra)
-            kern = self._mm[key] = self.dev.kernel(
+            kern = self.product_kernels[key] = self.dev.kernel(
                 "matmul_mma", "matmul_mma", build_options=build, TA=ta, TB=tb, BIAS=int(bias), RESID=int(resid),
                 ACCUM=int(accum), EPI=epi, ROUND=self.round, ALIGN4=int(align4), BM=mm["BM"], BN=mm["BN"],
                 WM=mm["WM"], WN=mm["WN"], **extra)
@@ -61,5 +61,5 @@ class MmaOps:
                 return
         kern = self._kernel_mma(mm, ta, tb, bias is not None, resid is not None, bool(accum), epi, align4)
         gsize, lsize = mma_launch(mm, M, N)
-        self._launch(kern, gsize, lsize, (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm, i32(ldc or N),
+        self.launcher.launch(kern, gsize, lsize, (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm, i32(ldc or N),
                                           bias, resid, f32(alpha), E))

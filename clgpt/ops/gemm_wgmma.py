@@ -27,9 +27,9 @@ class WgmmaOps:
 
     def _kernel_wgmma(self, mm, trans, bias, resid, accum, epi, split=0, tiled_out=0, group=0, ngroups=0):
         key = ("wgmma", trans, bias, resid, accum, epi, split, tiled_out, group, ngroups, id(mm))
-        kern = self._mm.get(key)
+        kern = self.product_kernels.get(key)
         if kern is None:
-            kern = self._mm[key] = self.dev.kernel(
+            kern = self.product_kernels[key] = self.dev.kernel(
                 "matmul_wgmma", "matmul_wgmma", BM=mm["BM"], BN=mm["BN"], TA=int(trans[0]), TB=int(trans[1]),
                 STAGES=mm["STAGES"], PIPE=mm["PIPE"],
                 BIAS=int(bias), RESID=int(resid), ACCUM=int(accum), EPI=epi, SPLITK=int(bool(split)),
@@ -38,7 +38,7 @@ class WgmmaOps:
                 SMEM_BYTES=mm["STAGES"] * (mm["BM"] + mm["BN"]) * 128 + 64)
         return kern
 
-    def _matmul_wgmma(self, M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E, tiled_out=None, ldc=None):
+    def matmul_wgmma(self, M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E, tiled_out=None, ldc=None):
         """Cm (M,N) = alpha op(A) @ op(B) [+ ...] on tiled bf16 copies: wgmma, split along K when the output
         gives too few work-groups (raw parts, then splitk_reduce adds them in order, as the fp32 path does).
         tiled_out = (copy, column sums): epi 1's E, or with epi 2 Cm itself (and its sums), written only as its
@@ -63,5 +63,5 @@ class WgmmaOps:
                 return
         kern = self._kernel_wgmma(mm, trans, bias is not None, resid is not None, bool(accum), epi,
                                   tiled_out=epi if tiled_out else 0)
-        self._launch(kern, gsize, lsize, (i32(M), i32(N), *operands, Cm, i32(ldc or N), bias, resid, f32(alpha), E,
+        self.launcher.launch(kern, gsize, lsize, (i32(M), i32(N), *operands, Cm, i32(ldc or N), bias, resid, f32(alpha), E,
                                           *(tiled_out or ())))

@@ -66,9 +66,9 @@ class GroupedOps:
 
     def _grouped_kernel_local(self, mm, group, E, ta, tb, accum, split=0):
         key = ("grouped", group, E, ta, tb, accum, split, id(mm))
-        kern = self._mm.get(key)
+        kern = self.product_kernels.get(key)
         if kern is None:
-            kern = self._mm[key] = self.dev.kernel("matmul", "matmul", GROUP=group, NGROUPS=E, TA=ta, TB=tb,
+            kern = self.product_kernels[key] = self.dev.kernel("matmul", "matmul", GROUP=group, NGROUPS=E, TA=ta, TB=tb,
                                                    ACCUM=int(accum), SPLITK=split, **matmul_defines(mm))
         return kern
 
@@ -88,7 +88,7 @@ class GroupedOps:
             align4 = lda % 4 == 0 and ldb % 4 == 0 and bstride % 4 == 0
             kern = self._kernel_mma(mm, 0, tb, False, False, bool(accum), 0, align4, group=1, ngroups=E)
             gsize, lsize = mma_launch(mm, rows, N)
-            self._launch(kern, gsize, lsize, (i32(rows), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm, i32(ldc),
+            self.launcher.launch(kern, gsize, lsize, (i32(rows), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm, i32(ldc),
                                               None, None, f32(alpha), None, i32(0), i32(1), i32(bstride), i32(0),
                                               counts, offs))
             return
@@ -97,7 +97,7 @@ class GroupedOps:
             mm, _ = self._tiles(rows, N)
             kern = self._grouped_kernel_local(mm, 1, E, 0, tb, accum)
             gsize, lsize = matmul_launch(mm, rows, N)
-            self._launch(kern, gsize, lsize, (i32(rows), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm, i32(ldc),
+            self.launcher.launch(kern, gsize, lsize, (i32(rows), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm, i32(ldc),
                                               None, None, f32(alpha), None, i32(0), i32(1), i32(bstride), i32(0),
                                               counts, offs))
             return
@@ -110,7 +110,7 @@ class GroupedOps:
         kern, g = self._grouped_kernel(1, E, 0, accum)
         ls = g["lsize"]
         gsize = (ceil_to(max_tiles, ls[0]), ceil_to(-(-N // (g["VW"] * g["NV"])), ls[1]))
-        self._launch(kern, gsize, ls, (i32(0), i32(N), i32(K), A, i32(lda), B, i32(ldb), i32(bstride), Cm, i32(ldc),
+        self.launcher.launch(kern, gsize, ls, (i32(0), i32(N), i32(K), A, i32(lda), B, i32(ldb), i32(bstride), Cm, i32(ldc),
                                        i32(0), f32(alpha), counts, offs, tiles))
 
     def matmul_grouped_k(self, E, M, N, A, lda, B, ldb, Cm, ldc, cstride, counts, offs, ta=1, accum=True,
@@ -139,9 +139,9 @@ class GroupedOps:
             if GS == 1:
                 kc = 1 << 30  # one chunk: all of a group's rows
             (gx, gy), lsize = matmul_launch(mm, M, N)
-            out = self._grown("parts", GS * E * M * N) if GS > 1 else Cm
+            out = self.launcher.grown("parts", GS * E * M * N) if GS > 1 else Cm
             kern = self._grouped_kernel_local(mm, 2, E, ta, 0, accum and GS == 1, split=int(GS > 1))
-            self._launch(kern, (gx, gy, E * GS), lsize + (1,),
+            self.launcher.launch(kern, (gx, gy, E * GS), lsize + (1,),
                          (i32(M), i32(N), i32(0), A, i32(lda), B, i32(ldb), out, i32(ldc), None, None,
                           f32(1.0 if GS > 1 else alpha), None, i32(kc), i32(GS), i32(0), i32(cstride), counts, offs))
             if GS > 1:
@@ -150,7 +150,7 @@ class GroupedOps:
         kern, g = self._grouped_kernel(2, E, ta, accum)
         ls = g["lsize"]
         gsize = (ceil_to(-(-M // g["RM"]), ls[0]), ceil_to(-(-N // (g["VW"] * g["NV"])), ls[1]), E)
-        self._launch(kern, gsize, ls + (1,), (i32(M), i32(N), i32(0), A, i32(lda), B, i32(ldb), i32(0), Cm, i32(ldc),
+        self.launcher.launch(kern, gsize, ls + (1,), (i32(M), i32(N), i32(0), A, i32(lda), B, i32(ldb), i32(0), Cm, i32(ldc),
                                               i32(cstride), f32(alpha), counts, offs, counts))
 
     def _grouped_k_mma(self, E, M, N, A, lda, B, ldb, Cm, ldc, cstride, counts, offs, ta, accum, alpha, max_rows,
@@ -173,8 +173,8 @@ class GroupedOps:
         kern = self._kernel_mma(mm, ta, 0, False, False, bool(accum) and GS == 1, 0, align4, split=int(GS > 1),
                                 group=2, ngroups=E)
         (gx, gy), lsize = mma_launch(mm, M, N)
-        out = self._grown("parts", GS * E * M * N) if GS > 1 else Cm
-        self._launch(kern, (gx, gy, E * GS), lsize + (1,),
+        out = self.launcher.grown("parts", GS * E * M * N) if GS > 1 else Cm
+        self.launcher.launch(kern, (gx, gy, E * GS), lsize + (1,),
                      (i32(M), i32(N), i32(0), A, i32(lda), B, i32(ldb), out, i32(ldc), None, None,
                       f32(1.0 if GS > 1 else alpha), None, i32(kc), i32(GS), i32(0), i32(cstride), counts, offs))
         if GS > 1:
@@ -203,7 +203,7 @@ class GroupedOps:
         kern = self._kernel_wgmma(mm, (False, not tb), False, False, bool(accum), epi, tiled_out=epi, group=1,
                                   ngroups=E)
         gn, gm = -(-N // mm["BN"]), -(-R // mm["BM"])
-        self._launch(kern, (gn * 2 * mm["BM"], gm), (2 * mm["BM"], 1),
+        self.launcher.launch(kern, (gn * 2 * mm["BM"], gm), (2 * mm["BM"], 1),
                      (i32(R), i32(N), i32(ceil_to(K, 64)), A16, i32(ra), i32(ra), B16, i32(rb), i32(rb if tb else cb),
                       Cm, i32(ldc), None, None, f32(alpha), hgu, i32(0), i32(1), i32(N if tb else K), i32(0), counts,
                       offs, *tail))
@@ -223,8 +223,8 @@ class GroupedOps:
         GS, kc = (-(-max_rows // plan[1]), plan[1]) if plan else (1, 1 << 30)
         kern = self._kernel_wgmma(mm, (True, True), False, False, bool(accum) and GS == 1, 0, split=int(GS > 1),
                                   group=2, ngroups=E)
-        out = self._grown("parts", GS * E * M * N) if GS > 1 else Cm
-        self._launch(kern, (gn * 2 * mm["BM"], gm, E * GS), (2 * mm["BM"], 1, 1),
+        out = self.launcher.grown("parts", GS * E * M * N) if GS > 1 else Cm
+        self.launcher.launch(kern, (gn * 2 * mm["BM"], gm, E * GS), (2 * mm["BM"], 1, 1),
                      (i32(M), i32(N), i32(0), A16, i32(ra), i32(ca), B16, i32(rb), i32(cb), out, i32(N), None, None,
                       f32(1.0 if GS > 1 else alpha), None, i32(kc), i32(GS), i32(0), i32(M * N), counts, offs))
         if GS > 1:
@@ -232,12 +232,12 @@ class GroupedOps:
 
     def _grouped_reduce(self, E, MN, kc, accum, alpha, counts, parts, Cm):
         """C_e (MN) = alpha * the sum of group e's chunks of kc rows in parts [+ C_e] (splitk_reduce_grouped)."""
-        red = self._mm.get(("grouped_reduce", E))
+        red = self.product_kernels.get(("grouped_reduce", E))
         if red is None:
-            red = self._mm[("grouped_reduce", E)] = self.dev.kernel("matmul", "splitk_reduce_grouped", GROUP=2,
+            red = self.product_kernels[("grouped_reduce", E)] = self.dev.kernel("matmul", "splitk_reduce_grouped", GROUP=2,
                                                                    NGROUPS=E)
         lsz = tuple(self.launch["local_2d"])
-        self._launch(red, (ceil_to(MN, lsz[0]), ceil_to(E, lsz[1])), lsz,
+        self.launcher.launch(red, (ceil_to(MN, lsz[0]), ceil_to(E, lsz[1])), lsz,
                      (i32(MN), i32(kc), i32(bool(accum)), f32(alpha), counts, parts, Cm))
 
     def transposed_b(self, x, rows, cols):
@@ -267,9 +267,9 @@ class GroupedOps:
         if self.moe_tiled(R):
             self._grouped_rows_wgmma(E, R, 2 * F, C, xg, None, hgu, *route[:2], False, 1.0, 1,
                                      b16=self._pair_copy(w_gate, w_up, E, F, C))
-            self.runp("swiglu_rows_forward_tiled", (F // 4, R), i32(R), i32(F), hgu, self._kept_copy(act, R, F))
+            self.launcher.runp("swiglu_rows_forward_tiled", (F // 4, R), i32(R), i32(F), hgu, self._kept_copy(act, R, F))
         else:
-            hg, hu = self.halves(hgu, R * F)
+            hg, hu = self.launcher.halves(hgu, R * F)
             for W, h in ((w_gate, hg), (w_up, hu)):
                 self.matmul_grouped_rows(E, max_tiles, F, C, xg, C, W, C, F * C, h, F, *route, tb=1, packed=R)
             self.swiglu_forward(R * F, hg, hu, act)
@@ -285,8 +285,8 @@ class GroupedOps:
         if not self.moe_tiled(R):
             # ye = act @ Wd_e.T:  dWd_e (C,F) += dye_e.T @ act_e;  dact = dye @ Wd_e
             self.grouped_linear_backward(E, max_tiles, C, F, dye, act, w[2], gw[2], dact, *route, **rows)
-            dhg, dhu = self.halves(dhgu, R * F)
-            hg, hu = self.halves(hgu, R * F)
+            dhg, dhu = self.launcher.halves(dhgu, R * F)
+            hg, hu = self.launcher.halves(hgu, R * F)
             self.swiglu_backward(R * F, dact, hg, hu, dhg, dhu)
             # hg = xg @ Wg_e.T, hu = xg @ Wu_e.T:  dW_e (F,C) += dh_e.T @ xg_e;  dxg = dhg @ Wg_e + dhu @ Wu_e
             for j, (dh, W, g) in enumerate(((dhg, w[0], gw[0]), (dhu, w[1], gw[1]))):
@@ -298,7 +298,7 @@ class GroupedOps:
             self._grouped_rows_wgmma(E, R, F, C, dye, w[2], dact, counts, offs, False, 1.0, 0, swiglu=(hgu, copy))
         # gate's and up's weight gradients from the copy's two halves (its 64-column blocks lie one after another),
         # then dxg = dgate | dup @ [Wg_e; Wu_e] in one product of depth 2F
-        for g, half in zip(gw[:2], self.halves(copy, R * F // 2)):  # R x F bf16 each: R F / 2 floats' bytes
+        for g, half in zip(gw[:2], self.launcher.halves(copy, R * F // 2)):  # R x F bf16 each: R F / 2 floats' bytes
             self._grouped_k_wgmma(E, F, C, None, xg, g, counts, offs, True, 1.0, N, N * K, R, a16=(half, R, F))
         self._grouped_rows_wgmma(E, R, C, 2 * F, None, None, dxg, counts, offs, False, 1.0, 0, a16=(copy, R, 2 * F),
                                  b16=self._pair_copy(w[0], w[1], E, F, C))
@@ -307,21 +307,21 @@ class GroupedOps:
         """The kept tiled copy of the stacked gate and up weights as one (E, 2F, C): expert e's gate rows then its
         up rows (kernels/matmul_bf16.cl to_bf16_pair), made once per forward."""
         key = (gate.int_ptr, "pair")
-        hit = self._kept.get(key)
+        hit = self.copies.hit(key)
         if hit is None:
             Rp, Cp = 2 * E * F, ceil_to(C, 64)
             out = self._kept_buf(gate, Rp * Cp * 2, "pair")
-            self._launch(self.k["to_bf16_pair"], (Cp // 8, Rp), (4, 32), (i32(F), i32(C), gate, up, out))
-            hit = self._kept[key] = (out, Rp, Cp)
+            self.launcher.launch(self.k["to_bf16_pair"], (Cp // 8, Rp), (4, 32), (i32(F), i32(C), gate, up, out))
+            hit = self.copies.keep(key, (out, Rp, Cp))
         return hit
 
     def moe_gather(self, N, R, pos, x, xg):
         """xg (R,C): xg[pos(n,k)] = x[n]; with moe_tiled only as xg's kept tiled copy (xg is stable)."""
         C, NK = self.cfg.n_embd, N * self.cfg.n_expert_used
         if self.moe_tiled(R):
-            self.runp("moe_gather_packed_tiled", (C // 4, NK), i32(N), i32(R), pos, x, self._kept_copy(xg, R, C))
+            self.launcher.runp("moe_gather_packed_tiled", (C // 4, NK), i32(N), i32(R), pos, x, self._kept_copy(xg, R, C))
             return
-        self.runp("moe_gather_packed", (C, NK), i32(N), pos, x, xg)
+        self.launcher.runp("moe_gather_packed", (C, NK), i32(N), pos, x, xg)
 
     def moe_combine_backward(self, N, R, dout, w, pos, dye):
         """dye (R,C): dye[pos(n,k)] = w[n,k] dout[n]; with moe_tiled only as its tiled copy, which dye's reuse
@@ -329,10 +329,10 @@ class GroupedOps:
         C, NK = self.cfg.n_embd, N * self.cfg.n_expert_used
         if self.moe_tiled(R):
             copy = self._kept_buf(dye, R * C * 2)
-            self.runp("moe_combine_backward_tiled", (C // 4, NK), i32(N), i32(R), dout, w, pos, copy)
-            self._premade[dye.int_ptr] = (copy, R, C, None, 0)
+            self.launcher.runp("moe_combine_backward_tiled", (C // 4, NK), i32(N), i32(R), dout, w, pos, copy)
+            self.copies.premake(dye, (copy, R, C, None, 0))
             return
-        self.runp("moe_combine_backward", (C, NK), i32(N), dout, w, pos, dye)
+        self.launcher.runp("moe_combine_backward", (C, NK), i32(N), dout, w, pos, dye)
 
     def moe_router_forward(self, N, fixed, x, wr, rlogits, probs, sel, w):
         """probs (N,E) = softmax(x @ Wr.T), sel (N,K) its top-k (kept with `fixed`), w the renormalised picks. GPUs
@@ -340,11 +340,11 @@ class GroupedOps:
         operand copies, cost more than the dot products); CPUs through matmul into rlogits."""
         if self.rows:
             rw = self.router_rw
-            self.run("moe_router_forward_rows", (32, ceil_to(N, rw)), i32(N), i32(fixed), x, wr, probs, sel, w,
+            self.launcher.run("moe_router_forward_rows", (32, ceil_to(N, rw)), i32(N), i32(fixed), x, wr, probs, sel, w,
                      lsize=(32, rw))
             return
         self.matmul(N, self.cfg.n_expert, self.cfg.n_embd, x, wr, rlogits, tb=1)
-        self.runp("moe_router_forward", (N,), i32(N), i32(fixed), rlogits, probs, sel, w)
+        self.launcher.runp("moe_router_forward", (N,), i32(N), i32(fixed), rlogits, probs, sel, w)
 
     def moe_router_backward(self, N, aux_scale, dwsel, acts, x, wr, gwr, drlogits, dxg, dx):
         """The router's backward: drlogits (N,E) from the picks' weight gradients dwsel and the load-balancing
@@ -352,31 +352,31 @@ class GroupedOps:
         dx (N,C) = drlogits @ Wr plus the sum of each token's rows of dxg (the gather's gradient)."""
         E, C = self.cfg.n_expert, self.cfg.n_embd
         pos = acts["pos"]
-        self.runp("moe_router_backward", (N,), i32(N), f32(aux_scale), dwsel, acts["probs"], acts["sel"],
+        self.launcher.runp("moe_router_backward", (N,), i32(N), f32(aux_scale), dwsel, acts["probs"], acts["sel"],
                   acts["w"], acts["counts"], drlogits)
         if self.rows:
             rc = self.launch["colsum_rows"]
             P = -(-N // rc)
-            part = self._grown("cparts", P * E * C)
-            self.runp("moe_router_dw_partial", (C, P), i32(N), i32(rc), drlogits, x, part)
+            part = self.launcher.grown("cparts", P * E * C)
+            self.launcher.runp("moe_router_dw_partial", (C, P), i32(N), i32(rc), drlogits, x, part)
             self._bias_final(P, E * C, part, gwr)
-            self.runp("moe_scatter_router_backward", (C, N), i32(N), pos, dxg, drlogits, wr, dx)
+            self.launcher.runp("moe_scatter_router_backward", (C, N), i32(N), pos, dxg, drlogits, wr, dx)
             return
         self.linear_backward(N, E, C, drlogits, x, wr, gwr, dx)
-        self.runp("moe_scatter_backward", (C, N), i32(N), pos, dxg, dx)
+        self.launcher.runp("moe_scatter_backward", (C, N), i32(N), pos, dxg, dx)
 
     def moe_route(self, N, probs, sel, pos, counts, offs, tiles, pmean):
         """Pack each expert's tokens in increasing order at a tile-aligned offset (kernels/moe.cl)."""
         args = (i32(N), probs, sel, pos, counts, offs, tiles, pmean)
         if self.route_lw:
-            self.run("moe_route_packed_wg", (self.route_lw,), *args, lsize=(self.route_lw,))
+            self.launcher.run("moe_route_packed_wg", (self.route_lw,), *args, lsize=(self.route_lw,))
         else:
-            self.run("moe_route_packed", (self.cfg.n_expert,), *args, lsize=(1,))
+            self.launcher.run("moe_route_packed", (self.cfg.n_expert,), *args, lsize=(1,))
 
     def moe_weight_backward(self, N, dy, pos, ye, dwsel):
         """dwsel (N, K): the gradient of each pick's weight, dy . ye of its expert's row."""
         if self.caps.moe_weight_backward_groups:
-            self.run("moe_weight_backward_wg", (N * self.cfg.n_expert_used * 64,), i32(N), dy, pos, ye, dwsel,
+            self.launcher.run("moe_weight_backward_wg", (N * self.cfg.n_expert_used * 64,), i32(N), dy, pos, ye, dwsel,
                      lsize=(64,))
         else:
-            self.runp("moe_weight_backward", (N * self.cfg.n_expert_used,), i32(N), dy, pos, ye, dwsel)
+            self.launcher.runp("moe_weight_backward", (N * self.cfg.n_expert_used,), i32(N), dy, pos, ye, dwsel)

@@ -19,13 +19,13 @@ class LayerOps:
     def xent_forward(self, N, logits, targets, mask, losses, lse, dlogits):
         """losses (N), lse (N); on CPUs (xent_fused) also mask * (softmax - onehot) into dlogits."""
         if self.caps.xent_fused:
-            self.runp("xent_fused", (N,), i32(N), logits, targets, mask, losses, lse, dlogits)
+            self.launcher.runp("xent_fused", (N,), i32(N), logits, targets, mask, losses, lse, dlogits)
             return
         if self.rows:
-            self.run("xent_forward_wg", (N * self.rows,), i32(N), logits, targets, mask, losses, lse,
+            self.launcher.run("xent_forward_wg", (N * self.rows,), i32(N), logits, targets, mask, losses, lse,
                      lsize=(self.rows,))
             return
-        self.runp("xent_forward", (N,), i32(N), logits, targets, mask, losses, lse)
+        self.launcher.runp("xent_forward", (N,), i32(N), logits, targets, mask, losses, lse)
 
     def xent_backward(self, N, s, logits, targets, mask, lse, dlogits) -> float:
         """dlogits = s * mask * (softmax - onehot), or, after the fused forward, leaves dlogits unscaled;
@@ -33,16 +33,16 @@ class LayerOps:
         if self.caps.xent_fused:  # the forward left the unscaled gradient in dlogits
             return s
         V = self.cfg.vocab_size
-        if (dlogits.int_ptr == self._reusing and self.on_wgmma(N, self.cfg.n_embd, V)
+        if (self.copies.is_reusing(dlogits) and self.on_wgmma(N, self.cfg.n_embd, V)
                 and self.on_wgmma(V, self.cfg.n_embd, N)):
             # both products on dlogits read its tiled bf16 copy: write that instead of the fp32 gradient
             Rp, Cp = ceil_to(N, 64), ceil_to(V, 64)
-            out = self._b16_slot(2, Rp * Cp * 2)
-            self._launch(self.k["xent_backward_tiled"], (Cp // 8, Rp), (4, 32),
+            out = self.launcher.slot(2, Rp * Cp * 2)
+            self.launcher.launch(self.k["xent_backward_tiled"], (Cp // 8, Rp), (4, 32),
                          (i32(N), f32(s), logits, targets, mask, lse, out))
-            self._kept[(dlogits.int_ptr, N, V)] = (out, Rp, Cp)
+            self.copies.keep((dlogits.int_ptr, N, V), (out, Rp, Cp))
             return 1.0
-        self.run("xent_backward", (ceil_to(V, 64), N), i32(N), f32(s), logits, targets, mask, lse, dlogits,
+        self.launcher.run("xent_backward", (ceil_to(V, 64), N), i32(N), f32(s), logits, targets, mask, lse, dlogits,
                  lsize=(64, 1))
         return 1.0
 
@@ -50,16 +50,16 @@ class LayerOps:
     def embedding_forward(self, N, Tp, tokens, wte, wpe, out):
         """out (N,C) = wte[tokens] + wpe[n % T'] (llama passes a zero position table)."""
         if self.caps.embedding_rows:
-            self.runp("embedding_forward_rows", (N,), i32(N), i32(Tp), tokens, wte, wpe, out)
+            self.launcher.runp("embedding_forward_rows", (N,), i32(N), i32(Tp), tokens, wte, wpe, out)
             return
-        self.runp("embedding_forward", (self.cfg.n_embd, N), i32(N), i32(Tp), tokens, wte, wpe, out)
+        self.launcher.runp("embedding_forward", (self.cfg.n_embd, N), i32(N), i32(Tp), tokens, wte, wpe, out)
 
     def token_embd_backward(self, n_rows, rows, starts, order, dx, dwte):
         """dwte[rows[r]] += sum of dx rows order[starts[r]..starts[r+1]) (host-sorted: deterministic)."""
-        self.runp("embedding_backward_wte", (self.cfg.n_embd, n_rows), i32(n_rows), rows, starts, order, dx, dwte)
+        self.launcher.runp("embedding_backward_wte", (self.cfg.n_embd, n_rows), i32(n_rows), rows, starts, order, dx, dwte)
 
     def position_embd_backward(self, Bp, Tp, dx, dwpe):
-        self.runp("embedding_backward_wpe", (self.cfg.n_embd, Tp), i32(Bp), i32(Tp), dx, dwpe)
+        self.launcher.runp("embedding_backward_wpe", (self.cfg.n_embd, Tp), i32(Bp), i32(Tp), dx, dwpe)
 
     # ---- llama pieces ----
     def _rope_launch(self, name, slots, N, args):
@@ -67,10 +67,10 @@ class LayerOps:
         work-groups of about 64 (PoCL pays per group)."""
         if self.caps.rope_per_pair:
             pairs = slots * self.cfg.head_dim // 2
-            self.run(name + "_el", (ceil_to(pairs, 64), N), *args, lsize=(64, 1))
+            self.launcher.run(name + "_el", (ceil_to(pairs, 64), N), *args, lsize=(64, 1))
             return
         r = max(1, 64 // slots)
-        self.run(name, (slots, ceil_to(N, r)), *args, lsize=(slots, r))
+        self.launcher.run(name, (slots, ceil_to(N, r)), *args, lsize=(slots, r))
 
     def rope_forward(self, N, Tp, src, cos, sin, qkv):
         """qkv (N,3C) = RoPE'd q, k and v (kv heads repeated) from the q | k | v product src (N, C+2Ckv);
@@ -93,31 +93,31 @@ class LayerOps:
             kname, copy = self._with_copy("swiglu_rows_forward_v4", out, N, F)
             if products_only and copy and self.on_wgmma(N, self.cfg.n_embd, F) and self.on_wgmma(self.cfg.n_embd, F, N):
                 kname += "_only"
-            self.run(kname, (ceil_to(F // 4, 64), ceil_to(N, 4)), i32(N), h, out, *copy, lsize=(64, 4))
+            self.launcher.run(kname, (ceil_to(F // 4, 64), ceil_to(N, 4)), i32(N), h, out, *copy, lsize=(64, 4))
             return
         if self.caps.swiglu_per_element:  # other widths: one work-item per output
-            self.run("swiglu_rows_forward_el", (ceil_to(F, 64), N), i32(N), h, out, lsize=(64, 1))
+            self.launcher.run("swiglu_rows_forward_el", (ceil_to(F, 64), N), i32(N), h, out, lsize=(64, 1))
             return
-        self._rows("swiglu_rows_forward", N, (i32(N), h, out))
+        self.launcher.rows("swiglu_rows_forward", N, (i32(N), h, out))
 
     def swiglu_forward(self, n, gate, up, out):
-        self.run("swiglu_forward", (ceil_to(n, 256),), i32(n), gate, up, out, lsize=(256,))
+        self.launcher.run("swiglu_forward", (ceil_to(n, 256),), i32(n), gate, up, out, lsize=(256,))
 
     def swiglu_backward(self, n, dy, gate, up, dgate, dup):
-        self.run("swiglu_backward", (ceil_to(n, 256),), i32(n), dy, gate, up, dgate, dup, lsize=(256,))
+        self.launcher.run("swiglu_backward", (ceil_to(n, 256),), i32(n), dy, gate, up, dgate, dup, lsize=(256,))
 
     # ---- dropout ----
     def dropout_forward(self, n, seed, site, p, x, out):
         """out = x * keep / (1 - p) over n elements (out may be x)."""
-        self.runp("dropout_forward", (n,), i32(n), np.uint32(seed), np.uint32(site), f32(p), x, out)
+        self.launcher.runp("dropout_forward", (n,), i32(n), np.uint32(seed), np.uint32(site), f32(p), x, out)
 
     def dropout_residual(self, n, seed, site, p, resid, y, out):
         """out = resid + y * keep / (1 - p) (a residual branch; out may be resid)."""
-        self.runp("dropout_residual", (n,), i32(n), np.uint32(seed), np.uint32(site), f32(p), resid, y, out)
+        self.launcher.runp("dropout_residual", (n,), i32(n), np.uint32(seed), np.uint32(site), f32(p), resid, y, out)
 
     def dropout_backward(self, n, seed, site, p, dx, out=None):
         """out = dx * keep / (1 - p) (out defaults to dx: in place)."""
-        self.runp("dropout_backward", (n,), i32(n), np.uint32(seed), np.uint32(site), f32(p), dx,
+        self.launcher.runp("dropout_backward", (n,), i32(n), np.uint32(seed), np.uint32(site), f32(p), dx,
                   dx if out is None else out)
 
     # ---- optimizer ----
@@ -125,14 +125,15 @@ class LayerOps:
         """norm_buf[0] = ||flat_g||, norm_buf[1] = the clip factor (clip <= 0: 1)."""
         if self.caps.grad_norm_groups:  # GPUs: n_parts work-groups
             LW = self.rows
-            self.run("grad_norm_partial_wg", (n_parts * LW,), i32(n), flat_g, partials, lsize=(LW,))
-            self.run("grad_norm_final_wg", (LW,), i32(n_parts), f32(clip), partials, norm_buf, lsize=(LW,))
+            self.launcher.run("grad_norm_partial_wg", (n_parts * LW,), i32(n), flat_g, partials, lsize=(LW,))
+            self.launcher.run("grad_norm_final_wg", (LW,), i32(n_parts), f32(clip), partials, norm_buf, lsize=(LW,))
             return
-        self.run("grad_norm_partial", (n_parts,), i32(n), i32(chunk), flat_g, partials)
-        self.run("grad_norm_final", (1,), i32(n_parts), f32(clip), partials, norm_buf)
+        self.launcher.run("grad_norm_partial", (n_parts,), i32(n), i32(chunk), flat_g, partials)
+        self.launcher.run("grad_norm_final", (1,), i32(n_parts), f32(clip), partials, norm_buf)
 
     def adamw(self, n, n_decay, p, g, m, v, norm_buf, lr, beta1, beta2, bc1, bc2, eps, weight_decay):
         lsize = (self.launch["local_1d"],)  # lr and the bias corrections change every step: no preset
         name, per = ("adamw_v8", 8) if self.caps.adamw_v8 else ("adamw", 1)  # adamw_v8: 8 parameters a work-item
-        self.k[name](self.queue, (ceil_to(-(-n // per), lsize[0]),), lsize, i32(n), i32(n_decay), p, g, m, v,
-                     norm_buf, f32(lr), f32(beta1), f32(beta2), f32(bc1), f32(bc2), f32(eps), f32(weight_decay))
+        self.launcher.launch_plain(self.k[name], (ceil_to(-(-n // per), lsize[0]),), lsize,
+                                   (i32(n), i32(n_decay), p, g, m, v, norm_buf, f32(lr), f32(beta1), f32(beta2),
+                                    f32(bc1), f32(bc2), f32(eps), f32(weight_decay)))

@@ -1,6 +1,6 @@
 """Muon's launchers: momentum, the Newton-Schulz orthogonalisation on the device's GEMM, the scaled update.
 
-A part of its own: it takes the ops object it launches through (its device, queue, buffers, `matmul` and
+A part of its own: it takes the ops object it launches through (its device, launcher, buffers, `matmul` and
 1-D local size) in the constructor; clgpt.models.params.ParamStore drives it. Kernels: kernels/muon.cl.
 
 Newton-Schulz (torch.optim.Muon, Keller Jordan's muon.py), on U (R, C) with (a, b, c) = NS_COEFFS:
@@ -35,7 +35,7 @@ class Muon:
     """The launchers of one device's Muon steps; scratch grows to the largest matrix seen."""
 
     def __init__(self, ops):
-        self.ops, self.queue, self.local = ops, ops.queue, ops.launch["local_1d"]
+        self.ops, self.launcher, self.local = ops, ops.launcher, ops.launch["local_1d"]
         self.k = {name: ops.dev.kernel("muon", name) for name in
                   ("muon_momentum", "muon_sumsq", "muon_inv_norm", "muon_scale", "muon_poly_init", "muon_update")}
         self._bufs = {}
@@ -47,7 +47,7 @@ class Muon:
         return b
 
     def _run(self, name, n, *args):
-        self.k[name](self.queue, (-(-n // self.local) * self.local,), (self.local,), *args)
+        self.launcher.launch_plain(self.k[name], (-(-n // self.local) * self.local,), (self.local,), args)
 
     def momentum(self, n, mu, nesterov, grad, buf, u, norm_buf):
         """buf = lerp(buf, g, 1 - mu), u = nesterov ? lerp(g, buf, mu) : buf, g = grad * norm_buf[1]; n floats."""
@@ -61,8 +61,8 @@ class Muon:
         parts = max(1, min(256, n // 4096))
         chunk = -(-n // parts)
         partials, scale = self._buf("partials", parts), self._buf("scale", 1)
-        self.k["muon_sumsq"](self.queue, (parts,), None, i32(n), i32(off), i32(chunk), U, partials)
-        self.k["muon_inv_norm"](self.queue, (1,), None, i32(parts), f32(eps), partials, scale)
+        self.launcher.launch_plain(self.k["muon_sumsq"], (parts,), None, (i32(n), i32(off), i32(chunk), U, partials))
+        self.launcher.launch_plain(self.k["muon_inv_norm"], (1,), None, (i32(parts), f32(eps), partials, scale))
         X, Xn = self._buf("x0", n), self._buf("x1", n)
         self._run("muon_scale", n, i32(n), i32(off), U, scale, X)
         r = min(rows, cols)

@@ -18,36 +18,36 @@ class NormOps:
         if self.ln_rows:  # GPUs, C % 128 == 0: a row a 32-work-item slice, RW a group
             rw = self.launch["ln_rw"]
             kname, copy = self._with_copy("layernorm_forward_rows", out, N, self.cfg.n_embd)
-            self.run(kname, (32, ceil_to(N, rw)), i32(N), x, w, b, out, mean, rstd, *copy, lsize=(32, rw))
+            self.launcher.run(kname, (32, ceil_to(N, rw)), i32(N), x, w, b, out, mean, rstd, *copy, lsize=(32, rw))
             return
         if self.rows:
-            self.run("layernorm_forward_wg", (N * self.rows,), i32(N), x, w, b, out, mean, rstd, lsize=(self.rows,))
+            self.launcher.run("layernorm_forward_wg", (N * self.rows,), i32(N), x, w, b, out, mean, rstd, lsize=(self.rows,))
             return
-        self._rows("layernorm_forward", -(-N // self.norm_rb), (i32(N), x, w, b, out, mean, rstd))
+        self.launcher.rows("layernorm_forward", -(-N // self.norm_rb), (i32(N), x, w, b, out, mean, rstd))
 
     def layernorm_backward(self, N, dout, x, mean, rstd, w, dw, db, dx, accum):
         C = self.cfg.n_embd
         if self.ln_rows:  # dx and each work-group's dw, db part in one pass, then their sum
             rw, rpi, P = self._row_parts(N)
-            part = self._grown("cparts", 2 * P * C)
-            self.run("layernorm_backward_rows", (32, P * rw), i32(N), i32(rpi), i32(accum), dout, x, w, mean, rstd,
+            part = self.launcher.grown("cparts", 2 * P * C)
+            self.launcher.run("layernorm_backward_rows", (32, P * rw), i32(N), i32(rpi), i32(accum), dout, x, w, mean, rstd,
                      dx, part, lsize=(32, rw))
-            self.run("layernorm_param_final_rows", (C // 2, 32), i32(P), part, dw, db, lsize=(8, 32))
+            self.launcher.run("layernorm_param_final_rows", (C // 2, 32), i32(P), part, dw, db, lsize=(8, 32))
             return
         if self.rows:
-            self.run("layernorm_backward_wg", (N * self.rows,), i32(N), i32(accum), dout, x, w, mean, rstd, dx,
+            self.launcher.run("layernorm_backward_wg", (N * self.rows,), i32(N), i32(accum), dout, x, w, mean, rstd, dx,
                      lsize=(self.rows,))
             rc = self.launch["colsum_rows"]
             R = -(-N // rc)
             if R < self.launch["colsum_min_parts"]:
-                self.runp("layernorm_param_backward", (-(-C // self.norm_cb),), i32(N), dout, x, mean, rstd, dw, db)
+                self.launcher.runp("layernorm_param_backward", (-(-C // self.norm_cb),), i32(N), dout, x, mean, rstd, dw, db)
                 return
-            part = self._grown("cparts", 2 * R * C)
-            self.runp("layernorm_param_partial", (C, R), i32(N), i32(rc), dout, x, mean, rstd, part)
-            self.runp("layernorm_param_final", (C,), i32(R), part, dw, db)
+            part = self.launcher.grown("cparts", 2 * R * C)
+            self.launcher.runp("layernorm_param_partial", (C, R), i32(N), i32(rc), dout, x, mean, rstd, part)
+            self.launcher.runp("layernorm_param_final", (C,), i32(R), part, dw, db)
             return
-        self._rows("layernorm_backward", -(-N // self.norm_rb), (i32(N), i32(accum), dout, x, w, mean, rstd, dx))
-        self._rows("layernorm_param_backward", -(-C // self.norm_cb), (i32(N), dout, x, mean, rstd, dw, db))
+        self.launcher.rows("layernorm_backward", -(-N // self.norm_rb), (i32(N), i32(accum), dout, x, w, mean, rstd, dx))
+        self.launcher.rows("layernorm_param_backward", -(-C // self.norm_cb), (i32(N), dout, x, mean, rstd, dw, db))
 
     def _row_parts(self, N):
         """The row-slice backward's split of N rows: -> (rows a work-group, rows a row-slot, work-groups: parts)."""
@@ -59,33 +59,33 @@ class NormOps:
         if self.ln_rows:  # GPUs, C % 128 == 0: as LayerNorm's, out's tiled copy written as it goes where kept
             rw = self.launch["ln_rw"]
             kname, copy = self._with_copy("rmsnorm_forward_rows", out, N, self.cfg.n_embd)
-            self.run(kname, (32, ceil_to(N, rw)), i32(N), x, w, out, rstd, *copy, lsize=(32, rw))
+            self.launcher.run(kname, (32, ceil_to(N, rw)), i32(N), x, w, out, rstd, *copy, lsize=(32, rw))
             return
         if self.rows:
-            self.run("rmsnorm_forward_wg", (N * self.rows,), i32(N), x, w, out, rstd, lsize=(self.rows,))
+            self.launcher.run("rmsnorm_forward_wg", (N * self.rows,), i32(N), x, w, out, rstd, lsize=(self.rows,))
             return
-        self._rows("rmsnorm_forward", -(-N // self.norm_rb), (i32(N), x, w, out, rstd))
+        self.launcher.rows("rmsnorm_forward", -(-N // self.norm_rb), (i32(N), x, w, out, rstd))
 
     def rmsnorm_backward(self, N, dout, x, rstd, w, dw, dx, accum):
         C = self.cfg.n_embd
         if self.ln_rows:  # dx and each work-group's dw part in one pass, then their sum
             rw, rpi, P = self._row_parts(N)
-            part = self._grown("cparts", P * C)
-            self.run("rmsnorm_backward_rows", (32, P * rw), i32(N), i32(rpi), i32(accum), dout, x, w, rstd, dx, part,
+            part = self.launcher.grown("cparts", P * C)
+            self.launcher.run("rmsnorm_backward_rows", (32, P * rw), i32(N), i32(rpi), i32(accum), dout, x, w, rstd, dx, part,
                      lsize=(32, rw))
-            self.run("rmsnorm_param_final_rows", (C // 4, 32), i32(P), part, dw, lsize=(8, 32))
+            self.launcher.run("rmsnorm_param_final_rows", (C // 4, 32), i32(P), part, dw, lsize=(8, 32))
             return
         if self.rows:
-            self.run("rmsnorm_backward_wg", (N * self.rows,), i32(N), i32(accum), dout, x, w, rstd, dx,
+            self.launcher.run("rmsnorm_backward_wg", (N * self.rows,), i32(N), i32(accum), dout, x, w, rstd, dx,
                      lsize=(self.rows,))
         else:
-            self._rows("rmsnorm_backward", -(-N // self.norm_rb), (i32(N), i32(accum), dout, x, w, rstd, dx))
+            self.launcher.rows("rmsnorm_backward", -(-N // self.norm_rb), (i32(N), i32(accum), dout, x, w, rstd, dx))
         if self.rows:  # GPUs: column sums in two stages over row chunks, as LayerNorm's
             rc = self.launch["colsum_rows"]
             R = -(-N // rc)
             if R >= self.launch["colsum_min_parts"]:
-                part = self._grown("cparts", R * C)
-                self.runp("rmsnorm_param_partial", (C, R), i32(N), i32(rc), dout, x, rstd, part)
-                self.runp("rmsnorm_param_final", (C,), i32(R), part, dw)
+                part = self.launcher.grown("cparts", R * C)
+                self.launcher.runp("rmsnorm_param_partial", (C, R), i32(N), i32(rc), dout, x, rstd, part)
+                self.launcher.runp("rmsnorm_param_final", (C,), i32(R), part, dw)
                 return
-        self._rows("rmsnorm_param_backward", -(-C // self.norm_cb), (i32(N), dout, x, rstd, dw))
+        self.launcher.rows("rmsnorm_param_backward", -(-C // self.norm_cb), (i32(N), dout, x, rstd, dw))

@@ -31,6 +31,7 @@ from tqdm import tqdm
 
 from clgpt.atomic import atomic_path
 from clgpt.config import section_settings
+from clgpt.device.knobs import read as read_knobs  # once, at the stage's edge
 from clgpt.io.checkpoint import load_checkpoint, save_checkpoint
 from clgpt.data import (  # noqa: F401  (batching lives in clgpt.data; the names stay importable here)
     DialogBatches,
@@ -385,7 +386,7 @@ def _run_stage(stage, encoded, s, ckpt_out, log_csv, dist, *, model, init_ckpt, 
     lora = s.get("lora") and lora_spec(s["lora"], cfg, f"{stage}.lora")
     eng = make_engine(cfg, inp.params, batch_size=-(-B // dist.size), seq_len=T, device=dev, dropout=s["dropout"],
                       precision=s["precision"], optimizer=not lora, attention=s["attention"],
-                      muon=_muon_on(s) and not lora)
+                      muon=_muon_on(s) and not lora, knobs=read_knobs())
     # model FLOPs utilisation beside tokens/s (nanochat's): None where clgpt.device.peaks knows no peak
     peak = peak_flops(dev.name, eng.precision)
     mfu_of = (lambda tok_s: "") if peak is None else (  # noqa: E731

@@ -1,9 +1,12 @@
 """The capabilities record: which form of each op, and which GEMM backend, one device runs, decided once.
 
-Ops builds and launches what this record says and nothing else decides a variant: its fields name the choice
-they make. It is read off what the device reports (type, vendor, NVIDIA compute capability, sm_90a) through its
-clgpt.device.tuning row, clgpt.device.precision's matrix path and clgpt/device/sm90a.py, under the knobs in effect (a launch row
-taken on any device, emulated tensor cores, GEMM tiles turned off).
+Made here, in the device layer, once per (device, knobs): clgpt.ops builds and launches what this record says
+and nothing else decides a variant: its fields name the choice they make. It is read off what the device reports
+(type, vendor, NVIDIA compute capability, sm_90a) through its clgpt.device.tuning row, clgpt.device.precision's
+matrix path and clgpt/device/sm90a.py, under the knobs in effect (a launch row taken on any device, emulated
+tensor cores, GEMM tiles turned off), and off one probe run on the device: kernels/matmul_bf16.cl's smem_probe,
+how a local pointer becomes a shared-window address for cp.async / ldmatrix (NVIDIA; without one the bf16 GEMM
+and wgmma are off and bf16 products run on matmul_mma.cl).
 
 The forms it picks among: kernels/layernorm.cl and rmsnorm.cl (a work-item, a work-group or a 32-wide slice a
 row), kernels/rope.cl and swiglu.cl (a work-item a pair, or 4 outputs, on GPUs), kernels/adamw.cl (float8 AdamW,
@@ -16,8 +19,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+import pyopencl as cl
+
 from clgpt.device import sm90a
 from clgpt.device.knobs import Knobs
+from clgpt.device.opencl import get_device_for
 from clgpt.device.precision import matrix_path
 from clgpt.device.tuning import launch_config
 
@@ -60,6 +67,9 @@ class Capabilities:
     bf16_gemm: bool  # bf16 products on kernels/matmul_bf16.cl (its tiles not turned off), else on matmul_mma.cl
     wgmma: bool  # large bf16 products on Hopper's wgmma (sm_90a and its tiles not turned off)
     colsum_copies: bool  # wgmma's reuse copies also give bias_partial's column sums (64-row chunks)
+    # the bf16 kernels' build options: MMA_EMULATE (no NVIDIA device), or SMEM_CVTA 0 / 1 (smem_probe); {} where
+    # the bf16 GEMM is off
+    bf16_options: dict
 
     def gemm_backend(self, round_mode: int) -> str:
         """The GEMM for operands rounded as clgpt.device.precision.ROUND's round_mode: portable (kernels/matmul.cl),
@@ -89,7 +99,11 @@ def _read(device, kn: Knobs) -> Capabilities:
     vec = bool(launch.get("cpu_vec"))
     cpu_attn = bool(launch.get("cpu_attn"))
     tensor_cores = matrix_path(device, kn) == "nv_mma"
-    bf16_gemm = bool(launch.get("matmul_bf16"))
+    emulated = "nvidia" not in device.vendor.lower()
+    bf16_options = {}
+    if tensor_cores and launch.get("matmul_bf16"):
+        bf16_options = dict(MMA_EMULATE=1) if emulated else smem_address(device)
+    bf16_gemm = bool(bf16_options)
     wgmma = bool(tensor_cores and bf16_gemm and launch.get("matmul_wgmma") and sm90a.supported(device))
     return Capabilities(
         launch=launch, group_rows=rows, layernorm_rows=bool(rows and launch.get("ln_rw")),
@@ -101,5 +115,21 @@ def _read(device, kn: Knobs) -> Capabilities:
         attention_u4=cpu_attn, attention_rb=cpu_attn,
         attention_gemm_min_t=launch.get("attn_gemm_min_t", 0) if launch.get("attn_gemm") else None,
         split_k=bool(launch.get("split_k")), preset=bool(launch.get("preset", 0)),
-        tensor_cores=tensor_cores, mma_emulated="nvidia" not in device.vendor.lower(), bf16_gemm=bf16_gemm,
-        wgmma=wgmma, colsum_copies=wgmma and bool(rows) and launch.get("colsum_rows") == 64)
+        tensor_cores=tensor_cores, mma_emulated=emulated, bf16_gemm=bf16_gemm,
+        wgmma=wgmma, colsum_copies=wgmma and bool(rows) and launch.get("colsum_rows") == 64, bf16_options=bf16_options)
+
+
+def smem_address(device) -> dict:
+    """How a local pointer becomes a shared-window address for cp.async / ldmatrix on this NVIDIA device: its
+    integer value (SMEM_CVTA 0) or cvta.to.shared of it (SMEM_CVTA 1), as kernels/matmul_bf16.cl's smem_probe
+    finds; {} where neither works (the bf16 GEMM cannot run here)."""
+    dev = get_device_for(device)
+    out = np.zeros(4, np.uint32)
+    d = cl.Buffer(dev.ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=out)
+    dev.kernel("matmul_bf16", "smem_probe")(dev.queue, (64,), (64,), d)
+    cl.enqueue_copy(dev.queue, out, d, is_blocking=True)
+    if out[1] == 0x5EED0003:
+        return dict(SMEM_CVTA=0)
+    if out[2] == 0x5EED0003:
+        return dict(SMEM_CVTA=1)
+    return {}
