@@ -108,8 +108,9 @@ def main() -> None:
     cfg = load_workflow_config("config.yaml", [args.configfile])
     targets = ["results/encoded/pretrain.bin", "results/encoded/pretrain_heldout.bin",
                "results/tokenizer/tokenizer.json"]
-    subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", *targets, "--configfile", args.configfile],
-                   check=True)
+    if not all(Path(t).exists() for t in targets):  # made on the CPU beforehand where no snakemake is installed
+        subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", *targets, "--configfile", args.configfile],
+                       check=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     base = copy.deepcopy(cfg["pretrain"])
