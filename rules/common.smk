@@ -17,9 +17,9 @@ from clgpt.data import check_corpus as check_text_corpus
 from clgpt.data.preflight import check_corpus, check_outputs
 from clgpt.device.opencl import get_device
 from clgpt.errors import ClgptError
-from clgpt.stage import ANOTHER_RUN, RESUME_AFTER_KILL, code_inputs, live_run, quiet_after_ctrl_c, stale_lock
+from clgpt.stage import ANOTHER_RUN, RESUME_AFTER_KILL, code_inputs, live_run, one_line, stale_lock
 
-quiet_after_ctrl_c(snakemake_logger)  # after Ctrl-C, the interrupted stage's one line is not followed by a failed-job block
+one_line(snakemake_logger)  # a failed stage's one line is not followed by Snakemake's failed-job block
 _settings = workflow.config_settings
 try:
     if not {"--unlock", "--nolock", "--target-jobs"} & set(sys.argv):  # --target-jobs: a job of a running one
