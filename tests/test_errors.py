@@ -22,7 +22,7 @@ from clgpt.data import read_dialogs, read_text
 from clgpt.data.preflight import check_corpus
 from clgpt.errors import ClgptError
 from clgpt.stage import code_inputs, run_script, stale_lock
-from test_pipeline import TINY, make_workdir, planned_rules, snakemake, write_config
+from test_pipeline import TINY, default_signals, make_workdir, planned_rules, snakemake, write_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -383,7 +383,7 @@ def _run_script_in_child(body: str, log: Path) -> subprocess.Popen:
         run_script(main, {str(log)!r})
     """)
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, preexec_fn=default_signals)
 
 
 def test_read_only_output_is_one_line(tmp_path):
@@ -394,22 +394,77 @@ def test_read_only_output_is_one_line(tmp_path):
     assert "results/tune/model.ckpt.partial: Permission denied; make the folder writable" in one_line_error(err)
 
 
-def test_ctrl_c_gives_no_traceback(tmp_path):
+STOPS = [(signal.SIGINT, "interrupted"), (signal.SIGTERM, "stopped by SIGTERM"), (signal.SIGHUP, "stopped by SIGHUP")]
+
+
+@pytest.mark.parametrize("sig, words", STOPS, ids=["SIGINT", "SIGTERM", "SIGHUP"])
+def test_stop_signal_gives_one_line(tmp_path, sig, words):
+    """Ctrl-C, `kill PID` and a closed terminal each end a stage with one line and 128 + the signal's number."""
     proc = _run_script_in_child("print('ready', flush=True); time.sleep(60)", tmp_path / "log")
     assert proc.stdout.readline() == "ready\n"  # in main(): run_script's handlers are in place
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and "interrupted" in one_line_error(err)
+    assert proc.returncode == 128 + sig
+    assert one_line_error(err) == f"error: {words}; run snakemake again to resume"
 
 
-def _ctrl_c_in_a_terminal(cmd: list[str], cwd: Path, when: bytes, timeout: float = 300) -> tuple[str, int]:
+def test_a_bug_in_a_stage_is_one_line_and_its_traceback_goes_to_the_log(tmp_path):
+    proc = _run_script_in_child("{}['missing']", tmp_path / "log")
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    line = one_line_error(err)
+    assert line.startswith("error: KeyError: 'missing'; this is a bug in clgpt") and str(tmp_path / "log") in line
+    assert "Traceback" in (tmp_path / "log").read_text()
+
+
+def test_sighup_ignored_by_nohup_stays_ignored(tmp_path):
+    """`nohup snakemake ...` means: outlive the terminal. A stage started so keeps running on SIGHUP."""
+    def nohup():
+        default_signals()
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    code = textwrap.dedent("""
+        import sys
+        from clgpt.stage import run_script
+        def main():
+            print('ready', flush=True)
+            sys.stdin.readline()
+            print('still here', flush=True)
+        run_script(main, None)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            preexec_fn=nohup)
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGHUP)
+    out, err = proc.communicate("go\n", timeout=60)
+    assert proc.returncode == 0 and out == "still here\n", err
+
+
+def _stage_pid(cwd: Path, script: str) -> int:
+    """The pid of the process running `scripts/SCRIPT` in the workflow folder `cwd`."""
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
+            if any(a.endswith(f"scripts/{script}".encode()) for a in argv[:3]) and \
+                    Path(os.readlink(f"/proc/{entry}/cwd")) == cwd:
+                return int(entry)
+        except OSError:
+            pass
+    raise AssertionError(f"no process runs scripts/{script} in {cwd}")
+
+
+def _ctrl_c_in_a_terminal(cmd: list[str], cwd: Path, when: bytes, timeout: float = 300,
+                          stop=None) -> tuple[str, int]:
     """Run `cmd` on a pseudo-terminal and type Ctrl-C once its output shows `when`, as a user at a terminal
-    does (the terminal sends SIGINT to every process of the run); its output and exit status."""
+    does (the terminal sends SIGINT to every process of the run), or call `stop()` then; its output and exit
+    status."""
     import pty
     import select
 
     pid, fd = pty.fork()
     if pid == 0:
+        default_signals()  # a terminal's defaults, also when the suite runs in the background
         os.chdir(cwd)
         os.execvp(cmd[0], cmd)
     out, typed, deadline = b"", False, time.monotonic() + timeout
@@ -423,7 +478,7 @@ def _ctrl_c_in_a_terminal(cmd: list[str], cwd: Path, when: bytes, timeout: float
                 break
             out += chunk
         if not typed and when in out:
-            os.write(fd, b"\x03")
+            os.write(fd, b"\x03") if stop is None else stop()
             typed = True
     else:
         os.kill(pid, signal.SIGKILL)
@@ -432,19 +487,23 @@ def _ctrl_c_in_a_terminal(cmd: list[str], cwd: Path, when: bytes, timeout: float
     return out.decode(errors="replace"), os.waitstatus_to_exitcode(status)
 
 
-def test_ctrl_c_in_the_pipeline_ends_with_clgpts_line(tmp_path):
-    """Ctrl-C during pretrain: the stage's checkpoint line and its one `error:` line, and no failed-job block
-    from Snakemake after them (it would print the whole shell line and a CalledProcessError); the next run
-    plans pretrain again (to resume) instead of stopping on an incomplete file."""
+@pytest.mark.parametrize("sig, words", STOPS, ids=["SIGINT", "SIGTERM", "SIGHUP"])
+def test_ctrl_c_in_the_pipeline_ends_with_clgpts_line(tmp_path, sig, words):
+    """Ctrl-C during pretrain (SIGTERM, SIGHUP: sent to the stage, as `kill PID` or a cluster's time limit
+    does): the stage's checkpoint line and its one `error:` line, and no failed-job block from Snakemake after
+    them (it would print the whole shell line and a CalledProcessError); the next run plans pretrain again
+    (to resume) instead of stopping on an incomplete file."""
     config = json.loads(json.dumps(TINY))
     config["pretrain"].update(steps=100000, checkpoint_every=100000)
-    path = make_workdir(tmp_path / "wf", config)
+    path = make_workdir(tmp_path / "wf", config).resolve()
+    stop = None if sig == signal.SIGINT else (lambda: os.kill(_stage_pid(path, "pretrain.py"), sig))
     out, code = _ctrl_c_in_a_terminal([sys.executable, "-m", "snakemake", "--cores", "1", "model.gguf"], path,
-                                      when=b"step/s")
+                                      when=b"loss=", stop=stop)  # a step is done: training runs
     assert code != 0
-    tail = out[out.index("^C"):] if "^C" in out else out
-    assert "interrupted; saved step" in tail and "run again to resume" in tail, tail
-    assert one_line_error(tail) == "error: interrupted; run snakemake again to resume"
+    tail = out[out.index("saved step") - 200:] if "saved step" in out else out
+    assert f"pretrain: {words}; saved step" in tail and "run again to resume" in tail, tail
+    assert one_line_error(tail) == f"error: {words}; run snakemake again to resume"
+    assert tail.rstrip().endswith(f"error: {words}; run snakemake again to resume"), tail
     for block in ("CalledProcessError", "Error in rule", "WorkflowError", "RuleException"):
         assert block not in tail, tail
     assert (path / "results/staging/pretrain/model.ckpt.partial").exists()
