@@ -87,7 +87,7 @@ def publish_settings(wildcards):
 try:
     check_outputs(
         [*PUBLISHED, *map(staged, PUBLISHED)],
-        ["results", "logs", "benchmarks", *(f"results/{d}" for d in ("tokenizer", "encoded", "eval", "staging"))],
+        ["results", "logs", "benchmarks", "hf", "models", *(f"results/{d}" for d in ("tokenizer", "encoded", "eval", "staging"))],
     )
 except ClgptError as e:
     sys.exit(f"error: {e}")

@@ -170,6 +170,9 @@ def check_outputs(files: list[str], folders: list[str]) -> None:
             raise ClgptError(f"{file} is read-only, and the workflow replaces it; make it writable "
                              "(chmod u+w, or chattr -i) or move it away, and run again")
     for folder in dict.fromkeys([*folders, *(os.path.dirname(f) or "." for f in files)]):
+        if os.path.lexists(folder) and not os.path.isdir(folder):
+            raise ClgptError(f"{folder} is a file, where the workflow writes a folder of that name; move or rename "
+                             "the file and run again")
         probe = folder
         while not os.path.isdir(probe) and os.path.dirname(probe) != probe:
             probe = os.path.dirname(probe) or "."
