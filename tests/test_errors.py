@@ -513,6 +513,53 @@ def test_ctrl_c_in_the_pipeline_ends_with_clgpts_line(tmp_path, sig, words):
     assert "pretrain" in planned_rules(path)
 
 
+BLOCK = ("CalledProcessError", "Error in rule", "WorkflowError", "RuleException", "Traceback", "Exiting because")
+
+
+def test_a_stage_error_is_the_last_line(tmp_path):
+    """A bad line in a tune file: the stage's one line, and nothing of Snakemake's failed-job block after it."""
+    path = make_workdir(tmp_path / "wf")
+    with open(path / "data/tune/en.jsonl", "a") as f:
+        f.write('{"messages": [}\n')
+    r = snakemake(path, "model.gguf")
+    out = r.stdout + r.stderr
+    assert r.returncode != 0
+    assert one_line_error(out).startswith("error: data/tune/en.jsonl:13: not valid JSON"), out
+    assert out.rstrip().splitlines()[-1] == one_line_error(out), out
+    for block in BLOCK:
+        assert block not in out, out
+
+
+def test_a_stage_killed_outright_gets_clgpts_line(tmp_path):
+    """kill -9 (or the kernel's out-of-memory killer) leaves the stage no time to speak: clgpt's line says
+    which stage ended and how, instead of Snakemake's block."""
+    config = json.loads(json.dumps(TINY))
+    config["pretrain"].update(steps=100000, checkpoint_every=100000)
+    path = make_workdir(tmp_path / "wf", config).resolve()
+    log = tmp_path / "run.out"
+    with open(log, "w") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "1", "model.gguf"], cwd=path,
+                                stdout=f, stderr=subprocess.STDOUT, preexec_fn=default_signals)
+    try:
+        deadline = time.monotonic() + 300
+        while "loss=" not in log.read_text(errors="replace") and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)  # waits for the event (a training step in the output), not for a time
+        assert proc.poll() is None, log.read_text()
+        os.kill(_stage_pid(path, "pretrain.py"), signal.SIGKILL)
+        proc.wait(300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out = log.read_text(errors="replace")
+    assert proc.returncode != 0
+    assert out.rstrip().splitlines()[-1] == ("error: stage pretrain was killed by SIGKILL (out of memory, or `kill -9`); "
+                                             "its log: logs/pretrain.log; run the same command again to resume"), out
+    assert one_line_error(out)
+    for block in BLOCK:
+        assert block not in out, out
+
+
 def test_stage_stops_when_snakemake_is_killed(tmp_path):
     """A stand-in `snakemake` starts a stage script and is killed with -9: the stage stops by itself
     (as on Ctrl-C, so training saves its checkpoint) and says to --unlock."""
