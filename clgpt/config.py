@@ -350,6 +350,14 @@ def check_config(config: dict, where: _Where | None = None) -> None:
                 f"{where([stage, 'seq_len'])}: {stage}.seq_len={config[stage]['seq_len']} is longer than "
                 f"model.n_ctx={m['n_ctx']}; lower it or raise model.n_ctx"
             )
+    lora = config["tune"].get("lora")
+    if lora and lora.get("targets") == []:
+        raise ClgptError(f"{where(['tune', 'lora', 'targets'])}: tune.lora.targets is empty, which would adapt "
+                         "nothing; name the matrices to adapt (e.g. [attn_q, attn_v]) or leave the key out for all")
+    if lora and not config["corpus"].get("tune"):
+        raise ClgptError(f"{where(['tune', 'lora'])}: tune.lora is set but there is no tune stage (corpus.tune "
+                         "is empty), so no adapter would be trained; set corpus.tune to a folder of chat files "
+                         "or remove tune.lora")
     qtype = config["export"]["type"]
     if qtype in ("q8_0", "q4_0"):
         from clgpt.model import ModelConfig

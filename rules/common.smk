@@ -108,7 +108,8 @@ FINAL_CKPT = "results/tune/model.ckpt" if TUNE else "results/pretrain/model.ckpt
 # A LoRA tune (tune.lora) also ships the base it adapts and the adapter (clgpt/models/lora.py).
 LORA = TUNE and bool(config["tune"].get("lora"))
 LORA_EXPORT_INPUT = {"pretrained": "results/pretrain/model.ckpt"} if LORA else {}
-LORA_EXPORT_OUTPUT = {"lora_base": "lora/base.gguf", "lora_adapter": "lora/adapter.gguf"} if LORA else {}
+LORA_FILES = {"lora_base": "lora/base.gguf", "lora_adapter": "lora/adapter.gguf"}
+LORA_EXPORT_OUTPUT = LORA_FILES if LORA else {}
 ENCODED_PARTS = ["pretrain", "pretrain_heldout"] + (["tune", "tune_heldout"] if TUNE else [])
 
 

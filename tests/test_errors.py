@@ -348,6 +348,45 @@ def test_tokenize_gguf_without_tokenizer(tmp_path):
     assert r.returncode == 1 and "carries no tokenizer" in one_line_error(r.stderr)
 
 
+def test_generate_on_a_lora_adapter_names_the_model_to_run(tmp_path):
+    """lora/adapter.gguf holds the adapter only: the fix is model.gguf, or llama.cpp's --lora, not a tokenizer."""
+    import gguf as gguf_lib
+
+    p = tmp_path / "adapter.gguf"
+    w = gguf_lib.GGUFWriter(str(p), "llama")
+    w.add_type("adapter")
+    w.add_key_value("adapter.type", "lora", gguf_lib.GGUFValueType.STRING)
+    w.add_tensor("blk.0.attn_q.weight.lora_a", np.zeros((4, 4), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    r = clgpt("generate", str(p), "--prompt", "hi")
+    line = one_line_error(r.stderr)
+    assert r.returncode == 1 and "LoRA adapter, not a model" in line and "model.gguf" in line and "--lora" in line
+    assert "tokenizer" not in line
+
+
+@pytest.mark.parametrize("lora, words", [({"targets": []}, "tune.lora.targets is empty"),
+                                         ({"rank": 4}, "tune.lora is set but there is no tune stage")])
+def test_lora_settings_that_would_do_nothing_are_named(tmp_path, lora, words):
+    corpus = {} if "targets" in lora else {"corpus": {"tune": ""}}
+    text = yaml.safe_dump({**corpus, "tune": {"lora": lora}})
+    assert words in config_error(tmp_path, text)
+
+
+def test_a_full_tune_after_a_lora_one_removes_the_old_adapter(tmp_path):
+    """lora/base.gguf and lora/adapter.gguf of an earlier LoRA tune would still run the old model in llama.cpp."""
+    path = make_workdir(tmp_path / "wf")
+    (path / "lora").mkdir()
+    for name in ("base.gguf", "adapter.gguf"):
+        (path / "lora" / name).write_bytes(b"old")
+    r = snakemake(path, "model.gguf")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not (path / "lora/base.gguf").exists() and not (path / "lora/adapter.gguf").exists()
+    assert "removed lora/base.gguf and lora/adapter.gguf of the earlier LoRA tune" in r.stderr
+
+
 @pytest.mark.parametrize(
     "setup, args, message",
     [
