@@ -394,8 +394,10 @@ def test_a_full_tune_after_a_lora_one_removes_the_old_adapter(tmp_path):
         (lambda d: (d / "a.txt").write_text(" \n"), ["a.txt", "--out", "t.json"], "no text to train on"),
         (lambda d: (d / "a.txt").write_text("ab ab\n"), ["a.txt", "--out", "t.json"], "--vocab-size 300 cannot be reached"),
         (lambda d: None, ["missing.txt", "--out", "t.json"], "missing.txt: cannot read"),
+        (lambda d: ((d / "a.txt").write_text("some text\n"), (d / "data").mkdir()), ["a.txt", "--out", "data"],
+         "--out data: this is a folder; give the tokenizer file's name (e.g. --out data/tokenizer.json)"),
     ],
-    ids=["missing-out-folder", "empty-file", "unreachable-vocab", "missing-input"],
+    ids=["missing-out-folder", "empty-file", "unreachable-vocab", "missing-input", "out-is-a-folder"],
 )
 def test_train_tokenizer_bad_input_is_one_line(tmp_path, setup, args, message):
     setup(tmp_path)
