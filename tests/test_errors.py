@@ -101,6 +101,16 @@ def test_bad_config_file_is_one_line(tmp_path, text, expected):
     assert re.search(expected, msg), msg
 
 
+@pytest.mark.parametrize("text, where", [
+    ('device: ""\ntune:\n  lr 1e-3\n  steps: 3\n', "config.yaml:3:3: not valid YAML"),  # a key without its ':'
+    ('device: ""\ntune:\n  epochs: [1, 2\n  steps: 3\n', "config.yaml:3:11: not valid YAML"),  # a bracket left open
+])
+def test_yaml_syntax_error_names_the_line_of_the_mistake(tmp_path, text, where):
+    """YAML finds these a line later; the line named is the one to fix."""
+    msg = config_error(tmp_path, text)
+    assert msg.startswith(str(tmp_path / where)) and "noticed on line 4" in msg, msg
+
+
 def test_missing_config_file(tmp_path):
     with pytest.raises(ClgptError, match=r"nope.yaml: config file not found"):
         load_workflow_config(str(tmp_path / "config.yaml"), [str(tmp_path / "nope.yaml")])
