@@ -14,7 +14,7 @@ from snakemake.logging import logger as snakemake_logger
 from clgpt.atomic import publish
 from clgpt.config import load_workflow_config
 from clgpt.data import check_corpus as check_text_corpus
-from clgpt.data.preflight import check_corpus, check_outputs
+from clgpt.data.preflight import check_corpus, check_dates, check_outputs
 from clgpt.device.opencl import get_device
 from clgpt.errors import ClgptError
 from clgpt.stage import ANOTHER_RUN, RESUME_AFTER_KILL, code_inputs, live_run, one_line, stale_lock
@@ -93,6 +93,14 @@ except ClgptError as e:
     sys.exit(f"error: {e}")
 PRETRAIN_TEXT = _corpus["pretrain"]
 TUNE_DIALOGS = _corpus["tune"]
+try:  # an input dated in the future fails every job that reads it (Snakemake's clock-skew check)
+    check_dates([*(p for paths in _corpus.values() for p in (paths if isinstance(paths, list) else [paths])),
+                 *(str(p) for d in ("clgpt", "kernels", "scripts", "rules") for p in Path(workflow.basedir, d).rglob("*")),
+                 *(str(p) for d in ("results", "hf", "lora") for p in Path(d).rglob("*")),
+                 *(_validated["corpus"][k] or "" for k in ("pretrain_heldout", "tune_heldout")),
+                 "config.yaml", *getattr(_settings, "configfiles", ()), "model.gguf", "Modelfile"])
+except ClgptError as e:
+    sys.exit(f"error: {e}")
 config.clear()
 config.update(_validated)
 

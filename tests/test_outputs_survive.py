@@ -102,6 +102,20 @@ def test_sweep_without_a_sweep_section_is_one_line(tmp_path):
     assert "MissingInputException" not in r.stdout + r.stderr
 
 
+def test_an_input_dated_in_the_future_is_named_before_any_job(tmp_path):
+    """A clock that was wrong (or an archive from another machine) leaves a file dated in the future:
+    Snakemake would fail every later run on its clock-skew check, in its words; clgpt names the file."""
+    path = make_workdir(tmp_path / "wf")
+    future = time.time() + 86400
+    os.utime(path / "data/tune/en.jsonl", (future, future))
+    r = snakemake(path, "-n", "model.gguf")
+    assert r.returncode != 0
+    line = one_line_error(r.stdout + r.stderr)
+    assert line.startswith("error: data/tune/en.jsonl is dated in the future") and "touch data/tune/en.jsonl" in line
+    os.utime(path / "data/tune/en.jsonl")  # what the line says to do
+    assert snakemake(path, "-n", "model.gguf").returncode == 0
+
+
 def test_published_file_is_stamped_now(tmp_path):
     """A link keeps the staged file's old time; the published name gets the time of publishing."""
     staged = tmp_path / "staged"
