@@ -406,10 +406,10 @@ def _run_stage(stage, encoded, s, ckpt_out, log_csv, dist, *, model, init_ckpt, 
         if dist.size == 1:  # a one-rank checkpoint keeps the bytes it had before ranks existed
             extra["settings"] = {k: v for k, v in s.items() if k != "ranks"}
             del extra["ranks"]
+        if path == partial:  # the log so far goes beside it: Snakemake deletes log.csv before a re-run. First:
+            with atomic_path(log_partial) as tmp:  # killed between the two, the log has a row past the
+                shutil.copyfile(log_csv, tmp)      # checkpoint (dropped on resume), never one row too few
         save_checkpoint(path, cfg, params, eng.get_optimizer_state(), prog.step, sampler_state, extra)
-        if path == partial:  # the log so far goes beside it: Snakemake deletes log.csv before a re-run
-            with atomic_path(log_partial) as tmp:
-                shutil.copyfile(log_csv, tmp)
 
     log_partial = log_csv + ".partial"
     kept_rows = _read_log(log_partial if os.path.exists(log_partial) else log_csv, prog.step)
