@@ -118,6 +118,16 @@ LORA = TUNE and bool(config["tune"].get("lora"))
 LORA_EXPORT_INPUT = {"pretrained": "results/pretrain/model.ckpt"} if LORA else {}
 LORA_FILES = {"lora_base": "lora/base.gguf", "lora_adapter": "lora/adapter.gguf"}
 LORA_EXPORT_OUTPUT = LORA_FILES if LORA else {}
+
+
+def drop_stale_lora():
+    """After a full tune that follows a LoRA one, the earlier adapter and base no longer make model.gguf
+    (llama.cpp's `-m lora/base.gguf --lora lora/adapter.gguf` would run the old model): removed, and said."""
+    stale = [] if LORA else [p for p in LORA_FILES.values() if os.path.exists(p)]
+    for p in stale:
+        os.remove(p)
+    if stale:
+        print(f"model.gguf is a full tune now: removed {' and '.join(stale)} of the earlier LoRA tune", file=sys.stderr)
 ENCODED_PARTS = ["pretrain", "pretrain_heldout"] + (["tune", "tune_heldout"] if TUNE else [])
 
 

@@ -25,14 +25,7 @@ rule publish_model:
     localrule: True
     run:
         publish(input.staged, output[0])
-        # after a LoRA tune, a full one: the earlier adapter and base no longer make this model (llama.cpp's
-        # `-m lora/base.gguf --lora lora/adapter.gguf` would run the old one)
-        stale = [] if LORA else [p for p in LORA_FILES.values() if os.path.exists(p)]
-        for p in stale:
-            os.remove(p)
-        if stale:
-            print(f"model.gguf is a full tune now: removed {' and '.join(stale)} of the earlier LoRA tune",
-                  file=sys.stderr)
+        drop_stale_lora()
 
 
 rule publish:
