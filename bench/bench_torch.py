@@ -1,20 +1,38 @@
-"""PyTorch peer of `clgpt bench`: the same GPT-2 or llama trained on random tokens, eager fp32.
+"""PyTorch peer of `clgpt bench`: the same GPT-2 or llama trained on random tokens, as users train it in PyTorch.
 
     python bench/bench_torch.py [--arch gpt2|llama] [--kv-heads N] [--experts E --experts-used K]
                                 [--vocab 512 --ctx 80 --embd 64 --ffn 128 --heads 2 --layers 1 --batch 8]
                                 [--steps 20] [--warmup 3] [--gemm 1024] [--device cpu|cuda] [--threads N]
-                                [--attention sdpa|written] [--nanogpt]   (--nanogpt: torch.compile + bf16 autocast + fused AdamW, as nanoGPT on a GPU)
+                                [--attention sdpa|written] [--nanogpt [--no-compile]] [--check-minimal ROUNDS]
+                                [--serve]
 
 Same architectures as clgpt (ARCHITECTURE.md), as users run them in PyTorch (nanoGPT): attention through
 F.scaled_dot_product_attention (causal), AdamW fused on CUDA and foreach on CPU (betas 0.9/0.95, eps 1e-8,
 weight decay 0.1 on matrices only, as clgpt), global gradient clipping to 1.0, float32, eager mode (no
 torch.compile), default intra-op threads (all cores).
 - gpt2: learned positions, pre-LayerNorm blocks (eps 1e-5), GELU (tanh form), final LayerNorm, tied head.
-- llama: RMSNorm (eps 1e-5), RoPE on adjacent pairs (base 10000), grouped-query attention (--kv-heads),
-  SwiGLU, no biases, final RMSNorm, tied head; --experts E --experts-used K: a mixture of experts with a
-  softmax router and top-k renormalised weights, each expert run on its tokens (index_select/index_add_).
+- llama: RMSNorm (F.rms_norm, eps 1e-5), RoPE on adjacent pairs (base 10000; cos/sin tables made once, buffers
+  of the model), grouped-query attention (--kv-heads), SwiGLU, no biases, final RMSNorm, tied head;
+  --experts E --experts-used K: a mixture of experts with a softmax router and top-k renormalised weights, each
+  expert run on its tokens (index_select/index_add_: data-dependent shapes, so the host waits on each routing).
 --attention written: the extra, labelled option of a written-out masked softmax of q @ k.T (like clgpt's
 kernels) instead of SDPA.
+
+The step is nanoGPT's train.py loop: the batch is windows of a host token array (its np.memmap of train.bin),
+copied from pinned memory with non_blocking=True (on CUDA) and fetched for the next step right after the
+forward, so the host queues work ahead of the GPU; backward, clipping, AdamW, zero_grad(set_to_none=True).
+--nanogpt: as nanoGPT trains on a GPU: torch.compile of the model, bf16 autocast, TF32 on, fused AdamW
+(--no-compile: eager, for a smoke test on a CPU only; a GPU peer always compiles).
+
+Besides wall time a step it prints the CPU time a step (all threads) and the host's time to issue one step
+(steps synced one by one): a peer whose issue time is its step time is bound by the host, not the device.
+CPU time alone cannot say so on CUDA, whose waits spin.
+--check-minimal R: then R alternated rounds of the timed loop and of a minimal nanoGPT-style loop on the same
+model and optimizer (tokens drawn on the device each step by torch.randint, forward, backward, clip, step,
+zero_grad: no host data, no prefetch), and a check that the peer's step is no slower than the minimal loop's.
+--serve: after the warmup, print `ready` and take commands on stdin, one a line, each answered by its lines and
+`done`: `train N` (N timed steps, after 3 untimed ones), `check R N` (as --check-minimal R with N steps a round);
+end of input ends it (bench/peer_ratio.py alternates it with `clgpt bench` without compiling it again).
 
 PyTorch is not a dependency of clgpt: it is imported here only. The last line is `tokens/s=<number>`.
 """
@@ -23,6 +41,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
+import sys
 import time
 
 
@@ -47,17 +67,12 @@ def build_llama(torch, V, T, C, F, H, Hkv, L, E, K, written):
             self.weight = nn.Parameter(torch.ones(C))
 
         def forward(self, x):
-            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * self.weight
+            return Fn.rms_norm(x, (C,), self.weight, eps=1e-5)
 
-    theta = 10000.0 ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
-    ang = torch.arange(T, dtype=torch.float64)[:, None] * theta[None]
-    cos, sin = ang.cos().float(), ang.sin().float()  # (T, D/2)
-
-    def rope(x, Tp):  # x (B, h, T, D): adjacent pairs (2i, 2i+1) rotated (llama.cpp's normal rope)
+    def rope(x, cos, sin):  # x (B, h, T, D), cos/sin (T, D/2): pairs (2i, 2i+1) rotated (llama.cpp's normal rope)
         x2 = x.view(*x.shape[:-1], D // 2, 2)
-        c, s = cos[:Tp].to(x.device), sin[:Tp].to(x.device)
         a, b = x2[..., 0], x2[..., 1]
-        return torch.stack((a * c - b * s, a * s + b * c), dim=-1).flatten(-2)
+        return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
 
     class SwiGLU(nn.Module):
         def __init__(self):
@@ -100,11 +115,11 @@ def build_llama(torch, V, T, C, F, H, Hkv, L, E, K, written):
             self.ffn = MoE() if E else SwiGLU()
             self.register_buffer("causal", torch.ones(T, T, dtype=torch.bool).tril(), persistent=False)
 
-        def forward(self, x):
+        def forward(self, x, cos, sin):
             B, Tp, _ = x.shape
             h = self.ln1(x)
-            q = rope(self.q(h).view(B, Tp, H, D).transpose(1, 2), Tp)
-            k = rope(self.k(h).view(B, Tp, Hkv, D).transpose(1, 2), Tp)
+            q = rope(self.q(h).view(B, Tp, H, D).transpose(1, 2), cos, sin)
+            k = rope(self.k(h).view(B, Tp, Hkv, D).transpose(1, 2), cos, sin)
             v = self.v(h).view(B, Tp, Hkv, D).transpose(1, 2)
             if Hkv != H:  # grouped-query attention: each kv head serves H/Hkv query heads
                 k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
@@ -118,6 +133,11 @@ def build_llama(torch, V, T, C, F, H, Hkv, L, E, K, written):
             self.wte = nn.Embedding(V, C)
             self.blocks = nn.ModuleList(Block() for _ in range(L))
             self.ln_f = RMSNorm()
+            # RoPE's tables, made once and moved with the model (buffers): (T, D/2) each
+            theta = 10000.0 ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+            ang = torch.arange(T, dtype=torch.float64)[:, None] * theta[None]
+            self.register_buffer("cos", ang.cos().float(), persistent=False)
+            self.register_buffer("sin", ang.sin().float(), persistent=False)
             for name, p in self.named_parameters():
                 if p.dim() == 2:
                     std = 0.02 / math.sqrt(2 * L) if name.endswith(("proj.weight", "down.weight")) else 0.02
@@ -125,8 +145,9 @@ def build_llama(torch, V, T, C, F, H, Hkv, L, E, K, written):
 
         def forward(self, idx, targets):
             x = self.wte(idx)
+            cos, sin = self.cos[:idx.shape[1]], self.sin[:idx.shape[1]]
             for blk in self.blocks:
-                x = blk(x)
+                x = blk(x, cos, sin)
             logits = self.ln_f(x) @ self.wte.weight.T  # tied head
             return Fn.cross_entropy(logits.view(-1, V), targets.reshape(-1))
 
@@ -216,7 +237,7 @@ def gemm_gflops(torch, n: int, device: str, sync) -> tuple[float, float]:
     return 2.0 * n**3 / best / 1e9, err
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--vocab", type=int, default=512)
     ap.add_argument("--ctx", type=int, default=80)
@@ -240,91 +261,224 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--nanogpt", action="store_true",
                     help="as nanoGPT trains on a GPU: torch.compile, bf16 autocast, SDPA attention, fused AdamW")
+    ap.add_argument("--no-compile", action="store_true",
+                    help="with --nanogpt on a CPU: no torch.compile (a quick smoke test, not the peer)")
+    ap.add_argument("--check-minimal", type=int, default=0, metavar="ROUNDS",
+                    help="then ROUNDS alternated rounds of the peer and a minimal loop, and the check of the two")
+    ap.add_argument("--tolerance", type=float, default=0.03,
+                    help="--check-minimal: how much slower than the minimal loop the peer may read (0.03 = 3%%)")
+    ap.add_argument("--serve", action="store_true", help="after the warmup, take `train N` / `check R N` on stdin")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="after timing, the N kernels with the most device time a step (torch.profiler, 3 steps)")
     args = ap.parse_args(argv)
+    if args.no_compile and args.device != "cpu":
+        ap.error("--no-compile is for a smoke test on the CPU; the peer on a GPU is always compiled")
+    return args
 
-    import numpy as np
+
+class Peer:
+    """The model, its optimizer and the two training loops: nanoGPT's (`step`) and the minimal one (`minimal_step`)."""
+
+    def __init__(self, torch, args):
+        import numpy as np
+
+        self.torch, self.args = torch, args
+        dev = self.dev = torch.device(args.device)
+        V, T, C, F, H, L, B = args.vocab, args.ctx, args.embd, args.ffn, args.heads, args.layers, args.batch
+        written = args.attention == "written"
+        if args.arch == "llama":
+            Hkv = args.kv_heads or H
+            model = build_llama(torch, V, T, C, F, H, Hkv, L, args.experts, args.experts_used, written).to(dev)
+        else:
+            model = build_model(torch, V, T, C, F, H, L, written).to(dev)
+        self.model = model
+        self.n_params = sum(p.numel() for p in model.parameters())
+        decay = [p for n, p in model.named_parameters() if p.dim() == 2]
+        no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+        self.opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=3e-4, betas=(0.9, 0.95), eps=1e-8,
+            **({"fused": True} if dev.type == "cuda" or args.nanogpt else {"foreach": True}),
+        )
+        self.compiled = args.nanogpt and not args.no_compile
+        self.fwd = torch.compile(model) if self.compiled else model
+        self.bf16 = args.nanogpt
+        # nanoGPT's data: a flat uint16 token array on the host (its np.memmap of train.bin), random windows of it
+        n = max(1 << 20, 4 * B * (T + 1))
+        self.data = np.random.default_rng(args.seed).integers(0, V, size=n, dtype=np.uint16)
+        self.gen = torch.Generator().manual_seed(args.seed)
+        self.next = self.get_batch()
+
+    def autocast(self):
+        import contextlib
+
+        if not self.bf16:
+            return contextlib.nullcontext()
+        return self.torch.autocast(device_type=self.dev.type, dtype=self.torch.bfloat16)
+
+    def get_batch(self):
+        """nanoGPT's get_batch: B windows of T+1 tokens at random offsets, pinned and copied without waiting."""
+        torch, np, T, B = self.torch, __import__("numpy"), self.args.ctx, self.args.batch
+        ix = torch.randint(len(self.data) - T, (B,), generator=self.gen)
+        x = torch.stack([torch.from_numpy(self.data[i:i + T].astype(np.int64)) for i in ix.tolist()])
+        y = torch.stack([torch.from_numpy(self.data[i + 1:i + 1 + T].astype(np.int64)) for i in ix.tolist()])
+        if self.dev.type == "cuda":
+            return x.pin_memory().to(self.dev, non_blocking=True), y.pin_memory().to(self.dev, non_blocking=True)
+        return x.to(self.dev), y.to(self.dev)
+
+    def step(self):
+        """One step of nanoGPT's loop; the next batch is fetched while the device runs this one's forward."""
+        x, y = self.next
+        with self.autocast():
+            loss = self.fwd(x, y)
+        self.next = self.get_batch()
+        loss.backward()
+        self.torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return loss
+
+    def minimal_step(self):
+        """The simplest loop a user writes, same model and arithmetic: tokens drawn on the device, no host data."""
+        torch, a = self.torch, self.args
+        x = torch.randint(a.vocab, (a.batch, a.ctx), device=self.dev)
+        y = torch.randint(a.vocab, (a.batch, a.ctx), device=self.dev)
+        with self.autocast():
+            loss = self.fwd(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return loss
+
+    def sync(self):
+        if self.dev.type == "cuda":
+            self.torch.cuda.synchronize()
+
+    def empty_cache(self):
+        """Hand the allocator's cached blocks back (on CUDA), so that a waiting peer holds little beyond its weights
+        and optimizer state while another process is timed."""
+        if self.dev.type == "cuda":
+            self.sync()
+            self.torch.cuda.empty_cache()
+
+    def timed(self, fn, steps: int) -> tuple[float, float, float]:
+        """-> (ms a step, CPU ms a step of all threads, the last loss) over `steps` calls of fn."""
+        self.sync()
+        t0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(steps):
+            loss = fn()
+        final = float(loss.item())
+        self.sync()
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+        return dt / steps * 1e3, cpu / steps * 1e3, final
+
+    def issue_times(self, steps: int = 5) -> tuple[float, float]:
+        """-> (median ms the host takes to issue one step, median ms of that step synced), steps run one by one."""
+        issue, whole = [], []
+        for _ in range(steps):
+            self.sync()
+            t0 = time.perf_counter()
+            self.step()
+            t1 = time.perf_counter()
+            self.sync()
+            issue.append(t1 - t0)
+            whole.append(time.perf_counter() - t0)
+        return statistics.median(issue) * 1e3, statistics.median(whole) * 1e3
+
+    def train(self, steps: int) -> float:
+        """Time `steps` steps; print the train: and host: lines. -> tokens/s."""
+        ms, cpu, final = self.timed(self.step, steps)
+        print(f"train: {steps} steps after {self.args.warmup} warmup, loss {final:.4f}, {ms:.2f} ms/step, "
+              f"{cpu:.2f} ms CPU time/step (all threads)")
+        issue, synced = self.issue_times()
+        print(f"host: {issue:.2f} ms to issue a step, {synced:.2f} ms a step synced one by one "
+              f"({'bound by the host' if issue >= 0.9 * synced else 'the device sets the pace'})")
+        sys.stdout.flush()
+        return self.args.batch * self.args.ctx / ms * 1e3
+
+    def check_minimal(self, rounds: int, steps: int, tolerance: float) -> bool:
+        """Alternate `rounds` rounds of the peer's loop and the minimal loop; print both and the check."""
+        for _ in range(3):  # the minimal loop's own first steps (its tensors come from another allocation pattern)
+            self.minimal_step()
+        peer, minimal = [], []
+        for _ in range(rounds):
+            peer.append(self.timed(self.step, steps)[0])
+            minimal.append(self.timed(self.minimal_step, steps)[0])
+        p, m = statistics.median(peer), statistics.median(minimal)
+        ok = p <= m * (1 + tolerance)
+        print(f"minimal loop: {rounds} rounds of {steps} steps alternated, peer "
+              f"{', '.join(f'{x:.2f}' for x in peer)} ms/step, minimal {', '.join(f'{x:.2f}' for x in minimal)}")
+        print(f"minimal check: {'passed' if ok else 'FAILED'} (peer {p:.2f} ms/step, minimal loop {m:.2f}, "
+              f"peer/minimal {p / m:.3f}, tolerance {tolerance:g})")
+        sys.stdout.flush()
+        return ok
+
+
+def serve(peer: Peer, tolerance: float) -> None:
+    """Answer `train N` and `check R N` lines from stdin, each followed by `done`, until its end."""
+    peer.empty_cache()
+    print("ready", flush=True)
+    for line in sys.stdin:
+        words = line.split()
+        if not words:
+            continue
+        if words[0] == "train" and len(words) == 2:
+            for _ in range(3):
+                peer.step()
+            peer.train(int(words[1]))
+        elif words[0] == "check" and len(words) == 3:
+            peer.check_minimal(int(words[1]), int(words[2]), tolerance)
+        else:
+            print(f"serve: unknown command {line.strip()!r} (train N, check R N)")
+        peer.empty_cache()
+        print("done", flush=True)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     import torch
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    dev = torch.device(args.device)
-    if dev.type == "cuda":
-        # fp32 means fp32: no TF32 in matmuls or convolutions
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
-        sync = torch.cuda.synchronize
-        dev_name = torch.cuda.get_device_name(dev)
+    if args.device == "cuda":
+        # fp32 means fp32 (no TF32) unless the peer is nanoGPT's, which turns TF32 on
+        torch.backends.cuda.matmul.allow_tf32 = args.nanogpt
+        torch.backends.cudnn.allow_tf32 = args.nanogpt
+        dev_name = torch.cuda.get_device_name(torch.device("cuda"))
     else:
-        sync = lambda: None  # noqa: E731
         import platform
 
         dev_name = f"{platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
-    torch.set_float32_matmul_precision("highest")
+    torch.set_float32_matmul_precision("high" if args.nanogpt and args.device == "cuda" else "highest")
     torch.manual_seed(args.seed)
+    peer = Peer(torch, args)
 
-    V, T, C, F, H, L, B = args.vocab, args.ctx, args.embd, args.ffn, args.heads, args.layers, args.batch
-    written = args.attention == "written"
-    if args.arch == "llama":
-        Hkv = args.kv_heads or H
-        model = build_llama(torch, V, T, C, F, H, Hkv, L, args.experts, args.experts_used, written).to(dev)
-    else:
-        model = build_model(torch, V, T, C, F, H, L, written).to(dev)
-    n_params = sum(p.numel() for p in model.parameters())
-    decay = [p for n, p in model.named_parameters() if p.dim() == 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=3e-4, betas=(0.9, 0.95), eps=1e-8,
-        **({"fused": True} if dev.type == "cuda" or args.nanogpt else {"foreach": True}),
-    )
-    fwd = torch.compile(model) if args.nanogpt else model
-    import contextlib
-
-    autocast = (lambda: torch.autocast(device_type=dev.type, dtype=torch.bfloat16)) if args.nanogpt else contextlib.nullcontext
-    rng = np.random.default_rng(args.seed)
-
-    def batch():
-        x = rng.integers(0, V, size=(B, T + 1), dtype=np.int64)
-        return (torch.from_numpy(np.ascontiguousarray(x[:, :-1])).to(dev),
-                torch.from_numpy(np.ascontiguousarray(x[:, 1:])).to(dev))
-
-    def train_step():
-        xb, yb = batch()
-        with autocast():
-            loss = fwd(xb, yb)
-        opt.zero_grad(set_to_none=False)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        return loss
-
-    print(f"device: torch {torch.__version__} {args.device}: {dev_name}"
-          + (" (torch.compile, bf16 autocast, fused AdamW)" if args.nanogpt else ""))
-    moe = f" E={args.experts} K={args.experts_used}" if args.arch == "llama" and args.experts else ""
-    print(f"model: {args.arch} V={V} T={T} C={C} F={F} H={H}{moe} L={L} B={B}, attention {args.attention}, "
-          f"{n_params:,} parameters")
+    how = ""
+    if args.nanogpt:
+        how = f" ({'torch.compile' if peer.compiled else 'eager, no torch.compile'}, bf16 autocast, fused AdamW)"
+    print(f"device: torch {torch.__version__} {args.device}: {dev_name}{how}")
+    a = args
+    moe = f" E={a.experts} K={a.experts_used}" if a.arch == "llama" and a.experts else ""
+    print(f"model: {a.arch} V={a.vocab} T={a.ctx} C={a.embd} F={a.ffn} H={a.heads}{moe} L={a.layers} B={a.batch}, "
+          f"attention {a.attention}, {peer.n_params:,} parameters")
+    sys.stdout.flush()
     for _ in range(args.warmup):
-        loss = train_step()
-    sync()
-    t0, c0 = time.perf_counter(), time.process_time()
-    for _ in range(args.steps):
-        loss = train_step()
-    final = float(loss.item())  # syncs
-    sync()
-    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
-    ms = dt / args.steps * 1e3
-    tps = B * T * args.steps / dt
-    print(f"train: {args.steps} steps after {args.warmup} warmup, loss {final:.4f}, {ms:.2f} ms/step, "
-          f"{cpu / args.steps * 1e3:.2f} ms CPU time/step (all threads)")
+        peer.step()
+    peer.sync()
+    if args.serve:
+        serve(peer, args.tolerance)
+        return 0
+    tps = peer.train(args.steps)
+    if args.check_minimal:
+        peer.check_minimal(args.check_minimal, args.steps, args.tolerance)
     if args.gemm > 0:
-        gf, err = gemm_gflops(torch, args.gemm, args.device, sync)
-        lib = "cuBLAS" if dev.type == "cuda" else "CPU BLAS"
+        gf, err = gemm_gflops(torch, args.gemm, args.device, peer.sync)
+        lib = "cuBLAS" if args.device == "cuda" else "CPU BLAS"
         print(f"gemm {args.gemm}^2 fp32: torch matmul ({lib}) {gf:.1f} GFLOP/s, max rel err {err:.2e}")
-    print(f"tokens/s={tps:.1f}")
     if args.profile > 0:
-        profile_kernels(torch, train_step, sync, args.profile)
+        profile_kernels(torch, peer.step, peer.sync, args.profile)
+    print(f"tokens/s={tps:.1f}")
     return 0
 
 

@@ -5,7 +5,7 @@ attention (llama's RoPE then inside flash's copy and stores), and the same bytes
     python bench/gpu_engine_check.py       # prints one line per model, then `check: passed` or `check: FAILED`
 
 The float64 references are clgpt/models/reference.py (gpt2) and clgpt/models/reference_llama.py (llama, MoE), written
-apart from the kernels. The band is test_precision's for bf16: loss within 2%, each gradient's largest error
+apart from the kernels. The band is tests/test_precision_engine.py's for bf16: loss within 2%, each gradient's largest error
 within 20% of its largest entry.
 """
 import dataclasses

@@ -197,5 +197,28 @@ def decays(name: str) -> bool:
     return name.endswith(".weight") and "norm" not in name
 
 
+def muon_matrices(cfg: ModelConfig) -> dict[str, tuple[int, int, int]]:
+    """The tensors Muon trains (as nanochat splits them: the matrices inside the blocks, attention and
+    feed-forward, dense and experts; the router, norms, biases, embeddings and head keep AdamW):
+    name -> (matrices, rows, cols), an expert stack (E, R, C) being E matrices."""
+    out = {}
+    for name, shape in param_shapes(cfg).items():
+        if name.startswith("blk.") and len(shape) >= 2 and "ffn_gate_inp" not in name and trains(cfg)(name):
+            out[name] = (int(np.prod(shape[:-2])), int(shape[-2]), int(shape[-1]))
+    return out
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+    """Training FLOPs a token (forward and backward), nanochat's estimate: 6 per weight of every matrix product
+    (the block matrices, experts at n_expert_used / n_expert of theirs, and the output head, tied or not; not the
+    embedding lookups) plus 12 L C T for attention's scores and mixing at context T = seq_len."""
+    n = cfg.vocab_size * cfg.n_embd  # the output projection
+    for name, shape in param_shapes(cfg).items():
+        if name.startswith("blk.") and len(shape) >= 2:
+            w = float(np.prod(shape))
+            n += w * cfg.n_expert_used / cfg.n_expert if len(shape) == 3 else w
+    return 6.0 * n + 12.0 * cfg.n_layer * cfg.n_embd * seq_len
+
+
 def num_params(cfg: ModelConfig) -> int:
     return int(sum(np.prod(s) for s in param_shapes(cfg).values()))

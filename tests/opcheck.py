@@ -21,7 +21,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyopencl as cl
 
+from clgpt.device.knobs import Knobs
 from clgpt.models import reference as ref
+
+from conftest import assert_close
 
 
 @dataclass
@@ -58,15 +61,6 @@ def run_op(dev, file, name, gsize, args, defines=None, lsize=None) -> dict:
         out[key] = np.empty_like(a)
         cl.enqueue_copy(dev.queue, out[key], buf, is_blocking=True)
     return out
-
-
-def assert_close(got, want, atol, rtol, what):
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    assert got.shape == want.shape, f"{what}: shape {got.shape}, reference {want.shape}"
-    diff = np.abs(got - want)
-    bad = ~(diff <= atol + rtol * np.abs(want))  # NaN counts as bad
-    assert not bad.any(), (f"{what}: {int(bad.sum())} of {want.size} values off, max abs diff {np.nanmax(diff):.3e} "
-                           f"(atol {atol:g}, rtol {rtol:g})")
 
 
 def fd_grad(forward, inputs: dict, dout, name, n, eps) -> tuple[np.ndarray, np.ndarray]:
@@ -114,3 +108,14 @@ def tiled_index(Rp, Cp):
 def bf16_pattern(x):
     """x rounded to bf16 (round to nearest even), as the 16-bit patterns a bf16 copy holds."""
     return (ref.round_bf16(np.asarray(x, np.float32)).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def _gpu_engine(launch="nvidia", **shape):
+    """An Engine whose launch table row is a GPU's (split-K, batched attention, row kernels), on any device."""
+    from clgpt.model import ModelConfig, init_params
+    from clgpt.models.gpt2 import GPT2Engine as Engine
+
+    cfg = ModelConfig(vocab_size=16, n_ctx=shape.get("T", 8), n_embd=shape.get("C", 16), n_head=shape.get("H", 2),
+                      n_layer=1, n_ff=32)
+    return Engine(cfg, init_params(cfg, 0), batch_size=shape.get("B", 1), seq_len=shape.get("T", 8),
+                  knobs=Knobs(launch=launch))

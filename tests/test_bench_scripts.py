@@ -3,6 +3,7 @@
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -31,8 +32,9 @@ def test_no_or_unknown_subcommand_prints_the_list_and_exits_2(args):
     assert listed == subcommands() and len(listed) >= 10
 
 
-@pytest.mark.parametrize("args", [("suite",), ("suite", "quick"), ("ratio",), ("flash",), ("arch",), ("tc",),
-                                  ("wgmma",), ("char",), ("char-speed",), ("char-vocab",), ("mpi",), ("mpi", "one")])
+@pytest.mark.parametrize("args", [("suite",), ("suite", "quick"), ("ratio",), ("peer",), ("flash",), ("arch",), ("tc",),
+                                  ("wgmma",), ("char",), ("char-speed",), ("char-vocab",), ("muon",), ("mpi",),
+                                  ("mpi", "one")])
 def test_each_subcommand_reaches_its_function(args):
     run = gpu_sh(*args, dry=True)
     assert run.returncode == 0, run.stderr
@@ -52,3 +54,23 @@ def test_quoted_commands_name_existing_subcommands():
     for page, sub in quoted:
         assert sub in known, f"{page}: bench/gpu.sh {sub} is no subcommand of bench/gpu.sh"
     assert not [p.name for p in PAGES if "run_gpu" in p.read_text(encoding="utf-8")], "a page names a removed script"
+
+
+def test_peer_ratio_pairs_clgpt_with_a_served_peer_and_checks_the_peer(tmp_path):
+    """bench/peer_ratio.py (what `bash bench/gpu.sh peer` runs) off the GPU: the peer on the CPU, eager
+    (--device cpu), at shape S. Its pairs, the peer's check against the minimal loop and the table come out;
+    the figures themselves are not judged (a shared CPU)."""
+    run = subprocess.run([sys.executable, str(ROOT / "bench" / "peer_ratio.py"), "--device", "cpu", "--precision",
+                          "fp32", "--shape", "S", "2", "", "--check", "S", "--reps", "2", "--warmup", "1",
+                          "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert run.returncode in (0, 1), run.stdout[-3000:] + run.stderr[-3000:]  # 1: the check read FAILED
+    table = (tmp_path / "peer_table.md").read_text()
+    row = re.search(r"^\| S \| ([\d.]+), ([\d.]+) \| ([\d.]+) \(([\d.]+), ([\d.]+)\), ([\d.]+) .* \*\*([\d.]+)x\*\* \|$",
+                    table, re.M)
+    assert row, table
+    clgpt_ms, torch_ms = float(row.group(1)), float(row.group(3))
+    assert clgpt_ms > 0 and torch_ms > 0
+    assert re.search(r"^- S: minimal check: (passed|FAILED) \(peer [\d.]+ ms/step, minimal loop [\d.]+", table, re.M)
+    assert "failed:" not in table
+    peer_log = (tmp_path / "torch_S.log").read_text()
+    assert "eager, no torch.compile" in peer_log and peer_log.count("train:") == 2

@@ -8,7 +8,6 @@ import dataclasses
 
 import pytest
 
-from clgpt.device.opencl import get_device
 from clgpt.models.factory import make_engine
 from clgpt.device.knobs import OFF, Knobs
 from clgpt.model import ModelConfig, init_params
@@ -40,11 +39,6 @@ FORM_FUNCTION = {"grad_norm_v8": ("grad_norm_partial", "grad_norm_partial_v8"),
 GPT2 = ModelConfig(vocab_size=64, n_ctx=16, n_embd=128, n_head=4, n_layer=1, n_ff=64)
 LLAMA = ModelConfig(arch="llama", vocab_size=64, n_ctx=16, n_embd=128, n_head=4, n_head_kv=2, n_layer=1, n_ff=64,
                     n_expert=4, n_expert_used=2)
-
-
-@pytest.fixture(scope="module")
-def dev():
-    return get_device()
 
 
 @pytest.mark.parametrize("row", ROWS)

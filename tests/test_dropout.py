@@ -19,7 +19,7 @@ from clgpt.models import reference_llama as ref_llama
 from clgpt.models.dropout import dropout_seed, keep_mask, site
 from clgpt.models.factory import make_engine
 from clgpt.models.reference import fd_entries
-from test_llama_engine import batch, max_rel, noisy_params  # one helper each, shared with the engine tests
+from enginecheck import batch, max_rel, noisy_params
 
 CFGS = {
     "gpt2": ModelConfig(vocab_size=23, n_ctx=6, n_embd=16, n_head=2, n_layer=2, n_ff=24),

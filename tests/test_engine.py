@@ -1,5 +1,6 @@
-"""The Engine against the float64 reference model: loss, logits, gradients, training steps,
-determinism; and device choice errors."""
+"""The GPT-2 Engine beyond the contract every engine keeps (tests/test_engine_contract.py): biases off, clipping,
+the GPU launch rows and the split products against the float64 reference, head dim 16, input errors; and the
+device choice."""
 
 from __future__ import annotations
 
@@ -16,142 +17,15 @@ from clgpt.model import ModelConfig, init_params
 from clgpt.models import reference as ref
 from clgpt.models.gpt2 import GPT2Engine as Engine
 
+from enginecheck import batch, max_rel, noisy_params
+
 ROOT = Path(__file__).resolve().parent.parent
+# the noise on the parameters the GPT-2 checks were set with (the norms' weights and biases matter)
+NOISE = 0.1
 
 
 def tiny_cfg(tied: bool) -> ModelConfig:
     return ModelConfig(vocab_size=23, n_ctx=5, n_embd=8, n_head=2, n_layer=2, n_ff=12, tied=tied)
-
-
-def noisy_params(cfg, seed=0, std=0.1):
-    """init_params plus noise, so LayerNorm weights/biases and biases matter for the gradients."""
-    rng = np.random.default_rng(seed + 100)
-    return {k: (v + rng.normal(0, std, v.shape)).astype(np.float32) for k, v in init_params(cfg, seed).items()}
-
-
-def batch(cfg, B, T, seed=0, masked=True):
-    rng = np.random.default_rng(seed)
-    tokens = rng.integers(0, cfg.vocab_size, (B, T)).astype(np.int32)
-    targets = rng.integers(0, cfg.vocab_size, (B, T)).astype(np.int32)
-    mask = (rng.random((B, T)) > 0.3).astype(np.float32) if masked else np.ones((B, T), np.float32)
-    mask[0, -1] = 1
-    return tokens, targets, mask
-
-
-def max_rel(got: dict, want: dict) -> tuple[float, str]:
-    worst, where = 0.0, ""
-    for k in want:
-        d = np.abs(np.asarray(got[k], np.float64) - want[k]).max() / (np.abs(want[k]).max() + 1e-8)
-        if d > worst:
-            worst, where = d, k
-    return worst, where
-
-
-@pytest.mark.parametrize("tied", [True, False])
-def test_reference_model_grads_vs_finite_differences(tied):
-    cfg = tiny_cfg(tied)
-    p = {k: v.astype(np.float64) for k, v in noisy_params(cfg).items()}
-    tokens, targets, mask = batch(cfg, 2, 5)
-    _, cache = ref.gpt_forward(p, cfg, tokens, targets, mask)
-    grads = ref.gpt_backward(cache)
-    f = lambda q: ref.gpt_forward(q, cfg, tokens, targets, mask)[0]  # noqa: E731
-    rng = np.random.default_rng(0)
-    for name in p:
-        idxs = rng.choice(p[name].size, size=min(6, p[name].size), replace=False)
-        fd = ref.fd_entries(f, p, name, idxs, 1e-6)
-        diff = np.abs(grads[name].flat[idxs] - fd).max()
-        assert diff < 1e-7 + 1e-5 * np.abs(fd).max(), f"{name}: max abs diff {diff:.3e}"
-
-
-@pytest.mark.parametrize("tied", [True, False])
-def test_engine_loss_logits_and_grads_vs_reference(tied):
-    cfg = tiny_cfg(tied)
-    p = noisy_params(cfg)
-    eng = Engine(cfg, p, batch_size=3, seq_len=5)
-    tokens, targets, mask = batch(cfg, 3, 5)
-    loss = eng.forward(tokens, targets, mask)
-    eng.zero_grad()
-    eng.backward()
-    loss_ref, cache = ref.gpt_forward(p, cfg, tokens, targets, mask)
-    assert abs(loss - loss_ref) < 1e-5 * abs(loss_ref), f"loss {loss} vs reference {loss_ref}"
-    worst, where = max_rel(eng.get_grads(), ref.gpt_backward(cache))
-    assert worst < 1e-4, f"grads: max relative diff {worst:.3e} in {where}"
-    logits = eng.forward(tokens)
-    want = ref.gpt_logits(p, cfg, tokens)
-    assert logits.shape == want.shape and logits.dtype == np.float32
-    assert np.abs(logits - want).max() < 1e-5, f"logits: max abs diff {np.abs(logits - want).max():.3e}"
-    # generation-style calls: B' = 1 and a growing T'
-    for Tp in (1, 2, 4):
-        got = eng.forward(tokens[:1, :Tp])
-        diff = np.abs(got - ref.gpt_logits(p, cfg, tokens[:1, :Tp])).max()
-        assert got.shape == (1, Tp, cfg.vocab_size) and diff < 1e-5, f"T'={Tp}: max abs diff {diff:.3e}"
-
-
-def test_engine_grads_vs_finite_differences():
-    cfg = tiny_cfg(False)
-    p = noisy_params(cfg, std=0.3)
-    eng = Engine(cfg, p, batch_size=2, seq_len=5)
-    tokens, targets, mask = batch(cfg, 2, 5, seed=3)
-    eng.forward(tokens, targets, mask)
-    eng.zero_grad()
-    eng.backward()
-    grads = eng.get_grads()
-
-    def f(q):
-        eng.set_params(q)
-        return eng.forward(tokens, targets, mask)
-
-    rng = np.random.default_rng(1)
-    for name in p:
-        idxs = rng.choice(p[name].size, size=min(3, p[name].size), replace=False)
-        fd = ref.fd_entries(f, p, name, idxs, 1e-2)
-        diff = np.abs(grads[name].flat[idxs] - fd).max()
-        assert diff < 2e-3 + 2e-2 * np.abs(fd).max(), f"{name}: max abs diff {diff:.3e} (fd {fd}, engine {grads[name].flat[idxs]})"
-
-
-def test_gradient_accumulation_and_partial_batch():
-    cfg = tiny_cfg(True)
-    p = noisy_params(cfg)
-    eng = Engine(cfg, p, batch_size=4, seq_len=5)
-    tokens, targets, mask = batch(cfg, 4, 5)
-    eng.zero_grad()
-    for lo, hi in ((0, 2), (2, 4)):  # two half batches, each weighted 0.5
-        eng.forward(tokens[lo:hi, :4], targets[lo:hi, :4], mask[lo:hi, :4])
-        eng.backward(scale=0.5)
-    want = {k: np.zeros(v.shape) for k, v in p.items()}
-    for lo, hi in ((0, 2), (2, 4)):
-        _, cache = ref.gpt_forward(p, cfg, tokens[lo:hi, :4], targets[lo:hi, :4], mask[lo:hi, :4])
-        for k, g in ref.gpt_backward(cache).items():
-            want[k] += 0.5 * g
-    worst, where = max_rel(eng.get_grads(), want)
-    assert worst < 1e-4, f"accumulated grads: max relative diff {worst:.3e} in {where}"
-    norm = eng.grad_norm()
-    norm_ref = ref.grad_norm(want)
-    assert abs(norm - norm_ref) < 1e-5 * norm_ref, f"grad_norm {norm} vs {norm_ref}"
-
-
-@pytest.mark.parametrize("tied", [True, False])
-def test_training_follows_reference(tied):
-    cfg = ModelConfig(vocab_size=29, n_ctx=8, n_embd=16, n_head=2, n_layer=2, n_ff=24, tied=tied)
-    p = init_params(cfg, 1)
-    eng = Engine(cfg, p, batch_size=4, seq_len=8)
-    ref_p = {k: v.astype(np.float64) for k, v in p.items()}
-    state: dict = {}
-    hp = dict(lr=3e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, clip=1.0)
-    for it in range(20):
-        tokens, targets, mask = batch(cfg, 4, 8, seed=it)
-        loss = eng.forward(tokens, targets, mask)
-        eng.zero_grad()
-        eng.backward()
-        norm = eng.step(**hp)
-        loss_ref, cache = ref.gpt_forward(ref_p, cfg, tokens, targets, mask)
-        ref_p, norm_ref = ref.adamw_step(ref_p, ref.gpt_backward(cache), state, **hp)
-        assert abs(loss - loss_ref) < 1e-4 * abs(loss_ref), f"step {it}: loss {loss} vs reference {loss_ref}"
-        assert abs(norm - norm_ref) < 1e-3 * norm_ref, f"step {it}: norm {norm} vs reference {norm_ref}"
-    worst, where = max_rel(eng.get_params(), ref_p)
-    assert worst < 1e-3, f"params after 20 steps: max relative diff {worst:.3e} in {where}"
-    st = eng.get_optimizer_state()
-    assert st["t"] == 20 and set(st["m"]) == set(p)
 
 
 def test_bias_off_trains_like_the_reference_without_biases():
@@ -184,7 +58,7 @@ def test_bias_off_trains_like_the_reference_without_biases():
 
 def test_clipping_scales_the_update():
     cfg = tiny_cfg(True)
-    p = noisy_params(cfg)
+    p = noisy_params(cfg, std=NOISE)
     tokens, targets, mask = batch(cfg, 2, 5)
     eng = Engine(cfg, p, batch_size=2, seq_len=5)
     eng.forward(tokens, targets, mask)
@@ -203,41 +77,13 @@ def test_clipping_scales_the_update():
     assert worst < 1e-5, f"params after clipped step: {worst:.3e} in {where}"
 
 
-def test_determinism_and_state_roundtrip():
-    cfg = ModelConfig(vocab_size=31, n_ctx=8, n_embd=16, n_head=4, n_layer=1, n_ff=32)
-    p = init_params(cfg, 2)
-    engines = [Engine(cfg, p, batch_size=3, seq_len=8) for _ in range(2)]
-    for it in range(4):
-        tokens, targets, mask = batch(cfg, 3, 8, seed=it)
-        for eng in engines:
-            eng.forward(tokens, targets, mask)
-            eng.zero_grad()
-            eng.backward()
-            eng.step(1e-2)
-    a, b = (e.get_params() for e in engines)
-    for k in a:
-        assert np.array_equal(a[k], b[k]), f"{k} differs between two identical runs"
-    # save/restore params + optimizer state into a fresh engine -> identical next step
-    fresh = Engine(cfg, engines[0].get_params(), batch_size=3, seq_len=8)
-    fresh.set_optimizer_state(engines[0].get_optimizer_state())
-    tokens, targets, mask = batch(cfg, 3, 8, seed=9)
-    for eng in (engines[0], fresh):
-        eng.forward(tokens, targets, mask)
-        eng.zero_grad()
-        eng.backward()
-        eng.step(1e-2)
-    a, b = engines[0].get_params(), fresh.get_params()
-    for k in a:
-        assert np.array_equal(a[k], b[k]), f"{k} differs after restoring the optimizer state"
-
-
 @pytest.mark.parametrize("launch,C", [("nvidia", 16), ("gpu", 16), ("gpu", 128)])
 def test_gpu_launch_path_vs_reference_and_determinism(launch, C):
     """The GPU launch row (split-K, batched attention, one work-group per row, two-stage column sums; C = 128:
     LayerNorm as 32 work-items a row) on this device: grads against the float64 reference, two runs
     bit-identical."""
     cfg = ModelConfig(vocab_size=37, n_ctx=80, n_embd=C, n_head=2, n_layer=1, n_ff=32)
-    p = noisy_params(cfg, seed=3)
+    p = noisy_params(cfg, seed=3, std=NOISE)
     tokens, targets, mask = batch(cfg, 4, 80, seed=5)
     want_loss, cache = ref.gpt_forward(p, cfg, tokens, targets, mask)
     want_g = ref.gpt_backward(cache)
@@ -258,7 +104,6 @@ def test_gpu_launch_path_vs_reference_and_determinism(launch, C):
     assert runs[0][0] == runs[1][0]
     for k in runs[0][1]:
         assert np.array_equal(runs[0][1][k], runs[1][1][k]), f"{k} differs between two identical runs"
-
 
 
 @pytest.mark.parametrize("M,N,K,ta,accum,kmax", [(37, 40, 300, 0, 0, 128), (37, 40, 300, 1, 1, 128),
@@ -292,7 +137,7 @@ def test_engine_lm_head_split_along_k_same_grads():
     """A vocabulary above rb_kmax: the LM head's dx product (K = V) splits; the loss and every gradient are the
     bits of the unsplit run."""
     cfg = ModelConfig(vocab_size=200, n_ctx=16, n_embd=16, n_head=2, n_layer=1, n_ff=32)
-    p = noisy_params(cfg, seed=4)
+    p = noisy_params(cfg, seed=4, std=NOISE)
     tokens, targets, mask = batch(cfg, 3, 16, seed=6)
     runs = []
     for km in (0, 64):
@@ -439,7 +284,7 @@ def test_engine_head_dim_16_vs_reference():
     """Heads of 16 (D % 16 == 0): on CPUs the register-blocked attention products of kernels/attention.cl run;
     loss and grads against the float64 reference, and bit-identical repeats."""
     cfg = ModelConfig(vocab_size=23, n_ctx=13, n_embd=32, n_head=2, n_layer=2, n_ff=40, tied=False)
-    p = noisy_params(cfg)
+    p = noisy_params(cfg, std=NOISE)
     eng = Engine(cfg, p, batch_size=2, seq_len=13)
     tokens, targets, mask = batch(cfg, 2, 13)
     grads = []

@@ -17,7 +17,6 @@ import pyopencl as cl
 import pytest
 
 from clgpt.bench import device_bytes
-from clgpt.device.opencl import get_device
 from clgpt.errors import ClgptError
 from clgpt.device.knobs import Knobs
 from clgpt.model import ModelConfig, init_params
@@ -32,11 +31,6 @@ B, T, C, H = 2, 70, 32, 2  # T: two 64-row blocks, the second partial
 D = C // H
 TOL = 1e-2
 i32, u32, f32 = np.int32, np.uint32, np.float32
-
-
-@pytest.fixture(scope="module")
-def dev(opencl):  # the device tests/conftest.py sets for this module
-    return get_device()
 
 
 def _kernels(dev, **extra):
@@ -127,7 +121,7 @@ def test_flash_backward_against_finite_differences(dev):
 def _engine(flash, arch="gpt2", heads=H, batch=B, seq=T):
     """A bf16 engine with dropout whose tensor-core path is emulated; flash True / False / "auto" (the stage's
     `attention`: flash, batched, auto)."""
-    from test_precision import emulated_knobs  # small tiles: PoCL compiles them quickly
+    from precisioncheck import emulated_knobs  # small tiles: PoCL compiles them quickly
 
     attention = flash if isinstance(flash, str) else "flash" if flash else "batched"
     cfg = ModelConfig(vocab_size=32, n_ctx=seq, n_embd=C, n_head=heads, n_layer=2, n_ff=64, arch=arch)
@@ -246,7 +240,7 @@ def test_attention_backward_hands_dqkv_over_as_its_tiled_copy(dev, monkeypatch, 
     waiting for its reuse block, which takes it (an fp32 read is an error); else the plain kernels."""
     from clgpt.models.llama import _rope_tables
     from clgpt.ops import Ops
-    from test_precision import emulated_knobs
+    from precisioncheck import emulated_knobs
 
     c, h, t = 64, 2, rows // 2
     cfg = ModelConfig(arch="llama", vocab_size=32, n_ctx=t, n_embd=c, n_head=h, n_layer=1, n_ff=64)
@@ -356,7 +350,7 @@ def test_flash_rope_kernels_match_the_separate_rope_launches(dev):
 def _llama_engine(attention, heads_kv=0, dropout=0.2):
     """A bf16 llama engine (tensor-core path emulated) at this module's widths, n_head_kv heads_kv."""
     from clgpt.models.factory import make_engine
-    from test_precision import emulated_knobs
+    from precisioncheck import emulated_knobs
 
     cfg = ModelConfig(arch="llama", vocab_size=32, n_ctx=T, n_embd=C, n_head=H, n_head_kv=heads_kv, n_layer=2,
                       n_ff=64)

@@ -20,11 +20,6 @@ from opcheck import check_op
 i32 = np.int32
 
 
-@pytest.fixture(scope="module")
-def dev(opencl):  # opencl: each CPU implementation in turn (tests/conftest.py)
-    return get_device()
-
-
 def rope64(x, t, base=10000.0):
     """Adjacent-pair RoPE of head vectors x (..., D) at position t, float64."""
     D = x.shape[-1]

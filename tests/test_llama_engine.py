@@ -1,11 +1,9 @@
-"""The llama kernels and LlamaEngine against the float64 reference (clgpt.models.reference_llama): each kernel
-forward and backward, the reference backward against finite differences, the engine's loss, logits and
-gradients (dense, grouped-query, mixture of experts), training steps, determinism and expert usage.
+"""The llama kernels and LlamaEngine beyond the contract every engine keeps (tests/test_engine_contract.py):
+each kernel forward and backward against the float64 reference (clgpt.models.reference_llama) and finite
+differences, the grouped (mixture-of-experts) products and their Ops launchers, the load-balancing loss, the
+engine factory and the config checks.
 
-Routing is discrete, so every gradient check of a mixture-of-experts model holds the routing fixed
-(reference: `routing=`; engine: `freeze_routing`). Tolerances: kernels 1e-5 of the largest value; engine
-gradients 1e-4 relative to each tensor's largest gradient; float32 finite differences (eps 1e-2)
-2e-3 + 2e-2 of the largest difference, as for the GPT-2 engine."""
+Tolerances: kernels 1e-5 of the largest value."""
 
 from __future__ import annotations
 
@@ -21,6 +19,7 @@ from clgpt.models.factory import make_engine
 from clgpt.models.gpt2 import GPT2Engine as Engine
 from clgpt.models.llama import LlamaEngine
 from clgpt.models.reference import fd_entries
+from enginecheck import batch, noisy_params
 from opcheck import FD, check_op, run_op
 
 KERNEL_TOL = 1e-5
@@ -40,29 +39,6 @@ CFGS = {  # dense, dense + GQA, MoE + GQA (untied), MoE with k = 1, MoE with k =
     "moe_k1": llama_cfg(E=3, K=1),
     "moe_all": llama_cfg(E=2, K=2),
 }
-
-
-def noisy_params(cfg, seed=0, std=0.2):
-    rng = np.random.default_rng(seed + 100)
-    return {k: (v + rng.normal(0, std, v.shape)).astype(np.float32) for k, v in init_params(cfg, seed).items()}
-
-
-def batch(cfg, B, T, seed=0):
-    rng = np.random.default_rng(seed)
-    tokens = rng.integers(0, cfg.vocab_size, (B, T)).astype(np.int32)
-    targets = rng.integers(0, cfg.vocab_size, (B, T)).astype(np.int32)
-    mask = (rng.random((B, T)) > 0.3).astype(np.float32)
-    mask[0, -1] = 1
-    return tokens, targets, mask
-
-
-def max_rel(got: dict, want: dict) -> tuple[float, str]:
-    worst, where = 0.0, ""
-    for k in want:
-        d = np.abs(np.asarray(got[k], np.float64) - want[k]).max() / (np.abs(want[k]).max() + 1e-8)
-        if d > worst:
-            worst, where = d, k
-    return worst, where
 
 
 # ---- kernels ------------------------------------------------------------------------------------
@@ -466,7 +442,7 @@ def test_grouped_ops_on_tensor_cores(monkeypatch):
     import pyopencl as cl
     from clgpt.models.reference import round_bf16
     from clgpt.ops import Ops, grouped
-    from test_precision import emulated_knobs
+    from precisioncheck import emulated_knobs
     monkeypatch.setattr(grouped, "SPLIT_MIN_TOTAL_K", 8)  # where _grouped_k_mma reads them
     monkeypatch.setattr(grouped, "MMA_SPLIT_MIN_K", 8)
     dev = get_device()
@@ -501,142 +477,7 @@ def test_grouped_ops_on_tensor_cores(monkeypatch):
 # ---- the reference model against finite differences ---------------------------------------------
 
 
-@pytest.mark.parametrize("kind", list(CFGS))
-def test_reference_grads_vs_finite_differences(kind):
-    cfg = CFGS[kind]
-    p = {k: v.astype(np.float64) for k, v in noisy_params(cfg).items()}
-    tokens, targets, mask = batch(cfg, 2, 5)
-    _, _, cache = ref.llama_forward(p, cfg, tokens, targets, mask)
-    grads = ref.llama_backward(cache)
-    routing = ref.routing_of(cache) if cfg.n_expert else None
-    f = lambda q: ref.llama_objective(q, cfg, tokens, targets, mask, routing)  # noqa: E731
-    rng = np.random.default_rng(0)
-    for name in p:
-        idxs = rng.choice(p[name].size, size=min(5, p[name].size), replace=False)
-        fd = fd_entries(f, p, name, idxs, 1e-6)
-        diff = np.abs(grads[name].flat[idxs] - fd).max()
-        assert diff < 1e-7 + 1e-5 * np.abs(fd).max(), f"{kind} {name}: max abs diff {diff:.3e}"
-
-
 # ---- the engine ---------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("kind,launch_row", [(k, "") for k in CFGS] + [("moe", "gpu"), ("moe_k1", "nvidia")])
-def test_engine_loss_logits_and_grads_vs_reference(kind, launch_row):
-    """On this device's table row, and MoE on the GPU rows too (tiled grouped products, one-work-group routing)."""
-    cfg = CFGS[kind]
-    p = noisy_params(cfg)
-    eng = LlamaEngine(cfg, p, batch_size=3, seq_len=6, knobs=Knobs(launch=launch_row))
-    tokens, targets, mask = batch(cfg, 3, 6)
-    loss = eng.forward(tokens, targets, mask)
-    eng.zero_grad()
-    eng.backward()
-    loss_ref, aux_ref, cache = ref.llama_forward(p, cfg, tokens, targets, mask)
-    assert abs(loss - loss_ref) < 1e-5 * abs(loss_ref), f"loss {loss} vs reference {loss_ref}"
-    assert abs(eng.aux_loss() - aux_ref) < 1e-5 * max(1.0, aux_ref)
-    if cfg.n_expert:
-        np.testing.assert_allclose(eng.expert_usage(), ref.expert_usage(cache), rtol=0, atol=1e-12)
-        assert np.allclose(eng.expert_usage().sum(axis=1), cfg.n_expert_used)
-    worst, where = max_rel(eng.get_grads(), ref.llama_backward(cache))
-    assert worst < 1e-4, f"grads: max relative diff {worst:.3e} in {where}"
-    for Bp, Tp in ((3, 6), (1, 1), (1, 4), (2, 3)):  # generation-style and partial calls
-        got = eng.forward(tokens[:Bp, :Tp])
-        want = ref.llama_logits(p, cfg, tokens[:Bp, :Tp])
-        assert got.shape == want.shape and got.dtype == np.float32
-        assert np.abs(got - want).max() < 1e-5, f"({Bp},{Tp}): logits max abs diff {np.abs(got - want).max():.3e}"
-
-
-@pytest.mark.parametrize("kind", ["gqa", "moe"])
-def test_engine_grads_vs_finite_differences(kind):
-    cfg = CFGS[kind]
-    p = noisy_params(cfg, std=0.3)
-    eng = LlamaEngine(cfg, p, batch_size=2, seq_len=5)
-    tokens, targets, mask = batch(cfg, 2, 5, seed=3)
-    eng.forward(tokens, targets, mask)
-    eng.zero_grad()
-    eng.backward()
-    grads = eng.get_grads()
-    eng.freeze_routing(True)  # the finite differences must not flip an expert choice
-
-    def f(q):
-        eng.set_params(q)
-        loss = eng.forward(tokens, targets, mask)
-        return loss + cfg.moe_aux_loss * eng.aux_loss()
-
-    rng = np.random.default_rng(1)
-    for name in p:
-        idxs = rng.choice(p[name].size, size=min(3, p[name].size), replace=False)
-        fd = fd_entries(f, p, name, idxs, 1e-2)
-        diff = np.abs(grads[name].flat[idxs] - fd).max()
-        assert diff < 2e-3 + 2e-2 * np.abs(fd).max(), f"{name}: max abs diff {diff:.3e} (fd {fd}, engine {grads[name].flat[idxs]})"
-
-
-def test_gradient_accumulation_and_partial_batch():
-    cfg = CFGS["moe"]
-    p = noisy_params(cfg)
-    eng = LlamaEngine(cfg, p, batch_size=4, seq_len=6)
-    tokens, targets, mask = batch(cfg, 4, 6)
-    eng.zero_grad()
-    want = {k: np.zeros(v.shape) for k, v in p.items()}
-    for lo, hi in ((0, 2), (2, 4)):  # two half batches, each weighted 0.5
-        eng.forward(tokens[lo:hi, :4], targets[lo:hi, :4], mask[lo:hi, :4])
-        eng.backward(scale=0.5)
-        _, _, cache = ref.llama_forward(p, cfg, tokens[lo:hi, :4], targets[lo:hi, :4], mask[lo:hi, :4])
-        for k, g in ref.llama_backward(cache).items():
-            want[k] += 0.5 * g
-    worst, where = max_rel(eng.get_grads(), want)
-    assert worst < 1e-4, f"accumulated grads: max relative diff {worst:.3e} in {where}"
-
-
-@pytest.mark.parametrize("kind", ["gqa", "moe"])
-def test_training_follows_reference(kind):
-    cfg = ModelConfig(**{**CFGS[kind].__dict__, "n_embd": 16, "n_ff": 24, "n_ctx": 8, "vocab_size": 29})
-    p = init_params(cfg, 1)
-    eng = LlamaEngine(cfg, p, batch_size=4, seq_len=8)
-    ref_p = {k: v.astype(np.float64) for k, v in p.items()}
-    state: dict = {}
-    hp = dict(lr=3e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, clip=1.0)
-    from clgpt.models.reference import adamw_step
-    for it in range(20):
-        tokens, targets, mask = batch(cfg, 4, 8, seed=it)
-        loss = eng.forward(tokens, targets, mask)
-        eng.zero_grad()
-        eng.backward()
-        norm = eng.step(**hp)
-        loss_ref, aux_ref, cache = ref.llama_forward(ref_p, cfg, tokens, targets, mask)
-        ref_p, norm_ref = adamw_step(ref_p, ref.llama_backward(cache), state, **hp)
-        assert abs(loss - loss_ref) < 1e-4 * abs(loss_ref), f"step {it}: loss {loss} vs reference {loss_ref}"
-        assert abs(eng.aux_loss() - aux_ref) < 1e-4 * max(1.0, aux_ref), f"step {it}: aux {eng.aux_loss()} vs {aux_ref}"
-        assert abs(norm - norm_ref) < 1e-3 * norm_ref, f"step {it}: norm {norm} vs reference {norm_ref}"
-    worst, where = max_rel(eng.get_params(), ref_p)
-    assert worst < 1e-3, f"params after 20 steps: max relative diff {worst:.3e} in {where}"
-
-
-def test_determinism_and_state_roundtrip():
-    cfg = llama_cfg(E=4, K=2, hkv=1, n_head=4, n_embd=16, n_ff=16, n_ctx=8)
-    p = init_params(cfg, 2)
-    engines = [LlamaEngine(cfg, p, batch_size=3, seq_len=8) for _ in range(2)]
-    for it in range(4):
-        tokens, targets, mask = batch(cfg, 3, 8, seed=it)
-        for eng in engines:
-            eng.forward(tokens, targets, mask)
-            eng.zero_grad()
-            eng.backward()
-            eng.step(1e-2)
-    a, b = (e.get_params() for e in engines)
-    for k in a:
-        assert np.array_equal(a[k], b[k]), f"{k} differs between two identical runs"
-    fresh = LlamaEngine(cfg, engines[0].get_params(), batch_size=3, seq_len=8)
-    fresh.set_optimizer_state(engines[0].get_optimizer_state())
-    tokens, targets, mask = batch(cfg, 3, 8, seed=9)
-    for eng in (engines[0], fresh):
-        eng.forward(tokens, targets, mask)
-        eng.zero_grad()
-        eng.backward()
-        eng.step(1e-2)
-    a, b = engines[0].get_params(), fresh.get_params()
-    for k in a:
-        assert np.array_equal(a[k], b[k]), f"{k} differs after restoring the optimizer state"
 
 
 def test_load_balancing_loss_spreads_the_experts():

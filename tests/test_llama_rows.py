@@ -15,23 +15,18 @@ import numpy as np
 import pyopencl as cl
 import pytest
 
-from clgpt.device.opencl import get_device
 from clgpt.device.knobs import Knobs
 from clgpt.model import ModelConfig
 from clgpt.models import reference_llama as ref
 from clgpt.models.llama import LlamaEngine
 from clgpt.ops import Ops
-from opcheck import FD, assert_close, bf16_pattern, check_op, run_op, tiled_index
-from test_llama_engine import batch, max_rel, noisy_params
+from conftest import assert_close
+from opcheck import FD, bf16_pattern, check_op, run_op, tiled_index
+from enginecheck import batch, max_rel, noisy_params
 
 i32, f32 = np.int32, np.float32
 EPS, RW = 1e-5, 4
 rng = np.random.default_rng(2024)
-
-
-@pytest.fixture(scope="module")
-def dev(opencl):  # on the implementation tests/conftest.py sets for this module's run
-    return get_device()
 
 
 def _rms_inputs(N, C):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import llama_cpp
 import numpy as np
 import pytest
-from test_llama_engine import batch, noisy_params
+from enginecheck import batch, noisy_params
 from test_llama_gguf import DIALOGS, N_CTX, PRETRAIN, llama_logits, load, prompt_ids
 from test_train import data, pretrained, settings  # noqa: F401  (fixtures)
 

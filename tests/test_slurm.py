@@ -1,15 +1,21 @@
-"""The tiny pipeline and a 2-point sweep through `--profile profiles/slurm` on a real SLURM (single node, started by
-`.ci/slurm.sh start`, which CI runs first): every stage is a SLURM job that sacct lists with its rule and resources,
-and the models and the sweep summary are byte for byte those of a local `snakemake --cores 2` run. Pretraining runs as
-2 MPI ranks: under the profile they start through `srun` (a 2-task job step), locally through mpiexec. Without a running
-SLURM this test fails: it is never skipped. Both runs (test_pipeline.SWEEP: pretrain and tune on 2 ranks) start at
-the session's start (tests/conftest.py): the rest of the suite runs while SLURM's status checks wait."""
+"""The tiny pipeline and a 2-point sweep through `--profile profiles/slurm` on a real SLURM (single node): every stage
+is a SLURM job that sacct lists with its rule and resources, and the models and the sweep summary are byte for byte
+those of a local `snakemake --cores 2` run. Pretraining runs as 2 MPI ranks: under the profile they start through
+`srun` (a 2-task job step), locally through mpiexec. Where no SLURM answers, the test session starts the single-node
+one of `.ci/slurm.sh` itself (as root: it installs Debian's packages where they are missing) and stops it at the
+end, so `pytest` alone is the whole set-up; where it cannot, this test fails: it is never skipped. Both runs
+(test_pipeline.SWEEP: pretrain and tune on 2 ranks) start at the session's start (tests/conftest.py): the rest of
+the suite runs while SLURM's status checks wait."""
 
+import os
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
+
+SLURM_SH = Path(__file__).resolve().parent.parent / ".ci" / "slurm.sh"
 
 
 def slurm_is_up() -> str:
@@ -24,6 +30,28 @@ def slurm_is_up() -> str:
     if r.returncode:
         return f"no SLURM accounting (sacct: {r.stderr.strip()!r})"
     return ""
+
+
+def start_slurm() -> tuple[bool, str]:
+    """Where no SLURM answers and this process is root, `.ci/slurm.sh start` (it installs what is missing and waits
+    for the node) -> (whether it ran, so `stop_slurm` must follow; '' when a SLURM is up, else what is missing and
+    what to do)."""
+    missing = slurm_is_up()
+    if not missing:
+        return False, ""
+    if os.geteuid() != 0:
+        return False, f"{missing}; the tests start one only as root: run `bash {SLURM_SH} start` as root first"
+    r = subprocess.run(["bash", str(SLURM_SH), "start"], capture_output=True, text=True, timeout=1800)
+    if r.returncode:
+        tail = " | ".join((r.stdout + r.stderr).strip().splitlines()[-5:])
+        return True, f"`bash {SLURM_SH} start` failed (exit {r.returncode}): {tail}"
+    missing = slurm_is_up()
+    return True, missing and f"{missing}, after `bash {SLURM_SH} start`"
+
+
+def stop_slurm() -> None:
+    """Stops the SLURM that start_slurm started and removes its state (`.ci/slurm.sh stop`)."""
+    subprocess.run(["bash", str(SLURM_SH), "stop"], capture_output=True, timeout=600)
 
 
 @pytest.fixture(scope="module")

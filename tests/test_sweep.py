@@ -42,6 +42,16 @@ def test_every_combination_is_a_run_with_its_own_validated_config():
     assert run["config"]["tune"]["lr"] == 0.002  # schema default filled in
 
 
+def test_a_sweep_over_the_optimizer_and_a_muon_setting():
+    runs = sweep_runs(validate_config(with_sweep({"pretrain.optimizer": ["adamw", "muon"],
+                                                  "pretrain.muon.lr": [0.01, 0.04]})))
+    assert list(runs) == ["optimizer-adamw_muon.lr-0.01", "optimizer-adamw_muon.lr-0.04",
+                          "optimizer-muon_muon.lr-0.01", "optimizer-muon_muon.lr-0.04"]
+    s = runs["optimizer-muon_muon.lr-0.04"]["config"]["pretrain"]
+    assert s["optimizer"] == "muon" and s["muon"]["lr"] == 0.04
+    assert s["muon"]["momentum"] == 0.95  # the group's other keys keep their defaults
+
+
 def test_run_names_keep_the_section_only_where_two_keys_share_a_name():
     assert run_name({"pretrain.lr": 0.001, "tune.lr": 0.002}) == "pretrain.lr-0.001_tune.lr-0.002"
     assert run_name({"model.tied": False, "export.type": "q8_0"}) == "tied-false_type-q8_0"

@@ -157,7 +157,8 @@ def test_settings_defaults_and_errors():
 def test_pretrain_loss_goes_down_and_logs(data, tmp_path):
     summary = pretrain(data, tmp_path, steps=40, checkpoint_every=100)
     rows = read_log(tmp_path / "log.csv")
-    assert list(rows[0]) == ["step", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s", "val_loss"]
+    assert list(rows[0]) == ["step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "elapsed_s", "val_loss"]
+    assert all(r["mfu"] == "" for r in rows)  # no peak known for a CPU: no MFU
     assert [int(r["step"]) for r in rows] == list(range(1, 41))
     losses = [float(r["loss"]) for r in rows]
     assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.5, losses
@@ -297,6 +298,20 @@ def test_bad_checkpoint_names_the_file(tmp_path):
     bad.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
     with pytest.raises(ClgptError, match="bad.ckpt: not a readable clgpt checkpoint"):
         load_checkpoint(str(bad))
+
+
+def test_mfu_is_tokens_per_second_times_flops_per_token_over_the_peak(data, tmp_path, monkeypatch):
+    import clgpt.training.train as train
+    from clgpt.model import ModelConfig, flops_per_token
+
+    asked = []
+    monkeypatch.setattr(train, "peak_flops", lambda name, precision: asked.append((name, precision)) or 1e9)
+    pretrain(data, tmp_path, steps=4)
+    assert asked and asked[0][1] == "fp32"
+    cfg = ModelConfig(**{**TINY, "vocab_size": V})
+    for r in read_log(tmp_path / "log.csv"):
+        want = float(r["tokens_per_s"]) * flops_per_token(cfg, 12) / 1e9
+        assert abs(float(r["mfu"]) - want) <= 1e-4 + 1e-3 * want, r
 
 
 # ---- determinism and resume ----
@@ -446,6 +461,28 @@ def test_nan_loss_stops_and_keeps_the_partial(data, tmp_path):
     assert not (tmp_path / "model.ckpt").exists()
     ck = load_checkpoint(str(tmp_path / "model.ckpt.partial"))
     assert all(np.isfinite(w).all() for w in ck["params"].values())
+
+
+@pytest.mark.parametrize("model", [TINY, {**TINY, "arch": "llama", "n_head_kv": 1, "n_expert": 2, "n_expert_used": 1}],
+                         ids=["gpt2", "llama-moe"])
+def test_muon_resume_is_bit_identical_and_muon_moves_the_weights(data, tmp_path, model):
+    """optimizer: muon: the momentum rides in the checkpoint, so a run stopped at step 5 resumes to the same bytes;
+    and the run is not AdamW's under another name."""
+    kw = {"steps": 8, "optimizer": "muon", "muon": {"lr": 0.05}, "accum_steps": 2}
+    args = lambda out, **k: ("pretrain", data["text"], settings(**{**kw, **k}), str(out / "model.ckpt"),  # noqa: E731
+                             str(out / "log.csv"))
+    for name in ("full", "resumed", "adamw"):
+        (tmp_path / name).mkdir()
+    run_stage(*args(tmp_path / "full"), model=model)
+    with pytest.raises(KeyboardInterrupt):
+        run_stage(*args(tmp_path / "resumed"), model=model, callback=stop_at(5))
+    run_stage(*args(tmp_path / "resumed"), model=model)
+    full = (tmp_path / "full" / "model.ckpt").read_bytes()
+    assert (tmp_path / "resumed" / "model.ckpt").read_bytes() == full
+    run_stage(*args(tmp_path / "adamw", optimizer="adamw"), model=model)
+    a, b = (load_checkpoint(str(tmp_path / n / "model.ckpt")) for n in ("full", "adamw"))
+    assert a["extra"]["settings"]["optimizer"] == "muon" and "optimizer" not in b["extra"]["settings"]
+    assert not np.array_equal(a["params"]["blk.0.attn_output.weight"], b["params"]["blk.0.attn_output.weight"])
 
 
 @pytest.mark.parametrize("extra", [{}, {"n_expert": 2, "n_expert_used": 1}], ids=["dense", "moe"])

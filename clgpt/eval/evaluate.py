@@ -271,11 +271,19 @@ def plot_loss(log, title: str, heldout: float | None, path: str) -> None:
     plt.close(fig)
 
 
+def _median(log: dict, column: str) -> float | None:
+    """The median of a log column's filled cells (tokens/s and MFU of every step), None if it has none."""
+    a = log.get(column)
+    a = a[np.isfinite(a)] if a is not None else []
+    return float(np.median(a)) if len(a) else None
+
+
 def _train_summary(log: dict) -> dict:
     if not len(log["step"]):
-        return {"steps": 0, "final_loss": None, "elapsed_s": 0.0}
+        return {"steps": 0, "final_loss": None, "elapsed_s": 0.0, "tokens_per_s": None, "mfu": None}
     return {"steps": int(log["step"][-1]), "final_loss": float(log["loss"][-1]),
-            "elapsed_s": float(log["elapsed_s"][-1]) if "elapsed_s" in log else 0.0}
+            "elapsed_s": float(log["elapsed_s"][-1]) if "elapsed_s" in log else 0.0,
+            "tokens_per_s": _median(log, "tokens_per_s"), "mfu": _median(log, "mfu")}
 
 
 # ---- the report --------------------------------------------------------------------------------
@@ -321,13 +329,19 @@ def report_markdown(m: dict) -> str:
         forgetting = "n/a" if m["forgetting"] is None else f"{m['forgetting']:+.4f}"
         lines += [f"Forgetting (pretrain held-out loss after tune minus before): {forgetting}", ""]
     lines += tokenizer_markdown(m["tokenizer"])
-    lines += ["## Training", "", "| stage | steps | final loss | best held-out loss (step) | seconds |",
-              "| --- | ---: | ---: | ---: | ---: |"]
+    lines += ["## Training", "",
+              "| stage | steps | final loss | best held-out loss (step) | seconds | tokens/s | MFU |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for stage in m["training"]:
         t = m["training"][stage]
         best = "n/a" if t.get("best_val_loss") is None else f"{t['best_val_loss']:.4f} ({t['best_step']})"
-        lines.append(f"| {stage} | {t['steps']} | {_fmt(t['final_loss'])} | {best} | {t['elapsed_s']:.1f} |")
-    lines += [""] + [f"![{stage} loss](loss_{stage}.png)\n" for stage in m["training"]]
+        tok_s = "n/a" if t.get("tokens_per_s") is None else f"{t['tokens_per_s']:,.0f}"
+        mfu = "n/a" if t.get("mfu") is None else f"{100 * t['mfu']:.1f}%"
+        lines.append(f"| {stage} | {t['steps']} | {_fmt(t['final_loss'])} | {best} | {t['elapsed_s']:.1f} | {tok_s} "
+                     f"| {mfu} |")
+    lines += ["", "tokens/s and MFU (model FLOPs utilisation: clgpt.model.flops_per_token against the device's peak in "
+              "clgpt/device/peaks.py; n/a where no peak is known, as on CPUs) are medians over the steps.", ""]
+    lines += [f"![{stage} loss](loss_{stage}.png)\n" for stage in m["training"]]
     if "expert_usage" in m:
         n_expert = len(m["expert_usage"][0])
         lines += [

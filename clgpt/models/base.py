@@ -19,7 +19,7 @@ import pyopencl as cl
 from clgpt.device.opencl import Device, resolve_device
 from clgpt.errors import ClgptError
 from clgpt.device.knobs import Knobs
-from clgpt.model import ModelConfig, decays, param_shapes, trains
+from clgpt.model import ModelConfig, decays, muon_matrices, param_shapes, trains
 from clgpt.models.params import ParamStore
 from clgpt.ops import Ops
 
@@ -34,7 +34,7 @@ class EngineBase:
 
     def __init__(self, cfg: ModelConfig, params: dict, batch_size: int, seq_len: int,
                  device: Device | str | None = None, dropout: float = 0.0, precision: str = "fp32",
-                 optimizer: bool = True, knobs: Knobs | None = None, attention: str = "auto"):
+                 optimizer: bool = True, knobs: Knobs | None = None, attention: str = "auto", muon: bool = False):
         cfg.validate()
         if cfg.arch != self.arch:
             raise ClgptError(f"{type(self).__name__} runs arch {self.arch!r}, not {cfg.arch!r}; "
@@ -50,7 +50,8 @@ class EngineBase:
         # the matmuls' precision, resolved ("auto" -> the device's best), its ROUND and tensor-core tiles
         self.precision, self.round, self.mma = self.ops.precision, self.ops.round, self.ops.mma
         self.shapes = param_shapes(cfg)
-        self.store = ParamStore(self.ops, self.shapes, decays, self._packed(), trains=trains(cfg), optimizer=optimizer)
+        self.store = ParamStore(self.ops, self.shapes, decays, self._packed(), trains=trains(cfg), optimizer=optimizer,
+                                muon=muon_matrices(cfg) if muon else None)
         self.p, self.g = self.store.p, self.store.g
         self.ops.stable(*self.p.values())  # the weights change only between a backward and the next forward
         self._alloc_common()
@@ -248,9 +249,10 @@ class EngineBase:
     def grad_norm(self) -> float:
         return self.store.grad_norm()
 
-    def step(self, lr, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, clip=1.0) -> float:
-        """Clip grads to global norm `clip` (clip <= 0: no clipping), one AdamW step; -> pre-clip norm."""
-        return self.store.step(lr, beta1, beta2, eps, weight_decay, clip)
+    def step(self, lr, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, clip=1.0, muon: dict | None = None) -> float:
+        """Clip grads to global norm `clip` (clip <= 0: no clipping), one AdamW step (an engine made with muon:
+        Muon for the block matrices, `muon` its settings with lr scheduled); -> pre-clip norm."""
+        return self.store.step(lr, beta1, beta2, eps, weight_decay, clip, muon)
 
     @property
     def t(self) -> int:

@@ -89,8 +89,9 @@ class LoraEngine:
         self._adapter_grads()
         return self.store.grad_norm()
 
-    def step(self, lr, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, clip=1.0) -> float:
-        """AdamW on the adapters only (weight decay off: it would pull the update, not the weights, to zero)."""
+    def step(self, lr, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, clip=1.0, muon: dict | None = None) -> float:
+        """AdamW on the adapters only (weight decay off: it would pull the update, not the weights, to zero);
+        `muon` is ignored: adapters keep AdamW."""
         self._adapter_grads()
         norm = self.store.step(lr, beta1, beta2, eps, 0.0, clip)
         self._dirty = True

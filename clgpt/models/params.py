@@ -14,6 +14,10 @@ AdamW never reach: they keep their values (gpt2 with model.bias off: biases stay
 `optimizer=False` makes the store without AdamW moments (a frozen base under adapters, clgpt.models.lora): step
 refuses, and the optimizer state is empty.
 
+`muon` {tensor name: (count, rows, cols)} (clgpt.model.muon_matrices) puts those tensors first in the store, from 0
+to n_muon, each `count` matrices of (rows, cols): `step` with a `muon` settings dict gives them Muon (clgpt/ops/muon.py:
+momentum in m, their v unused) and AdamW only the rest, n_muon to n_train. Without `muon` the layout is as before.
+
 `packed` {view name: (tensor names, consecutive in that order)} lays those tensors back to back, with no
 padding between them, and adds a view of the whole run under the view name: one product can then use them
 as one matrix (llama: attn_q | attn_k | attn_v, ffn_gate | ffn_up). A member that then starts off the
@@ -27,12 +31,19 @@ import pyopencl as cl
 
 from clgpt.errors import ClgptError
 from clgpt.ops import F32, Ops, ceil_to
+from clgpt.ops.muon import Muon, lr_scale
 
 
 class ParamStore:
     def __init__(self, ops: Ops, shapes: dict[str, tuple], decays, packed: dict[str, tuple] | None = None,
-                 trains=lambda name: True, optimizer: bool = True):
+                 trains=lambda name: True, optimizer: bool = True, muon: dict | None = None):
         self.ops, self.queue, self.shapes = ops, ops.queue, shapes
+        self.muon = dict(muon or {}) if optimizer else {}
+        bad = [n for n in self.muon if not (trains(n) and decays(n))]
+        if bad:
+            raise ValueError(f"Muon tensors must train and decay: {bad}")
+        # Muon's tensors first (they all decay), so they span 0..n_muon and AdamW runs on one range after them
+        shapes = {n: shapes[n] for n in sorted(shapes, key=lambda n: n not in self.muon)}
         names = ([n for n in shapes if trains(n) and decays(n)] + [n for n in shapes if trains(n) and not decays(n)]
                  + [n for n in shapes if not trains(n)])
         self.packed = dict(packed or {})
@@ -54,6 +65,7 @@ class ParamStore:
             if trains(name):
                 self.n_train = off
         self.n_flat, self.order = off, names
+        self.n_muon = max((ceil_to(self.offsets[n] + int(np.prod(shapes[n])), ops.align) for n in self.muon), default=0)
         self.n_params = sum(int(np.prod(shapes[n])) for n in names)
         self.flat_p, self.flat_g = ops.buf(self.n_flat), ops.buf(self.n_flat)
         self.flat_m = self.flat_v = None
@@ -64,6 +76,12 @@ class ParamStore:
         self.chunk = -(-self.n_train // self.n_parts)
         self.partials, self.norm_buf = ops.buf(self.n_parts), ops.buf(2)
         self.t = 0
+        self._muon = self._adamw_bufs = None
+        if self.muon:
+            self._muon = Muon(ops)
+            self._u = ops.buf(self.n_muon)  # the momentum's update, orthogonalised a matrix at a time
+            sub = lambda b: b.get_sub_region(self.n_muon * F32, max(1, self.n_flat - self.n_muon) * F32)  # noqa: E731
+            self._adamw_bufs = tuple(sub(b) for b in (self.flat_p, self.flat_g, self.flat_m, self.flat_v))
 
     def _views(self, flat: cl.Buffer) -> dict[str, cl.Buffer]:
         base = max(1, self.ops.dev.device.mem_base_addr_align // 8)  # bytes a sub-buffer's offset must divide by
@@ -87,18 +105,42 @@ class ParamStore:
         cl.enqueue_copy(self.queue, out, self.norm_buf, is_blocking=True)
         return float(out[0])
 
-    def step(self, lr, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, clip=1.0) -> float:
-        """Clip grads to global norm `clip` (clip <= 0: no clipping), one AdamW step; -> pre-clip norm."""
+    def step(self, lr, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, clip=1.0, muon: dict | None = None) -> float:
+        """Clip grads to global norm `clip` (clip <= 0: no clipping), one AdamW step; -> pre-clip norm.
+        A store made with Muon tensors takes `muon` (the schema's muon settings, its lr already scheduled) and
+        gives those tensors a Muon step (clgpt/ops/muon.py), the others AdamW."""
         if self.flat_m is None:
             raise ClgptError("this parameter store is frozen (made with optimizer=False); train its adapters")
+        if bool(self.muon) != (muon is not None):
+            raise ClgptError("this parameter store was made " + ("with" if self.muon else "without")
+                             + " Muon tensors; step takes muon settings exactly when it has them")
         self._norm(float(clip))
         self.t += 1
         bc1, bc2 = 1.0 - beta1**self.t, 1.0 - beta2**self.t
-        self.ops.adamw(self.n_train, self.n_decay, self.flat_p, self.flat_g, self.flat_m, self.flat_v, self.norm_buf,
-                       lr, beta1, beta2, bc1, bc2, eps, weight_decay)
+        if self.muon:
+            self._muon_step(muon)
+            p, g, m, v = self._adamw_bufs
+            if self.n_train > self.n_muon:
+                self.ops.adamw(self.n_train - self.n_muon, self.n_decay - self.n_muon, p, g, m, v, self.norm_buf,
+                               lr, beta1, beta2, bc1, bc2, eps, weight_decay)
+        else:
+            self.ops.adamw(self.n_train, self.n_decay, self.flat_p, self.flat_g, self.flat_m, self.flat_v,
+                           self.norm_buf, lr, beta1, beta2, bc1, bc2, eps, weight_decay)
         out = np.empty(2, np.float32)
         cl.enqueue_copy(self.queue, out, self.norm_buf, is_blocking=True)
         return float(out[0])
+
+    def _muon_step(self, s: dict):
+        """Momentum over all Muon tensors (the clip factor applied), then each matrix orthogonalised and applied."""
+        mu = self._muon
+        mu.momentum(self.n_muon, s["momentum"], s["nesterov"], self.flat_g, self.flat_m, self._u, self.norm_buf)
+        decay = 1.0 - s["lr"] * s["weight_decay"]
+        for name, (count, rows, cols) in self.muon.items():
+            lr_adj = s["lr"] * lr_scale(s["lr_scale"], rows, cols)
+            for e in range(count):
+                off = self.offsets[name] + e * rows * cols
+                o = mu.orthogonalize(self._u, off, rows, cols, s["ns_steps"])
+                mu.update(rows * cols, off, self.flat_p, o, decay, lr_adj)
 
     # ---- host access ----
     def _read(self, buf) -> np.ndarray:

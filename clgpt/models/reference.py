@@ -166,6 +166,38 @@ def adamw_update(param, grad, m, v, t, lr, beta1=0.9, beta2=0.95, eps=1e-8, weig
     return param - lr * mhat / (np.sqrt(vhat) + eps), m, v
 
 
+def muon_momentum(grad, buf, mu, nesterov=True):
+    """Muon's momentum as torch.optim.Muon writes it -> (new buf, update): buf = lerp(buf, g, 1 - mu),
+    update = lerp(g, buf, mu) with Nesterov, else buf."""
+    g, b = _f64(grad), _f64(buf)
+    b = b + (1 - mu) * (g - b)
+    return b, (g + mu * (b - g) if nesterov else b)
+
+
+def newton_schulz(u, steps=5, coeffs=(3.4445, -4.7750, 2.0315), eps=1e-7):
+    """Muon's quintic Newton-Schulz orthogonalisation of a matrix (R, C), in float64: X = U / max(||U||_F, eps),
+    transposed when R > C; steps times A = X X^T, X = a X + (b A + c A A) X; transposed back."""
+    a, b, c = coeffs
+    x = _f64(u)
+    tall = x.shape[0] > x.shape[1]
+    if tall:
+        x = x.T
+    x = x / max(np.linalg.norm(x), eps)
+    for _ in range(steps):
+        A = x @ x.T
+        x = a * x + (b * A + c * A @ A) @ x
+    return x.T if tall else x
+
+
+def muon_update(param, grad, buf, lr, mu=0.95, nesterov=True, steps=5, weight_decay=0.0, scale="original"):
+    """One Muon step of a matrix (R, C) -> (new param, new momentum buf), torch.optim.Muon's definition:
+    p = p (1 - lr wd) - lr s NS(update), s = sqrt(max(1, R / C)) (original) or 0.2 sqrt(max(R, C))."""
+    R, C = np.shape(param)
+    b, upd = muon_momentum(grad, buf, mu, nesterov)
+    s = 0.2 * np.sqrt(max(R, C)) if scale == "match_rms_adamw" else np.sqrt(max(1.0, R / C))
+    return _f64(param) * (1 - lr * weight_decay) - lr * s * newton_schulz(upd, steps), b
+
+
 def grad_norm(grads: dict) -> float:
     return float(np.sqrt(sum((_f64(g) ** 2).sum() for g in grads.values())))
 

@@ -33,12 +33,17 @@ NOT_SWEPT_KEYS = {"pretrain.ranks", "tune.ranks"}
 
 
 def sweep_keys(schema: dict | None = None) -> list[str]:
-    """Every "section.key" a sweep may vary: the settings of the stage sections in the schema."""
+    """Every "section.key" a sweep may vary: the settings of the stage sections in the schema, and
+    "section.group.key" for the keys of a settings group (pretrain.muon.lr)."""
     schema = schema or load_schema()
     keys = []
     for section, sub in schema["properties"].items():
         if section not in NOT_SWEPT and sub.get("type") == "object":
-            keys += [f"{section}.{k}" for k in sub.get("properties", {}) if f"{section}.{k}" not in NOT_SWEPT_KEYS]
+            for k, spec in sub.get("properties", {}).items():
+                if f"{section}.{k}" not in NOT_SWEPT_KEYS:
+                    keys.append(f"{section}.{k}")
+                    if spec.get("type") == "object":
+                        keys += [f"{section}.{k}.{kk}" for kk in spec.get("properties", {})]
     return keys
 
 
@@ -99,7 +104,11 @@ def sweep_runs(config: dict, source: str = "config.yaml") -> dict[str, dict]:
         run["sweep"] = {}
         for key, value in overrides.items():
             section, k = key.split(".", 1)
-            run[section][k] = value
+            group, _, sub = k.partition(".")
+            if sub:  # a key of a settings group (pretrain.muon.lr)
+                run[section][group] = {**(run[section].get(group) or {}), sub: value}
+            else:
+                run[section][k] = value
         runs[name] = {"overrides": overrides, "config": validate_config(run, source=f"{source} (sweep run {name})")}
     return runs
 

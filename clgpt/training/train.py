@@ -43,7 +43,8 @@ from clgpt.data import (  # noqa: F401  (batching lives in clgpt.data; the names
     text_batches,
 )
 from clgpt.errors import ClgptError
-from clgpt.model import ModelConfig
+from clgpt.device.peaks import peak_flops
+from clgpt.model import ModelConfig, flops_per_token
 from clgpt.models.lora import lora_spec
 from clgpt.models.lora_engine import LoraEngine
 from clgpt.training.train_inputs import _Inputs, _pretrain_inputs, _sha256_file, _tune_inputs
@@ -54,8 +55,8 @@ from clgpt.training.train_inputs import _Inputs, _pretrain_inputs, _sha256_file,
 STAGES = ("pretrain", "tune")
 ADAM_EPS = 1e-8
 SMOOTHING = 0.9  # smoothed loss = SMOOTHING * previous + (1 - SMOOTHING) * this step's loss
-LOG_COLUMNS = ("step", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s", "val_loss")
-_OPTIONAL_COLUMNS = ("val_loss",)  # empty on steps without an evaluation
+LOG_COLUMNS = ("step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "elapsed_s", "val_loss")
+_OPTIONAL_COLUMNS = ("val_loss", "mfu")  # empty on steps without an evaluation; on devices without a known peak
 # Settings that change how a run is recorded but not the weights it computes: not in the resume hash.
 # ranks: the sampler, weights and AdamW state are the same whatever the rank count, so a run may resume
 # with another count (the sums then round differently: equal up to float rounding, not bit for bit).
@@ -70,6 +71,8 @@ def stage_settings(stage: str, settings: dict) -> dict:
     s.setdefault("mix_pretrain", 0.0)  # pretrain has no such setting: it never mixes
     if s.get("lora", 0) is None:  # full tuning: settings (and checkpoints) as before adapters existed
         del s["lora"]
+    if s.get("optimizer") == "adamw":  # AdamW alone: settings (and checkpoints) as before Muon existed
+        del s["optimizer"], s["muon"]
     if s.get("lora") and s["ranks"] > 1:
         raise ClgptError(f"{stage}.lora trains on one rank; set {stage}.ranks: 1 (now {s['ranks']})")
     if s["ranks"] > s["batch_size"]:
@@ -168,6 +171,11 @@ class _Progress:
     tokens_seen: int = 0
     best_loss: float | None = None  # lowest held-out loss so far (validation on)
     best_step: int = 0  # the step it was measured at
+
+
+def _muon_on(s: dict) -> bool:
+    """Whether the stage's block matrices take Muon (clgpt/ops/muon.py); its lr follows lr's schedule."""
+    return s.get("optimizer", "adamw") == "muon"
 
 
 def _resume_key(stage: str, s: dict, inp: _Inputs, total: int) -> str:
@@ -379,7 +387,12 @@ def _run_stage(stage, encoded, s, ckpt_out, log_csv, dist, *, model, init_ckpt, 
     dev = dist.device(device, devices) if dist.size > 1 else _resolve_device(device)
     lora = s.get("lora") and lora_spec(s["lora"], cfg, f"{stage}.lora")
     eng = make_engine(cfg, inp.params, batch_size=-(-B // dist.size), seq_len=T, device=dev, dropout=s["dropout"],
-                      precision=s["precision"], optimizer=not lora, attention=s["attention"])
+                      precision=s["precision"], optimizer=not lora, attention=s["attention"],
+                      muon=_muon_on(s) and not lora)
+    # model FLOPs utilisation beside tokens/s (nanochat's): None where clgpt.device.peaks knows no peak
+    peak = peak_flops(dev.name, eng.precision)
+    mfu_of = (lambda tok_s: "") if peak is None else (  # noqa: E731
+        lambda tok_s, f=flops_per_token(cfg, T) / (peak * dist.size): f"{tok_s * f:.4f}")
     if lora:  # adapters on the frozen base (clgpt/models/lora.py); the engine runs the merged weights
         eng = LoraEngine(eng, lora, s["seed"])
     if dist.size > 1:
@@ -440,7 +453,8 @@ def _run_stage(stage, encoded, s, ckpt_out, log_csv, dist, *, model, init_ckpt, 
                         f"(now {s['lr']}) or raise warmup_steps"
                     )
                 in_update = True
-                norm = float(eng.step(lr, s["beta1"], s["beta2"], ADAM_EPS, s["weight_decay"], s["grad_clip"]))
+                muon = dict(s["muon"], lr=s["muon"]["lr"] * lr / s["lr"]) if _muon_on(s) and not lora else None
+                norm = float(eng.step(lr, s["beta1"], s["beta2"], ADAM_EPS, s["weight_decay"], s["grad_clip"], muon))
                 prog.step += 1
                 resume_state = batches.state()
                 prog.tokens_seen += n_tokens
@@ -462,6 +476,7 @@ def _run_stage(stage, encoded, s, ckpt_out, log_csv, dist, *, model, init_ckpt, 
                     patience_out = 0 < s["patience"] <= evals_since
                 if writer is not None:
                     writer.writerow([prog.step, f"{loss:.6f}", f"{lr:.6g}", f"{norm:.6g}", f"{tok_s:.1f}",
+                                     mfu_of(tok_s),
                                      f"{elapsed_before + now - t0:.3f}", "" if val_loss is None else f"{val_loss:.6f}"])
                     log.flush()
                 post = {"loss": f"{prog.smoothed_loss:.4f}"}

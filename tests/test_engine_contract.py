@@ -1,0 +1,232 @@
+"""The contract every engine keeps, written once and checked for each architecture against its float64
+reference model (gpt2: clgpt.models.reference; llama, dense, grouped-query and with a mixture of experts:
+clgpt.models.reference_llama): the reference's gradients against finite differences; the engine's loss,
+logits and gradients against the reference; the engine's gradients against finite differences of its own
+loss; gradient accumulation over partial batches; twenty AdamW steps following the reference's; and two
+identical runs, and a run resumed from saved parameters and optimizer state, bit for bit alike.
+
+Routing is discrete, so every gradient check of a mixture-of-experts model holds the routing fixed (reference:
+`routing=`; engine: `freeze_routing`). Tolerances: loss 1e-5 relative; logits 1e-5 absolute; engine gradients
+1e-4 relative to each tensor's largest gradient; the reference against float64 finite differences (eps 1e-6)
+1e-7 + 1e-5 of the largest difference; the engine against float32 finite differences (eps 1e-2) 2e-3 + 2e-2
+of it; after twenty steps, loss 1e-4 and the gradient norm 1e-3 relative at each step, parameters 1e-3."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from clgpt.device.knobs import Knobs
+from clgpt.model import ModelConfig, init_params
+from clgpt.models import reference as ref
+from clgpt.models import reference_llama as ref_llama
+from clgpt.models.gpt2 import GPT2Engine
+from clgpt.models.llama import LlamaEngine
+
+from enginecheck import batch, max_rel, noisy_params
+
+
+def _gpt2(tied: bool) -> ModelConfig:
+    return ModelConfig(vocab_size=23, n_ctx=5, n_embd=8, n_head=2, n_layer=2, n_ff=12, tied=tied)
+
+
+def _llama(E=0, K=0, hkv=0, tied=True, **kw) -> ModelConfig:
+    d = dict(arch="llama", vocab_size=23, n_ctx=6, n_embd=8, n_head=2, n_head_kv=hkv, n_layer=2, n_ff=12,
+             tied=tied, n_expert=E, n_expert_used=K, moe_aux_loss=0.05)
+    d.update(kw)
+    return ModelConfig(**d)
+
+
+CASES = {  # gpt2 tied and untied; llama dense and grouped-query; MoE + GQA (untied), with k = 1, with k = E
+    "gpt2_tied": _gpt2(True),
+    "gpt2_untied": _gpt2(False),
+    "llama": _llama(),
+    "llama_gqa": _llama(n_head=4, hkv=2, tied=False),
+    "moe": _llama(E=4, K=2, hkv=1, tied=False),
+    "moe_k1": _llama(E=3, K=1),
+    "moe_all": _llama(E=2, K=2),
+}
+# The noise on the parameters each architecture's checks were set with (the norms' weights and biases matter).
+NOISE = {"gpt2": 0.1, "llama": 0.2}
+# One case of each architecture for the checks that cost an engine run a probed entry or twenty steps.
+ONE_EACH = ["gpt2_untied", "llama_gqa", "moe"]
+
+
+def engine(cfg, p, batch_size, seq_len, **kw):
+    return (GPT2Engine if cfg.arch == "gpt2" else LlamaEngine)(cfg, p, batch_size=batch_size, seq_len=seq_len, **kw)
+
+
+def reference(p, cfg, tokens, targets, mask):
+    """(loss, load-balancing loss, cache) of the float64 reference (gpt2: no load-balancing loss, 0)."""
+    if cfg.arch == "gpt2":
+        loss, cache = ref.gpt_forward(p, cfg, tokens, targets, mask)
+        return loss, 0.0, cache
+    return ref_llama.llama_forward(p, cfg, tokens, targets, mask)
+
+
+def reference_grads(cfg, cache) -> dict:
+    return ref.gpt_backward(cache) if cfg.arch == "gpt2" else ref_llama.llama_backward(cache)
+
+
+def reference_logits(p, cfg, tokens):
+    return ref.gpt_logits(p, cfg, tokens) if cfg.arch == "gpt2" else ref_llama.llama_logits(p, cfg, tokens)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_reference_grads_vs_finite_differences(case):
+    cfg = CASES[case]
+    p = {k: v.astype(np.float64) for k, v in noisy_params(cfg, std=NOISE[cfg.arch]).items()}
+    tokens, targets, mask = batch(cfg, 2, 5)
+    _, _, cache = reference(p, cfg, tokens, targets, mask)
+    grads = reference_grads(cfg, cache)
+    if cfg.arch == "gpt2":
+        f = lambda q: ref.gpt_forward(q, cfg, tokens, targets, mask)[0]  # noqa: E731
+    else:
+        routing = ref_llama.routing_of(cache) if cfg.n_expert else None
+        f = lambda q: ref_llama.llama_objective(q, cfg, tokens, targets, mask, routing)  # noqa: E731
+    rng = np.random.default_rng(0)
+    for name in p:
+        idxs = rng.choice(p[name].size, size=min(6, p[name].size), replace=False)
+        fd = ref.fd_entries(f, p, name, idxs, 1e-6)
+        diff = np.abs(grads[name].flat[idxs] - fd).max()
+        assert diff < 1e-7 + 1e-5 * np.abs(fd).max(), f"{case} {name}: max abs diff {diff:.3e}"
+
+
+@pytest.mark.parametrize("case,launch_row", [(k, "") for k in CASES] + [("moe", "gpu"), ("moe_k1", "nvidia")])
+def test_engine_loss_logits_and_grads_vs_reference(case, launch_row):
+    """On this device's table row, and MoE on the GPU rows too (tiled grouped products, one-work-group routing);
+    logits of the whole batch, and of generation-style and partial calls (B' = 1 and a growing T')."""
+    cfg = CASES[case]
+    p = noisy_params(cfg, std=NOISE[cfg.arch])
+    B, T = 3, cfg.n_ctx
+    eng = engine(cfg, p, B, T, knobs=Knobs(launch=launch_row))
+    tokens, targets, mask = batch(cfg, B, T)
+    loss = eng.forward(tokens, targets, mask)
+    eng.zero_grad()
+    eng.backward()
+    loss_ref, aux_ref, cache = reference(p, cfg, tokens, targets, mask)
+    assert abs(loss - loss_ref) < 1e-5 * abs(loss_ref), f"loss {loss} vs reference {loss_ref}"
+    if cfg.arch == "llama":
+        assert abs(eng.aux_loss() - aux_ref) < 1e-5 * max(1.0, aux_ref)
+    if cfg.n_expert:
+        np.testing.assert_allclose(eng.expert_usage(), ref_llama.expert_usage(cache), rtol=0, atol=1e-12)
+        assert np.allclose(eng.expert_usage().sum(axis=1), cfg.n_expert_used)
+    worst, where = max_rel(eng.get_grads(), reference_grads(cfg, cache))
+    assert worst < 1e-4, f"grads: max relative diff {worst:.3e} in {where}"
+    for Bp, Tp in ((B, T), (1, 1), (1, 2), (1, 4), (2, 3)):
+        got = eng.forward(tokens[:Bp, :Tp])
+        want = reference_logits(p, cfg, tokens[:Bp, :Tp])
+        assert got.shape == want.shape == (Bp, Tp, cfg.vocab_size) and got.dtype == np.float32
+        assert np.abs(got - want).max() < 1e-5, f"({Bp},{Tp}): logits max abs diff {np.abs(got - want).max():.3e}"
+
+
+@pytest.mark.parametrize("case", ONE_EACH)
+def test_engine_grads_vs_finite_differences(case):
+    cfg = CASES[case]
+    p = noisy_params(cfg, std=0.3)
+    eng = engine(cfg, p, 2, 5)
+    tokens, targets, mask = batch(cfg, 2, 5, seed=3)
+    eng.forward(tokens, targets, mask)
+    eng.zero_grad()
+    eng.backward()
+    grads = eng.get_grads()
+    if cfg.arch == "llama":
+        eng.freeze_routing(True)  # the finite differences must not flip an expert choice
+
+    def f(q):
+        eng.set_params(q)
+        loss = eng.forward(tokens, targets, mask)
+        return loss + cfg.moe_aux_loss * eng.aux_loss() if cfg.arch == "llama" else loss
+
+    rng = np.random.default_rng(1)
+    for name in p:
+        idxs = rng.choice(p[name].size, size=min(3, p[name].size), replace=False)
+        fd = ref.fd_entries(f, p, name, idxs, 1e-2)
+        diff = np.abs(grads[name].flat[idxs] - fd).max()
+        assert diff < 2e-3 + 2e-2 * np.abs(fd).max(), f"{name}: max abs diff {diff:.3e} (fd {fd}, engine {grads[name].flat[idxs]})"
+
+
+@pytest.mark.parametrize("case", ["gpt2_tied", "llama_gqa", "moe"])
+def test_gradient_accumulation_and_partial_batch(case):
+    """Two half batches, each of T' = 4 < T positions and weighted 0.5, accumulate into the reference's
+    gradients of the two; grad_norm is the reference's norm of them."""
+    cfg = CASES[case]
+    p = noisy_params(cfg, std=NOISE[cfg.arch])
+    eng = engine(cfg, p, 4, cfg.n_ctx)
+    tokens, targets, mask = batch(cfg, 4, cfg.n_ctx)
+    eng.zero_grad()
+    want = {k: np.zeros(v.shape) for k, v in p.items()}
+    for lo, hi in ((0, 2), (2, 4)):
+        eng.forward(tokens[lo:hi, :4], targets[lo:hi, :4], mask[lo:hi, :4])
+        eng.backward(scale=0.5)
+        _, _, cache = reference(p, cfg, tokens[lo:hi, :4], targets[lo:hi, :4], mask[lo:hi, :4])
+        for k, g in reference_grads(cfg, cache).items():
+            want[k] += 0.5 * g
+    worst, where = max_rel(eng.get_grads(), want)
+    assert worst < 1e-4, f"accumulated grads: max relative diff {worst:.3e} in {where}"
+    norm = eng.grad_norm()
+    norm_ref = ref.grad_norm(want)
+    assert abs(norm - norm_ref) < 1e-5 * norm_ref, f"grad_norm {norm} vs {norm_ref}"
+
+
+@pytest.mark.parametrize("case", ["gpt2_tied", "gpt2_untied", "llama_gqa", "moe"])
+def test_training_follows_reference(case):
+    cfg = ModelConfig(**{**CASES[case].__dict__, "n_embd": 16, "n_ff": 24, "n_ctx": 8, "vocab_size": 29})
+    p = init_params(cfg, 1)
+    eng = engine(cfg, p, 4, 8)
+    ref_p = {k: v.astype(np.float64) for k, v in p.items()}
+    state: dict = {}
+    hp = dict(lr=3e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, clip=1.0)
+    for it in range(20):
+        tokens, targets, mask = batch(cfg, 4, 8, seed=it)
+        loss = eng.forward(tokens, targets, mask)
+        eng.zero_grad()
+        eng.backward()
+        norm = eng.step(**hp)
+        loss_ref, aux_ref, cache = reference(ref_p, cfg, tokens, targets, mask)
+        ref_p, norm_ref = ref.adamw_step(ref_p, reference_grads(cfg, cache), state, **hp)
+        assert abs(loss - loss_ref) < 1e-4 * abs(loss_ref), f"step {it}: loss {loss} vs reference {loss_ref}"
+        if cfg.arch == "llama":
+            assert abs(eng.aux_loss() - aux_ref) < 1e-4 * max(1.0, aux_ref), f"step {it}: aux {eng.aux_loss()} vs {aux_ref}"
+        assert abs(norm - norm_ref) < 1e-3 * norm_ref, f"step {it}: norm {norm} vs reference {norm_ref}"
+    worst, where = max_rel(eng.get_params(), ref_p)
+    assert worst < 1e-3, f"params after 20 steps: max relative diff {worst:.3e} in {where}"
+    st = eng.get_optimizer_state()
+    assert st["t"] == 20 and set(st["m"]) == set(p)
+
+
+DETERMINISM = {
+    "gpt2": ModelConfig(vocab_size=31, n_ctx=8, n_embd=16, n_head=4, n_layer=1, n_ff=32),
+    "llama": _llama(hkv=1, n_head=4, n_embd=16, n_ff=16, n_ctx=8),
+    "moe": _llama(E=4, K=2, hkv=1, n_head=4, n_embd=16, n_ff=16, n_ctx=8),
+}
+
+
+@pytest.mark.parametrize("arch", list(DETERMINISM))
+def test_determinism_and_state_roundtrip(arch):
+    """Two engines, the same steps: the same bits; parameters and optimizer state restored into a fresh engine:
+    the same next step."""
+    cfg = DETERMINISM[arch]
+    p = init_params(cfg, 2)
+    engines = [engine(cfg, p, 3, 8) for _ in range(2)]
+    for it in range(4):
+        tokens, targets, mask = batch(cfg, 3, 8, seed=it)
+        for eng in engines:
+            eng.forward(tokens, targets, mask)
+            eng.zero_grad()
+            eng.backward()
+            eng.step(1e-2)
+    a, b = (e.get_params() for e in engines)
+    for k in a:
+        assert np.array_equal(a[k], b[k]), f"{k} differs between two identical runs"
+    fresh = engine(cfg, engines[0].get_params(), 3, 8)
+    fresh.set_optimizer_state(engines[0].get_optimizer_state())
+    tokens, targets, mask = batch(cfg, 3, 8, seed=9)
+    for eng in (engines[0], fresh):
+        eng.forward(tokens, targets, mask)
+        eng.zero_grad()
+        eng.backward()
+        eng.step(1e-2)
+    a, b = engines[0].get_params(), fresh.get_params()
+    for k in a:
+        assert np.array_equal(a[k], b[k]), f"{k} differs after restoring the optimizer state"

@@ -1,0 +1,325 @@
+"""The bf16 GEMM kernels/matmul_bf16.cl (cp.async, ldmatrix and mma emulated) against the portable kernel bit
+for bit, and the tiled bf16 copies its products read: rounding, layout, when they are made and kept, and the
+kernels that write them (column sums, cross-entropy backward, LayerNorm, expert operands, gate | up); the GPU
+rows' gradient norm in work-groups."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyopencl as cl
+import pytest
+
+from clgpt.errors import ClgptError
+from clgpt.models import reference as ref
+
+from conftest import from_dev, to_dev
+from opcheck import bf16_pattern as _bf16_pattern, run_op, tiled_index as _tiled_index
+from precisioncheck import _bf16_ops, operands, run_matmul
+
+i32, f32 = np.int32, np.float32
+rng = np.random.default_rng(4321)
+
+
+@pytest.mark.parametrize("tiles,ta,tb,epilogues,N", [("4warps", 0, 1, True, 70), ("4warps", 0, 1, True, 37),
+                                                      ("4warps", 0, 0, False, 70), ("4warps", 1, 0, False, 70),
+                                                      ("1warp", 1, 1, False, 37), ("64", 1, 0, False, 70)])
+def test_bf16_gemm_moves_data_like_the_portable_kernel(dev, tiles, ta, tb, epilogues, N):
+    """matmul_bf16 (cp.async stages, swizzled local rows, ldmatrix with and without .trans, mma.m16n8k16 fragments,
+    all emulated; products summed in k order) on the bf16 copies equals the portable bf16 kernel bit for bit,
+    epilogues included (N even: float2 outputs; odd: single floats), in every operand layout (ta, tb: each copy
+    k-contiguous or m/n-contiguous as its fp32 buffer lies)."""
+    ops = _bf16_ops(tiles)
+    M, K = 45, 67
+    A, B = operands(ta, tb, M, N, K)
+    bias = rng.normal(size=N).astype(f32)
+    R = rng.normal(size=(M, N)).astype(f32)
+    C0 = rng.normal(size=(M, N)).astype(f32)
+    E0 = rng.normal(size=(M, N)).astype(f32)
+    mm = ops.bf16[0]
+    for kw in (dict(), dict(bias=bias, R=R, epi=1), dict(C0=C0, epi=2, E0=E0))[: 3 if epilogues is True else 1]:
+        cbuf = to_dev(dev, kw["C0"] if "C0" in kw else np.zeros((M, N), f32))
+        ebuf = to_dev(dev, kw["E0"] if "E0" in kw else np.zeros((M, N), f32))
+        args = ops.bf16_operands(mm, M, N, K, to_dev(dev, A), to_dev(dev, B), ta, tb)
+        assert (args[1], args[4]) == ((True, True) if epilogues == "k-major" else (not ta, bool(tb)))
+        ops.matmul_bf16(mm, M, N, *args, cbuf, bias=to_dev(dev, bias) if "bias" in kw else None,
+                        resid=to_dev(dev, R) if "R" in kw else None, accum="C0" in kw, alpha=0.5,
+                        epi=kw.get("epi", 0), E=ebuf, split_k=False)
+        want = run_matmul(dev, "tiled", "bf16", A, B, ta, tb, M, N, K, alpha=0.5, **kw)
+        assert np.array_equal(from_dev(dev, cbuf, (M, N)), want[0]), f"bf16 {tiles} ta={ta} tb={tb} {sorted(kw)}: C"
+        assert np.array_equal(from_dev(dev, ebuf, (M, N)), want[1]), f"bf16 {tiles} ta={ta} tb={tb} {sorted(kw)}: E"
+
+
+def test_bf16_copies_round_like_numpy_and_pad_with_zeros(dev):
+    """to_bf16: X rounded to bf16 as numpy rounds it (ties, signs, inf, NaN), zeros in the
+    padding rows and columns."""
+    ops = _bf16_ops()
+    rows, cols, Rp, Cp = 37, 45, 64, 64
+    X = rng.normal(size=(rows, cols)).astype(f32)
+    special = np.array([0x3F808000, 0x3F818000, 0xBF808000, 0x7F800000, 0x7FC00000, 0xFF800000], np.uint32)
+    X.reshape(-1)[: special.size] = special.view(f32)
+    out = np.empty((Rp, Cp), np.uint16)
+    cl.enqueue_copy(dev.queue, out, ops.to_bf16(0, to_dev(dev, X), rows, cols, Rp, Cp), is_blocking=True)
+    want = np.zeros((Rp, Cp), np.uint16)
+    want[:rows, :cols] = (ref.round_bf16(X).view(np.uint32) >> 16).astype(np.uint16)
+    assert np.array_equal(out, want)
+
+
+def test_bf16_tiled_copies_are_the_wgmma_layout(dev):
+    """to_bf16 with TILED 1 (what kernels/matmul_wgmma.cl reads): the same rounded, zero-padded
+    values, in Kp/64 x Rp/8 atoms of 8 rows x 64 k, row r's 16-byte chunk c stored at c ^ r."""
+    ops = _bf16_ops()
+    ops.k["to_bf16_tiled"] = dev.kernel("matmul_bf16", "to_bf16", TILED=1, **ops._bf16_opts)
+    rows, cols, Rp, Cp = 37, 100, 128, 128
+    X = rng.normal(size=(rows, cols)).astype(f32)
+    out = np.empty(Rp * Cp, np.uint16)
+    cl.enqueue_copy(dev.queue, out, ops.to_bf16(0, to_dev(dev, X), rows, cols, Rp, Cp, tiled=True),
+                    is_blocking=True)
+    flat = np.zeros((Rp, Cp), np.uint16)
+    flat[:rows, :cols] = (ref.round_bf16(X).view(np.uint32) >> 16).astype(np.uint16)
+    r, c, e = np.arange(Rp)[:, None], np.arange(Cp)[None, :] // 8, np.arange(Cp)[None, :] % 8
+    index = ((((c // 8) * (Rp // 8) + r // 8) * 8 + r % 8) * 8 + ((c % 8) ^ (r % 8))) * 8 + e
+    assert np.array_equal(out[index], flat)
+
+
+@pytest.mark.parametrize("gelu", [False, True])
+def test_tiled_copy_with_column_sums(dev, gelu):
+    """to_bf16 with TILED and COLSUM (what a reused gradient's copy runs on GPUs): the tiled bf16 copy, and each
+    64 rows' column sums added in row order, as bias_partial adds them (bit for bit), for bias_final. With
+    GELU_GRAD, of X * gelu'(E) (the deferred GELU' of the backward), against float64."""
+    rows, cols, Rp, Cp = 150, 70, 192, 128
+    X = rng.normal(size=(rows, cols)).astype(f32)
+    E = rng.normal(size=(rows, cols)).astype(f32) * 2
+    k = dev.kernel("matmul_bf16", "to_bf16", TILED=1, COLSUM=1, MMA_EMULATE=1, **({"GELU_GRAD": 1} if gelu else {}))
+    out, part = np.empty(Rp * Cp, np.uint16), np.empty(Rp // 64 * cols, f32)
+    o_buf, p_buf = cl.Buffer(dev.ctx, cl.mem_flags.READ_WRITE, out.nbytes), to_dev(dev, part)
+    k(dev.queue, (Cp // 8, Rp), (4, 64), np.int32(rows), np.int32(cols), to_dev(dev, X), np.int32(cols), o_buf,
+      np.int32(Cp), p_buf, *((to_dev(dev, E),) if gelu else ()))
+    cl.enqueue_copy(dev.queue, out, o_buf)
+    cl.enqueue_copy(dev.queue, part, p_buf, is_blocking=True)
+    part = part.reshape(Rp // 64, cols)
+    got = (out[_tiled_index(Rp, Cp)].astype(np.uint32) << 16).view(f32)
+    assert not got[rows:].any() and not got[:, cols:].any()
+    if gelu:
+        e = E.astype(np.float64)
+        t = np.tanh(np.sqrt(2 / np.pi) * (e + 0.044715 * e**3))
+        want = X * (0.5 * (1 + t) + 0.5 * e * (1 - t * t) * np.sqrt(2 / np.pi) * (1 + 3 * 0.044715 * e * e))
+        assert np.abs(got[:rows, :cols] - want).max() <= 2.0**-8 * np.abs(want).max()
+        sums = np.add.reduceat(np.vstack([want, np.zeros((Rp - rows, cols))]), np.arange(0, Rp, 64), axis=0)
+        assert np.abs(part - sums).max() <= 1e-5 * np.abs(want).max() * 64
+        return
+    flat = np.zeros((Rp, Cp), np.uint16)
+    flat[:rows, :cols] = _bf16_pattern(X)
+    assert np.array_equal(out[_tiled_index(Rp, Cp)], flat)
+    padded = np.zeros((Rp, cols), f32)
+    padded[:rows] = X
+    want = np.stack([np.cumsum(padded[64 * i:64 * i + 64], axis=0, dtype=f32)[-1] for i in range(Rp // 64)])
+    assert np.array_equal(part, want)
+
+
+def test_xent_backward_tiled_against_float64(dev):
+    """xent_backward_tiled: s * mask * (softmax - onehot) from the forward's lse, straight into the tiled bf16
+    copy the head's wgmma products read, zeros outside N x V; against float64, to bf16's rounding."""
+    N, V, s = 37, 70, 0.37
+    logits = rng.normal(size=(N, V)).astype(f32) * 3
+    targets = rng.integers(0, V, N).astype(np.int32)
+    mask = (rng.random(N) > 0.3).astype(f32)
+    l64 = logits.astype(np.float64)
+    lse = np.log(np.exp(l64).sum(1))
+    want = s * mask[:, None] * (np.exp(l64 - lse[:, None]) - (np.arange(V)[None, :] == targets[:, None]))
+    Rp, Cp = 64, 128
+    k = dev.kernel("xent", "xent_backward_tiled", V=V)
+    out = np.empty(Rp * Cp, np.uint16)
+    o_buf = cl.Buffer(dev.ctx, cl.mem_flags.READ_WRITE, out.nbytes)
+    k(dev.queue, (Cp // 8, Rp), (4, 32), np.int32(N), np.float32(s), to_dev(dev, logits), to_dev(dev, targets),
+      to_dev(dev, mask), to_dev(dev, lse.astype(f32)), o_buf)
+    cl.enqueue_copy(dev.queue, out, o_buf, is_blocking=True)
+    got = (out[_tiled_index(Rp, Cp)].astype(np.uint32) << 16).view(f32)
+    assert not got[N:].any() and not got[:, V:].any()
+    assert np.abs(got[:N, :V] - want).max() <= 2.0**-8 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("clip", [0.0, 1.0])
+def test_grad_norm_work_groups_against_float64(dev, clip):
+    """grad_norm_partial_wg / grad_norm_final_wg (GPUs): the norm and the clip factor against float64."""
+    n, parts, LW = 100003, 37, 64
+    g = rng.normal(size=n).astype(f32) * 0.01
+    partials, out = cl.Buffer(dev.ctx, cl.mem_flags.READ_WRITE, parts * 4), np.empty(2, f32)
+    o_buf = cl.Buffer(dev.ctx, cl.mem_flags.READ_WRITE, 8)
+    dev.kernel("adamw", "grad_norm_partial_wg", LW=LW)(dev.queue, (parts * LW,), (LW,), np.int32(n), to_dev(dev, g),
+                                                       partials)
+    dev.kernel("adamw", "grad_norm_final_wg", LW=LW)(dev.queue, (LW,), (LW,), np.int32(parts), np.float32(clip),
+                                                     partials, o_buf)
+    cl.enqueue_copy(dev.queue, out, o_buf, is_blocking=True)
+    norm = np.sqrt((g.astype(np.float64) ** 2).sum())
+    assert abs(out[0] - norm) <= 1e-5 * norm
+    assert out[1] == (np.float32(clip) / out[0] if 0 < clip < out[0] else 1.0)
+
+
+def test_tiled_copies_kept_for_stable_and_reused_buffers(dev, monkeypatch):
+    """Ops.tiled_copy: a stable buffer's copy is made once per forward (forget_copies drops it), a reuse block's
+    buffer's once per block, any other buffer's at every call; the copy holds the tiled bf16 values."""
+    ops = _bf16_ops()
+    ops.k["to_bf16_tiled"] = dev.kernel("matmul_bf16", "to_bf16", TILED=1, **ops._bf16_opts)
+    rows, cols = 100, 70
+    X, Y, Z = (rng.normal(size=(rows, cols)).astype(f32) for _ in range(3))
+    xb, yb, zb = to_dev(dev, X), to_dev(dev, Y), to_dev(dev, Z)
+    ops.stable(xb)
+    launches = []
+    real = ops._launch
+    monkeypatch.setattr(ops, "_launch", lambda *a: (launches.append(a[0]), real(*a)))
+    first = ops.tiled_copy(0, xb, rows, cols)
+    assert ops.tiled_copy(1, xb, rows, cols) is first and len(launches) == 1
+    out = np.empty(first[1] * first[2], np.uint16)
+    cl.enqueue_copy(dev.queue, out, first[0], is_blocking=True)
+    flat = np.zeros(first[1:], np.uint16)
+    flat[:rows, :cols] = _bf16_pattern(X)
+    assert first[1:] == (128, 128) and np.array_equal(out[_tiled_index(*first[1:])], flat)
+    ops.forget_copies()
+    assert ops.tiled_copy(0, xb, rows, cols) is not first and len(launches) == 2
+    with ops.reuse(yb):
+        y1 = ops.tiled_copy(0, yb, rows, cols)
+        assert ops.tiled_copy(1, yb, rows, cols) is y1 and len(launches) == 3
+        ops.tiled_copy(0, zb, rows, cols)
+        ops.tiled_copy(0, zb, rows, cols)
+        assert len(launches) == 5
+        with pytest.raises(ClgptError, match="do not nest"):
+            with ops.reuse(zb):
+                pass
+    ops.tiled_copy(0, yb, rows, cols)
+    assert len(launches) == 6
+
+
+def test_products_that_write_only_their_tiled_copy(dev, monkeypatch):
+    """On wgmma (emulated here: the launches recorded, not run), the GELU product writes g = gelu(h) only as g's
+    kept tiled copy (TILED_OUT 1) and the GELU' product dh only as dh's tiled copy with its column sums (TILED_OUT
+    2), which dh's reuse block then takes without a copy; reading such a dh any other way, or never, is an error;
+    sizes off multiples of 64 keep the fp32 outputs."""
+    ops = _bf16_ops()
+    calls = []
+    monkeypatch.setattr(ops, "on_wgmma", lambda M, N, K, epi=0: epi != 2)
+    monkeypatch.setattr(ops, "_matmul_wgmma", lambda *a, tiled_out=None, **_: calls.append((a[12], tiled_out)))
+    monkeypatch.setattr(ops, "_launch", lambda *a: calls.append(("launch", a[0])))
+    ops.k["to_bf16_colsum_gelu"] = ops.k["to_bf16_colsum"] = "copy"
+    monkeypatch.setattr(ops, "colsum_copies", True)
+    monkeypatch.setattr(ops, "tiled_outputs", True)
+    M, N, K = 128, 192, 64
+    A, B, h, g, dh = (ops.buf(n) for n in (M * K, N * K, M * N, M * N, M * N))
+    ops.stable(g)
+    ops._matmul_bf16(M, N, K, A, B, h, 0, 1, None, None, False, 1.0, 1, g)
+    assert calls[-1][0] == 1 and calls[-1][1][1] is None
+    assert ops.tiled_copy(0, g, M, N) == (calls[-1][1][0], M, N) and calls[-1][0] == 1  # kept: no copy made
+    ops._matmul_bf16(M, N, K, A, B, dh, 0, 0, None, None, False, 1.0, 2, h)
+    copy, parts = calls[-1][1]
+    assert calls[-1][0] == 2 and ops._premade[dh.int_ptr][:3] == (copy, M, N)
+    with ops.reuse(dh):
+        assert ops.tiled_copy(2, dh, M, N) == (copy, M, N) and ops.tiled_copy(0, dh, M, N) == (copy, M, N)
+        assert ops._colsums == ((dh.int_ptr, M, N), M // 64, parts) and calls[-1][0] == 2
+    ops._matmul_bf16(M, N, K, A, B, dh, 0, 0, None, None, False, 1.0, 2, h)
+    with pytest.raises(ClgptError, match="read as fp32"):
+        ops._settle(dh)
+    with pytest.raises(ClgptError, match="never read"):
+        with ops.reuse(dh):
+            pass
+    ops.forget_copies()
+    ops._matmul_bf16(M + 8, N, K, A, B, h, 0, 1, None, None, False, 1.0, 1, g)  # M off 64: fp32 g
+    assert calls[-1] == (1, None) and not ops._kept
+
+
+def test_swiglu_gradient_written_only_as_its_tiled_copy(dev, monkeypatch):
+    """On wgmma (emulated here: the launches recorded, not run), the SwiGLU backward's product (EPI 3, dgate | dup
+    rows 2N apart) writes its output only as the (M, 2N) tiled copy (TILED_OUT 3), which its reuse block takes
+    without a copy; sizes off multiples of 64 keep the fp32 output."""
+    ops = _bf16_ops()
+    calls = []
+    monkeypatch.setattr(ops, "on_wgmma", lambda M, N, K, epi=0: epi != 2)
+    monkeypatch.setattr(ops, "_matmul_wgmma", lambda *a, tiled_out=None, **_: calls.append((a[12], tiled_out)))
+    monkeypatch.setattr(ops, "_launch", lambda *a: calls.append(("launch", a[0])))
+    monkeypatch.setattr(ops, "tiled_outputs", True)
+    M, N, K = 128, 192, 64
+    A, B, hgu, dhgu = (ops.buf(n) for n in (M * K, N * K, M * 2 * N, M * 2 * N))
+    ops._matmul_bf16(M, N, K, A, B, dhgu, 0, 0, None, None, False, 1.0, 3, hgu, ldc=2 * N)
+    copy, part = calls[-1][1]
+    assert calls[-1][0] == 3 and part is None and ops._premade[dhgu.int_ptr][:3] == (copy, M, 2 * N)
+    with ops.reuse(dhgu):
+        assert ops.tiled_copy(0, dhgu, M, 2 * N) == (copy, M, 2 * N) == ops.tiled_copy(1, dhgu, M, 2 * N)
+    assert not any(c[0] == "launch" for c in calls)
+    ops._matmul_bf16(M + 8, N, K, A, B, dhgu, 0, 0, None, None, False, 1.0, 3, hgu, ldc=2 * N)
+    assert calls[-1] == (3, None) and dhgu.int_ptr not in ops._premade
+
+
+@pytest.mark.parametrize("N,C", [(128, 128), (64, 384)])
+def test_layernorm_writes_its_tiled_copy(dev, N, C):
+    """layernorm_forward_rows with LN_TILED (GPU rows, on wgmma): out, mean, rstd as without, bit for bit, and
+    out's bf16 copy in the wgmma layout (what to_bf16 TILED would make of out), for the products to read."""
+    x = (rng.normal(size=(N, C)) * 2 + 0.5).astype(f32)
+    w, b = rng.normal(size=C).astype(f32), rng.normal(size=C).astype(f32)
+    args = [("N", i32(N)), ("x", x), ("w", w), ("b", b), ("out", np.zeros_like(x)), ("mean", np.zeros(N, f32)),
+            ("rstd", np.zeros(N, f32))]
+    kw = dict(C=C, EPS=1e-5, RW=4)
+    plain = run_op(dev, "layernorm", "layernorm_forward_rows", (32, N), args, kw, lsize=(32, 4))
+    tiled = run_op(dev, "layernorm", "layernorm_forward_rows", (32, N), args + [("out16", np.zeros(N * C, np.uint16))],
+                   {**kw, "LN_TILED": 1}, lsize=(32, 4))
+    assert all(np.array_equal(plain[k], tiled[k]) for k in ("out", "mean", "rstd"))
+    assert np.array_equal(tiled["out16"][_tiled_index(N, C)], _bf16_pattern(plain["out"]))
+
+
+def test_expert_operands_written_as_tiled_copies(dev):
+    """On wgmma the experts' operands go straight to their tiled bf16 copies (moe.cl MOE_TILED, swiglu.cl
+    EXPERTS_TILED): each copy holds what to_bf16 TILED would make of the fp32 output of the plain kernel, at the
+    rows the routing gave (uneven experts, padding rows left as they were)."""
+    E, K, C, F, N, RM = 4, 2, 64, 128, 40, 32
+    r = np.random.default_rng(3)
+    sel = np.stack([r.permutation(E)[:K] for _ in range(N)]).astype(np.int32)
+    counts = np.bincount(sel.ravel(), minlength=E)
+    offs = np.concatenate([[0], np.cumsum(-(-counts // RM) * RM)[:-1]])
+    pos, seen = np.empty(N * K, np.int32), np.zeros(E, int)
+    for a, e in enumerate(sel.ravel()):
+        pos[a], seen[e] = offs[e] + seen[e], seen[e] + 1
+    R = -(-(N * K + E * (RM - 1)) // 64) * 64
+    x, dout = (r.normal(size=(N, C)).astype(f32) for _ in range(2))
+    w = r.random(N * K).astype(f32)
+    g, u = (r.normal(size=(R, F)).astype(f32) * 3 for _ in range(2))
+    moe = dict(E=E, K=K, C=C, RM=RM)
+
+    def copy_of(fp32, cols, rows=None):  # the bf16 pattern of fp32's rows (all, or those in `rows`) in tiled order
+        flat = np.zeros((R, cols), np.uint16)
+        rows = np.arange(R) if rows is None else rows
+        flat[rows] = _bf16_pattern(fp32[rows])
+        return flat
+
+    z16 = lambda cols: np.zeros(R * cols, np.uint16)  # noqa: E731
+    plain = run_op(dev, "moe", "moe_gather_packed", (C, N * K),
+                   [("N", i32(N)), ("pos", pos), ("x", x), ("xg", np.zeros((R, C), f32))], moe)
+    tiled = run_op(dev, "moe", "moe_gather_packed_tiled", (C // 4, N * K),
+                   [("N", i32(N)), ("Rp", i32(R)), ("pos", pos), ("x", x), ("xg16", z16(C))], {**moe, "MOE_TILED": 1})
+    assert np.array_equal(tiled["xg16"][_tiled_index(R, C)], copy_of(plain["xg"], C, pos))
+    plain = run_op(dev, "moe", "moe_combine_backward", (C, N * K),
+                   [("N", i32(N)), ("dout", dout), ("w", w), ("pos", pos), ("dye", np.zeros((R, C), f32))], moe)
+    tiled = run_op(dev, "moe", "moe_combine_backward_tiled", (C // 4, N * K),
+                   [("N", i32(N)), ("Rp", i32(R)), ("dout", dout), ("w", w), ("pos", pos), ("dye16", z16(C))],
+                   {**moe, "MOE_TILED": 1})
+    assert np.array_equal(tiled["dye16"][_tiled_index(R, C)], copy_of(plain["dye"], C, pos))
+    n = R * F
+    plain = run_op(dev, "swiglu", "swiglu_forward", (n,),
+                   [("n", i32(n)), ("gate", g), ("up", u), ("y", np.zeros((R, F), f32))])
+    plain_y = plain["y"]
+    # gate | up from one product (each row gate | up): the copy of the y the plain kernel makes of gate and up
+    h = np.concatenate([g, u], axis=1)
+    tiled = run_op(dev, "swiglu", "swiglu_rows_forward_tiled", (F // 4, R),
+                   [("R", i32(R)), ("F", i32(F)), ("h", h), ("y16", z16(F))], {"EXPERTS_TILED": 1})
+    assert np.array_equal(tiled["y16"][_tiled_index(R, F)], copy_of(plain_y, F))
+
+
+def test_gate_up_pair_copy(dev):
+    """to_bf16_pair: the stacked gate and up weights (E, F, C) as one tiled (E, 2F, C) copy, expert e's gate rows
+    then its up rows, each value what to_bf16 TILED makes of it, zeros past C."""
+    E, F, C = 3, 64, 100
+    r = np.random.default_rng(4)
+    gate, up = (r.normal(size=(E, F, C)).astype(f32) for _ in range(2))
+    Rp, Cp = 2 * E * F, 128
+    out = run_op(dev, "matmul_bf16", "to_bf16_pair", (Cp // 8, Rp),
+                 [("F", i32(F)), ("K", i32(C)), ("gate", gate), ("up", up), ("O", np.zeros(Rp * Cp, np.uint16))],
+                 {"TILED": 1, "MMA_EMULATE": 1}, lsize=(4, 32))
+    flat = np.zeros((Rp, Cp), np.uint16)
+    flat[:, :C] = _bf16_pattern(np.concatenate([gate, up], axis=1).reshape(Rp, C))
+    assert np.array_equal(out["O"][_tiled_index(Rp, Cp)], flat)
