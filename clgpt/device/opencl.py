@@ -176,9 +176,11 @@ def _cannot(dev, spec: str | None = None) -> ClgptError:
                       "(`clgpt devices` lists them) with --device, `device:` in config.yaml or PYOPENCL_CTX")
 
 
-def _real_cpus(devs) -> list[tuple[str, cl.Device]]:
-    """The (index, device) rows of the CPU devices that are no simulator, PoCL's first, else in listing order."""
-    cpus = [(idx, d) for idx, d in devs if d.type & cl.device_type.CPU and not is_slow(d)]
+def _real_cpus(devs, rasteriser: bool = False) -> list[tuple[str, cl.Device]]:
+    """The (index, device) rows of the CPU devices that are no simulator, PoCL's first, else in listing order;
+    a software rasteriser (llvmpipe) only with `rasteriser` (the implementations the tests run on)."""
+    cpus = [(idx, d) for idx, d in devs if d.type & cl.device_type.CPU and not is_simulator(d)
+            and (rasteriser or not is_software_rasteriser(d))]
     return sorted(cpus, key=lambda row: not _is_pocl(row[1]))
 
 
@@ -212,7 +214,7 @@ def cpu_implementations(gpu_first: bool = False) -> dict[str, str]:
     if gpu_first and _working_gpus(devs):
         return {"auto": ""}
     found = {}
-    for idx, d in _real_cpus(devs):
+    for idx, d in _real_cpus(devs, rasteriser=True):  # rusticl's llvmpipe too: a compiler of its own
         if not _probe(d):
             name = "pocl" if _is_pocl(d) else "intel" if "intel" in d.platform.name.lower() else d.platform.name
             found.setdefault(name, idx)
