@@ -1,5 +1,6 @@
 """Every output is written to a temporary name beside it and renamed into place, so a reader (a later
-stage, a resumed run) sees the old file or the new one, never half of one.
+stage, a resumed run) sees the old file or the new one, never half of one; the folder is fsynced after the
+rename, so the new name survives a power cut too.
 
 The files a user keeps (model.gguf, Modelfile, the stages' checkpoints) are written by their stage under
 results/staging/ and then published: linked to their own path in one rename (`publish`). Snakemake deletes a
@@ -24,9 +25,25 @@ def atomic_path(path: str | os.PathLike) -> Iterator[str]:
     try:
         yield tmp
         os.replace(tmp, path)
+        fsync_dir(os.path.dirname(path) or ".")
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def fsync_dir(folder: str | os.PathLike) -> None:
+    """Flush a folder's entries to disk: after a rename, a power cut can otherwise still lose it (the new
+    file's bytes are on disk, its name is not). Nothing where folders cannot be opened (Windows)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # a file system that cannot sync a folder (some network ones) has nothing more to give
+    finally:
+        os.close(fd)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:

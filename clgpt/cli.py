@@ -48,6 +48,9 @@ def cmd_train_tokenizer(args) -> None:
     out_dir = os.path.dirname(os.path.abspath(args.out))
     if not os.path.isdir(out_dir):
         raise ClgptError(f"--out {args.out}: folder {os.path.dirname(args.out) or '.'} does not exist; create it first")
+    if os.path.isdir(args.out):
+        raise ClgptError(f"--out {args.out}: this is a folder; give the tokenizer file's name "
+                         f"(e.g. --out {os.path.join(args.out, 'tokenizer.json')})")
     texts = []
     for path in args.files:
         if os.path.isdir(path):

@@ -112,6 +112,23 @@ def _key_lines(node, path: KeyPath = ()) -> dict[KeyPath, int]:
     return out
 
 
+def _mistake_mark(e: "yaml.MarkedYAMLError", text: str):
+    """Where the mistake is, which YAML often finds a line later: a bracket or key left open (the line it was
+    opened on, e.context_mark), or a key without its ':' before a line with one (that earlier line)."""
+    problem, context = e.problem_mark, e.context_mark
+    if problem is None or (context is not None and context.line < problem.line):
+        return context or problem
+    if "mapping values are not allowed" in str(e.problem or ""):
+        lines = text.splitlines()
+        for n in range(problem.line - 1, -1, -1):
+            stripped = lines[n].split(" #")[0].strip()
+            if stripped and not stripped.startswith("#"):
+                if ":" not in stripped and not stripped.startswith("-"):
+                    return yaml.Mark(problem.name, 0, n, len(lines[n]) - len(lines[n].lstrip()), None, None)
+                break
+    return problem
+
+
 def _tab_indent_line(text: str, up_to: int) -> int | None:
     for n, line in enumerate(text.splitlines()[:up_to], start=1):
         indent = line[: len(line) - len(line.lstrip(" \t"))]
@@ -149,12 +166,14 @@ def read_yaml(path: str | Path) -> tuple[Any, dict[KeyPath, int]]:
     except _DuplicateKey as e:
         raise ClgptError(f"{path}:{e.line}: key '{e.key}' is given twice (first on line {e.first}); keep one") from None
     except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
+        mark = _mistake_mark(e, text)
         line = mark.line + 1 if mark else len(text.splitlines())
         tab = _tab_indent_line(text, line)
         if tab is not None:
             raise ClgptError(f"{path}:{tab}: indented with a tab; YAML indents with spaces only, replace the tab") from None
         problem = " ".join(str(e.problem or e.context or "syntax error").split())
+        if mark is not None and e.problem_mark is not None and mark.line != e.problem_mark.line:
+            problem += f", noticed on line {e.problem_mark.line + 1}"
         col = f":{mark.column + 1}" if mark else ""
         raise ClgptError(f"{path}:{line}{col}: not valid YAML ({problem}); fix the syntax") from None
     except yaml.YAMLError as e:
@@ -350,6 +369,14 @@ def check_config(config: dict, where: _Where | None = None) -> None:
                 f"{where([stage, 'seq_len'])}: {stage}.seq_len={config[stage]['seq_len']} is longer than "
                 f"model.n_ctx={m['n_ctx']}; lower it or raise model.n_ctx"
             )
+    lora = config["tune"].get("lora")
+    if lora and lora.get("targets") == []:
+        raise ClgptError(f"{where(['tune', 'lora', 'targets'])}: tune.lora.targets is empty, which would adapt "
+                         "nothing; name the matrices to adapt (e.g. [attn_q, attn_v]) or leave the key out for all")
+    if lora and not config["corpus"].get("tune"):
+        raise ClgptError(f"{where(['tune', 'lora'])}: tune.lora is set but there is no tune stage (corpus.tune "
+                         "is empty), so no adapter would be trained; set corpus.tune to a folder of chat files "
+                         "or remove tune.lora")
     qtype = config["export"]["type"]
     if qtype in ("q8_0", "q4_0"):
         from clgpt.model import ModelConfig

@@ -33,6 +33,8 @@ def snakemake_args(args: list[str]) -> list[str]:
     for arg in args:
         m = _OVERRIDE.fullmatch(arg) if not arg.startswith("-") else None
         if m is None:
+            if not arg.startswith("-") and _is_key(arg):  # `pretrain.steps` without `=VALUE`: not a target
+                raise ClgptError(f"{arg}: a config key without a value; write {arg}=VALUE")
             rest.append(arg)
             continue
         *sections, key = m.group(1).split(".")
@@ -51,6 +53,20 @@ def snakemake_args(args: list[str]) -> list[str]:
         return rest
     config = [f"{k}={_flow(v)}" for k, v in overrides.items()]
     return [*rest, "--config", *config]
+
+
+def _is_key(arg: str) -> bool:
+    """Whether `arg` is a dotted config key (section.key, as the schema has it); model.gguf is a target."""
+    from clgpt.config import load_schema
+
+    node = load_schema()
+    parts = arg.split(".")
+    for part in parts:
+        props = node.get("properties") if isinstance(node, dict) else None
+        if not props or part not in props:
+            return False
+        node = props[part]
+    return len(parts) > 1
 
 
 def _check_section(arg: str, name: str) -> None:

@@ -1,10 +1,11 @@
 """What every stage script shares, and what the workflow knows about each stage's code.
 
 - `run_script`: stderr goes to the terminal and to the rule's log; a ClgptError, an OSError (a read-only
-  folder, a full disk) or Ctrl-C ends the stage with one line (exit 1, or 130 for Ctrl-C) instead of a
-  traceback; and the stage stops (saving its checkpoint, like Ctrl-C) when the Snakemake that started it
+  folder, a full disk), a bug (its traceback in the log), Ctrl-C, SIGTERM or SIGHUP ends the stage with one
+  line (exit 1, or 128 + the signal's number) instead of a traceback; and the stage stops (saving its checkpoint, like Ctrl-C) when the Snakemake that started it
   is gone (kill -9 leaves its jobs running otherwise).
-- `quiet_after_ctrl_c`: in the Snakemake process, after Ctrl-C, the stage's own line is the last word.
+- `one_line`: in the Snakemake process, a failed or stopped stage's own line is the last word: Snakemake's
+  failed-job block is not shown after it.
 - `code_inputs`: the package modules a stage script imports, directly or through each other, and the
   kernels when it builds them: the rules list these as inputs, so editing any of them re-runs the stage.
 """
@@ -14,12 +15,14 @@ from __future__ import annotations
 import ast
 import logging
 import os
+import re
 import signal
 import sys
 import threading
 from pathlib import Path
 from typing import Callable
 
+from clgpt import signals
 from clgpt.errors import ClgptError
 from clgpt.ranks import env_rank
 
@@ -93,33 +96,85 @@ def _watch(chain: list[tuple[int, int]], stop: threading.Event, on_gone: Callabl
                 return
 
 
-_ctrl_c = threading.Event()  # set in the Snakemake process once the user pressed Ctrl-C
+# exit statuses of a stage that has said its one line: run_script's 1 for an error, 128 + a stop signal's number
+SAID = {1} | {signals.exit_code(n) for n in signals.STOP_SIGNALS}
+_STATUS = re.compile(r"non-zero exit status (-?\d+)|died with <Signals\.(\w+): (\d+)>")
+# Snakemake's records that still show once a job failed: the other jobs' progress (with --keep-going, or
+# jobs running beside the failed one)
+_PROGRESS_EVENTS = {"job_info", "job_started", "job_finished", "progress", "shellcmd", "group_info"}
 
 
-class _AfterCtrlC(logging.Filter):
+def _status_line(rule: str, status: int | None, log: str) -> str:
+    """clgpt's line for a stage that ended without saying one (killed outright, a crash of Python itself)."""
+    if status is None:
+        how = "failed"
+    elif status < 0 or status > 128:
+        num = -status if status < 0 else status - 128
+        try:
+            how = f"was killed by {signal.Signals(num).name}"
+        except ValueError:
+            how = f"ended with exit status {status}"
+    else:
+        how = f"ended with exit status {status}"
+    kill9 = " (out of memory, or `kill -9`)" if status in (-9, 137) else ""
+    see = f"; its log: {log}" if log else ""
+    return f"error: stage {rule} {how}{kill9}{see}; run the same command again to resume"
+
+
+class OneLine(logging.Filter):
+    """Snakemake's records after a stage failed: none on the terminal. The stage has said its one line
+    (run_script); Snakemake's failed-job block (RuleException, the CalledProcessError with the whole shell
+    line, "Error in rule", "Exiting because...", WorkflowError) would follow and bury it. A stage that ended
+    without a line (killed with -9, a crashed interpreter) gets clgpt's line instead of that block."""
+
+    def __init__(self, stream=None):
+        super().__init__()
+        self.failed = False  # a job failed: from now on, only progress records show
+        self.status: int | None = None  # the exit status of the failed job, from its exception record
+        self.stream = stream
+
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (_ctrl_c.is_set() and record.levelno >= logging.ERROR)
+        event = str(getattr(record, "event", "") or "")
+        if record.levelno >= logging.ERROR:
+            text = str(record.msg)
+            m = _STATUS.search(text)
+            if m:
+                self.status = int(m.group(1)) if m.group(1) is not None else -int(m.group(3))
+            if event == "job_error":
+                if self.status not in SAID:
+                    log = getattr(record, "log", None) or []
+                    log = ", ".join(map(str, log)) if isinstance(log, (list, tuple)) else str(log)
+                    rule = getattr(record, "rule_name", "?")
+                    # on a line of its own: the stage may have died in the middle of its progress bar
+                    print("\n" + _status_line(rule, self.status, log), file=self.stream or sys.stderr, flush=True)
+                self.failed, self.status = True, None
+                return False
+            if m or "Exiting because a job execution failed" in text or "Cancelling snakemake" in text:
+                self.failed = True
+                return False
+        if self.failed or _interrupted.is_set():
+            return event in _PROGRESS_EVENTS
+        return True
 
 
-def quiet_after_ctrl_c(logger: logging.Logger) -> None:
-    """Call in the Snakemake process (the Snakefile): after Ctrl-C, drop Snakemake's error records.
+_interrupted = threading.Event()  # set in the Snakemake process once it got Ctrl-C
 
-    Ctrl-C reaches the running stage and Snakemake together. The stage saves its checkpoint and says so in
-    one line (run_script); Snakemake then sees a job that exited 130 and prints its failed-job block (the
-    CalledProcessError, the whole shell line, "Error in rule", "WorkflowError"), which reads as a crash and
-    buries that line. Its info lines stay ("Terminating processes on user request"). Nothing changes when
-    SIGINT is ignored (a run started in the background) or when this is not the main thread."""
+
+def one_line(logger: logging.Logger) -> None:
+    """Call in the Snakemake process (the Snakefile): a failed or interrupted stage's one line is the last
+    word on the terminal (OneLine). After Ctrl-C only Snakemake's progress shows: the stage saves its
+    checkpoint and says so."""
+    if not any(isinstance(f, OneLine) for f in logger.filters):
+        logger.addFilter(OneLine())
     previous = signal.getsignal(signal.SIGINT)
     if not callable(previous) or threading.current_thread() is not threading.main_thread():
-        return
+        return  # SIGINT ignored (a run started in the background): no Ctrl-C will come
 
     def on_ctrl_c(signum, frame):
-        _ctrl_c.set()
+        _interrupted.set()
         return previous(signum, frame)
 
     signal.signal(signal.SIGINT, on_ctrl_c)
-    if not any(isinstance(f, _AfterCtrlC) for f in logger.filters):
-        logger.addFilter(_AfterCtrlC())
 
 
 RESUME_AFTER_KILL = "run `snakemake --unlock`, then the same snakemake command with --rerun-incomplete to resume"
@@ -181,19 +236,35 @@ def run_script(main: Callable, log_path: str | None, **kwargs) -> None:
         threading.Thread(target=_watch, args=(chain, stop, _stop_for_lost_parent), daemon=True).start()
     code = 0
     try:
-        main(**kwargs)
+        with signals.stop_raises():  # SIGTERM and SIGHUP stop a stage as Ctrl-C does
+            main(**kwargs)
     except ClgptError as e:
         print(f"error: {e}", file=sys.stderr)
         code = 1
-    except KeyboardInterrupt:
-        if _lost_parent:
+    except KeyboardInterrupt as e:
+        signum = signals.signum_of(e)
+        if env_rank() != 0:
+            pass  # every rank got the signal, or learned of it from the others: rank 0 speaks for the stage
+        elif _lost_parent:
             print(f"\nerror: snakemake was killed; this stage stopped and kept its checkpoint; {RESUME_AFTER_KILL}",
                   file=sys.stderr)
-        else:
+        elif signum == signal.SIGINT:
             print("error: interrupted; run snakemake again to resume", file=sys.stderr)
-        code = 130
+        else:
+            print(f"error: stopped by {signals.signal_name(signum)}; run snakemake again to resume", file=sys.stderr)
+        code = signals.exit_code(signum)
     except OSError as e:
         print(f"error: {os_error_line(e)}", file=sys.stderr)
+        code = 1
+    except Exception as e:  # a bug: its traceback goes to the log, one line to the terminal
+        import traceback
+
+        where = log_path if log else None
+        (log or sys.stderr).write(traceback.format_exc())
+        print(f"error: {type(e).__name__}: {e}; this is a bug in clgpt, please report it with "
+              f"{where or 'the traceback above'}".replace("\n", " "), file=sys.__stderr__ if log else sys.stderr)
+        if log:
+            log.write(f"error: {type(e).__name__}: {e}\n")
         code = 1
     finally:
         stop.set()

@@ -14,12 +14,12 @@ from snakemake.logging import logger as snakemake_logger
 from clgpt.atomic import publish
 from clgpt.config import load_workflow_config
 from clgpt.data import check_corpus as check_text_corpus
-from clgpt.data.preflight import check_corpus, check_outputs
+from clgpt.data.preflight import check_corpus, check_dates, check_outputs
 from clgpt.device.opencl import get_device
 from clgpt.errors import ClgptError
-from clgpt.stage import ANOTHER_RUN, RESUME_AFTER_KILL, code_inputs, live_run, quiet_after_ctrl_c, stale_lock
+from clgpt.stage import ANOTHER_RUN, RESUME_AFTER_KILL, code_inputs, live_run, one_line, stale_lock
 
-quiet_after_ctrl_c(snakemake_logger)  # after Ctrl-C, the interrupted stage's one line is not followed by a failed-job block
+one_line(snakemake_logger)  # a failed stage's one line is not followed by Snakemake's failed-job block
 _settings = workflow.config_settings
 try:
     if not {"--unlock", "--nolock", "--target-jobs"} & set(sys.argv):  # --target-jobs: a job of a running one
@@ -87,12 +87,20 @@ def publish_settings(wildcards):
 try:
     check_outputs(
         [*PUBLISHED, *map(staged, PUBLISHED)],
-        ["results", "logs", "benchmarks", *(f"results/{d}" for d in ("tokenizer", "encoded", "eval", "staging"))],
+        ["results", "logs", "benchmarks", "hf", "models", *(f"results/{d}" for d in ("tokenizer", "encoded", "eval", "staging"))],
     )
 except ClgptError as e:
     sys.exit(f"error: {e}")
 PRETRAIN_TEXT = _corpus["pretrain"]
 TUNE_DIALOGS = _corpus["tune"]
+try:  # an input dated in the future fails every job that reads it (Snakemake's clock-skew check)
+    check_dates([*(p for paths in _corpus.values() for p in (paths if isinstance(paths, list) else [paths])),
+                 *(str(p) for d in ("clgpt", "kernels", "scripts", "rules") for p in Path(workflow.basedir, d).rglob("*")),
+                 *(str(p) for d in ("results", "hf", "lora") for p in Path(d).rglob("*")),
+                 *(_validated["corpus"][k] or "" for k in ("pretrain_heldout", "tune_heldout")),
+                 "config.yaml", *getattr(_settings, "configfiles", ()), "model.gguf", "Modelfile"])
+except ClgptError as e:
+    sys.exit(f"error: {e}")
 config.clear()
 config.update(_validated)
 
@@ -108,7 +116,18 @@ FINAL_CKPT = "results/tune/model.ckpt" if TUNE else "results/pretrain/model.ckpt
 # A LoRA tune (tune.lora) also ships the base it adapts and the adapter (clgpt/models/lora.py).
 LORA = TUNE and bool(config["tune"].get("lora"))
 LORA_EXPORT_INPUT = {"pretrained": "results/pretrain/model.ckpt"} if LORA else {}
-LORA_EXPORT_OUTPUT = {"lora_base": "lora/base.gguf", "lora_adapter": "lora/adapter.gguf"} if LORA else {}
+LORA_FILES = {"lora_base": "lora/base.gguf", "lora_adapter": "lora/adapter.gguf"}
+LORA_EXPORT_OUTPUT = LORA_FILES if LORA else {}
+
+
+def drop_stale_lora():
+    """After a full tune that follows a LoRA one, the earlier adapter and base no longer make model.gguf
+    (llama.cpp's `-m lora/base.gguf --lora lora/adapter.gguf` would run the old model): removed, and said."""
+    stale = [] if LORA else [p for p in LORA_FILES.values() if os.path.exists(p)]
+    for p in stale:
+        os.remove(p)
+    if stale:
+        print(f"model.gguf is a full tune now: removed {' and '.join(stale)} of the earlier LoRA tune", file=sys.stderr)
 ENCODED_PARTS = ["pretrain", "pretrain_heldout"] + (["tune", "tune_heldout"] if TUNE else [])
 
 

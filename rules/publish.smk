@@ -25,6 +25,7 @@ rule publish_model:
     localrule: True
     run:
         publish(input.staged, output[0])
+        drop_stale_lora()
 
 
 rule publish:

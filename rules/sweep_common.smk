@@ -7,6 +7,10 @@ from clgpt.training.sweep import stage_dir, sweep_runs, varied_stages
 
 try:
     SWEEP_RUNS = sweep_runs(config)
+    # the targets are not known while the Snakefile is read; the command line names them (`snakemake ... sweep`)
+    if not config.get("sweep") and "sweep" in sys.argv[1:]:
+        raise ClgptError("`sweep` runs the combinations of the config's `sweep:` section, and it has none; add "
+                         "one (e.g. `sweep: {pretrain.lr: [0.003, 0.001]}`, docs/sweeps.md) or ask for model.gguf")
 except ClgptError as e:
     sys.exit(f"error: {e}")
 SWEEP_VARIED = varied_stages(config["sweep"])

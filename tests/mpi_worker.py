@@ -3,8 +3,8 @@
 SPEC is JSON: {"mode": "grads", ...}: one step's gradients with N ranks (clgpt.training.train.accumulate_grads,
 reduced during backward and after it) and, on rank 0, with one rank on the same batch; saved to
 spec["out"] (.npz).
-{"mode": "stage", "args": {...run_stage keywords...}, "kill": [rank, step]}: run_stage; the given rank
-kills itself with SIGKILL after that optimizer step (a rank that dies). Rank 0 writes the returned dict
+{"mode": "stage", "args": {...run_stage keywords...}, "kill": [rank, step(, signal)]}: run_stage; the given
+rank sends itself SIGKILL (a rank that dies), or the signal given, after that optimizer step. Rank 0 writes the returned dict
 to spec["out"] (.json)."""
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def stage(spec: dict) -> None:
 
     def callback(step, loss):
         if kill and dist_rank == kill[0] and step == kill[1]:
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), kill[2] if len(kill) > 2 else signal.SIGKILL)
 
     out = run_stage(**spec["args"], callback=callback)
     if dist_rank == 0:

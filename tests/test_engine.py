@@ -4,6 +4,9 @@ device choice."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -16,6 +19,7 @@ from clgpt.models.gpt2 import GPT2Engine as Engine
 
 from enginecheck import batch, max_rel, noisy_params
 
+ROOT = Path(__file__).resolve().parent.parent
 # the noise on the parameters the GPT-2 checks were set with (the norms' weights and biases matter)
 NOISE = 0.1
 
@@ -237,6 +241,36 @@ def test_auto_choice_prefers_pocl_then_other_cpu_runtimes_and_never_a_simulator(
     assert D._pick(None) is intel
     listing = {idx: note for idx, _, _, _, note in D.list_devices()}
     assert "simulator" in listing["0:0"] and listing["1:0"] == "" and "cannot run" in listing["2:0"]
+
+
+@pytest.mark.parametrize("slow, words", [
+    (dict(kind="ALL", platform="Oclgrind", version="OpenCL 1.2 (Oclgrind 21.10)", name="Oclgrind Simulator"),
+     "is Oclgrind, a simulator"),
+    (dict(kind="CPU", platform="rusticl", version="OpenCL 3.0", name="llvmpipe (LLVM 15.0.6, 256 bits)"),
+     "is Mesa's llvmpipe, a software rasteriser"),
+], ids=["oclgrind", "llvmpipe"])
+def test_a_slow_device_runs_only_when_named_and_after_a_warning(monkeypatch, capsys, slow, words):
+    """A simulator or a software rasteriser is never the automatic choice (llvmpipe lists itself as a GPU); named
+    by index or name it runs, after one line that says how slow it is (once per process)."""
+    dev, pocl = FakeDevice(1, **slow), FakeDevice(2, name="pthread-AMD EPYC")
+    D = _fake_devices(monkeypatch, [dev, pocl], broken=set())
+    monkeypatch.setattr(D, "_warned", set())
+    assert D._pick(None) is pocl and capsys.readouterr().err == ""
+    assert D._pick("0:0") is dev
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"warning: OpenCL device '0:0' {words}") and "slower" in err[0], err
+    assert D._pick("0:0") is dev and capsys.readouterr().err == ""  # said once
+    assert "used only when named" in {idx: note for idx, _, _, _, note in D.list_devices()}["0:0"]
+    if "llvmpipe" in dev.name:  # still one of the implementations the kernel tests run on, under its platform's name
+        assert D.cpu_implementations() == {"pocl": "1:0", "rusticl": "0:0"}
+
+
+def test_config_comment_gives_a_device_example_that_keeps_its_meaning():
+    """An index ("0:0") names another device once another OpenCL package is installed (the test extra's
+    Oclgrind lists first): the example in config.yaml's comment is a name."""
+    comment = [line for line in (ROOT / "config.yaml").read_text().splitlines() if line.startswith("#")][:6]
+    examples = [e for line in comment if "e.g." in line for e in re.findall(r'"([^"]*)"', line.split("e.g.")[1])]
+    assert examples and not any(re.fullmatch(r"\d+(:\d+)?", e) for e in examples), comment
 
 
 def test_probe_runs_a_real_kernel_on_the_chosen_device():

@@ -22,7 +22,7 @@ from clgpt.data import read_dialogs, read_text
 from clgpt.data.preflight import check_corpus
 from clgpt.errors import ClgptError
 from clgpt.stage import code_inputs, run_script, stale_lock
-from test_pipeline import TINY, make_workdir, planned_rules, snakemake, write_config
+from test_pipeline import TINY, default_signals, make_workdir, planned_rules, snakemake, write_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -99,6 +99,16 @@ def test_bad_config_file_is_one_line(tmp_path, text, expected):
     msg = config_error(tmp_path, text)
     assert msg.startswith(str(tmp_path / "config.yaml")), msg
     assert re.search(expected, msg), msg
+
+
+@pytest.mark.parametrize("text, where", [
+    ('device: ""\ntune:\n  lr 1e-3\n  steps: 3\n', "config.yaml:3:3: not valid YAML"),  # a key without its ':'
+    ('device: ""\ntune:\n  epochs: [1, 2\n  steps: 3\n', "config.yaml:3:11: not valid YAML"),  # a bracket left open
+])
+def test_yaml_syntax_error_names_the_line_of_the_mistake(tmp_path, text, where):
+    """YAML finds these a line later; the line named is the one to fix."""
+    msg = config_error(tmp_path, text)
+    assert msg.startswith(str(tmp_path / where)) and "noticed on line 4" in msg, msg
 
 
 def test_missing_config_file(tmp_path):
@@ -348,6 +358,45 @@ def test_tokenize_gguf_without_tokenizer(tmp_path):
     assert r.returncode == 1 and "carries no tokenizer" in one_line_error(r.stderr)
 
 
+def test_generate_on_a_lora_adapter_names_the_model_to_run(tmp_path):
+    """lora/adapter.gguf holds the adapter only: the fix is model.gguf, or llama.cpp's --lora, not a tokenizer."""
+    import gguf as gguf_lib
+
+    p = tmp_path / "adapter.gguf"
+    w = gguf_lib.GGUFWriter(str(p), "llama")
+    w.add_type("adapter")
+    w.add_key_value("adapter.type", "lora", gguf_lib.GGUFValueType.STRING)
+    w.add_tensor("blk.0.attn_q.weight.lora_a", np.zeros((4, 4), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    r = clgpt("generate", str(p), "--prompt", "hi")
+    line = one_line_error(r.stderr)
+    assert r.returncode == 1 and "LoRA adapter, not a model" in line and "model.gguf" in line and "--lora" in line
+    assert "tokenizer" not in line
+
+
+@pytest.mark.parametrize("lora, words", [({"targets": []}, "tune.lora.targets is empty"),
+                                         ({"rank": 4}, "tune.lora is set but there is no tune stage")])
+def test_lora_settings_that_would_do_nothing_are_named(tmp_path, lora, words):
+    corpus = {} if "targets" in lora else {"corpus": {"tune": ""}}
+    text = yaml.safe_dump({**corpus, "tune": {"lora": lora}})
+    assert words in config_error(tmp_path, text)
+
+
+def test_a_full_tune_after_a_lora_one_removes_the_old_adapter(tmp_path):
+    """lora/base.gguf and lora/adapter.gguf of an earlier LoRA tune would still run the old model in llama.cpp."""
+    path = make_workdir(tmp_path / "wf")
+    (path / "lora").mkdir()
+    for name in ("base.gguf", "adapter.gguf"):
+        (path / "lora" / name).write_bytes(b"old")
+    r = snakemake(path, "model.gguf")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not (path / "lora/base.gguf").exists() and not (path / "lora/adapter.gguf").exists()
+    assert "removed lora/base.gguf and lora/adapter.gguf of the earlier LoRA tune" in r.stderr
+
+
 @pytest.mark.parametrize(
     "setup, args, message",
     [
@@ -355,8 +404,10 @@ def test_tokenize_gguf_without_tokenizer(tmp_path):
         (lambda d: (d / "a.txt").write_text(" \n"), ["a.txt", "--out", "t.json"], "no text to train on"),
         (lambda d: (d / "a.txt").write_text("ab ab\n"), ["a.txt", "--out", "t.json"], "--vocab-size 300 cannot be reached"),
         (lambda d: None, ["missing.txt", "--out", "t.json"], "missing.txt: cannot read"),
+        (lambda d: ((d / "a.txt").write_text("some text\n"), (d / "data").mkdir()), ["a.txt", "--out", "data"],
+         "--out data: this is a folder; give the tokenizer file's name (e.g. --out data/tokenizer.json)"),
     ],
-    ids=["missing-out-folder", "empty-file", "unreachable-vocab", "missing-input"],
+    ids=["missing-out-folder", "empty-file", "unreachable-vocab", "missing-input", "out-is-a-folder"],
 )
 def test_train_tokenizer_bad_input_is_one_line(tmp_path, setup, args, message):
     setup(tmp_path)
@@ -383,7 +434,7 @@ def _run_script_in_child(body: str, log: Path) -> subprocess.Popen:
         run_script(main, {str(log)!r})
     """)
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, preexec_fn=default_signals)
 
 
 def test_read_only_output_is_one_line(tmp_path):
@@ -394,22 +445,77 @@ def test_read_only_output_is_one_line(tmp_path):
     assert "results/tune/model.ckpt.partial: Permission denied; make the folder writable" in one_line_error(err)
 
 
-def test_ctrl_c_gives_no_traceback(tmp_path):
+STOPS = [(signal.SIGINT, "interrupted"), (signal.SIGTERM, "stopped by SIGTERM"), (signal.SIGHUP, "stopped by SIGHUP")]
+
+
+@pytest.mark.parametrize("sig, words", STOPS, ids=["SIGINT", "SIGTERM", "SIGHUP"])
+def test_stop_signal_gives_one_line(tmp_path, sig, words):
+    """Ctrl-C, `kill PID` and a closed terminal each end a stage with one line and 128 + the signal's number."""
     proc = _run_script_in_child("print('ready', flush=True); time.sleep(60)", tmp_path / "log")
     assert proc.stdout.readline() == "ready\n"  # in main(): run_script's handlers are in place
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and "interrupted" in one_line_error(err)
+    assert proc.returncode == 128 + sig
+    assert one_line_error(err) == f"error: {words}; run snakemake again to resume"
 
 
-def _ctrl_c_in_a_terminal(cmd: list[str], cwd: Path, when: bytes, timeout: float = 300) -> tuple[str, int]:
+def test_a_bug_in_a_stage_is_one_line_and_its_traceback_goes_to_the_log(tmp_path):
+    proc = _run_script_in_child("{}['missing']", tmp_path / "log")
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    line = one_line_error(err)
+    assert line.startswith("error: KeyError: 'missing'; this is a bug in clgpt") and str(tmp_path / "log") in line
+    assert "Traceback" in (tmp_path / "log").read_text()
+
+
+def test_sighup_ignored_by_nohup_stays_ignored(tmp_path):
+    """`nohup snakemake ...` means: outlive the terminal. A stage started so keeps running on SIGHUP."""
+    def nohup():
+        default_signals()
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    code = textwrap.dedent("""
+        import sys
+        from clgpt.stage import run_script
+        def main():
+            print('ready', flush=True)
+            sys.stdin.readline()
+            print('still here', flush=True)
+        run_script(main, None)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            preexec_fn=nohup)
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGHUP)
+    out, err = proc.communicate("go\n", timeout=60)
+    assert proc.returncode == 0 and out == "still here\n", err
+
+
+def _stage_pid(cwd: Path, script: str) -> int:
+    """The pid of the process running `scripts/SCRIPT` in the workflow folder `cwd`."""
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
+            if any(a.endswith(f"scripts/{script}".encode()) for a in argv[:3]) and \
+                    Path(os.readlink(f"/proc/{entry}/cwd")) == cwd:
+                return int(entry)
+        except OSError:
+            pass
+    raise AssertionError(f"no process runs scripts/{script} in {cwd}")
+
+
+def _ctrl_c_in_a_terminal(cmd: list[str], cwd: Path, when: bytes, timeout: float = 300,
+                          stop=None) -> tuple[str, int]:
     """Run `cmd` on a pseudo-terminal and type Ctrl-C once its output shows `when`, as a user at a terminal
-    does (the terminal sends SIGINT to every process of the run); its output and exit status."""
+    does (the terminal sends SIGINT to every process of the run), or call `stop()` then; its output and exit
+    status."""
     import pty
     import select
 
     pid, fd = pty.fork()
     if pid == 0:
+        default_signals()  # a terminal's defaults, also when the suite runs in the background
         os.chdir(cwd)
         os.execvp(cmd[0], cmd)
     out, typed, deadline = b"", False, time.monotonic() + timeout
@@ -423,7 +529,7 @@ def _ctrl_c_in_a_terminal(cmd: list[str], cwd: Path, when: bytes, timeout: float
                 break
             out += chunk
         if not typed and when in out:
-            os.write(fd, b"\x03")
+            os.write(fd, b"\x03") if stop is None else stop()
             typed = True
     else:
         os.kill(pid, signal.SIGKILL)
@@ -432,19 +538,23 @@ def _ctrl_c_in_a_terminal(cmd: list[str], cwd: Path, when: bytes, timeout: float
     return out.decode(errors="replace"), os.waitstatus_to_exitcode(status)
 
 
-def test_ctrl_c_in_the_pipeline_ends_with_clgpts_line(tmp_path):
-    """Ctrl-C during pretrain: the stage's checkpoint line and its one `error:` line, and no failed-job block
-    from Snakemake after them (it would print the whole shell line and a CalledProcessError); the next run
-    plans pretrain again (to resume) instead of stopping on an incomplete file."""
+@pytest.mark.parametrize("sig, words", STOPS, ids=["SIGINT", "SIGTERM", "SIGHUP"])
+def test_ctrl_c_in_the_pipeline_ends_with_clgpts_line(tmp_path, sig, words):
+    """Ctrl-C during pretrain (SIGTERM, SIGHUP: sent to the stage, as `kill PID` or a cluster's time limit
+    does): the stage's checkpoint line and its one `error:` line, and no failed-job block from Snakemake after
+    them (it would print the whole shell line and a CalledProcessError); the next run plans pretrain again
+    (to resume) instead of stopping on an incomplete file."""
     config = json.loads(json.dumps(TINY))
     config["pretrain"].update(steps=100000, checkpoint_every=100000)
-    path = make_workdir(tmp_path / "wf", config)
+    path = make_workdir(tmp_path / "wf", config).resolve()
+    stop = None if sig == signal.SIGINT else (lambda: os.kill(_stage_pid(path, "pretrain.py"), sig))
     out, code = _ctrl_c_in_a_terminal([sys.executable, "-m", "snakemake", "--cores", "1", "model.gguf"], path,
-                                      when=b"step/s")
+                                      when=b"loss=", stop=stop)  # a step is done: training runs
     assert code != 0
-    tail = out[out.index("^C"):] if "^C" in out else out
-    assert "interrupted; saved step" in tail and "run again to resume" in tail, tail
-    assert one_line_error(tail) == "error: interrupted; run snakemake again to resume"
+    tail = out[out.index("saved step") - 200:] if "saved step" in out else out
+    assert f"pretrain: {words}; saved step" in tail and "run again to resume" in tail, tail
+    assert one_line_error(tail) == f"error: {words}; run snakemake again to resume"
+    assert tail.rstrip().endswith(f"error: {words}; run snakemake again to resume"), tail
     for block in ("CalledProcessError", "Error in rule", "WorkflowError", "RuleException"):
         assert block not in tail, tail
     assert (path / "results/staging/pretrain/model.ckpt.partial").exists()
@@ -452,6 +562,53 @@ def test_ctrl_c_in_the_pipeline_ends_with_clgpts_line(tmp_path):
     assert not (path / "results/staging/pretrain/log.csv").exists()
     assert (path / "results/staging/pretrain/log.csv.partial").exists()
     assert "pretrain" in planned_rules(path)
+
+
+BLOCK = ("CalledProcessError", "Error in rule", "WorkflowError", "RuleException", "Traceback", "Exiting because")
+
+
+def test_a_stage_error_is_the_last_line(tmp_path):
+    """A bad line in a tune file: the stage's one line, and nothing of Snakemake's failed-job block after it."""
+    path = make_workdir(tmp_path / "wf")
+    with open(path / "data/tune/en.jsonl", "a") as f:
+        f.write('{"messages": [}\n')
+    r = snakemake(path, "model.gguf")
+    out = r.stdout + r.stderr
+    assert r.returncode != 0
+    assert one_line_error(out).startswith("error: data/tune/en.jsonl:13: not valid JSON"), out
+    assert out.rstrip().splitlines()[-1] == one_line_error(out), out
+    for block in BLOCK:
+        assert block not in out, out
+
+
+def test_a_stage_killed_outright_gets_clgpts_line(tmp_path):
+    """kill -9 (or the kernel's out-of-memory killer) leaves the stage no time to speak: clgpt's line says
+    which stage ended and how, instead of Snakemake's block."""
+    config = json.loads(json.dumps(TINY))
+    config["pretrain"].update(steps=100000, checkpoint_every=100000)
+    path = make_workdir(tmp_path / "wf", config).resolve()
+    log = tmp_path / "run.out"
+    with open(log, "w") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "1", "model.gguf"], cwd=path,
+                                stdout=f, stderr=subprocess.STDOUT, preexec_fn=default_signals)
+    try:
+        deadline = time.monotonic() + 300
+        while "loss=" not in log.read_text(errors="replace") and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)  # waits for the event (a training step in the output), not for a time
+        assert proc.poll() is None, log.read_text()
+        os.kill(_stage_pid(path, "pretrain.py"), signal.SIGKILL)
+        proc.wait(300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out = log.read_text(errors="replace")
+    assert proc.returncode != 0
+    assert out.rstrip().splitlines()[-1] == ("error: stage pretrain was killed by SIGKILL (out of memory, or `kill -9`); "
+                                             "its log: logs/pretrain.log; run the same command again to resume"), out
+    assert one_line_error(out)
+    for block in BLOCK:
+        assert block not in out, out
 
 
 def test_stage_stops_when_snakemake_is_killed(tmp_path):

@@ -15,7 +15,8 @@ MAX_LINES = 600
 # Lowest first. A package name covers every module under it. The model's shape (clgpt.model) sits at the bottom:
 # the launchers size their kernels by it, and every layer above reads it.
 LAYERS = [
-    ("base", ["clgpt", "clgpt.errors", "clgpt.paths", "clgpt.atomic", "clgpt.ranks", "clgpt.model", "clgpt.config"]),
+    ("base", ["clgpt", "clgpt.errors", "clgpt.paths", "clgpt.atomic", "clgpt.ranks", "clgpt.signals", "clgpt.model",
+              "clgpt.config"]),
     ("device", ["clgpt.device", "clgpt.ops"]),
     ("models", ["clgpt.models"]),
     ("text", ["clgpt.text"]),

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from clgpt.errors import ClgptError
 from clgpt.io.checkpoint import load_checkpoint
 from clgpt.training.launch import FirstToEnd, culprit
 from clgpt.training.train import run_stage
+from test_pipeline import default_signals
 from test_train import TINY, dialog_docs, settings, text_docs, write_encoded
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,7 +35,7 @@ def mpirun(n: int, spec: dict, launch: str | None = None, partial: str = "") -> 
     cmd = [MPIEXEC, "-n", str(n), sys.executable, WORKER, json.dumps(spec)]
     if launch:
         cmd = [sys.executable, "-m", "clgpt.training.launch", "--stage", launch, "--partial", partial, "--", *cmd]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, preexec_fn=default_signals)
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +139,35 @@ def test_killed_rank_is_named_and_the_run_resumes(data, tmp_path):
     assert not (out / "model.ckpt").exists()  # nothing that looks like the stage's output
     assert load_checkpoint(partial)["step"] == 4
     assert not list(out.glob(".pretrain-ranks-*"))  # the launcher's status folder is gone
+    r = mpirun(2, {"mode": "stage", "args": args, "out": str(tmp_path / "resumed.json")})
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "resumed.json").read_text())["resumed_from"] == 4
+    assert (out / "model.ckpt").read_bytes() == (full / "model.ckpt").read_bytes()
+
+
+@pytest.mark.parametrize("sig, words", [(signal.SIGINT, "interrupted"), (signal.SIGTERM, "stopped by SIGTERM"),
+                                         (signal.SIGHUP, "stopped by SIGHUP")], ids=["SIGINT", "SIGTERM", "SIGHUP"])
+def test_a_stop_signal_to_one_rank_saves_and_the_run_resumes(data, tmp_path, sig, words):
+    """A signal to one rank (a cluster's time limit reaches the ranks one by one): every rank stops after the
+    same step, rank 0 saves it, and one line says so; the re-run resumes there and ends with the bytes of an
+    uninterrupted run."""
+    full = tmp_path / "full"
+    r = mpirun(2, {"mode": "stage", "args": stage_args(data, full, steps=8, checkpoint_every=100, ranks=2),
+                   "out": str(tmp_path / "full.json")})
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "stopped"
+    args = stage_args(data, out, steps=8, checkpoint_every=100, ranks=2)
+    partial = args["ckpt_out"] + ".partial"
+    r = mpirun(2, {"mode": "stage", "args": args, "kill": [1, 3, int(sig)], "out": str(tmp_path / "k.json")},
+               launch="pretrain", partial=partial)
+    assert r.returncode != 0
+    # rank 1 asks after step 3; the ranks learn of it with step 4's gradients, finish that step and stop together
+    assert load_checkpoint(partial)["step"] == 4
+    assert f"pretrain: {words}; saved step 4 to {partial}; run again to resume" in r.stderr, r.stderr
+    assert [line for line in r.stderr.splitlines() if line.startswith("error: ")] == \
+        [f"error: {words}; run snakemake again to resume"], r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    assert not (out / "model.ckpt").exists()
     r = mpirun(2, {"mode": "stage", "args": args, "out": str(tmp_path / "resumed.json")})
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "resumed.json").read_text())["resumed_from"] == 4

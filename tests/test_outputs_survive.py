@@ -54,6 +54,68 @@ def test_each_publish_job_has_one_output():
         assert len(outputs) == 1, f"rule {name}: {outputs}"
 
 
+@pytest.mark.parametrize("write", ["checkpoint", "publish"])
+def test_the_folder_is_fsynced_after_the_rename(tmp_path, monkeypatch, write):
+    """A rename that publishes a checkpoint or a model lives in the folder's entries: fsynced after it, it
+    survives a power cut (as PyTorch's and Lightning's checkpoint writers do)."""
+    import stat
+
+    from clgpt.io.checkpoint import save_checkpoint
+    from clgpt.model import ModelConfig, init_params
+
+    events = []
+    real_replace, real_fsync = os.replace, os.fsync
+    monkeypatch.setattr(os, "replace", lambda a, b: (real_replace(a, b), events.append(("rename", str(b))))[0])
+
+    def fsync(fd):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            events.append(("fsync folder", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    target = tmp_path / ("model.ckpt" if write == "checkpoint" else "model.gguf")
+    if write == "checkpoint":
+        cfg = ModelConfig(vocab_size=8, n_ctx=8, n_embd=8, n_head=2, n_layer=1, n_ff=16)
+        save_checkpoint(str(target), cfg, init_params(cfg, 0), None, 0, None)
+    else:
+        (tmp_path / "staged").write_bytes(b"gguf")
+        publish(tmp_path / "staged", target)
+    assert events[-2:] == [("rename", str(target)), ("fsync folder", str(tmp_path))], events
+
+
+def test_a_file_named_hf_stops_before_any_job(tmp_path):
+    """`snakemake --cores 1 hf` writes the folder hf/: a file of that name is named, as model.gguf's folder is."""
+    path = make_workdir(tmp_path / "wf")
+    (path / "hf").write_text("mine\n")
+    r = snakemake(path, "-n", "hf")
+    assert r.returncode != 0
+    assert one_line_error(r.stdout + r.stderr) == ("error: hf is a file, where the workflow writes a folder of "
+                                                   "that name; move or rename the file and run again")
+    assert (path / "hf").read_text() == "mine\n"
+
+
+def test_sweep_without_a_sweep_section_is_one_line(tmp_path):
+    path = make_workdir(tmp_path / "wf")
+    r = snakemake(path, "-n", "sweep")
+    assert r.returncode != 0
+    assert "has none; add one" in one_line_error(r.stdout + r.stderr)
+    assert "MissingInputException" not in r.stdout + r.stderr
+
+
+def test_an_input_dated_in_the_future_is_named_before_any_job(tmp_path):
+    """A clock that was wrong (or an archive from another machine) leaves a file dated in the future:
+    Snakemake would fail every later run on its clock-skew check, in its words; clgpt names the file."""
+    path = make_workdir(tmp_path / "wf")
+    future = time.time() + 86400
+    os.utime(path / "data/tune/en.jsonl", (future, future))
+    r = snakemake(path, "-n", "model.gguf")
+    assert r.returncode != 0
+    line = one_line_error(r.stdout + r.stderr)
+    assert line.startswith("error: data/tune/en.jsonl is dated in the future") and "touch data/tune/en.jsonl" in line
+    os.utime(path / "data/tune/en.jsonl")  # what the line says to do
+    assert snakemake(path, "-n", "model.gguf").returncode == 0
+
+
 def test_published_file_is_stamped_now(tmp_path):
     """A link keeps the staged file's old time; the published name gets the time of publishing."""
     staged = tmp_path / "staged"

@@ -5,6 +5,7 @@ import copy
 import json
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +39,13 @@ SWEEP["sweep"] = {"pretrain.lr": [0.003, 0.001]}
 SWEEP["resources"] = {stage: {"threads": 1, "mem_mb": 1000, "runtime": 20}
                       for stage in ("train_tokenizer", "encode", "pretrain", "tune", "evaluate", "export")}
 SWEEP["resources"]["pretrain"]["mem_mb"] = SWEEP["resources"]["tune"]["mem_mb"] = 1500  # 2 ranks
+
+
+def default_signals() -> None:
+    """preexec_fn of a child a test signals or types Ctrl-C at: the stop signals' default dispositions, whatever
+    the suite inherited (a suite started in the background has SIGINT ignored, one under nohup SIGHUP)."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def make_workdir(path: Path, config: dict = TINY) -> Path:

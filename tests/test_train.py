@@ -28,6 +28,7 @@ from clgpt.training.train import (
     run_stage,
     stage_settings,
 )
+from test_pipeline import default_signals
 
 ROOT = Path(__file__).resolve().parent.parent
 V = 40  # ids 0..35 "text", 36..39 the specials
@@ -376,55 +377,81 @@ def test_partial_from_other_settings_is_ignored(data, tmp_path):
     assert (out / "model.ckpt").read_bytes() == (tmp_path / "full" / "model.ckpt").read_bytes()
 
 
-def _start_slow_run(data, out: Path, steps: int) -> subprocess.Popen:
-    """A real pretrain run in another process, slowed down so a test can signal it mid-run."""
+def _start_slow_run(data, out: Path, steps: int, stage: str = "pretrain", pretrained: str | None = None
+                    ) -> subprocess.Popen:
+    """A real pretrain or tune run in another process, as a stage script runs it (clgpt.stage.run_script),
+    slowed down so a test can signal it mid-run."""
+    kw = (dict(model=TINY, tokenizer_hash="test-tokenizer") if stage == "pretrain"
+          else dict(init_ckpt=pretrained, mix_encoded=data["text"]))
+    encoded = data["text"] if stage == "pretrain" else data["dialog"]
     code = textwrap.dedent(f"""
         import time
+        from clgpt.stage import run_script
         from clgpt.training.train import run_stage
-        run_stage("pretrain", {data["text"]!r}, {settings(steps=steps, checkpoint_every=1)!r},
-                  {str(out / "model.ckpt")!r}, {str(out / "log.csv")!r}, model={TINY!r},
-                  tokenizer_hash="test-tokenizer", callback=lambda step, loss: time.sleep(0.05))
+        def main():
+            run_stage({stage!r}, {encoded!r}, {settings(steps=steps, checkpoint_every=1)!r},
+                      {str(out / "model.ckpt")!r}, {str(out / "log.csv")!r},
+                      callback=lambda step, loss: time.sleep(0.05), **{kw!r})
+        run_script(main, None)
     """)
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": path},
-                            stderr=subprocess.PIPE)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
 
 
-def _signal_after_step(proc: subprocess.Popen, partial: Path, step: int, sig: int) -> None:
+def _signal_after_step(proc: subprocess.Popen, partial: Path, step: int, sig: int) -> tuple[int, str]:
+    """Sends `sig` once the run has checkpointed `step`; the run's exit status and stderr."""
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 300
         while time.monotonic() < deadline and proc.poll() is None:
             if partial.exists() and load_checkpoint(str(partial))["step"] >= step:
                 break
             time.sleep(0.02)
         assert proc.poll() is None, "the run ended before it could be signalled"
         os.kill(proc.pid, sig)
-        proc.communicate(timeout=60)
+        err = proc.communicate(timeout=120)[1]
+        return proc.returncode, err
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
-def test_resume_after_kill_is_bit_identical(data, tmp_path, sig):
-    pretrain(data, tmp_path / "full", steps=30, checkpoint_every=1)
+@pytest.mark.parametrize("stage", ["pretrain", "tune"])
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM, signal.SIGHUP],
+                         ids=["SIGKILL", "SIGINT", "SIGTERM", "SIGHUP"])
+def test_resume_after_kill_is_bit_identical(data, pretrained, tmp_path, sig, stage):
+    """Ctrl-C, SIGTERM (`kill`, a cluster's time limit) and SIGHUP (the terminal closed) each finish the step,
+    save it and end the stage with one line; SIGKILL loses the steps since the last checkpoint. The re-run
+    resumes where the run stopped and writes the uninterrupted run's bytes."""
+    full = tmp_path / "full"
+    if stage == "pretrain":
+        pretrain(data, full, steps=30, checkpoint_every=1)
+    else:
+        tune(data, pretrained, full, steps=30, checkpoint_every=1)
     out = tmp_path / "killed"
     out.mkdir()
     partial = out / "model.ckpt.partial"
-    proc = _start_slow_run(data, out, 30)
-    _signal_after_step(proc, partial, 3, sig)
-    # SIGKILL: dies at once; SIGINT (Ctrl-C): finishes the step, saves, exits as interrupted
-    assert proc.returncode in ((-signal.SIGKILL,) if sig == signal.SIGKILL else (-signal.SIGINT, 130))
-    assert not (out / "model.ckpt").exists()
+    code, err = _signal_after_step(_start_slow_run(data, out, 30, stage, pretrained), partial, 3, sig)
     stopped_at = load_checkpoint(str(partial))["step"]
+    assert not (out / "model.ckpt").exists()
     assert 3 <= stopped_at < 30
-    if sig == signal.SIGINT:  # the log so far waits beside the checkpoint; no log.csv output is left half done
+    if sig == signal.SIGKILL:
+        assert code == -signal.SIGKILL
+    else:  # finishes the step, saves, exits as a shell reports the signal, with one line
+        what = "interrupted" if sig == signal.SIGINT else f"stopped by {signal.Signals(sig).name}"
+        assert code == 128 + sig, err
+        assert f"{stage}: {what}; saved step {stopped_at} to {partial}; run again to resume" in err, err
+        assert [line for line in err.splitlines() if line.startswith("error: ")] == \
+            [f"error: {what}; run snakemake again to resume"], err
+        assert "Traceback" not in err, err
+        # the log so far waits beside the checkpoint; no log.csv output is left half done
         assert len(read_log(out / "log.csv.partial")) == stopped_at
         assert not (out / "log.csv").exists()
-    summary = pretrain(data, out, steps=30, checkpoint_every=1)
+    summary = (pretrain(data, out, steps=30, checkpoint_every=1) if stage == "pretrain"
+               else tune(data, pretrained, out, steps=30, checkpoint_every=1))
     assert summary["resumed_from"] == stopped_at
-    assert (out / "model.ckpt").read_bytes() == (tmp_path / "full" / "model.ckpt").read_bytes()
+    assert (out / "model.ckpt").read_bytes() == (full / "model.ckpt").read_bytes()
     assert [int(r["step"]) for r in read_log(out / "log.csv")] == list(range(1, 31))
 
 

@@ -64,6 +64,13 @@ def test_snakemake_args_groups_dotted_keys_by_section():
         snakemake_args(["pretrian.steps=3"])
 
 
+def test_a_key_without_a_value_is_one_line_not_snakemakes_usage():
+    """`clgpt run pretrain.steps -n ...` would reach Snakemake as a target and print its 100-line usage."""
+    with pytest.raises(ClgptError, match=r"^pretrain.steps: a config key without a value; write pretrain.steps=VALUE$"):
+        snakemake_args(["pretrain.steps", "-n", "--cores", "1", "model.gguf"])
+    assert snakemake_args(["model.gguf", "-n"]) == ["model.gguf", "-n"]  # a target that looks like a key is kept
+
+
 # ---- the property: random --config overrides, through Snakemake's parser, at the loader -------------
 
 def _leaf_keys():

@@ -170,6 +170,9 @@ def check_outputs(files: list[str], folders: list[str]) -> None:
             raise ClgptError(f"{file} is read-only, and the workflow replaces it; make it writable "
                              "(chmod u+w, or chattr -i) or move it away, and run again")
     for folder in dict.fromkeys([*folders, *(os.path.dirname(f) or "." for f in files)]):
+        if os.path.lexists(folder) and not os.path.isdir(folder):
+            raise ClgptError(f"{folder} is a file, where the workflow writes a folder of that name; move or rename "
+                             "the file and run again")
         probe = folder
         while not os.path.isdir(probe) and os.path.dirname(probe) != probe:
             probe = os.path.dirname(probe) or "."
@@ -177,3 +180,31 @@ def check_outputs(files: list[str], folders: list[str]) -> None:
             what = "in it" if folder == probe else f"{folder} in it"
             raise ClgptError(f"{probe}: this folder is read-only, and the workflow writes {what}; make it writable "
                              "(chmod u+w, or chattr -i) or run in a writable copy of the project")
+
+
+FUTURE_SLACK_S = 2.0  # a file system's timestamps may run this far ahead of this host's clock (NFS)
+
+
+def check_dates(paths: list[str], now: float | None = None) -> None:
+    """Before any job: no input is dated in the future. Snakemake marks each output with the time it is
+    written and fails a job whose output is older than an input, so an input from the future (a clock that
+    was wrong, an archive from another machine) fails every later run. ClgptError naming the newest one."""
+    import datetime
+    import time
+
+    now = time.time() if now is None else now
+    future = []
+    for path in paths:
+        try:
+            mtime = os.stat(path).st_mtime
+        except OSError:
+            continue
+        if mtime > now + FUTURE_SLACK_S:
+            future.append((mtime, path))
+    if future:
+        mtime, path = max(future)
+        when = datetime.datetime.fromtimestamp(mtime).strftime("%Y-%m-%d %H:%M:%S")
+        more = f" (and {len(future) - 1} more)" if len(future) > 1 else ""
+        raise ClgptError(f"{path}{more} is dated in the future ({when}; this machine's clock says "
+                         f"{datetime.datetime.fromtimestamp(now):%Y-%m-%d %H:%M:%S}), which would fail every run; "
+                         f"run `touch {path}`{' on each' if more else ''} (or fix the clock) and run again")

@@ -2,6 +2,8 @@
 
 Choice is never interactive: an explicit spec ("p:d" like PYOPENCL_CTX, or a device-name substring),
 else PYOPENCL_CTX, else the first GPU on any platform, else the first CPU device (PoCL) whose compiler works.
+A simulator (Oclgrind) or a software rasteriser (Mesa's llvmpipe) is never chosen automatically; named, it runs
+after a one-line warning of how slow it is.
 Programs are built once per (device, kernel file, build options); kernels are fetched once.
 """
 
@@ -88,6 +90,45 @@ def is_simulator(dev) -> bool:
     return "oclgrind" in f"{dev.platform.name} {dev.name}".lower()
 
 
+def is_software_rasteriser(dev) -> bool:
+    """Mesa's llvmpipe (behind rusticl or clover) draws on the CPU and ran clgpt's training at about 1/150 of
+    PoCL's speed on the same cores: taken only when asked for by name or index, as the simulator."""
+    return "llvmpipe" in f"{dev.name} {dev.platform.name}".lower()
+
+
+def is_slow(dev) -> bool:
+    """A device the automatic choice never takes: the simulator or a software rasteriser."""
+    return is_simulator(dev) or is_software_rasteriser(dev)
+
+
+def slow_warning(dev, spec: str) -> str:
+    """The one line said before work starts on a device that is_slow; "" for any other."""
+    if is_simulator(dev):
+        what = ("Oclgrind, a simulator that checks every memory access: it runs kernels thousands of times slower "
+                "than a real device (a training step of the default model takes minutes)")
+    elif is_software_rasteriser(dev):
+        what = ("Mesa's llvmpipe, a software rasteriser: it runs clgpt's kernels about 150 times slower than PoCL "
+                "on the same CPU")
+    else:
+        return ""
+    return (f"warning: OpenCL device {spec!r} is {what}; for real work name another device (`clgpt devices` lists "
+            "them; e.g. device: \"pocl\")")
+
+
+_warned: set[int] = set()
+
+
+def _warn_if_slow(devs: list, spec: str) -> None:
+    """Says slow_warning once per device and process (only rank 0 of a data-parallel stage)."""
+    import sys
+
+    for d in devs:
+        line = slow_warning(d, spec)
+        if line and d.int_ptr not in _warned and env_rank() == 0:
+            _warned.add(d.int_ptr)
+            print(line, file=sys.stderr, flush=True)
+
+
 def _is_pocl(dev) -> bool:
     return "portable computing language" in dev.platform.name.lower() or "pocl" in dev.platform.version.lower()
 
@@ -135,14 +176,16 @@ def _cannot(dev, spec: str | None = None) -> ClgptError:
                       "(`clgpt devices` lists them) with --device, `device:` in config.yaml or PYOPENCL_CTX")
 
 
-def _real_cpus(devs) -> list[tuple[str, cl.Device]]:
-    """The (index, device) rows of the CPU devices that are no simulator, PoCL's first, else in listing order."""
-    cpus = [(idx, d) for idx, d in devs if d.type & cl.device_type.CPU and not is_simulator(d)]
+def _real_cpus(devs, rasteriser: bool = False) -> list[tuple[str, cl.Device]]:
+    """The (index, device) rows of the CPU devices that are no simulator, PoCL's first, else in listing order;
+    a software rasteriser (llvmpipe) only with `rasteriser` (the implementations the tests run on)."""
+    cpus = [(idx, d) for idx, d in devs if d.type & cl.device_type.CPU and not is_simulator(d)
+            and (rasteriser or not is_software_rasteriser(d))]
     return sorted(cpus, key=lambda row: not _is_pocl(row[1]))
 
 
 def _working_gpus(devs) -> list[cl.Device]:
-    return [d for _, d in devs if d.type & cl.device_type.GPU and not is_simulator(d) and not _probe(d)]
+    return [d for _, d in devs if d.type & cl.device_type.GPU and not is_slow(d) and not _probe(d)]
 
 
 def _auto(devs) -> list[cl.Device]:
@@ -155,7 +198,7 @@ def _auto(devs) -> list[cl.Device]:
     for d in cpus:
         if not _probe(d):
             return [d]
-    tried = cpus or [d for _, d in devs if not is_simulator(d)]
+    tried = cpus or [d for _, d in devs if not is_slow(d)]
     if tried:
         raise ClgptError(f"no OpenCL device here can run clgpt's kernels (tried {', '.join(map(_describe, tried))}: "
                          f"{_probe(tried[0])}); reinstall clgpt (pip install -e .) to get Intel's CPU runtime on "
@@ -171,7 +214,7 @@ def cpu_implementations(gpu_first: bool = False) -> dict[str, str]:
     if gpu_first and _working_gpus(devs):
         return {"auto": ""}
     found = {}
-    for idx, d in _real_cpus(devs):
+    for idx, d in _real_cpus(devs, rasteriser=True):  # rusticl's llvmpipe too: a compiler of its own
         if not _probe(d):
             name = "pocl" if _is_pocl(d) else "intel" if "intel" in d.platform.name.lower() else d.platform.name
             found.setdefault(name, idx)
@@ -191,12 +234,13 @@ def _explicit(spec: str, devs) -> list[cl.Device]:
         found = [d for idx, d in devs if idx == f"{int(parts[0])}:{int(parts[1]) if parts[1].strip() else 0}"]
     else:  # a part of a device's or platform's name ("EPYC", "Intel", "PoCL")
         found = [d for _, d in devs if spec.lower() in f"{d.name} {d.platform.name} {d.platform.version}".lower()]
-        found = [d for d in found if not is_simulator(d)] or found  # the simulator only where nothing else matches
+        found = [d for d in found if not is_slow(d)] or found  # a slow one only where nothing else matches
     if not found:
         raise _not_found(spec, devs)
     working = [d for d in found if not _probe(d)]
     if not working:
         raise _cannot(found[0], spec)
+    _warn_if_slow(working, spec)
     return working
 
 
@@ -241,6 +285,7 @@ def list_devices() -> list[tuple[str, str, str, bool, str]]:
     out = []
     for idx, d in devs:
         note = ("simulator: used only when named" if is_simulator(d)
+                else "software rasteriser, about 150x slower than PoCL: used only when named" if is_software_rasteriser(d)
                 else f"cannot run clgpt's kernels: {_probe(d)}" if _probe(d) else "")
         out.append((idx, f"{d.name.strip()} [{d.platform.name.strip()}]", _kind(d),
                     d == chosen, note))

@@ -429,6 +429,9 @@ def read_gguf(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, np.ndarra
         raise ClgptError(f"{path}: cannot read ({e.strerror or e})") from None
     try:
         kv, tensors = _parse(buf)
+        if kv.get("general.type") == "adapter":
+            raise _Corrupt("this is a LoRA adapter, not a model; run the merged model (model.gguf), or the base with "
+                           "the adapter in llama.cpp (llama-cli -m lora/base.gguf --lora lora/adapter.gguf)")
         arch = kv.get("general.architecture")
         if arch not in ARCHS:
             raise _Corrupt(f"architecture {arch!r} is not 'gpt2' or 'llama'")

@@ -27,9 +27,11 @@ import sys
 import tempfile
 import threading
 
+from clgpt import signals
 from clgpt.training.dist import RANK_DIR_ENV
 
 _TAIL = 20000  # characters of the launcher's output kept for the post-mortem
+STOPPED = {signals.exit_code(s) for s in signals.STOP_SIGNALS}  # what the ranks exit with after a stop signal
 
 
 def _ranks(folder: str) -> dict[int, dict]:
@@ -153,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         first = watch.stop(world)
         if rc == 0:
             return 0
+        if rc in STOPPED:  # the ranks stopped on a signal and saved; rank 0 said so in its one line
+            return rc
         rank, why = culprit(tail, ranks, first)
         if rank is None:
             who = "an MPI rank"

@@ -21,7 +21,6 @@ import os
 import shutil
 import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -29,6 +28,7 @@ from typing import Callable
 import numpy as np
 from tqdm import tqdm
 
+from clgpt import signals
 from clgpt.atomic import atomic_path
 from clgpt.config import section_settings
 from clgpt.device.knobs import read as read_knobs  # once, at the stage's edge
@@ -134,28 +134,29 @@ def _resolve_device(device):
     return resolve_device(device)
 
 
-class _DeferSigint:
-    """The first Ctrl-C asks the loop to stop after the current step (so the checkpoint is consistent);
-    a second one interrupts at once. Only in the main thread, where Python delivers signals."""
+class _DeferStop:
+    """The first stop signal (Ctrl-C, SIGTERM, SIGHUP: clgpt.signals) asks the loop to stop after the current
+    step (so the checkpoint is consistent); a second one interrupts at once. Only in the main thread, where
+    Python delivers signals."""
 
     def __init__(self):
-        self.requested = False
-        self._previous = None
+        self.requested = 0  # the signal that asked, 0 for none
+        self._previous = {}
 
     def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+        self._previous = signals.install(self._handle)
         return self
 
     def _handle(self, signum, frame):
-        self.requested = True
-        signal.signal(signal.SIGINT, self._previous or signal.default_int_handler)
-        tqdm.write("Ctrl-C: stopping after this step and saving a checkpoint (Ctrl-C again to stop now)",
+        if self.requested:
+            raise signals.Stopped(signum)
+        self.requested = signum
+        name = signals.signal_name(signum)
+        tqdm.write(f"{name}: stopping after this step and saving a checkpoint ({name} again to stop now)",
                    file=sys.stderr)
 
     def __exit__(self, *exc):
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        signals.restore(self._previous)
         return False
 
 
@@ -214,13 +215,14 @@ def _resume(partial: str, key: str, eng, batches, stage: str, total: int, ranks:
     return _Progress(ck["step"], **ck["extra"]["progress"])
 
 
-def accumulate_grads(eng, batches, accum: int, dist, stop_requested: bool = False,
-                     overlap: bool = True, dropout_seed=None) -> tuple[float, int, bool]:
+def accumulate_grads(eng, batches, accum: int, dist, stop_requested: int = 0,
+                     overlap: bool = True, dropout_seed=None) -> tuple[float, int, int]:
     """One optimizer step's gradients: `accum` micro-batches from `batches`, each rank on its rows, summed
     over the ranks once per step (clgpt.training.dist), during the last micro-batch's backward pass when `overlap`
     (and the engine offers a grad_hook; else one reduce after the backward pass).
     dropout_seed(micro): the uint32 of that micro-batch's dropout masks, or None when dropout is off.
-    -> (the whole batch's loss, real tokens, whether any rank asked to stop)."""
+    stop_requested: the stop signal this rank got (0: none).
+    -> (the whole batch's loss, real tokens, the stop signal a rank got, 0 for none)."""
     eng.zero_grad()
     loss, n_tokens = 0.0, 0
     reducer = dist.overlapped(eng) if overlap else None
@@ -250,7 +252,8 @@ def accumulate_grads(eng, batches, accum: int, dist, stop_requested: bool = Fals
     if reducer is None:  # before clipping and AdamW
         eng.set_grads_flat(dist.allreduce_sum(eng.get_grads_flat()))
     parts = dist.allgather((loss, stop_requested))
-    return math.fsum(p[0] for p in parts), n_tokens, any(p[1] for p in parts)  # every rank stops alike
+    stop = next((int(p[1]) for p in parts if p[1]), 0)  # every rank stops alike, for the lowest rank's signal
+    return math.fsum(p[0] for p in parts), n_tokens, stop
 
 
 def _dropout_seed(seed: int, step: int, micro: int) -> int:
@@ -417,10 +420,10 @@ def _run_stage(stage, encoded, s, ckpt_out, log_csv, dist, *, model, init_ckpt, 
         if dist.size == 1:  # a one-rank checkpoint keeps the bytes it had before ranks existed
             extra["settings"] = {k: v for k, v in s.items() if k != "ranks"}
             del extra["ranks"]
+        if path == partial:  # the log so far goes beside it: Snakemake deletes log.csv before a re-run. First:
+            with atomic_path(log_partial) as tmp:  # killed between the two, the log has a row past the
+                shutil.copyfile(log_csv, tmp)      # checkpoint (dropped on resume), never one row too few
         save_checkpoint(path, cfg, params, eng.get_optimizer_state(), prog.step, sampler_state, extra)
-        if path == partial:  # the log so far goes beside it: Snakemake deletes log.csv before a re-run
-            with atomic_path(log_partial) as tmp:
-                shutil.copyfile(log_csv, tmp)
 
     log_partial = log_csv + ".partial"
     kept_rows = _read_log(log_partial if os.path.exists(log_partial) else log_csv, prog.step)
@@ -436,12 +439,12 @@ def _run_stage(stage, encoded, s, ckpt_out, log_csv, dist, *, model, init_ckpt, 
     resume_state = batches.state()  # the sampler's state at the start of step prog.step
     in_update, stopped_early = False, False
     try:
-        with _DeferSigint() as sigint:
+        with _DeferStop() as stop:
             while prog.step < total:
                 t_step = time.perf_counter()
                 lr = lr_at(prog.step, total, s["lr"], s["min_lr"], s["warmup_steps"])
                 drop = None if s["dropout"] <= 0 else (lambda micro, step=prog.step: _dropout_seed(s["seed"], step, micro))
-                loss, n_tokens, stop_asked = accumulate_grads(eng, batches, accum, dist, sigint.requested,
+                loss, n_tokens, stop_asked = accumulate_grads(eng, batches, accum, dist, stop.requested,
                                                               dropout_seed=drop)
                 if not math.isfinite(loss):
                     kept = (f"the last good checkpoint is kept at {partial}" if os.path.exists(partial)
@@ -491,8 +494,8 @@ def _run_stage(stage, encoded, s, ckpt_out, log_csv, dist, *, model, init_ckpt, 
                     save(partial, resume_state)
                 if callback is not None:
                     callback(prog.step, loss)
-                if stop_asked if dist.size > 1 else sigint.requested:
-                    raise KeyboardInterrupt
+                if stop_asked:
+                    raise signals.Stopped(stop_asked)
                 if patience_out and prog.step < total:
                     stopped_early = True
                     say(f"{stage}: no better held-out loss in {s['patience']} evaluations; stopping at step "
@@ -503,13 +506,15 @@ def _run_stage(stage, encoded, s, ckpt_out, log_csv, dist, *, model, init_ckpt, 
                     say(f"{stage}: smoothed loss {prog.smoothed_loss:.4f} <= target {s['target_loss']} "
                         f"at step {prog.step}")
                     break
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         bar.close()
-        if in_update:  # a second Ctrl-C inside Engine.step: the weights may be half updated
-            say(f"{stage}: interrupted while updating the weights; the last checkpoint stays")
+        signum = signals.signum_of(e)
+        why = "interrupted" if signum == signal.SIGINT else f"stopped by {signals.signal_name(signum)}"
+        if in_update:  # a second signal inside Engine.step: the weights may be half updated
+            say(f"{stage}: {why} while updating the weights; the last checkpoint stays")
         elif dist.root:
             save(partial, resume_state)
-            say(f"{stage}: interrupted; saved step {prog.step} to {partial}; run again to resume")
+            say(f"{stage}: {why}; saved step {prog.step} to {partial}; run again to resume")
         if log is not None:  # its rows up to the saved step are in log_partial; a log.csv left behind would be
             log.close()      # an output Snakemake marked incomplete, and the next run would stop on it
             log = None
