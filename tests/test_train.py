@@ -121,6 +121,19 @@ def stop_at(k: int, exc=KeyboardInterrupt):
             raise exc()
     return callback
 
+def assert_resume_is_bit_identical(tmp_path, args, model):
+    """args(out) -> run_stage's arguments writing into out: a run stopped at step 5 and run again ends with the
+    bytes of an uninterrupted one."""
+    for name in ("full", "resumed"):
+        (tmp_path / name).mkdir()
+    run_stage(*args(tmp_path / "full"), model=model)
+    with pytest.raises(KeyboardInterrupt):
+        run_stage(*args(tmp_path / "resumed"), model=model, callback=stop_at(5))
+    run_stage(*args(tmp_path / "resumed"), model=model)
+    full = (tmp_path / "full" / "model.ckpt").read_bytes()
+    assert (tmp_path / "resumed" / "model.ckpt").read_bytes() == full
+
+
 
 # ---- the schedule and the settings ----
 
@@ -471,14 +484,8 @@ def test_muon_resume_is_bit_identical_and_muon_moves_the_weights(data, tmp_path,
     kw = {"steps": 8, "optimizer": "muon", "muon": {"lr": 0.05}, "accum_steps": 2}
     args = lambda out, **k: ("pretrain", data["text"], settings(**{**kw, **k}), str(out / "model.ckpt"),  # noqa: E731
                              str(out / "log.csv"))
-    for name in ("full", "resumed", "adamw"):
-        (tmp_path / name).mkdir()
-    run_stage(*args(tmp_path / "full"), model=model)
-    with pytest.raises(KeyboardInterrupt):
-        run_stage(*args(tmp_path / "resumed"), model=model, callback=stop_at(5))
-    run_stage(*args(tmp_path / "resumed"), model=model)
-    full = (tmp_path / "full" / "model.ckpt").read_bytes()
-    assert (tmp_path / "resumed" / "model.ckpt").read_bytes() == full
+    assert_resume_is_bit_identical(tmp_path, args, model)
+    (tmp_path / "adamw").mkdir()
     run_stage(*args(tmp_path / "adamw", optimizer="adamw"), model=model)
     a, b = (load_checkpoint(str(tmp_path / n / "model.ckpt")) for n in ("full", "adamw"))
     assert a["extra"]["settings"]["optimizer"] == "muon" and "optimizer" not in b["extra"]["settings"]
@@ -489,12 +496,5 @@ def test_muon_resume_is_bit_identical_and_muon_moves_the_weights(data, tmp_path,
 def test_llama_resume_is_bit_identical(data, tmp_path, extra):
     model = {**TINY, "arch": "llama", "n_head_kv": 1, **extra}
     args = lambda out: ("pretrain", data["text"], settings(steps=8), str(out / "model.ckpt"), str(out / "log.csv"))
-    for name in ("full", "resumed"):
-        (tmp_path / name).mkdir()
-    run_stage(*args(tmp_path / "full"), model=model)
-    with pytest.raises(KeyboardInterrupt):
-        run_stage(*args(tmp_path / "resumed"), model=model, callback=stop_at(5))
-    run_stage(*args(tmp_path / "resumed"), model=model)
-    full = (tmp_path / "full" / "model.ckpt").read_bytes()
-    assert (tmp_path / "resumed" / "model.ckpt").read_bytes() == full
+    assert_resume_is_bit_identical(tmp_path, args, model)
     assert load_checkpoint(str(tmp_path / "full" / "model.ckpt"))["cfg"].arch == "llama"
