@@ -121,6 +121,7 @@ def stop_at(k: int, exc=KeyboardInterrupt):
             raise exc()
     return callback
 
+
 def assert_resume_is_bit_identical(tmp_path, args, model):
     """args(out) -> run_stage's arguments writing into out: a run stopped at step 5 and run again ends with the
     bytes of an uninterrupted one."""
@@ -132,7 +133,6 @@ def assert_resume_is_bit_identical(tmp_path, args, model):
     run_stage(*args(tmp_path / "resumed"), model=model)
     full = (tmp_path / "full" / "model.ckpt").read_bytes()
     assert (tmp_path / "resumed" / "model.ckpt").read_bytes() == full
-
 
 
 # ---- the schedule and the settings ----
