@@ -30,8 +30,18 @@ def snakemake_args(args: list[str]) -> list[str]:
     `--config` with a flow mapping per section; every other argument, in order."""
     overrides: dict = {}
     rest = []
+    configfiles = False  # after --configfile: its files (Snakemake takes every word up to the next option)
     for arg in args:
         m = _OVERRIDE.fullmatch(arg) if not arg.startswith("-") else None
+        option, eq, value = arg.partition("=")
+        if option in _CONFIGFILE:
+            configfiles = True
+            if eq:
+                _check_configfile(option, value)
+        elif arg.startswith("-"):
+            configfiles = False
+        elif configfiles and m is None:
+            _check_configfile("--configfile", arg)
         if m is None:
             if not arg.startswith("-") and _is_key(arg):  # `pretrain.steps` without `=VALUE`: not a target
                 raise ClgptError(f"{arg}: a config key without a value; write {arg}=VALUE")
@@ -53,6 +63,20 @@ def snakemake_args(args: list[str]) -> list[str]:
         return rest
     config = [f"{k}={_flow(v)}" for k, v in overrides.items()]
     return [*rest, "--config", *config]
+
+
+_CONFIGFILE = ("--configfile", "--configfiles")
+
+
+def _check_configfile(option: str, path: str) -> None:
+    """A --configfile that is missing, a folder or not YAML: clgpt's one line naming it (and the line of a
+    YAML mistake), before Snakemake reads it with a traceback."""
+    from clgpt.config import read_yaml
+
+    try:
+        read_yaml(path)
+    except ClgptError as e:
+        raise ClgptError(f"{option} {e}") from None
 
 
 def _is_key(arg: str) -> bool:

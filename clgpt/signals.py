@@ -53,10 +53,15 @@ def _taken(signum: int) -> bool:
 def install(handler: Callable) -> dict[int, object]:
     """Sets `handler` for every stop signal this process takes (see the module's text); the previous
     handlers, to give back to restore(). Nothing outside the main thread, where Python delivers signals."""
+    return install_for(handler, STOP_SIGNALS)
+
+
+def install_for(handler: Callable, which) -> dict[int, object]:
+    """install() for the stop signals in `which` only."""
     previous = {}
     if threading.current_thread() is not threading.main_thread():
         return previous
-    for signum in STOP_SIGNALS:
+    for signum in which:
         if _taken(signum):
             previous[signum] = signal.signal(signum, handler)
     return previous

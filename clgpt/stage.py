@@ -6,6 +6,8 @@
   is gone (kill -9 leaves its jobs running otherwise).
 - `one_line`: in the Snakemake process, a failed or stopped stage's own line is the last word: Snakemake's
   failed-job block is not shown after it.
+- `forward_stops`: in the Snakemake process, SIGTERM or SIGHUP sent to Snakemake alone stops the running
+  stages as if they got it (they save and say their line), instead of Snakemake waiting for them.
 - `code_inputs`: the package modules a stage script imports, directly or through each other, and the
   kernels when it builds them: the rules list these as inputs, so editing any of them re-runs the stage.
 """
@@ -175,6 +177,57 @@ def one_line(logger: logging.Logger) -> None:
         return previous(signum, frame)
 
     signal.signal(signal.SIGINT, on_ctrl_c)
+
+
+_STAGE_SCRIPT = re.compile(r"(^|/)scripts/\w+\.py$")
+
+
+def running_stages(root: int | None = None) -> list[int]:
+    """The pids of the stage scripts (`python scripts/NAME.py ...`, each MPI rank one) among the descendants
+    of process `root` (this one by default), from /proc; [] where there is none (or no /proc)."""
+    root = os.getpid() if root is None else root
+    children: dict[int, list[int]] = {}
+    argvs: dict[int, list[str]] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc") if os.path.isdir("/proc/self") else []):
+        stat = _proc_stat(int(entry))
+        if stat is not None:
+            argvs[int(entry)] = stat[0]
+            children.setdefault(stat[1], []).append(int(entry))
+    found, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        if any(_STAGE_SCRIPT.search(a) for a in argvs[pid][1:3]):
+            found.append(pid)
+        todo += children.get(pid, [])
+    return sorted(found)
+
+
+def forward_stops(stream=None) -> None:
+    """Call in the Snakemake process once its scheduler runs (the workflow's `onstart`, after Snakemake set
+    its own SIGTERM handler): SIGTERM or SIGHUP sent to Snakemake alone (`kill PID`, a scheduler that
+    signals only the process it started) reaches the running stages, which save and stop as on Ctrl-C
+    and say their one line; then Snakemake ends as it does on SIGTERM, once its running jobs ended. Without
+    this, SIGTERM makes Snakemake wait for a training stage to run all its steps, and SIGHUP kills it and
+    leaves its lock. A SIGHUP ignored when Snakemake started (`nohup`) stays ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    graceful = signal.getsignal(signal.SIGTERM)
+
+    def on_stop(signum, frame):
+        _interrupted.set()  # the stages speak; Snakemake's records of their failed jobs do not
+        stages = running_stages()
+        for pid in stages:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:  # it ended meanwhile
+                pass
+        if not stages:  # between two jobs: no stage to say it
+            print(f"error: stopped by {signals.signal_name(signum)}; run snakemake again to resume",
+                  file=stream or sys.stderr, flush=True)
+        if callable(graceful):
+            graceful(signal.SIGTERM, frame)
+
+    signals.install_for(on_stop, [s for s in signals.STOP_SIGNALS if s != signal.SIGINT])
 
 
 RESUME_AFTER_KILL = "run `snakemake --unlock`, then the same snakemake command with --rerun-incomplete to resume"

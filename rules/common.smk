@@ -17,9 +17,15 @@ from clgpt.data import check_corpus as check_text_corpus
 from clgpt.data.preflight import check_corpus, check_dates, check_outputs
 from clgpt.device.opencl import get_device
 from clgpt.errors import ClgptError
-from clgpt.stage import ANOTHER_RUN, RESUME_AFTER_KILL, code_inputs, live_run, one_line, stale_lock
+from clgpt.stage import ANOTHER_RUN, RESUME_AFTER_KILL, code_inputs, forward_stops, live_run, one_line, stale_lock
 
 one_line(snakemake_logger)  # a failed stage's one line is not followed by Snakemake's failed-job block
+
+
+onstart:  # Snakemake has set its SIGTERM handler now: `kill PID` of snakemake stops the stages, which save
+    forward_stops()
+
+
 _settings = workflow.config_settings
 try:
     if not {"--unlock", "--nolock", "--target-jobs"} & set(sys.argv):  # --target-jobs: a job of a running one

@@ -21,15 +21,26 @@ from clgpt.config import defaults, load_schema, load_workflow_config, plain_scal
 from clgpt.data import read_dialogs, read_text
 from clgpt.data.preflight import check_corpus
 from clgpt.errors import ClgptError
-from clgpt.stage import code_inputs, run_script, stale_lock
+from clgpt.stage import code_inputs, run_script, running_stages, stale_lock
 from test_pipeline import TINY, default_signals, make_workdir, planned_rules, snakemake, write_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# a traceback, or Snakemake's failed-job block: what must never show beside (or after) clgpt's one line
+BLOCK = ("Traceback", "RuleException", "CalledProcessError", "Error in rule", "WorkflowError", "Exiting because")
+
+
+def assert_one_line(text: str) -> None:
+    """Fails when a run's output shows a traceback or any part of Snakemake's failed-job block."""
+    for block in BLOCK:
+        assert block not in text, text
+
+
 def one_line_error(text: str) -> str:
-    """The single `error: ...` line of a failed run's output; fails on a traceback or on none/several."""
-    assert "Traceback" not in text, text
+    """The single `error: ...` line of a failed run's output; fails on a traceback, on Snakemake's failed-job
+    block, or on none/several."""
+    assert_one_line(text)
     lines = [line for line in text.splitlines() if line.startswith("error: ")]
     assert len(lines) == 1, text
     return lines[0]
@@ -492,6 +503,15 @@ def test_sighup_ignored_by_nohup_stays_ignored(tmp_path):
     assert proc.returncode == 0 and out == "still here\n", err
 
 
+def wait_for_output(log: Path, text: str, proc: subprocess.Popen, timeout: float = 300) -> None:
+    """Waits until the output `proc` writes to `log` shows `text` (an event, not a time); fails when `proc`
+    ends first or the output never shows it."""
+    deadline = time.monotonic() + timeout
+    while text not in log.read_text(errors="replace"):
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")
+        time.sleep(0.05)  # the period of the look at the file, not a wait for the event
+
+
 def _stage_pid(cwd: Path, script: str) -> int:
     """The pid of the process running `scripts/SCRIPT` in the workflow folder `cwd`."""
     for entry in filter(str.isdigit, os.listdir("/proc")):
@@ -555,16 +575,12 @@ def test_ctrl_c_in_the_pipeline_ends_with_clgpts_line(tmp_path, sig, words):
     assert f"pretrain: {words}; saved step" in tail and "run again to resume" in tail, tail
     assert one_line_error(tail) == f"error: {words}; run snakemake again to resume"
     assert tail.rstrip().endswith(f"error: {words}; run snakemake again to resume"), tail
-    for block in ("CalledProcessError", "Error in rule", "WorkflowError", "RuleException"):
-        assert block not in tail, tail
+    assert_one_line(tail)
     assert (path / "results/staging/pretrain/model.ckpt.partial").exists()
     # "run snakemake again" works as said: no output is left that Snakemake marked incomplete
     assert not (path / "results/staging/pretrain/log.csv").exists()
     assert (path / "results/staging/pretrain/log.csv.partial").exists()
     assert "pretrain" in planned_rules(path)
-
-
-BLOCK = ("CalledProcessError", "Error in rule", "WorkflowError", "RuleException", "Traceback", "Exiting because")
 
 
 def test_a_stage_error_is_the_last_line(tmp_path):
@@ -577,8 +593,7 @@ def test_a_stage_error_is_the_last_line(tmp_path):
     assert r.returncode != 0
     assert one_line_error(out).startswith("error: data/tune/en.jsonl:13: not valid JSON"), out
     assert out.rstrip().splitlines()[-1] == one_line_error(out), out
-    for block in BLOCK:
-        assert block not in out, out
+    assert_one_line(out)
 
 
 def test_a_stage_killed_outright_gets_clgpts_line(tmp_path):
@@ -607,8 +622,7 @@ def test_a_stage_killed_outright_gets_clgpts_line(tmp_path):
     assert out.rstrip().splitlines()[-1] == ("error: stage pretrain was killed by SIGKILL (out of memory, or `kill -9`); "
                                              "its log: logs/pretrain.log; run the same command again to resume"), out
     assert one_line_error(out)
-    for block in BLOCK:
-        assert block not in out, out
+    assert_one_line(out)
 
 
 def test_stage_stops_when_snakemake_is_killed(tmp_path):
@@ -648,6 +662,37 @@ def test_stage_stops_when_snakemake_is_killed(tmp_path):
     assert not alive, "the stage kept running after snakemake was killed"
     text = log.read_text()
     assert "snakemake --unlock" in text and "Traceback" not in text, text
+
+
+@pytest.mark.parametrize("sig, words", STOPS[1:], ids=["SIGTERM", "SIGHUP"])
+def test_a_stop_signal_to_snakemake_alone_stops_the_stage(tmp_path, sig, words):
+    """`kill PID` of the snakemake process only (not its process group), or SIGHUP to it: the training stage
+    saves the step it reached and stops at once (Snakemake alone would wait for every step), one line says
+    so, and the next run plans pretrain again to resume (no lock left behind)."""
+    config = json.loads(json.dumps(TINY))
+    config["pretrain"].update(steps=1000000, checkpoint_every=1000000)
+    path = make_workdir(tmp_path / "wf", config).resolve()
+    log = tmp_path / "run.out"
+    with open(log, "w") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "1", "model.gguf"], cwd=path,
+                                stdout=f, stderr=subprocess.STDOUT, preexec_fn=default_signals)
+    try:
+        wait_for_output(log, "loss=", proc)  # a step is done: training runs
+        proc.send_signal(sig)
+        proc.wait(300)  # a million steps take far longer: only a stop ends it in time
+    finally:
+        if proc.poll() is None:
+            for pid in running_stages(proc.pid):
+                os.kill(pid, signal.SIGKILL)
+            proc.kill()
+            proc.wait()
+    out = log.read_text(errors="replace")
+    assert proc.returncode != 0
+    assert f"pretrain: {words}; saved step" in out, out
+    assert out.rstrip().splitlines()[-1] == f"error: {words}; run snakemake again to resume", out
+    assert_one_line(out)
+    assert (path / "results/staging/pretrain/model.ckpt.partial").exists()
+    assert "pretrain" in planned_rules(path)
 
 
 def test_stale_lock_is_told_apart_from_a_live_one(tmp_path):

@@ -16,7 +16,7 @@ from snakemake.cli import parse_config
 from clgpt.config import load_schema, load_workflow_config
 from clgpt.errors import ClgptError
 from clgpt.runner import snakemake_args
-from test_errors import one_line_error
+from test_errors import assert_one_line, one_line_error
 from test_pipeline import TINY, make_workdir, snakemake, write_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,6 +69,35 @@ def test_a_key_without_a_value_is_one_line_not_snakemakes_usage():
     with pytest.raises(ClgptError, match=r"^pretrain.steps: a config key without a value; write pretrain.steps=VALUE$"):
         snakemake_args(["pretrain.steps", "-n", "--cores", "1", "model.gguf"])
     assert snakemake_args(["model.gguf", "-n"]) == ["model.gguf", "-n"]  # a target that looks like a key is kept
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--configfile", "missing.yaml"], "error: --configfile missing.yaml: config file not found; check the name"),
+    (["--configfile=data"], "error: --configfile data: is a folder; give the config YAML file"),
+    (["--configfile", "config.yaml", "bad.yaml"], "error: --configfile bad.yaml:2:1: not valid YAML"),
+], ids=["missing", "folder", "second-not-yaml"])
+def test_clgpt_run_names_a_configfile_snakemake_cannot_read(tmp_path, args, message):
+    """Snakemake reads each --configfile before the workflow runs, and a missing or broken one is its
+    traceback; `clgpt run` names it in one line first."""
+    path = make_workdir(tmp_path / "wf")
+    (path / "bad.yaml").write_text("model: [1,\n")
+    r = clgpt("run", "-n", "--cores", "1", "model.gguf", *args, cwd=path)
+    assert r.returncode == 1
+    assert one_line_error(r.stdout + r.stderr).startswith(message), r.stderr
+
+
+@pytest.mark.parametrize("value, ok", [("100", True), ("abc", False)])
+def test_clgpt_run_takes_a_dotted_key_after_config(tmp_path, value, ok):
+    """`--config pretrain.steps=100`, refused by Snakemake's own parser with a traceback, works through
+    `clgpt run`; a bad value is one line naming the key."""
+    path = make_workdir(tmp_path / "wf")
+    r = clgpt("run", "-n", "--cores", "1", "model.gguf", "--config", f"pretrain.steps={value}", cwd=path)
+    if ok:
+        assert r.returncode == 0 and "pretrain" in r.stdout + r.stderr, r.stdout[-3000:] + r.stderr[-3000:]
+        assert_one_line(r.stdout + r.stderr)
+    else:
+        assert r.returncode != 0
+        assert "pretrain.steps: 'abc' is not a number" in one_line_error(r.stdout + r.stderr)
 
 
 # ---- the property: random --config overrides, through Snakemake's parser, at the loader -------------
