@@ -23,7 +23,8 @@ one_line(snakemake_logger)  # a failed stage's one line is not followed by Snake
 
 
 onstart:  # Snakemake has set its SIGTERM handler now: `kill PID` of snakemake stops the stages, which save
-    forward_stops()
+    if getattr(workflow, "local_exec", True):  # jobs of a cluster executor get its own signals (scancel)
+        forward_stops()
 
 
 _settings = workflow.config_settings

@@ -189,7 +189,7 @@ def test_a_bad_jsonl_line_past_the_first_names_its_line_when_encoding(tmp_path, 
 
 
 def test_bad_corpus_stops_the_workflow_at_parse_time(tmp_path):
-    from test_pipeline import TINY, make_workdir, snakemake, write_config
+    from test_pipeline import TINY, make_workdir, one_line_error, snakemake, write_config
 
     path = make_workdir(tmp_path / "wf")
     (path / "empty").mkdir()
@@ -198,7 +198,7 @@ def test_bad_corpus_stops_the_workflow_at_parse_time(tmp_path):
     r = snakemake(path, "-n", "model.gguf")
     assert r.returncode != 0
     # the file check (clgpt/data/preflight.py) speaks first: one line naming the key and the empty file
-    assert "error: corpus.pretrain: empty/a.txt is empty" in r.stdout + r.stderr
+    assert "error: corpus.pretrain: empty/a.txt is empty" in one_line_error(r.stdout + r.stderr)
     assert not (path / "results").exists()
 
 

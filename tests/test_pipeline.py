@@ -48,6 +48,25 @@ def default_signals() -> None:
         signal.signal(sig, signal.SIG_DFL)
 
 
+# a traceback, or Snakemake's failed-job block: what must never show beside (or after) clgpt's one line
+BLOCK = ("Traceback", "RuleException", "CalledProcessError", "Error in rule", "WorkflowError", "Exiting because")
+
+
+def assert_one_line(text: str) -> None:
+    """Fails when a run's output shows a traceback or any part of Snakemake's failed-job block."""
+    for block in BLOCK:
+        assert block not in text, text
+
+
+def one_line_error(text: str) -> str:
+    """The single `error: ...` line of a failed run's output; fails on a traceback, on Snakemake's failed-job
+    block, or on none/several."""
+    assert_one_line(text)
+    lines = [line for line in text.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, text
+    return lines[0]
+
+
 def make_workdir(path: Path, config: dict = TINY) -> Path:
     """A copy of the workflow with a small corpus cut from data/ and the tiny config."""
     path.mkdir(parents=True)
@@ -199,7 +218,7 @@ def test_bad_input_stops_early_and_leaves_no_output(tmp_path, breakage, message)
     breakage(path)
     r = snakemake(path, "model.gguf")
     assert r.returncode != 0
-    assert message in r.stdout + r.stderr
+    assert message in one_line_error(r.stdout + r.stderr)
     assert not (path / "model.gguf").exists()
     leftovers = [p for p in (path / "results").rglob("*") if p.is_file()] if (path / "results").exists() else []
     assert leftovers == []

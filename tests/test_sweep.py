@@ -13,7 +13,7 @@ import pytest
 from clgpt.config import validate_config
 from clgpt.errors import ClgptError
 from clgpt.training.sweep import run_name, summarize, sweep_runs, varied_stages
-from test_pipeline import SWEEP, TINY, make_workdir, write_config
+from test_pipeline import SWEEP, TINY, make_workdir, one_line_error, write_config
 
 
 def planned_jobs(path, *targets):
@@ -91,7 +91,7 @@ def test_unknown_sweep_key_stops_snakemake_before_any_job(tmp_path):
     r = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", "sweep"], cwd=path, capture_output=True,
                        text=True, timeout=600)
     assert r.returncode != 0
-    assert "error: config.yaml: unknown sweep key 'sweep.pretrain.drop_out'" in r.stdout + r.stderr
+    assert "error: config.yaml: unknown sweep key 'sweep.pretrain.drop_out'" in one_line_error(r.stdout + r.stderr)
     assert not (path / "results").exists()
 
 
