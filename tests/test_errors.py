@@ -648,6 +648,55 @@ def test_stage_stops_when_snakemake_is_killed(tmp_path):
 
 
 @pytest.mark.parametrize("sig, words", STOPS[1:], ids=["SIGTERM", "SIGHUP"])
+def test_forward_stops_signals_the_stage_not_its_shell(tmp_path, sig, words):
+    """A stand-in for Snakemake's process: its own SIGTERM handler (as Snakemake's scheduler sets it), then
+    forward_stops (the workflow's onstart), then a job's shell running a stage script. The signal to the
+    stand-in alone reaches the stage under the shell (the shell lives on to report the stage's status), the
+    handler it replaced still runs, and with no stage running the stand-in says the one line itself."""
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "stage.py").write_text(textwrap.dedent("""
+        import time
+        from clgpt.stage import run_script
+        def main():
+            print("stage ready", flush=True)
+            while True:
+                time.sleep(0.05)
+        run_script(main, None)
+    """))
+    standin = textwrap.dedent(f"""
+        import signal, subprocess, sys, threading
+        from clgpt.stage import forward_stops
+        calls = threading.Semaphore(0)
+        def graceful(signum, frame):
+            print("graceful", flush=True)
+            calls.release()
+        signal.signal(signal.SIGTERM, graceful)
+        forward_stops()
+        shell = subprocess.Popen(["/bin/bash", "-c", f"{{sys.executable}} scripts/stage.py; echo shell-after=$?"])
+        shell.wait()
+        calls.acquire()
+        print("idle", flush=True)
+        calls.acquire()
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", standin], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            preexec_fn=default_signals)
+    try:
+        assert proc.stdout.readline() == "stage ready\n"  # in main(): the stage's handlers are in place
+        proc.send_signal(sig)
+        seen = [proc.stdout.readline() for _ in range(3)]
+        assert sorted(seen) == ["graceful\n", "idle\n", f"shell-after={128 + sig}\n"] and seen[-1] == "idle\n", seen
+        proc.send_signal(sig)  # no stage runs now
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0 and out == "graceful\n", out + err
+    assert err.splitlines() == [f"error: {words}; run snakemake again to resume"] * 2, err
+
+
+@pytest.mark.parametrize("sig, words", STOPS[1:], ids=["SIGTERM", "SIGHUP"])
 def test_a_stop_signal_to_snakemake_alone_stops_the_stage(tmp_path, sig, words):
     """`kill PID` of the snakemake process only (not its process group), or SIGHUP to it: the training stage
     saves the step it reached and stops at once (Snakemake alone would wait for every step), one line says
