@@ -57,6 +57,8 @@ def main() -> None:
     ap.add_argument("--precision", default="", help="replace the recipe's pretrain.precision")
     ap.add_argument("--device", default="", help="replace the recipe's device")
     ap.add_argument("--ns-steps", type=int, default=-1, help="replace muon.ns_steps (-1: keep)")
+    ap.add_argument("--batch-size", type=int, default=0, help="replace the batch (0: keep; a small one checks "
+                    "a GPU recipe's script on a CPU)")
     ap.add_argument("--json", default="", help="write the rounds and medians here")
     args = ap.parse_args()
     try:
@@ -74,7 +76,7 @@ def main() -> None:
     if args.ns_steps >= 0:
         mu["ns_steps"] = args.ns_steps
     cfg = ModelConfig(**{**cfg_all["model"], "vocab_size": cfg_all["tokenizer"]["vocab_size"]})
-    B, T = s["batch_size"], s["seq_len"]
+    B, T = args.batch_size or s["batch_size"], s["seq_len"]
     dev = get_device(args.device or cfg_all["device"] or None)
     precision = args.precision or s.get("precision", "auto")
     mats = muon_matrices(cfg)

@@ -85,20 +85,17 @@ class Muon:
         self._run("muon_momentum", n, i32(n), f32(mu), i32(bool(nesterov)), grad, buf, u, norm_buf)
 
     def _bmm(self, M, N, K, G, A, lda, sa, B, ldb, sb, C, ldc, sc, ta=0, tb=0, alpha=1.0):
-        """C_g (M, N) = alpha op(A_g) op(B_g), g < G, the stacks' matrices sa, sb, sc floats apart (multiples of
-        the sub-buffer alignment)."""
-        if self.batched:
-            self.ops.bmm(M, N, K, G, 1, A, lda, (0, sa, 0), B, ldb, (0, sb, 0), C, ldc, (0, sc, 0), ta=ta, tb=tb,
-                         alpha=alpha)
+        """C_g (M, N) = alpha op(A_g) op(B_g), g < G, the stacks' matrices sa, sb, sc floats apart; G = 1: one
+        plain product."""
+        if G == 1:
+            self.ops.matmul(M, N, K, A, B, C, ta=ta, tb=tb, alpha=alpha)
             return
-        sub = self.launcher.sub
-        for g in range(G):
-            self.ops.matmul(M, N, K, sub(A, g * sa), sub(B, g * sb), sub(C, g * sc), ta=ta, tb=tb, alpha=alpha)
+        self.ops.bmm(M, N, K, G, 1, A, lda, (0, sa, 0), B, ldb, (0, sb, 0), C, ldc, (0, sc, 0), ta=ta, tb=tb,
+                     alpha=alpha)
 
     def orthogonalize(self, U, offs, rows, cols, ns_steps, eps=NS_EPS, coeffs=NS_COEFFS):
         """NS of the matrices U[o : o + rows*cols] as (rows, cols), o in offs -> a buffer holding them as a stack
         (matrix g at g * stack_stride(rows, cols)), valid until the next call."""
-        a, b, c = coeffs
         n, G = rows * cols, len(offs)
         ld = self.stack_stride(rows, cols)
         table = self._table(offs)
@@ -108,9 +105,22 @@ class Muon:
                                    (i32(n), i32(-(-n // parts)), f32(eps), table, U, scale))
         X, Xn = self._buf("x0", G * ld), self._buf("x1", G * ld)
         self._run("muon_scale", n, i32(n), i32(ld), table, U, scale, X, count=G)
-        r = min(rows, cols)
-        rr = self._aligned(r * r)  # the stride of the (r, r) stacks A, P
+        rr = self._aligned(min(rows, cols) ** 2)  # the stride of the (r, r) stacks A, P
         A, P = self._buf("gram", G * rr), self._buf("poly", G * rr)
+        if self.batched:
+            return self._iterate(G, rows, cols, ns_steps, coeffs, X, Xn, A, P, ld, rr)
+        # the CPU form: one matrix after another, each through all its iterations (its operands stay in cache)
+        sub = self.launcher.sub
+        for g in range(G):
+            self._iterate(1, rows, cols, ns_steps, coeffs, sub(X, g * ld), sub(Xn, g * ld), sub(A, g * rr),
+                          sub(P, g * rr), ld, rr)
+        return X if ns_steps % 2 == 0 else Xn  # each iteration writes the other of the two
+
+    def _iterate(self, G, rows, cols, ns_steps, coeffs, X, Xn, A, P, ld, rr):
+        """ns_steps Newton-Schulz iterations on the stacks X (G matrices (rows, cols), ld apart) with A, P (rr
+        apart) -> X or Xn, whichever holds the result."""
+        a, b, c = coeffs
+        r = min(rows, cols)
         tall = rows > cols
         for _ in range(ns_steps):
             if tall:  # X (rows, cols) holds Y^T: A = Y Y^T = X^T X, and Y' = P Y is X' = X P
