@@ -21,7 +21,7 @@ usage: bash bench/gpu.sh SUBCOMMAND [ARG]   (settings from the environment; file
   char         nanoGPT's character GPU recipe beside the pretrain stage, same time: held-out loss
   char-speed   the same recipe timed whole, nanoGPT's train.py then the pretrain stage; PRECISION (bf16)
   char-vocab   the character CPU recipe's held-out loss by vocabulary size, nanoGPT vs clgpt, fp32; SEEDS, FINAL=1
-  muon         Muon's step cost, then AdamW against Muon on the char GPU recipe; SEEDS (3), BUDGET (380 s)
+  muon         Muon's step cost, then AdamW against Muon on the char GPU recipe; SEEDS (3), BUDGET (420 s)
   mpi [one]    1 vs 2 GPUs over MPI at S6 and L (nvidia-h200-x2); one: both ranks share one GPU
 EOF
 }
@@ -372,7 +372,7 @@ PY
 # PAIRS (3) alternated pairs, and the launches of each optimizer step ($O/muon_step.txt, .json). Then
 # bench/muon_vs_adamw.py: SEEDS seeds each (3) from FIRST_SEED (the recipe's), alternated, held-out loss every
 # EVAL_EVERY steps (250), precision PRECISION (auto: bf16 on tensor cores), no pair started that would end past
-# BUDGET seconds (380: the call stays under about 8 minutes; a pair is about 3 minutes), with its CSV, plot and
+# BUDGET seconds (420: with the step bench the call stays near 8 minutes; a pair is 3-4 minutes), its CSV, plot and
 # summary (the time Muon needs to reach AdamW's best held-out loss, over AdamW's) under $O/muon. Seeds left out go in
 # a later call (SEEDS=1 FIRST_SEED=1339 STEP=0), then `python bench/muon_vs_adamw.py --summarize */runs.csv`.
 # STEP=0 skips the step bench. The device has no snakemake: the encoded corpus is made on the CPU beforehand
@@ -388,7 +388,7 @@ cmd_muon() {
   fi
   python3 bench/muon_vs_adamw.py --configfile configs/shakespeare_char_gpu.yaml --seeds "${SEEDS:-3}" \
     --first-seed "${FIRST_SEED:--1}" --eval-every "${EVAL_EVERY:-250}" --precision "${PRECISION:-auto}" \
-    --budget-s "${BUDGET:-380}" --out "$O/muon" 2>"$O/muon.log" | tee "$O/muon.txt"
+    --budget-s "${BUDGET:-420}" --out "$O/muon" 2>"$O/muon.log" | tee "$O/muon.txt"
 }
 
 # mpi [one] (issue 16), on nvidia-h200-x2: 1 GPU vs 2 GPUs over MPI at S6 and L (bench/bench_mpi.py), the loss
