@@ -21,7 +21,7 @@ usage: bash bench/gpu.sh SUBCOMMAND [ARG]   (settings from the environment; file
   char         nanoGPT's character GPU recipe beside the pretrain stage, same time: held-out loss
   char-speed   the same recipe timed whole, nanoGPT's train.py then the pretrain stage; PRECISION (bf16)
   char-vocab   the character CPU recipe's held-out loss by vocabulary size, nanoGPT vs clgpt, fp32; SEEDS, FINAL=1
-  muon         AdamW against Muon on the character GPU recipe: held-out loss against time; SEEDS (3), PRECISION
+  muon         Muon's step cost, then AdamW against Muon on the char GPU recipe; SEEDS (3), BUDGET (420 s)
   mpi [one]    1 vs 2 GPUs over MPI at S6 and L (nvidia-h200-x2); one: both ranks share one GPU
 EOF
 }
@@ -367,18 +367,28 @@ for name, v in runs.items():
 PY
 }
 
-# muon: AdamW against Muon on nanoGPT's character GPU recipe (configs/shakespeare_char_gpu.yaml, the rest unchanged),
-# SEEDS seeds each (3) from FIRST_SEED (the recipe's), alternated, held-out loss every EVAL_EVERY steps (250),
-# precision PRECISION (auto: bf16 on tensor cores): bench/muon_vs_adamw.py's CSV, plot and summary (the time Muon
-# needs to reach AdamW's best held-out loss, over AdamW's). One seed a call where calls are time-limited (SEEDS=1
-# FIRST_SEED=1337, 1338, 1339), then `python bench/muon_vs_adamw.py --summarize */runs.csv`. Needs text/austen.txt
-# (bench/austen_text.py), carried:
-#   run(carry=[".whl", "text"], command="bash bench/gpu.sh muon")
+# muon: AdamW against Muon on nanoGPT's character GPU recipe (configs/shakespeare_char_gpu.yaml, the rest unchanged).
+# First the step's cost: bench/muon_step.py, a training step and the optimizer's part alone, AdamW and Muon in
+# PAIRS (3) alternated pairs, and the launches of each optimizer step ($O/muon_step.txt, .json). Then
+# bench/muon_vs_adamw.py: SEEDS seeds each (3) from FIRST_SEED (the recipe's), alternated, held-out loss every
+# EVAL_EVERY steps (250), precision PRECISION (auto: bf16 on tensor cores), no pair started that would end past
+# BUDGET seconds (420: with the step bench the call stays near 8 minutes; a pair is 3-4 minutes), its CSV, plot and
+# summary (the time Muon needs to reach AdamW's best held-out loss, over AdamW's) under $O/muon. Seeds left out go in
+# a later call (SEEDS=1 FIRST_SEED=1339 STEP=0), then `python bench/muon_vs_adamw.py --summarize */runs.csv`.
+# STEP=0 skips the step bench. The device has no snakemake: the encoded corpus is made on the CPU beforehand
+# (text/austen.txt from bench/austen_text.py) and carried:
+#   snakemake --cores 1 results/encoded/pretrain.bin results/encoded/pretrain_heldout.bin \
+#     results/tokenizer/tokenizer.json --configfile configs/shakespeare_char_gpu.yaml
+#   run(carry=[".whl", "results/encoded", "results/tokenizer"], command="bash bench/gpu.sh muon")
 cmd_muon() {
   setup
+  if [ "${STEP:-1}" != 0 ]; then
+    timeout 120 python3 bench/muon_step.py --configfile configs/shakespeare_char_gpu.yaml --pairs "${PAIRS:-3}" \
+      --precision "${PRECISION:-auto}" --json "$O/muon_step.json" 2>"$O/muon_step.log" | tee "$O/muon_step.txt"
+  fi
   python3 bench/muon_vs_adamw.py --configfile configs/shakespeare_char_gpu.yaml --seeds "${SEEDS:-3}" \
     --first-seed "${FIRST_SEED:--1}" --eval-every "${EVAL_EVERY:-250}" --precision "${PRECISION:-auto}" \
-    --out "$O/muon" 2>"$O/muon.log" | tee "$O/muon.txt"
+    --budget-s "${BUDGET:-420}" --out "$O/muon" 2>"$O/muon.log" | tee "$O/muon.txt"
 }
 
 # mpi [one] (issue 16), on nvidia-h200-x2: 1 GPU vs 2 GPUs over MPI at S6 and L (bench/bench_mpi.py), the loss

@@ -16,7 +16,10 @@ seed, step, wall_s, cpu_s, val_loss at every evaluation), OUT/heldout.png (held-
 loss against wall time) and prints the summary: the target = median over seeds of AdamW's best held-out loss;
 each run's wall time to first reach it (linear between evaluations; none if it never does); the medians and
 muon / adamw. On the GPU recipe: --configfile configs/shakespeare_char_gpu.yaml (the device from the config); where
-a call has a time limit, one seed a call (--seeds 1 --first-seed S --out DIR_S), then --summarize DIR_*/runs.csv.
+a call has a time limit, --budget-s stops before a seed's pair that would end past it (the longest pair so far
+taken as its length; runs.csv is written after every pair), and one seed a later call (--seeds 1 --first-seed S
+--out DIR_S) adds the rest: --summarize DIR_*/runs.csv. Each run also prints its median ms a step.
+Encoded files already in results/ are used only if their vocabulary and held-out fraction are the recipe's.
 """
 
 from __future__ import annotations
@@ -87,6 +90,8 @@ def main() -> None:
     ap.add_argument("--precision", default="", help="replace the recipe's pretrain.precision (fp32|tf32|bf16|auto)")
     ap.add_argument("--out", default="bench/data/muon_cpu")
     ap.add_argument("--runs", default="", help="folder of the runs' checkpoints and logs (default: a temporary one)")
+    ap.add_argument("--budget-s", type=float, default=0.0, help="start no seed's pair that would end later than "
+                    "this many seconds from the start (0: no limit)")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
@@ -111,6 +116,13 @@ def main() -> None:
     if not all(Path(t).exists() for t in targets):  # made on the CPU beforehand where no snakemake is installed
         subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", *targets, "--configfile", args.configfile],
                        check=True)
+    meta = json.loads(Path(targets[0]).with_suffix(".json").read_text())
+    want = (cfg["tokenizer"]["vocab_size"], cfg["corpus"]["val_fraction"])
+    if (meta["vocab_size"], meta["split"]["val_fraction"]) != want:
+        raise SystemExit(f"{targets[0]}: vocabulary {meta['vocab_size']}, held-out fraction "
+                         f"{meta['split']['val_fraction']}, made under another config than {args.configfile} "
+                         f"({want[0]}, {want[1]}): remove results/encoded and results/tokenizer, or make them with "
+                         f"snakemake --configfile {args.configfile}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     base = copy.deepcopy(cfg["pretrain"])
@@ -122,8 +134,13 @@ def main() -> None:
     base["checkpoint_every"] = max(base["checkpoint_every"], base["steps"])  # no saves mid-run inside the timing
     opts = args.optimizers.split(",")
     runs_dir = Path(args.runs or tempfile.mkdtemp(prefix="muon_vs_adamw_"))
-    rows = []
+    rows, start, longest = [], time.perf_counter(), 0.0
     for k in range(args.seeds):
+        t_pair = time.perf_counter()
+        if args.budget_s and rows and t_pair - start + longest > args.budget_s:
+            print(f"stopping after {k} of {args.seeds} seeds: another pair ({longest:.0f} s) would end past the "
+                  f"budget of {args.budget_s:.0f} s", flush=True)
+            break
         for opt in opts:
             s = dict(base, seed=(base["seed"] if args.first_seed < 0 else args.first_seed) + k, optimizer=opt)
             if opt == "muon" and args.muon_lr:
@@ -135,9 +152,12 @@ def main() -> None:
                     "encoded": targets[0], "heldout": targets[1], "tokenizer": targets[2]}
             t = time.perf_counter()
             subprocess.run([sys.executable, __file__, "--one", json.dumps(spec)], check=True)
-            print(f"{opt} seed {s['seed']}: {time.perf_counter() - t:.1f} s", flush=True)
             with open(d / "steps.csv", newline="") as f:
                 times = {int(r["step"]): r for r in csv.DictReader(f)}
+            walls = [float(times[st]["wall_s"]) for st in sorted(times)]
+            step_ms = statistics.median(b - a for a, b in zip(walls, walls[1:])) * 1e3 if len(walls) > 1 else 0.0
+            print(f"{opt} seed {s['seed']}: {time.perf_counter() - t:.1f} s, {step_ms:.1f} ms a step (median)",
+                  flush=True)
             with open(d / "log.csv", newline="") as f:
                 for r in csv.DictReader(f):
                     if r["val_loss"]:
@@ -145,10 +165,11 @@ def main() -> None:
                         rows.append({"optimizer": opt, "seed": s["seed"], "step": int(r["step"]),
                                      "wall_s": float(st["wall_s"]), "cpu_s": float(st["cpu_s"]),
                                      "val_loss": float(r["val_loss"])})
-    with open(out / "runs.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+        longest = max(longest, time.perf_counter() - t_pair)
+        with open(out / "runs.csv", "w", newline="") as f:  # after every pair: a call cut short keeps what ran
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
     summarize(rows, opts, out)
 
 

@@ -4,9 +4,12 @@ the Newton-Schulz orthogonalisation through the device's GEMM, whole engine step
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
+from clgpt.device.knobs import Knobs
 from clgpt.model import ModelConfig, init_params, muon_matrices
 from clgpt.models import reference as ref
 from clgpt.models.factory import make_engine
@@ -14,6 +17,7 @@ from clgpt.ops import Ops
 from clgpt.ops.muon import Muon, lr_scale
 from conftest import assert_close, from_dev, to_dev
 from opcheck import check_op, run_op
+from precisioncheck import emulated_knobs
 
 i32, f32 = np.int32, np.float32
 MUON = {"lr": 0.02, "momentum": 0.95, "nesterov": True, "ns_steps": 5, "lr_scale": "original", "weight_decay": 0.1}
@@ -37,33 +41,37 @@ def test_muon_momentum_kernel(dev, nesterov):
     assert np.array_equal(out["g"], g), "muon_momentum must leave the gradient as it is"
 
 
-def test_muon_norm_scale_poly_update_kernels(dev):
-    n, off, parts = 777, 33, 5
-    x = rand(off + n, 2)
-    chunk = -(-n // parts)
-    got = run_op(dev, "muon", "muon_sumsq", (parts,), [("n", i32(n)), ("off", i32(off)), ("c", i32(chunk)),
-                                                        ("x", x), ("partials", np.zeros(parts, f32))])
-    want = [np.sum(x[off + i * chunk: off + min(n, (i + 1) * chunk)].astype(np.float64) ** 2) for i in range(parts)]
-    assert_close(got["partials"], want, 1e-5, 1e-5, "muon_sumsq")
-    inv = 1.0 / np.linalg.norm(x[off:].astype(np.float64))
-    check_op(dev, "muon", "muon_inv_norm", (1,), [("p", i32(parts)), ("eps", f32(1e-7)), ("partials", got["partials"]),
-                                                   ("out", np.zeros(1, f32))], {"out": [inv]}, atol=0, rtol=1e-5)
+def test_muon_norms_scale_poly_update_kernels(dev):
+    """Three matrices of one shape at scattered offsets (one of them all zero), each kernel one launch for all."""
+    n, offs, parts = 777, np.array([33, 1000, 2000], np.int32), 5
+    G, chunk = len(offs), -(-n // parts)
+    x = rand(3000, 2)
+    x[offs[2]: offs[2] + n] = 0.0
+    mats = [x[o: o + n].astype(np.float64) for o in offs]
+    norms = [np.linalg.norm(m) for m in mats]
     # the floor: an all-zero matrix is scaled by 1 / eps, not divided by zero
-    check_op(dev, "muon", "muon_inv_norm", (1,), [("p", i32(2)), ("eps", f32(1e-7)), ("partials", np.zeros(2, f32)),
-                                                   ("out", np.zeros(1, f32))], {"out": [1e7]}, atol=0, rtol=1e-6)
-    check_op(dev, "muon", "muon_scale", (n,), [("n", i32(n)), ("off", i32(off)), ("x", x),
-                                               ("s", np.array([inv], f32)), ("y", np.zeros(n, f32))],
-             {"y": x[off:].astype(np.float64) * inv}, atol=1e-6, rtol=1e-5)
-    r = 7
-    A = rand((r, r), 6)
-    check_op(dev, "muon", "muon_poly_init", (r * r,), [("r", i32(r)), ("a", f32(3.4445)), ("b", f32(-4.775)),
-                                                       ("A", A), ("P", np.zeros((r, r), f32))],
-             {"P": -4.775 * A.astype(np.float64) + 3.4445 * np.eye(r)}, atol=1e-6, rtol=1e-6)
-    p, o = rand(off + n, 3), rand(n, 4)
+    inv = np.array([1.0 / max(v, 1e-7) for v in norms])
+    got = run_op(dev, "muon", "muon_norms", (parts * G,), [("n", i32(n)), ("c", i32(chunk)), ("eps", f32(1e-7)),
+                                                            ("offs", offs), ("x", x), ("s", np.zeros(G, f32))],
+                 lsize=(parts,))
+    assert_close(got["s"], inv, 0, 1e-5, "muon_norms")
+    ld = 800  # the stack's stride: padding between its matrices
+    check_op(dev, "muon", "muon_scale", (n, G), [("n", i32(n)), ("ld", i32(ld)), ("offs", offs), ("x", x),
+                                                 ("s", inv.astype(f32)), ("y", np.zeros((G, ld), f32))],
+             {"y": np.stack([np.pad(m * v, (0, ld - n)) for m, v in zip(mats, inv)])}, atol=1e-6, rtol=1e-5)
+    r, rr = 7, 64  # (r, r) matrices rr floats apart: the padding stays as it was
+    A, P = rand((G, rr), 6), rand((G, rr), 7)
+    want = P.astype(np.float64).copy()
+    want[:, : r * r] += (-4.775 * A[:, : r * r].astype(np.float64) + 3.4445 * np.eye(r).reshape(-1))
+    check_op(dev, "muon", "muon_poly", (G * rr,), [("t", i32(G * rr)), ("r", i32(r)), ("ld", i32(rr)),
+                                                   ("a", f32(3.4445)), ("b", f32(-4.775)), ("A", A), ("P", P)],
+             {"P": want}, atol=1e-6, rtol=1e-6)
+    p, o = rand(3000, 3), rand(G * ld, 4)
     want_p = p.astype(np.float64).copy()
-    want_p[off:] = want_p[off:] * 0.998 - 0.03 * o
-    check_op(dev, "muon", "muon_update", (n,), [("n", i32(n)), ("off", i32(off)), ("p", p), ("o", o),
-                                                ("d", f32(0.998)), ("lr", f32(0.03))], {"p": want_p},
+    for g, off in enumerate(offs):
+        want_p[off: off + n] = want_p[off: off + n] * 0.998 - 0.03 * o[g * ld: g * ld + n]
+    check_op(dev, "muon", "muon_update", (n, G), [("n", i32(n)), ("ld", i32(ld)), ("offs", offs), ("p", p), ("o", o),
+                                                  ("d", f32(0.998)), ("lr", f32(0.03))], {"p": want_p},
              atol=1e-6, rtol=1e-6)
 
 
@@ -71,17 +79,50 @@ def test_muon_norm_scale_poly_update_kernels(dev):
 
 @pytest.mark.parametrize("rows, cols", [(24, 40), (40, 24), (32, 32), (96, 8)])
 def test_newton_schulz_on_the_gemm_matches_float64(dev, rows, cols):
+    """Three matrices of one shape at scattered offsets of a flat buffer, orthogonalised as one stack."""
     cfg = ModelConfig(vocab_size=32, n_ctx=8, n_embd=16, n_head=2, n_layer=1, n_ff=32)
     ops = Ops(dev, cfg, 8, "fp32")
-    off = 64  # inside a larger buffer, as a tensor's place in the flat store
-    u = rand(off + rows * cols, 5, 0.1)
-    X = Muon(ops).orthogonalize(to_dev(dev, u), off, rows, cols, 5)
-    got = from_dev(dev, X, rows * cols)
-    want = ref.newton_schulz(u[off:].reshape(rows, cols))
-    assert_close(got.reshape(rows, cols), want, 2e-5, 1e-4, f"Newton-Schulz {rows}x{cols}")
-    # what Muon is for: singular values pulled into roughly (0.5, 1.5) from a spread of 1e3
-    sv = np.linalg.svd(got.reshape(rows, cols).astype(np.float64), compute_uv=False)
-    assert 0.3 < sv.min() and sv.max() < 1.3, sv
+    n = rows * cols
+    offs = [64, 64 + n + 128, 3 * n + 320]  # as tensors' places in the flat store, not evenly apart
+    u = rand(offs[-1] + n, 5, 0.1)
+    u[offs[1]: offs[1] + n] *= 1e3  # each matrix its own norm
+    mu = Muon(ops)
+    X = mu.orthogonalize(to_dev(dev, u), offs, rows, cols, 5)
+    ld = mu.stack_stride(rows, cols)
+    got = from_dev(dev, X, len(offs) * ld).reshape(len(offs), ld)[:, :n].reshape(len(offs), rows, cols)
+    for g, off in enumerate(offs):
+        want = ref.newton_schulz(u[off: off + n].reshape(rows, cols))
+        assert_close(got[g], want, 2e-5, 1e-4, f"Newton-Schulz {rows}x{cols}, matrix {g}")
+        # what Muon is for: singular values pulled into roughly (0.5, 1.5) from a spread of 1e3
+        sv = np.linalg.svd(got[g].astype(np.float64), compute_uv=False)
+        assert 0.3 < sv.min() and sv.max() < 1.3, sv
+
+
+BATCHED_FORMS = {  # the device's GEMM forms that orthogonalise a shape's matrices in batched products
+    "local-fp32": (lambda: Knobs(launch="gpu"), "fp32", 2e-5),
+    "mma-tf32": (emulated_knobs, "tf32", 6e-3),
+    "mma-bf16": (emulated_knobs, "bf16", 4e-2),  # bf16 operands: a few percent of the largest entry
+}
+
+
+@pytest.mark.parametrize("form", list(BATCHED_FORMS))
+@pytest.mark.parametrize("rows, cols", [(40, 24), (24, 40)])
+def test_newton_schulz_batched_products_match_float64(dev, form, rows, cols):
+    """The GPU forms (local-memory tiles; tensor cores, emulated) take the batched products: each matrix of the
+    stack against float64, to its precision's tolerance."""
+    knobs, precision, tol = BATCHED_FORMS[form]
+    cfg = ModelConfig(vocab_size=32, n_ctx=8, n_embd=16, n_head=2, n_layer=1, n_ff=32)
+    mu = Muon(Ops(dev, cfg, 8, precision, knobs=knobs()))
+    assert mu.batched
+    n = rows * cols
+    offs = [64, 64 + n + 128, 3 * n + 320]
+    u = rand(offs[-1] + n, 8, 0.1)
+    X = mu.orthogonalize(to_dev(dev, u), offs, rows, cols, 5)
+    ld = mu.stack_stride(rows, cols)
+    got = from_dev(dev, X, len(offs) * ld).reshape(len(offs), ld)[:, :n]
+    for g, off in enumerate(offs):
+        want = ref.newton_schulz(u[off: off + n].reshape(rows, cols))
+        assert_close(got[g].reshape(rows, cols), want, tol, 1e-3, f"{form} Newton-Schulz {rows}x{cols}, matrix {g}")
 
 
 # ---- whole steps: the store's Muon step against the reference ----
@@ -107,6 +148,53 @@ CFGS = {
     "llama-moe": ModelConfig(arch="llama", vocab_size=40, n_ctx=8, n_embd=16, n_head=2, n_head_kv=1, n_layer=1,
                              n_ff=24, n_expert=3, n_expert_used=2),
 }
+
+
+def _step_launches(cfg, dev, knobs) -> int:
+    """Kernel launches of one Muon step (clip, Muon, AdamW for the rest): every launch goes through the launcher."""
+    eng = make_engine(cfg, init_params(cfg, 4), batch_size=2, seq_len=cfg.n_ctx, device=dev, muon=True,
+                      knobs=knobs)
+    launcher, count = eng.ops.launcher, [0]
+    for name in ("launch", "launch_plain", "launch_set"):
+        def counted(*a, _fn=getattr(launcher, name), **k):
+            count[0] += 1
+            return _fn(*a, **k)
+        setattr(launcher, name, counted)
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, cfg.vocab_size, (2, cfg.n_ctx)).astype(np.int32)
+    eng.zero_grad()
+    eng.forward(tokens, tokens)
+    eng.backward()
+    count[0] = 0
+    eng.step(3e-3, 0.9, 0.95, 1e-8, 0.1, 1.0, MUON)
+    return count[0]
+
+
+@pytest.mark.parametrize("arch", list(CFGS))
+def test_muon_launches_grow_with_shapes_not_matrices(dev, arch):
+    """With batched products a step's launches stay the same from 1 layer to 3 (3x the matrices, the same
+    shapes), and a shape more (experts of another width) costs a fixed number more. On the CPU form the products
+    go one matrix at a time: there they grow with the layers."""
+    base = CFGS[arch]
+    cfgs = [replace(base, n_layer=1), replace(base, n_layer=3)]
+    shapes = [len({(r, c) for _, r, c in muon_matrices(c).values()}) for c in cfgs]
+    assert shapes[0] == shapes[1] and sum(n for n, _, _ in muon_matrices(cfgs[1]).values()) == 3 * sum(
+        n for n, _, _ in muon_matrices(cfgs[0]).values())
+    gpu = [_step_launches(c, dev, Knobs(launch="gpu")) for c in cfgs]
+    assert gpu[0] == gpu[1], gpu
+    cpu = [_step_launches(c, dev, Knobs(launch="cpu")) for c in cfgs]
+    assert cpu[1] > cpu[0], cpu
+
+
+def test_muon_launches_a_shape(dev):
+    """gpt2 with n_ff = 3 n_embd: the feed-forward's first matrix has attention's qkv shape and shares its stack;
+    at 4 n_embd it is a shape of its own: one norm, one copy into the stack, 4 launches an NS step, one update more."""
+    cfg = CFGS["gpt2"]
+    shared, own = replace(cfg, n_ff=3 * cfg.n_embd), replace(cfg, n_ff=4 * cfg.n_embd)
+    assert [len({(r, c) for _, r, c in muon_matrices(c).values()}) for c in (shared, own)] == [3, 4]
+    counts = [_step_launches(c, dev, Knobs(launch="gpu")) for c in (shared, own)]
+    assert counts[1] - counts[0] == 3 + 4 * MUON["ns_steps"], counts
+
 
 
 @pytest.mark.parametrize("arch", list(CFGS))

@@ -16,7 +16,8 @@ refuses, and the optimizer state is empty.
 
 `muon` {tensor name: (count, rows, cols)} (clgpt.model.muon_matrices) puts those tensors first in the store, from 0
 to n_muon, each `count` matrices of (rows, cols): `step` with a `muon` settings dict gives them Muon (clgpt/ops/muon.py:
-momentum in m, their v unused) and AdamW only the rest, n_muon to n_train. Without `muon` the layout is as before.
+momentum in m, their v unused; the matrices of one shape orthogonalised together, `muon_shapes`) and AdamW only
+the rest, n_muon to n_train. Without `muon` the layout is as before.
 
 `packed` {view name: (tensor names, consecutive in that order)} lays those tensors back to back, with no
 padding between them, and adds a view of the whole run under the view name: one product can then use them
@@ -79,7 +80,12 @@ class ParamStore:
         self._muon = self._adamw_bufs = None
         if self.muon:
             self._muon = Muon(ops)
-            self._u = ops.buf(self.n_muon)  # the momentum's update, orthogonalised a matrix at a time
+            self._u = ops.buf(self.n_muon)  # the momentum's update, orthogonalised a shape at a time
+            # (rows, cols) -> every Muon matrix of that shape's offset (tensors in store order, experts in order)
+            self.muon_shapes = {}
+            for name, (count, rows, cols) in self.muon.items():
+                self.muon_shapes.setdefault((rows, cols), []).extend(
+                    self.offsets[name] + e * rows * cols for e in range(count))
             sub = lambda b: b.get_sub_region(self.n_muon * F32, max(1, self.n_flat - self.n_muon) * F32)  # noqa: E731
             self._adamw_bufs = tuple(sub(b) for b in (self.flat_p, self.flat_g, self.flat_m, self.flat_v))
 
@@ -131,16 +137,14 @@ class ParamStore:
         return float(out[0])
 
     def _muon_step(self, s: dict):
-        """Momentum over all Muon tensors (the clip factor applied), then each matrix orthogonalised and applied."""
+        """Momentum over all Muon tensors (the clip factor applied), then the matrices of each shape orthogonalised
+        together and applied (the lr's scale depends on the shape alone)."""
         mu = self._muon
         mu.momentum(self.n_muon, s["momentum"], s["nesterov"], self.flat_g, self.flat_m, self._u, self.norm_buf)
         decay = 1.0 - s["lr"] * s["weight_decay"]
-        for name, (count, rows, cols) in self.muon.items():
-            lr_adj = s["lr"] * lr_scale(s["lr_scale"], rows, cols)
-            for e in range(count):
-                off = self.offsets[name] + e * rows * cols
-                o = mu.orthogonalize(self._u, off, rows, cols, s["ns_steps"])
-                mu.update(rows * cols, off, self.flat_p, o, decay, lr_adj)
+        for (rows, cols), offs in self.muon_shapes.items():
+            o = mu.orthogonalize(self._u, offs, rows, cols, s["ns_steps"])
+            mu.update(offs, rows, cols, self.flat_p, o, decay, s["lr"] * lr_scale(s["lr_scale"], rows, cols))
 
     # ---- host access ----
     def _read(self, buf) -> np.ndarray:

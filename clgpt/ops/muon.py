@@ -1,15 +1,25 @@
-"""Muon's launchers: momentum, the Newton-Schulz orthogonalisation on the device's GEMM, the scaled update.
+"""Muon's launchers: momentum, the Newton-Schulz orthogonalisation on the device's batched GEMM, the scaled update.
 
-A part of its own: it takes the ops object it launches through (its device, launcher, buffers, `matmul` and
-1-D local size) in the constructor; clgpt.models.params.ParamStore drives it. Kernels: kernels/muon.cl.
+A part of its own: it takes the ops object it launches through (its device, launcher, buffers, `bmm` and 1-D local
+size) in the constructor; clgpt.models.params.ParamStore drives it. Kernels: kernels/muon.cl.
 
 Newton-Schulz (torch.optim.Muon, Keller Jordan's muon.py), on U (R, C) with (a, b, c) = NS_COEFFS:
     X = U / max(||U||_F, eps), as X^T when R > C (r = min(R, C) rows);  ns_steps times:
     A = X X^T (r, r);  P = a I + b A + c A A;  X = P X   (= a X + (b A + c A A) X, one product fewer)
 Where R > C the transposes are the GEMM's operand flags, not copies: A = X^T X, X = X P^T = X P, so X keeps
 U's (R, C) layout throughout. A and P come out exactly symmetric (entry (i, j) and (j, i) sum the same products
-in the same order), which is why P needs no transpose. The products take the precision path of the ops (bf16
-operands where it is bf16).
+in the same order), which is why P needs no transpose.
+
+All the matrices of one shape go together (`orthogonalize` takes their offsets): one norm launch, one copy into
+a stack (matrix g at g ld, ld = R C rounded up to the sub-buffer alignment), each product one batched launch over
+the stack (ops.bmm), one update; so a step's launches grow with the number of distinct shapes, not of matrices
+(a GPU's step was launch-bound per matrix). The batched products take the precision path of the batched GEMM:
+the local-memory kernel (fp32 or tf32/bf16-rounded operands), or the mma kernel on fp32 operands rounded to
+tf32/bf16 where the device has tensor cores (there is no batched form on bf16 operand copies or wgmma: the
+rounding is the same, bf16 operands and fp32 sums).
+Where the device's GEMM is the CPU form (matmul_rb, which has no batched form) the products stay one matrix at a
+time through ops.matmul on the stack's sub-buffers: the batched local-memory kernel ran the CPU recipe's Muon
+step 10x slower there, and a CPU's launches cost little next to its products.
 """
 
 from __future__ import annotations
@@ -17,9 +27,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pyopencl as cl
 
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
 NS_EPS = 1e-7  # torch.optim.Muon's EPS: the norm's floor
+NORM_PARTS_MAX = 256  # kernels/muon.cl's muon_norms: work-items a matrix
 i32, f32 = np.int32, np.float32
 
 
@@ -31,14 +43,21 @@ def lr_scale(rule: str, rows: int, cols: int) -> float:
     return math.sqrt(max(1.0, rows / cols))
 
 
+def norm_parts(n: int) -> int:
+    """Work-items summing one matrix of n floats in muon_norms (each a chunk of ceil(n / parts))."""
+    return max(1, min(NORM_PARTS_MAX, n // 4096))
+
+
 class Muon:
-    """The launchers of one device's Muon steps; scratch grows to the largest matrix seen."""
+    """The launchers of one device's Muon steps; scratch grows to the largest stack seen."""
 
     def __init__(self, ops):
         self.ops, self.launcher, self.local = ops, ops.launcher, ops.launch["local_1d"]
         self.k = {name: ops.dev.kernel("muon", name) for name in
-                  ("muon_momentum", "muon_sumsq", "muon_inv_norm", "muon_scale", "muon_poly_init", "muon_update")}
-        self._bufs = {}
+                  ("muon_momentum", "muon_norms", "muon_scale", "muon_poly", "muon_update")}
+        # batched products where the device's GEMM has a batched form: the local-memory kernel, or tensor cores
+        self.batched = ops.mm["kernel"] == "matmul" or ops.mma is not None
+        self._bufs, self._offs = {}, {}
 
     def _buf(self, key, n):
         b = self._bufs.get(key)
@@ -46,43 +65,88 @@ class Muon:
             b = self._bufs[key] = self.ops.buf(n)
         return b
 
-    def _run(self, name, n, *args):
-        self.launcher.launch_plain(self.k[name], (-(-n // self.local) * self.local,), (self.local,), args)
+    def _table(self, offs) -> cl.Buffer:
+        """The device's int32 copy of offsets `offs` (kept: the same few every step)."""
+        key = tuple(int(o) for o in offs)
+        t = self._offs.get(key)
+        if t is None:
+            t = self._offs[key] = cl.Buffer(self.ops.ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
+                                            hostbuf=np.array(key, np.int32))
+        return t
+
+    def _run(self, name, n, *args, count=1):
+        """Kernel `name` over n work-items (padded to the 1-D local size) times `count` matrices."""
+        g = -(-n // self.local) * self.local
+        self.launcher.launch_plain(self.k[name], (g, count) if count > 1 else (g,),
+                                   (self.local, 1) if count > 1 else (self.local,), args)
 
     def momentum(self, n, mu, nesterov, grad, buf, u, norm_buf):
         """buf = lerp(buf, g, 1 - mu), u = nesterov ? lerp(g, buf, mu) : buf, g = grad * norm_buf[1]; n floats."""
         self._run("muon_momentum", n, i32(n), f32(mu), i32(bool(nesterov)), grad, buf, u, norm_buf)
 
-    def orthogonalize(self, U, off, rows, cols, ns_steps, eps=NS_EPS, coeffs=NS_COEFFS):
-        """NS(U[off : off + rows*cols] as (rows, cols)) -> a buffer holding it as (rows, cols), valid until
-        the next call."""
+    def _bmm(self, M, N, K, G, A, lda, sa, B, ldb, sb, C, ldc, sc, ta=0, tb=0, alpha=1.0):
+        """C_g (M, N) = alpha op(A_g) op(B_g), g < G, the stacks' matrices sa, sb, sc floats apart; G = 1: one
+        plain product."""
+        if G == 1:
+            self.ops.matmul(M, N, K, A, B, C, ta=ta, tb=tb, alpha=alpha)
+            return
+        self.ops.bmm(M, N, K, G, 1, A, lda, (0, sa, 0), B, ldb, (0, sb, 0), C, ldc, (0, sc, 0), ta=ta, tb=tb,
+                     alpha=alpha)
+
+    def orthogonalize(self, U, offs, rows, cols, ns_steps, eps=NS_EPS, coeffs=NS_COEFFS):
+        """NS of the matrices U[o : o + rows*cols] as (rows, cols), o in offs -> a buffer holding them as a stack
+        (matrix g at g * stack_stride(rows, cols)), valid until the next call."""
+        n, G = rows * cols, len(offs)
+        ld = self.stack_stride(rows, cols)
+        table = self._table(offs)
+        parts = norm_parts(n)
+        scale = self._buf("scale", G)
+        self.launcher.launch_plain(self.k["muon_norms"], (parts * G,), (parts,),
+                                   (i32(n), i32(-(-n // parts)), f32(eps), table, U, scale))
+        X, Xn = self._buf("x0", G * ld), self._buf("x1", G * ld)
+        self._run("muon_scale", n, i32(n), i32(ld), table, U, scale, X, count=G)
+        rr = self._aligned(min(rows, cols) ** 2)  # the stride of the (r, r) stacks A, P
+        A, P = self._buf("gram", G * rr), self._buf("poly", G * rr)
+        if self.batched:
+            return self._iterate(G, rows, cols, ns_steps, coeffs, X, Xn, A, P, ld, rr)
+        # the CPU form: one matrix after another, each through all its iterations (its operands stay in cache)
+        sub = self.launcher.sub
+        for g in range(G):
+            self._iterate(1, rows, cols, ns_steps, coeffs, sub(X, g * ld), sub(Xn, g * ld), sub(A, g * rr),
+                          sub(P, g * rr), ld, rr)
+        return X if ns_steps % 2 == 0 else Xn  # each iteration writes the other of the two
+
+    def _iterate(self, G, rows, cols, ns_steps, coeffs, X, Xn, A, P, ld, rr):
+        """ns_steps Newton-Schulz iterations on the stacks X (G matrices (rows, cols), ld apart) with A, P (rr
+        apart) -> X or Xn, whichever holds the result."""
         a, b, c = coeffs
-        n = rows * cols
-        parts = max(1, min(256, n // 4096))
-        chunk = -(-n // parts)
-        partials, scale = self._buf("partials", parts), self._buf("scale", 1)
-        self.launcher.launch_plain(self.k["muon_sumsq"], (parts,), None, (i32(n), i32(off), i32(chunk), U, partials))
-        self.launcher.launch_plain(self.k["muon_inv_norm"], (1,), None, (i32(parts), f32(eps), partials, scale))
-        X, Xn = self._buf("x0", n), self._buf("x1", n)
-        self._run("muon_scale", n, i32(n), i32(off), U, scale, X)
         r = min(rows, cols)
-        A, P = self._buf("gram", r * r), self._buf("poly", r * r)
-        mm = self.ops.matmul
         tall = rows > cols
         for _ in range(ns_steps):
             if tall:  # X (rows, cols) holds Y^T: A = Y Y^T = X^T X, and Y' = P Y is X' = X P
-                mm(r, r, rows, X, X, A, ta=1)
+                self._bmm(r, r, rows, G, X, cols, ld, X, cols, ld, A, r, rr, ta=1)
             else:
-                mm(r, r, cols, X, X, A, tb=1)
-            self._run("muon_poly_init", r * r, i32(r), f32(a), f32(b), A, P)
-            mm(r, r, r, A, A, P, accum=True, alpha=c)
+                self._bmm(r, r, cols, G, X, cols, ld, X, cols, ld, A, r, rr, tb=1)
+            self._bmm(r, r, r, G, A, r, rr, A, r, rr, P, r, rr, alpha=c)
+            self._run("muon_poly", G * rr, i32(G * rr), i32(r), i32(rr), f32(a), f32(b), A, P)
             if tall:
-                mm(rows, cols, r, X, P, Xn)
+                self._bmm(rows, cols, r, G, X, cols, ld, P, cols, rr, Xn, cols, ld)
             else:
-                mm(rows, cols, r, P, X, Xn)
+                self._bmm(rows, cols, r, G, P, r, rr, X, cols, ld, Xn, cols, ld)
             X, Xn = Xn, X
         return X
 
-    def update(self, n, off, p, o, decay, lr_adj):
-        """p[off + j] = p[off + j] * decay - lr_adj * o[j], j < n."""
-        self._run("muon_update", n, i32(n), i32(off), p, o, f32(decay), f32(lr_adj))
+    def _aligned(self, n) -> int:
+        """n rounded up to the sub-buffer alignment (the per-matrix products' sub-buffers start there)."""
+        return -(-n // self.ops.align) * self.ops.align
+
+    def stack_stride(self, rows, cols) -> int:
+        """Floats from one matrix of the stack orthogonalize returns to the next."""
+        return self._aligned(rows * cols)
+
+    def update(self, offs, rows, cols, p, o, decay, lr_adj):
+        """p[off + j] = p[off + j] * decay - lr_adj * o[g ld + j] (o: orthogonalize's stack, ld its stride),
+        j < rows cols, off = offs[g]."""
+        n = rows * cols
+        self._run("muon_update", n, i32(n), i32(self.stack_stride(rows, cols)), self._table(offs), p, o, f32(decay),
+                  f32(lr_adj), count=len(offs))
