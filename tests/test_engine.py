@@ -90,7 +90,7 @@ def test_gpu_launch_path_vs_reference_and_determinism(launch, C):
     runs = []
     for _ in range(2):
         eng = Engine(cfg, p, batch_size=4, seq_len=80, knobs=Knobs(launch=launch))
-        eng.ops.attn_gemm = True  # T = 80 is below the table's shortest sequence for batched attention
+        eng.ops.facts.attn_gemm = True  # T = 80 is below the table's shortest sequence for batched attention
         eng.ops.launch["colsum_min_parts"] = 2  # 320 rows: two-stage column sums all the same
         assert eng.ops.rows and eng.ops.preset and ("layernorm_forward_rows" in eng.ops.k) == (C % 128 == 0)
         eng.ops.launch["ln_parts"] = 16  # 320 rows: 5 rows a row-slot

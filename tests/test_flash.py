@@ -247,8 +247,8 @@ def test_attention_backward_hands_dqkv_over_as_its_tiled_copy(dev, monkeypatch, 
     monkeypatch.setattr(dev, "kernel", lambda stem, name, build_options=(), **d: (name, d.get("DQKV_TILED", 0)))
     ops = Ops(dev, cfg, t, "bf16", batch_size=2, knobs=emulated_knobs(), attention="flash")
     assert ops.flash and ops.rope_fused
-    monkeypatch.setattr(ops, "tiled_outputs", True)
-    monkeypatch.setattr(ops, "on_wgmma", lambda M, N, K, epi=0: wgmma)
+    monkeypatch.setattr(ops.facts, "tiled_outputs", True)
+    monkeypatch.setattr(ops.backend, "on_wgmma", lambda M, N, K, epi=0: wgmma)
     ops.flash_setup()
     assert ops.k["flash_backward_dq_tiled_only"] == ("flash_backward_dq", 1)
     launched = []

@@ -403,9 +403,10 @@ def test_grouped_ops_gpu_row(monkeypatch, launch_row):
     """Ops' grouped launchers on a GPU table row (the tiled form, its tile choice, split-K of the weight
     gradients with the thresholds lowered so that small shapes split) against float64 per-expert products."""
     import pyopencl as cl
-    from clgpt.ops import Ops, gemm
-    monkeypatch.setattr(gemm, "SPLIT_MIN_TOTAL_K", 8)  # where split_plan reads them
-    monkeypatch.setattr(gemm, "SPLIT_MIN_K", {"big": 8, "small": 4})
+    from clgpt.ops import Ops
+    from clgpt.ops.gemm import portable
+    monkeypatch.setattr(portable, "SPLIT_MIN_TOTAL_K", 8)  # where split_plan reads them
+    monkeypatch.setattr(portable, "SPLIT_MIN_K", {"big": 8, "small": 4})
     dev = get_device()
     o = Ops(dev, llama_cfg(), 6, knobs=Knobs(launch=launch_row))
     assert o.grouped_local()
@@ -443,7 +444,7 @@ def test_grouped_ops_on_tensor_cores(monkeypatch):
     from clgpt.models.reference import round_bf16
     from clgpt.ops import Ops, grouped
     from precisioncheck import emulated_knobs
-    monkeypatch.setattr(grouped, "SPLIT_MIN_TOTAL_K", 8)  # where _grouped_k_mma reads them
+    monkeypatch.setattr(grouped, "SPLIT_MIN_TOTAL_K", 8)  # where Grouped._grouped_k_mma reads them
     monkeypatch.setattr(grouped, "MMA_SPLIT_MIN_K", 8)
     dev = get_device()
     o = Ops(dev, llama_cfg(), 6, precision="bf16", knobs=emulated_knobs())
