@@ -226,7 +226,7 @@ def curve(steps=200):
     starts = rng.integers(0, len(data) - T - 1, size=(steps, B))
     curves, hashes = {}, {}
     for precision in ("fp32", "tf32", "bf16", "bf16"):
-        eng = GPT2Engine(cfg, init_params(cfg, 0), B, T, dev, precision=precision)
+        eng = GPT2Engine(cfg, init_params(cfg, 0), B, T, dev, precision=precision, knobs=read_knobs())
         losses = []
         t0 = time.perf_counter()
         for s in range(steps):

@@ -171,7 +171,7 @@ def test_flash_needs_the_bf16_path_and_a_head_width_of_16_to_64(dev):
         want = groups >= FLASH_MIN_GROUPS * units or seq >= FLASH_LONG_T
         assert _engine("auto", batch=batch, seq=seq).ops.flash is want, (batch, seq)
     with pytest.raises(ClgptError, match="attention 'on': use auto, flash, batched"):
-        GPT2Engine(cfg, init_params(cfg, 0), batch_size=1, seq_len=16, precision="bf16", attention="on")
+        GPT2Engine(cfg, init_params(cfg, 0), batch_size=1, seq_len=16, precision="bf16", attention="on", knobs=Knobs())
 
 
 def test_flash_forward_writes_its_tiled_copy(dev):

@@ -99,7 +99,7 @@ def test_rb_tiles_for_ragged_widths(dev):
     from clgpt.model import ModelConfig
     from clgpt.ops import Ops
 
-    ops = Ops(dev, ModelConfig(), 16)
+    ops = Ops(dev, ModelConfig(), 16, knobs=Knobs())
     ops.facts.mm = dict(kernel="matmul_rb", RM=6, NV=4, VW=16, PREFETCH=1, lsize=(1, 1))  # the AVX-512 CPU row's
     got = {N: ops.rb_tiles(N)["NV"] for N in (64, 128, 96, 160, 32, 16, 48, 260, 7)}
     assert got == {64: 4, 128: 4, 96: 3, 160: 2, 32: 2, 16: 1, 48: 3, 260: 4, 7: 4}, got

@@ -487,7 +487,7 @@ def test_load_balancing_loss_spreads_the_experts():
     cfg = llama_cfg(E=4, K=1, moe_aux_loss=1.0, n_layer=1)
     p = noisy_params(cfg)
     p["blk.0.ffn_gate_inp.weight"][0] += 2.0  # every token prefers expert 0 at first
-    eng = LlamaEngine(cfg, p, batch_size=4, seq_len=6)
+    eng = LlamaEngine(cfg, p, batch_size=4, seq_len=6, knobs=Knobs())
     tokens, targets, mask = batch(cfg, 4, 6)
     eng.forward(tokens, targets, mask)
     first_aux, first_usage = eng.aux_loss(), eng.expert_usage()
@@ -503,16 +503,16 @@ def test_load_balancing_loss_spreads_the_experts():
 
 def test_factory_and_errors():
     gpt2 = ModelConfig(vocab_size=23, n_ctx=6, n_embd=8, n_head=2, n_layer=1, n_ff=12)
-    assert type(make_engine(gpt2, init_params(gpt2, 0), 1, 6)) is Engine
+    assert type(make_engine(gpt2, init_params(gpt2, 0), 1, 6, knobs=Knobs())) is Engine
     cfg = CFGS["moe"]
-    eng = make_engine(cfg, init_params(cfg, 0), 2, 6)
+    eng = make_engine(cfg, init_params(cfg, 0), 2, 6, knobs=Knobs())
     assert type(eng) is LlamaEngine
     with pytest.raises(ClgptError, match="forward"):
         eng.expert_usage()
     with pytest.raises(ClgptError, match="LlamaEngine"):
-        LlamaEngine(gpt2, init_params(gpt2, 0), 1, 6)
+        LlamaEngine(gpt2, init_params(gpt2, 0), 1, 6, knobs=Knobs())
     with pytest.raises(ClgptError, match="no experts"):
-        LlamaEngine(CFGS["dense"], init_params(CFGS["dense"], 0), 1, 6).expert_usage()
+        LlamaEngine(CFGS["dense"], init_params(CFGS["dense"], 0), 1, 6, knobs=Knobs()).expert_usage()
     assert "position_embd.weight" not in param_shapes(cfg)
     assert param_shapes(cfg)["blk.0.ffn_down_exps.weight"] == (4, 8, 12)
     assert param_shapes(cfg)["blk.0.attn_k.weight"] == (4, 8)  # one kv head of dim 4

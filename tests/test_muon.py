@@ -12,6 +12,7 @@ from clgpt.models import reference as ref
 from clgpt.models.factory import make_engine
 from clgpt.ops import Ops
 from clgpt.ops.muon import Muon, lr_scale
+from clgpt.device.knobs import Knobs
 from conftest import assert_close, from_dev, to_dev
 from opcheck import check_op, run_op
 
@@ -72,7 +73,7 @@ def test_muon_norm_scale_poly_update_kernels(dev):
 @pytest.mark.parametrize("rows, cols", [(24, 40), (40, 24), (32, 32), (96, 8)])
 def test_newton_schulz_on_the_gemm_matches_float64(dev, rows, cols):
     cfg = ModelConfig(vocab_size=32, n_ctx=8, n_embd=16, n_head=2, n_layer=1, n_ff=32)
-    ops = Ops(dev, cfg, 8, "fp32")
+    ops = Ops(dev, cfg, 8, "fp32", knobs=Knobs())
     off = 64  # inside a larger buffer, as a tensor's place in the flat store
     u = rand(off + rows * cols, 5, 0.1)
     X = Muon(ops).orthogonalize(to_dev(dev, u), off, rows, cols, 5)
@@ -87,7 +88,7 @@ def test_newton_schulz_on_the_gemm_matches_float64(dev, rows, cols):
 # ---- whole steps: the store's Muon step against the reference ----
 
 def _engine(cfg, dev, params, muon=True):
-    return make_engine(cfg, params, batch_size=2, seq_len=cfg.n_ctx, device=dev, muon=muon)
+    return make_engine(cfg, params, batch_size=2, seq_len=cfg.n_ctx, device=dev, muon=muon, knobs=Knobs())
 
 
 def _step(eng, cfg, seed, lr=3e-3, muon=MUON, clip=1.0):

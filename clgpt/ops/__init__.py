@@ -51,11 +51,9 @@ class Ops:
     """
 
     def __init__(self, dev: Device, cfg: ModelConfig, seq_len: int, precision: str = "fp32",
-                 batch_size: int | None = None, knobs: Knobs | None = None, attention: str = "auto"):
+                 batch_size: int | None = None, *, knobs: Knobs, attention: str = "auto"):
         if attention not in ATTENTION:
             raise ClgptError(f"attention {attention!r}: use {', '.join(ATTENTION)}")
-        from clgpt.device.knobs import read
-        knobs = read() if knobs is None else knobs
         f = self.facts = Facts(dev, cfg, seq_len, precision, knobs)
         self.dev, self.cfg, self.ctx, self.queue, self.knobs, self.caps = dev, cfg, f.ctx, f.queue, knobs, f.caps
         self.launcher, self.k, self.launch = f.launcher, f.launcher.k, f.launch
