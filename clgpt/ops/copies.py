@@ -111,7 +111,7 @@ class TiledCopies(Part):
         return kname + "_tiled", (self.kept_copy(X, rows, cols),)
 
     def settle(self, X):
-        """X's fp32 values made what its readers expect: a deferred GELU' (_matmul_bf16) applied in place."""
+        """X's fp32 values made what its readers expect: a deferred GELU' (WgmmaGemm.matmul_epi) applied in place."""
         gelu = self.book.settle(X)
         if gelu is not None:
             self._gelu_backward(gelu)

@@ -158,7 +158,7 @@ class Grouped(Part):
         rows of A_e, B_e from offs[e] (weight gradients: op(A) = dY.T, TA=1). The tiled form splits K where
         split_plan would split a product of total_rows / E rows; chunks cover max_rows (the most one group
         can hold), and those past a group's count do nothing. On the tensor cores (grouped_mma) the same, with
-        _matmul_mma's thresholds for E outputs of (M,N); on wgmma (A and B hold `packed` rows) wgmma's."""
+        MmaGemm.matmul_epi's thresholds for E outputs of (M,N); on wgmma (A and B hold `packed` rows) wgmma's."""
         if (ta and max_rows is not None and self.grouped_on_wgmma(packed or 0, N, M, packed) and lda == M
                 and ldb == N and ldc == N and cstride == M * N):
             self._grouped_k_wgmma(E, M, N, A, B, Cm, counts, offs, accum, alpha, max_rows, total_rows, packed)
@@ -194,9 +194,9 @@ class Grouped(Part):
 
     def _grouped_k_mma(self, E, M, N, A, lda, B, ldb, Cm, ldc, cstride, counts, offs, ta, accum, alpha, max_rows,
                        total_rows):
-        """matmul_grouped_k on matmul_mma with GROUP 2: the E outputs' work-groups as _matmul_mma counts them; too
+        """matmul_grouped_k on matmul_mma with GROUP 2: the E outputs' work-groups as MmaGemm.matmul_epi counts them; too
         few split each group's rows into chunks of kc (the average group's rows in S chunks of whole mma k-tiles,
-        S as _matmul_mma picks it), chunks covering max_rows, their raw sums added by splitk_reduce_grouped."""
+        S as MmaGemm.matmul_epi picks it), chunks covering max_rows, their raw sums added by splitk_reduce_grouped."""
         if max_rows is None:
             raise ClgptError("matmul_grouped_k: the tensor-core form needs max_rows (the most rows one group holds)")
         kavg = -(-(total_rows or max_rows * E) // E)

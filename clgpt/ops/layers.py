@@ -150,7 +150,7 @@ class Layers(Part):
     def swiglu_rows_forward(self, N, h, out, products_only=False):
         """out (N,F) = silu(h[:, :F]) * h[:, F:], h (N,2F) = gate | up. products_only: the caller's products
         (down's forward and weight gradient) are out's only readers; where out is stable and both run on wgmma,
-        only out's kept tiled copy is written then, as gpt2's gelu(h) (Ops._matmul_bf16)."""
+        only out's kept tiled copy is written then, as gpt2's gelu(h) (WgmmaGemm.matmul_epi)."""
         F = self.cfg.n_ff
         if self.caps.swiglu_per_element and F % 4 == 0:  # GPUs: 4 outputs a work-item, out's tiled copy where kept
             kname, copy = self.copies.with_copy("swiglu_rows_forward_v4", out, N, F)

@@ -3,7 +3,7 @@ grouped and batched products where no tensor-core form runs), split-K with split
 (`tiles`, `split_plan`, `matmul_launch`, `matmul_defines`) every portable form shares.
 
 Launches kernels/matmul.cl (matmul; splitk_reduce for split-K, which every backend's split-K launches through
-clgpt/ops/core.py's split_k).
+clgpt/ops/core.py's run_split_k).
 """
 
 from __future__ import annotations
