@@ -60,7 +60,7 @@ def check():
         # on sm_90 every bf16 product on wgmma, however small
         tc, port = engine(precision, wgmma_min_mnk=0), engine(precision, wgmma_min_mnk=0)
         assert tc.mma is not None, "no tensor-core path on this device"
-        port.ops.matmul = port.ops.gemms.tiled.matmul  # the portable kernels (matmul.cl, -D ROUND), same GPU
+        port.ops.matmul = port.ops.gemms.portable.matmul  # the portable kernels (matmul.cl, -D ROUND), same GPU
         rnd = ref.ROUNDERS[precision]
         # rounding: A @ I is exact on either path
         M, K = (256, 128) if not SMALL else (16, 8)

@@ -40,6 +40,11 @@ class Gemms:
     bf16: Bf16Gemm | None
     wgmma: WgmmaGemm | None
 
+    @property
+    def portable(self):
+        """The device's portable backend, on kernels/matmul.cl: the register-blocked form on CPUs, else the tiled."""
+        return self.rb or self.tiled
+
 
 def make_gemms(f: Facts) -> Gemms:
     """The backends of Facts f's choice: wgmma (holding its bf16 GEMM), bf16 (holding its mma), mma, the
