@@ -104,6 +104,7 @@ def main(argv=None) -> int:
     from clgpt.device.opencl import get_device
     from clgpt.model import ModelConfig, init_params
     from clgpt.models.factory import make_engine
+    from clgpt.device.knobs import read as read_knobs
 
     what = set(args.what.split(","))
     V, T, C, F, H, L, B = SHAPES[args.shape]
@@ -121,7 +122,7 @@ def main(argv=None) -> int:
         cfg = ModelConfig(arch="gpt2" if arch == "gpt2" else "llama", vocab_size=V, n_ctx=T, n_embd=C, n_head=H,
                           n_layer=L, n_ff=F if arch == "gpt2" else llama_ffn(args), **moe)
         params = init_params(cfg, 0)
-        eng = make_engine(cfg, params, batch_size=B, seq_len=T, device=dev)
+        eng = make_engine(cfg, params, batch_size=B, seq_len=T, device=dev, knobs=read_knobs())
         if args.profile:
             for line in profile(cfg, params, B, T, dev, batches):
                 print(f"[{arch}] {line}")

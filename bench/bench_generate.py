@@ -41,8 +41,9 @@ def side(a) -> dict:
     if a.side == "clgpt":
         from clgpt.device.opencl import decode_device
         from clgpt.inference.generate import Generator
+        from clgpt.device.knobs import read as read_knobs
 
-        gen = Generator(cfg, params, device=decode_device())  # what `clgpt generate` takes
+        gen = Generator(cfg, params, device=decode_device(), knobs=read_knobs())  # what `clgpt generate` takes
 
         def decode(seed):
             stream = gen.stream(prompt, a.max_tokens, seed=seed, suppress_ids=eog, temperature=0.8, top_k=40,

@@ -33,6 +33,7 @@ from clgpt.model import ModelConfig, init_params, num_params  # noqa: E402
 from clgpt.models.factory import make_engine  # noqa: E402
 from clgpt.training.dist import BUCKET, Dist  # noqa: E402
 from clgpt.training.train import ADAM_EPS, PretrainBatches, accumulate_grads, lr_at  # noqa: E402
+from clgpt.device.knobs import read as read_knobs  # noqa: E402
 
 SHAPES = {  # V, T, C, F, H, L, B (per rank)
     "S6": (8192, 256, 384, 1536, 6, 6, 64),
@@ -151,7 +152,7 @@ def curve(cfg, params, B, T, steps, world, dev) -> dict:
     for label, dist in (("1 rank", Dist(None) if world.Get_rank() == 0 else None), (f"{world.Get_size()} ranks",
                                                                                     Dist(world))):
         if dist is not None:
-            eng = make_engine(cfg, params, batch_size=-(-B // dist.size), seq_len=T, device=dev)
+            eng = make_engine(cfg, params, batch_size=-(-B // dist.size), seq_len=T, device=dev, knobs=read_knobs())
             batches = PretrainBatches(ids, s, "synthetic")
             ls = []
             for step in range(steps):
@@ -190,7 +191,7 @@ def main() -> None:
     for name, (V, T, C, F, H, L, B) in shapes or [("S6", SHAPES["S6"])]:
         cfg = ModelConfig(vocab_size=V, n_ctx=max(256, T), n_embd=C, n_head=H, n_layer=L, n_ff=F)
         params = init_params(cfg, 0)
-        eng = make_engine(cfg, params, batch_size=B, seq_len=T, device=dev)
+        eng = make_engine(cfg, params, batch_size=B, seq_len=T, device=dev, knobs=read_knobs())
         batches = RandomBatches(B, T, V)
         say(f"\n== {name}: V={V} T={T} C={C} F={F} H={H} L={L}, B={B} per rank, {num_params(cfg):,} parameters "
             f"({4 * num_params(cfg) / 2**20:.0f} MiB of fp32 gradients)", flush=True)

@@ -13,6 +13,7 @@ from clgpt.eval.evaluate import mean_loss, text_bytes, token_byte_lengths
 from clgpt.io.checkpoint import load_checkpoint
 from clgpt.models.factory import make_engine
 from clgpt.text.tokenizer import Tokenizer
+from clgpt.device.knobs import read as read_knobs  # noqa: E402
 
 seed = int(sys.argv[1])
 res = sys.argv[2] if len(sys.argv) > 2 else "results"
@@ -28,7 +29,7 @@ ck = load_checkpoint(ckpt)
 ids, _ = load_encoded(f"{res}/encoded/pretrain_heldout.bin")
 tok = Tokenizer.load(f"{res}/tokenizer/tokenizer.json")
 T, B = settings["seq_len"], 16
-eng = make_engine(ck["cfg"], ck["params"], batch_size=B, seq_len=T, device=get_device(None))
+eng = make_engine(ck["cfg"], ck["params"], batch_size=B, seq_len=T, device=get_device(None), knobs=read_knobs())
 loss, n = mean_loss(eng, text_batches(ids, T, B))
 nbytes = text_bytes(ids, token_byte_lengths(tok))
 print(f"clgpt seed={seed} bias={ck['cfg'].bias} vocab={ck['cfg'].vocab_size} heldout {loss:.4f} nats/token "

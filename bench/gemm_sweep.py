@@ -7,6 +7,7 @@ sys.path.insert(0, os.getcwd())
 from clgpt.device.opencl import get_device
 from clgpt.model import ModelConfig, init_params
 from clgpt.models.gpt2 import GPT2Engine as Engine
+from clgpt.device.knobs import read as read_knobs  # noqa: E402
 
 n = int(sys.argv[1]) if len(sys.argv) > 1 else 4096
 CONFIGS = [
@@ -54,7 +55,7 @@ cfg = ModelConfig(vocab_size=64, n_ctx=8, n_embd=16, n_ff=32, n_head=2, n_layer=
 for spec in CONFIGS:
     os.environ["CLGPT_MATMUL"] = spec
     try:
-        eng = Engine(cfg, init_params(cfg, 0), 1, 8, dev)
+        eng = Engine(cfg, init_params(cfg, 0), 1, 8, dev, knobs=read_knobs())
         f = lambda: eng.matmul(n, n, n, dA, dB, dC)  # noqa: E731
         f(); dev.queue.finish()
         best = 1e9

@@ -23,6 +23,7 @@ from clgpt.model import ModelConfig, init_params  # noqa: E402
 from clgpt.models import reference as ref  # noqa: E402
 from clgpt.models.gpt2 import GPT2Engine  # noqa: E402
 from clgpt.ops import ceil_to  # noqa: E402
+from clgpt.device.knobs import read as read_knobs  # noqa: E402
 
 dev = get_device()
 mf = cl.mem_flags
@@ -61,7 +62,7 @@ def spec(c):
 def engine(bf16):
     os.environ["CLGPT_BF16"] = bf16
     os.environ["CLGPT_BF16_SMALL"] = bf16 if bf16 != "off" else ""
-    return GPT2Engine(TINY, init_params(TINY, 0), 1, 8, dev, precision="bf16")
+    return GPT2Engine(TINY, init_params(TINY, 0), 1, 8, dev, precision="bf16", knobs=read_knobs())
 
 
 def best(fn, sync, reps=10, rounds=3):

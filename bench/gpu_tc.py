@@ -60,7 +60,7 @@ def check():
         # on sm_90 every bf16 product on wgmma, however small
         tc, port = engine(precision, wgmma_min_mnk=0), engine(precision, wgmma_min_mnk=0)
         assert tc.mma is not None, "no tensor-core path on this device"
-        port.ops.mma = port.ops.bf16 = port.ops.wgmma = None  # the portable kernels (matmul.cl, -D ROUND), same GPU
+        port.ops.matmul = port.ops.gemms.portable.matmul  # the portable kernels (matmul.cl, -D ROUND), same GPU
         rnd = ref.ROUNDERS[precision]
         # rounding: A @ I is exact on either path
         M, K = (256, 128) if not SMALL else (16, 8)
@@ -226,7 +226,7 @@ def curve(steps=200):
     starts = rng.integers(0, len(data) - T - 1, size=(steps, B))
     curves, hashes = {}, {}
     for precision in ("fp32", "tf32", "bf16", "bf16"):
-        eng = GPT2Engine(cfg, init_params(cfg, 0), B, T, dev, precision=precision)
+        eng = GPT2Engine(cfg, init_params(cfg, 0), B, T, dev, precision=precision, knobs=read_knobs())
         losses = []
         t0 = time.perf_counter()
         for s in range(steps):

@@ -20,6 +20,7 @@ from clgpt.models.factory import make_engine
 from clgpt.models.lora import lora_spec
 from clgpt.models.lora_engine import LoraEngine
 from clgpt.ops import Ops
+from clgpt.device.knobs import read as read_knobs  # noqa: E402
 
 
 class _Counted:
@@ -57,11 +58,11 @@ def main(argv=None) -> int:
     targets = np.roll(tokens, -1, axis=1)
     engines, memory = {}, {}
     with _Counted() as c:
-        engines["full"] = make_engine(cfg, params, batch_size=B, seq_len=T)
+        engines["full"] = make_engine(cfg, params, batch_size=B, seq_len=T, knobs=read_knobs())
     memory["full"] = c.bytes
     spec = lora_spec({"rank": args.rank, "alpha": args.alpha}, cfg)
     with _Counted() as c:
-        engines["lora"] = LoraEngine(make_engine(cfg, params, batch_size=B, seq_len=T, optimizer=False), spec, seed=0)
+        engines["lora"] = LoraEngine(make_engine(cfg, params, batch_size=B, seq_len=T, optimizer=False, knobs=read_knobs()), spec, seed=0)
     memory["lora"] = c.bytes
     times = {k: [] for k in engines}
     for r in range(args.rounds + 1):  # round 0 warms up (kernel builds)

@@ -68,6 +68,7 @@ def main() -> None:
     from clgpt.config import load_workflow_config
     from clgpt.device.opencl import get_device
     from clgpt.model import ModelConfig, init_params, muon_matrices, num_params
+    from clgpt.device import knobs as knobs_mod
     from clgpt.models.factory import make_engine
 
     cfg_all = load_workflow_config(str(ROOT / "config.yaml"), [args.configfile])
@@ -88,9 +89,10 @@ def main() -> None:
     rng = np.random.default_rng(0)
     batches = [(rng.integers(0, cfg.vocab_size, (B, T), dtype=np.int32),
                 rng.integers(0, cfg.vocab_size, (B, T), dtype=np.int32)) for _ in range(8)]
+    kn = knobs_mod.read()  # once, at the bench's edge
     engines = {opt: make_engine(cfg, init_params(cfg, 0), batch_size=B, seq_len=T, device=dev,
                                 dropout=float(s.get("dropout", 0.0)), precision=precision,
-                                muon=opt == "muon") for opt in ("adamw", "muon")}
+                                muon=opt == "muon", knobs=kn) for opt in ("adamw", "muon")}
     settings = {"adamw": None, "muon": mu}  # the peak learning rates (no schedule: the step costs the same)
     lr = float(s["lr"])
 

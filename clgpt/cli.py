@@ -8,6 +8,7 @@ import os
 import sys
 
 from clgpt.errors import ClgptError
+from clgpt.device.knobs import read as read_knobs
 
 
 def _load_tokenizer(path: str):
@@ -127,7 +128,7 @@ def cmd_generate(args) -> None:
         )
     from clgpt.inference.interactive import sampling_settings, stream_text
 
-    gen = Generator(cfg, params, device=decode_device(args.device))
+    gen = Generator(cfg, params, device=decode_device(args.device), knobs=read_knobs())  # once, at the edge
     out = gen.stream(prompt_ids, **sampling_settings(args, eog_ids(kv)))
     if args.show_probs:
         for i, p in out:
@@ -140,7 +141,7 @@ def cmd_generate(args) -> None:
 def cmd_chat(args) -> None:
     from clgpt.inference.interactive import run_chat
 
-    run_chat(args)
+    run_chat(args, knobs=read_knobs())  # once, at the edge
 
 
 def cmd_bench(args) -> None:

@@ -45,7 +45,7 @@ __kernel void swiglu_rows_forward_tiled(const int R, const int W, __global const
 //   forward:  y (N,F) = silu(h[:, :F]) * h[:, F:]
 // (its backward, dh (N,2F) = dgate | dup, is the epilogue EPI 3 of the dact product, kernels/matmul.cl)
 #ifdef F
-#ifndef SW  // floats a vector: 16 on CPUs with AVX-512 (clgpt/ops/core.py), else 8; the same formula lane by lane
+#ifndef SW  // floats a vector: 16 on CPUs with AVX-512 (clgpt/ops/layers.py), else 8; the same formula lane by lane
 #define SW 8
 #endif
 typedef float floatsw __attribute__((ext_vector_type(SW)));

@@ -1,4 +1,4 @@
-// Transposes and strided copies of fp32 matrices for the GEMMs (clgpt/ops/gemm.py): transpose, any device;
+// Transposes and strided copies of fp32 matrices for the GEMMs (clgpt/ops/gemm/cpu.py): transpose, any device;
 // CPUs (PoCL, clgpt/device/tuning.py's transpose_v8 and ld_pad rows): transpose_v8, transpose_ld_v8, copy_ld_v8 with
 // explicit float8 vectors (the AVX2 width PoCL targets; it does not vectorise loops whose accesses are strided
 // across work-items).

@@ -4,6 +4,7 @@ continuations; metrics.json, report.md, plots. Without a tune stage: the pretrai
 import os
 
 from clgpt.data import read_dialogs_split
+from clgpt.device.knobs import read as read_knobs
 from clgpt.eval.evaluate import run_evaluate
 from clgpt.stage import run_script
 
@@ -15,7 +16,7 @@ def main(inp: dict, tune_dialogs: list, corpus: dict, settings: dict, device: st
     run_evaluate(
         inp["pretrained"], inp.get("tuned"), inp["tokenizer"], inp["pretrain_heldout"], inp.get("tune_heldout"),
         dialogs, heldout, inp["pretrain_log"], inp.get("tune_log"), settings, os.path.dirname(metrics),
-        device=device or None,
+        device=device or None, knobs=read_knobs(),  # once, at the stage's edge
     )
 
 

@@ -22,6 +22,7 @@ import numpy as np  # noqa: E402
 from clgpt.stage import run_script  # noqa: E402
 from clgpt.training.dist import Dist  # noqa: E402
 from clgpt.training.train import run_stage  # noqa: E402
+from clgpt.device.knobs import read as read_knobs
 
 
 def grads(spec: dict) -> None:
@@ -39,7 +40,7 @@ def grads(spec: dict) -> None:
         return _tune_inputs(spec["encoded"], s, spec["init_ckpt"], spec.get("mix_encoded"))
 
     inp = inputs()
-    eng = make_engine(inp.cfg, inp.params, batch_size=-(-s["batch_size"] // dist.size), seq_len=s["seq_len"])
+    eng = make_engine(inp.cfg, inp.params, batch_size=-(-s["batch_size"] // dist.size), seq_len=s["seq_len"], knobs=read_knobs())
     overlapped = dist.overlapped(eng) is not None  # the engine offers the grad hook: the reduce runs during backward
     loss, _, _ = accumulate_grads(eng, inp.batches, s["accum_steps"], dist)  # overlapped with backward
     g_ranks = eng.get_grads_flat()
@@ -49,7 +50,7 @@ def grads(spec: dict) -> None:
     everywhere = dist.allgather(g_ranks.tobytes())
     if dist.root:
         one = inputs()
-        eng1 = make_engine(one.cfg, one.params, batch_size=s["batch_size"], seq_len=s["seq_len"])
+        eng1 = make_engine(one.cfg, one.params, batch_size=s["batch_size"], seq_len=s["seq_len"], knobs=read_knobs())
         loss1, _, _ = accumulate_grads(eng1, one.batches, s["accum_steps"], Dist(None))
         np.savez(spec["out"], ranks=g_ranks, plain=g_plain, one=eng1.get_grads_flat(), loss=loss, loss1=loss1,
                  overlapped=overlapped,

@@ -10,6 +10,7 @@ import numpy as np
 from clgpt.inference.kvcache import KVCache
 from clgpt.model import ModelConfig, init_params
 from clgpt.models.factory import make_engine
+from clgpt.device.knobs import read as read_knobs
 
 SHAPES = [
     dict(arch="gpt2", vocab_size=19, n_ctx=8, n_embd=32, n_head=2, n_layer=1, n_ff=64),
@@ -26,7 +27,7 @@ def main(device: str, precision: str) -> None:
         cfg = ModelConfig(**shape)
         eng = make_engine(cfg, init_params(cfg, 0), batch_size=B, seq_len=T, device=device, dropout=0.1,
                           attention="flash" if precision == "bf16" else "auto",
-                          precision=precision)
+                          precision=precision, knobs=read_knobs())
         tokens = rng.integers(0, cfg.vocab_size, (B, T)).astype(np.int32)
         targets = rng.integers(0, cfg.vocab_size, (B, T)).astype(np.int32)
         loss = eng.forward(tokens, targets, np.ones((B, T), np.float32), dropout_seed=1)

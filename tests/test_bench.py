@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from clgpt.device.knobs import Knobs
+
 ROOT = Path(__file__).resolve().parent.parent
 
 TINY = ["--vocab", "300", "--ctx", "16", "--embd", "32", "--ffn", "64", "--heads", "2", "--layers", "1",
@@ -40,7 +42,7 @@ def test_bench_gemm_figure_against_numpy():
     from clgpt.models.gpt2 import GPT2Engine as Engine
 
     cfg = ModelConfig(vocab_size=300, n_ctx=8, n_embd=16, n_head=2, n_layer=1, n_ff=32)
-    eng = Engine(cfg, init_params(cfg, 0), batch_size=1, seq_len=8)
+    eng = Engine(cfg, init_params(cfg, 0), batch_size=1, seq_len=8, knobs=Knobs())
     g = gemm_figure(eng, 37)
     assert g["ok"] and g["err"] <= 1e-4
     assert g["cl"] > 0 and g["np"] > 0

@@ -36,6 +36,7 @@ from clgpt.io.gguf import export_gguf
 from clgpt.model import ModelConfig, init_params
 from clgpt.text.tokenizer import Tokenizer
 from clgpt.training.train import pad_dialogs
+from clgpt.device.knobs import Knobs
 
 from gotemplate import render as go_render
 
@@ -242,7 +243,7 @@ def chat_model(tmp_path_factory):
     tok = Tokenizer.train(texts, 360)
     cfg = ModelConfig(vocab_size=tok.vocab_size, n_ctx=N_CTX, n_embd=64, n_head=2, n_layer=2, n_ff=128)
     tokens, targets, mask, _ = pad_dialogs([encode_chat(tok, c) for c in convs], N_CTX)
-    eng = make_engine(cfg, init_params(cfg, 0), batch_size=tokens.shape[0], seq_len=tokens.shape[1])
+    eng = make_engine(cfg, init_params(cfg, 0), batch_size=tokens.shape[0], seq_len=tokens.shape[1], knobs=Knobs())
     for _ in range(120):
         loss = eng.forward(tokens, targets, mask)
         eng.zero_grad()

@@ -13,6 +13,7 @@ from clgpt.io.gguf import export_gguf, read_gguf
 from clgpt.model import ModelConfig, init_params
 from clgpt.text.chat import encode_prompt
 from clgpt.text.tokenizer import Tokenizer
+from clgpt.device.knobs import Knobs
 
 TEXTS = ["The cat sat on the mat.", "Water boils at one hundred degrees.", "Кошка сидит на коврике!"]
 
@@ -60,7 +61,7 @@ def test_train_tokenizer_writes_a_loadable_file(tmp_path):
 def test_generate_prints_only_the_continuation(model):
     d, tok = model
     cfg, params, tok2, kv = read_gguf(str(d / "m.gguf"))
-    gen = Generator(cfg, params)
+    gen = Generator(cfg, params, knobs=Knobs())
     eog = eog_ids(kv)
     assert eog == {tok.eos_id, tok.im_end_id}  # </s> by its name, <|im_end|> as EOS and EOT
     expected = gen.generate([tok.bos_id, *tok.encode("The cat")], max_tokens=8, greedy=True, stop_ids=eog)
@@ -112,7 +113,7 @@ def test_generate_stops_at_eog_unless_ignore_eos(tmp_path):
         p["output.weight"][end] = 1.0
         path = str(tmp_path / f"end{end}.gguf")
         export_gguf(path, cfg, p, tok)
-        gen = Generator(*read_gguf(path)[:2])
+        gen = Generator(*read_gguf(path)[:2], knobs=Knobs())
         for mode in (("--prompt", "The cat"), ("--chat", "Hi?")):
             ids = [tok.bos_id, *tok.encode("The cat")] if mode[0] == "--prompt" else encode_prompt(tok, "Hi?")
             assert [t for t, _ in gen.generate(ids, max_tokens=5, greedy=True)][:1] == [end], "the setup: end first"

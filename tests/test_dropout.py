@@ -99,7 +99,7 @@ def test_engine_with_dropout_vs_reference(arch, launch):
 def test_engine_dropout_grads_vs_finite_differences(arch):
     cfg = CFGS[arch]
     p = noisy_params(cfg, std=0.3)
-    eng = make_engine(cfg, p, batch_size=2, seq_len=5, dropout=P)
+    eng = make_engine(cfg, p, batch_size=2, seq_len=5, dropout=P, knobs=Knobs())
     tokens, targets, mask = batch(cfg, 2, 5, seed=3)
     seed = dropout_seed(7, 1, 0)
     eng.forward(tokens, targets, mask, dropout_seed=seed)
@@ -127,8 +127,8 @@ def test_dropout_is_deterministic_and_off_without_seed_or_targets(arch):
     cfg = CFGS[arch]
     p = noisy_params(cfg)
     tokens, targets, mask = batch(cfg, 3, 6, seed=2)
-    plain = make_engine(cfg, p, batch_size=3, seq_len=6)
-    engines = [make_engine(cfg, p, batch_size=3, seq_len=6, dropout=P) for _ in range(2)]
+    plain = make_engine(cfg, p, batch_size=3, seq_len=6, knobs=Knobs())
+    engines = [make_engine(cfg, p, batch_size=3, seq_len=6, dropout=P, knobs=Knobs()) for _ in range(2)]
     runs = []
     for eng in engines:
         loss = eng.forward(tokens, targets, mask, dropout_seed=99)

@@ -34,7 +34,7 @@ def test_bias_off_trains_like_the_reference_without_biases():
     exactly zero after 10 AdamW steps with weight decay."""
     cfg = ModelConfig(vocab_size=29, n_ctx=8, n_embd=16, n_head=2, n_layer=2, n_ff=24, bias=False)
     p = init_params(cfg, 1)
-    eng = Engine(cfg, p, batch_size=4, seq_len=8)
+    eng = Engine(cfg, p, batch_size=4, seq_len=8, knobs=Knobs())
     biases = {k: np.zeros(v.shape) for k, v in p.items() if k.endswith(".bias")}
     ref_w = {k: v.astype(np.float64) for k, v in p.items() if k not in biases}
     state: dict = {}
@@ -60,7 +60,7 @@ def test_clipping_scales_the_update():
     cfg = tiny_cfg(True)
     p = noisy_params(cfg, std=NOISE)
     tokens, targets, mask = batch(cfg, 2, 5)
-    eng = Engine(cfg, p, batch_size=2, seq_len=5)
+    eng = Engine(cfg, p, batch_size=2, seq_len=5, knobs=Knobs())
     eng.forward(tokens, targets, mask)
     eng.zero_grad()
     eng.backward()
@@ -90,7 +90,7 @@ def test_gpu_launch_path_vs_reference_and_determinism(launch, C):
     runs = []
     for _ in range(2):
         eng = Engine(cfg, p, batch_size=4, seq_len=80, knobs=Knobs(launch=launch))
-        eng.ops.attn_gemm = True  # T = 80 is below the table's shortest sequence for batched attention
+        eng.ops.facts.attn_gemm = True  # T = 80 is below the table's shortest sequence for batched attention
         eng.ops.launch["colsum_min_parts"] = 2  # 320 rows: two-stage column sums all the same
         assert eng.ops.rows and eng.ops.preset and ("layernorm_forward_rows" in eng.ops.k) == (C % 128 == 0)
         eng.ops.launch["ln_parts"] = 16  # 320 rows: 5 rows a row-slot
@@ -154,13 +154,13 @@ def test_engine_lm_head_split_along_k_same_grads():
 
 def test_engine_input_errors():
     cfg = tiny_cfg(True)
-    eng = Engine(cfg, init_params(cfg, 0), batch_size=2, seq_len=5)
+    eng = Engine(cfg, init_params(cfg, 0), batch_size=2, seq_len=5, knobs=Knobs())
     with pytest.raises(ClgptError, match="tokens shape"):
         eng.forward(np.zeros((3, 5), np.int32))
     with pytest.raises(ClgptError, match="token ids"):
         eng.forward(np.full((1, 2), 23, np.int32))
     with pytest.raises(ClgptError, match="backward"):
-        Engine(cfg, init_params(cfg, 0), batch_size=2, seq_len=5).backward()
+        Engine(cfg, init_params(cfg, 0), batch_size=2, seq_len=5, knobs=Knobs()).backward()
     with pytest.raises(ClgptError, match="missing"):
         eng.set_params({})
 
@@ -287,7 +287,7 @@ def test_engine_head_dim_16_vs_reference():
     loss and grads against the float64 reference, and bit-identical repeats."""
     cfg = ModelConfig(vocab_size=23, n_ctx=13, n_embd=32, n_head=2, n_layer=2, n_ff=40, tied=False)
     p = noisy_params(cfg, std=NOISE)
-    eng = Engine(cfg, p, batch_size=2, seq_len=13)
+    eng = Engine(cfg, p, batch_size=2, seq_len=13, knobs=Knobs())
     tokens, targets, mask = batch(cfg, 2, 13)
     grads = []
     for _ in range(2):
@@ -311,7 +311,7 @@ def test_next_logits_are_the_forward_logits_at_those_positions(arch):
     moe = dict(n_expert=4, n_expert_used=2) if arch == "moe" else {}
     cfg = ModelConfig(arch="gpt2" if arch == "gpt2" else "llama", vocab_size=61, n_ctx=16, n_embd=16, n_head=2,
                       n_layer=2, n_ff=40, **moe)
-    eng = make_engine(cfg, init_params(cfg, 5), batch_size=4, seq_len=16, device=get_device())
+    eng = make_engine(cfg, init_params(cfg, 5), batch_size=4, seq_len=16, device=get_device(), knobs=Knobs())
     tokens = np.random.default_rng(7).integers(0, cfg.vocab_size, (3, 13), dtype=np.int32)
     last = np.array([12, 0, 6])
     full = eng.forward(tokens)

@@ -52,8 +52,9 @@ NOISE = {"gpt2": 0.1, "llama": 0.2}
 ONE_EACH = ["gpt2_untied", "llama_gqa", "moe"]
 
 
-def engine(cfg, p, batch_size, seq_len, **kw):
-    return (GPT2Engine if cfg.arch == "gpt2" else LlamaEngine)(cfg, p, batch_size=batch_size, seq_len=seq_len, **kw)
+def engine(cfg, p, batch_size, seq_len, knobs=Knobs(), **kw):
+    return (GPT2Engine if cfg.arch == "gpt2" else LlamaEngine)(cfg, p, batch_size=batch_size, seq_len=seq_len,
+                                                                knobs=knobs, **kw)
 
 
 def reference(p, cfg, tokens, targets, mask):

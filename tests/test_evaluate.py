@@ -15,6 +15,7 @@ from clgpt.io.checkpoint import load_checkpoint
 from clgpt.models import reference
 from clgpt.text.tokenizer import Tokenizer
 from clgpt.training.train import run_stage
+from clgpt.device.knobs import Knobs
 
 TEXT = ["The cat sat on the mat.", "A dog ran in the park.", "The sun is warm today.", "Birds sing in the morning."]
 DIALOGS = [
@@ -66,7 +67,7 @@ def evaluate(d, out, **settings):
     return run_evaluate(
         str(d / "pre.ckpt"), str(d / "tune.ckpt"), str(d / "tokenizer.json"), str(d / "pretrain_heldout.bin"),
         str(d / "tune_heldout.bin"), read_dialogs([str(d / "tune.jsonl")]), read_dialogs([str(d / "heldout.jsonl")]),
-        str(d / "pre.csv"), str(d / "tune.csv"), settings, str(out),
+        str(d / "pre.csv"), str(d / "tune.csv"), settings, str(out), knobs=Knobs()
     )
 
 
@@ -198,9 +199,9 @@ def test_batched_greedy_answers_match_the_generator(stages):
     cfg = ck["cfg"]
     prompts = [encode_prompt(tok, x["user"]) for x in DIALOGS] + [encode_prompt(tok, HELDOUT[1]["messages"][:4])]
     prompts.append([tok.bos_id, *tok.encode("The cat sat on the mat. " * 4)][: cfg.n_ctx - 2])  # fills n_ctx
-    gen = Generator(cfg, ck["params"])
+    gen = Generator(cfg, ck["params"], knobs=Knobs())
     expected = [[t for t, _ in gen.generate(p, 8, greedy=True, stop_ids=(tok.im_end_id,))] for p in prompts]
-    eng = make_engine(cfg, ck["params"], batch_size=3, seq_len=cfg.n_ctx)
+    eng = make_engine(cfg, ck["params"], batch_size=3, seq_len=cfg.n_ctx, knobs=Knobs())
     assert greedy_answers(eng, prompts, 8, tok.im_end_id, cfg.n_ctx, 3) == expected
     assert len(expected[-1]) == 2  # stopped by the context
 
@@ -217,7 +218,7 @@ def test_moe_model_reports_expert_usage(stages, tmp_path):
         str(tmp_path / "pre.ckpt"), str(tmp_path / "tune.ckpt"), str(d / "tokenizer.json"),
         str(d / "pretrain_heldout.bin"), str(d / "tune_heldout.bin"), read_dialogs([str(d / "tune.jsonl")]),
         read_dialogs([str(d / "heldout.jsonl")]), str(tmp_path / "pre.csv"), str(tmp_path / "tune.csv"),
-        {"max_tokens": 4}, str(tmp_path / "eval"),
+        {"max_tokens": 4}, str(tmp_path / "eval"), knobs=Knobs()
     )
     usage = np.array(m["expert_usage"])
     assert usage.shape == (1, 4)

@@ -171,7 +171,7 @@ def test_flash_needs_the_bf16_path_and_a_head_width_of_16_to_64(dev):
         want = groups >= FLASH_MIN_GROUPS * units or seq >= FLASH_LONG_T
         assert _engine("auto", batch=batch, seq=seq).ops.flash is want, (batch, seq)
     with pytest.raises(ClgptError, match="attention 'on': use auto, flash, batched"):
-        GPT2Engine(cfg, init_params(cfg, 0), batch_size=1, seq_len=16, precision="bf16", attention="on")
+        GPT2Engine(cfg, init_params(cfg, 0), batch_size=1, seq_len=16, precision="bf16", attention="on", knobs=Knobs())
 
 
 def test_flash_forward_writes_its_tiled_copy(dev):
@@ -247,8 +247,8 @@ def test_attention_backward_hands_dqkv_over_as_its_tiled_copy(dev, monkeypatch, 
     monkeypatch.setattr(dev, "kernel", lambda stem, name, build_options=(), **d: (name, d.get("DQKV_TILED", 0)))
     ops = Ops(dev, cfg, t, "bf16", batch_size=2, knobs=emulated_knobs(), attention="flash")
     assert ops.flash and ops.rope_fused
-    monkeypatch.setattr(ops, "tiled_outputs", True)
-    monkeypatch.setattr(ops, "on_wgmma", lambda M, N, K, epi=0: wgmma)
+    monkeypatch.setattr(ops.facts, "tiled_outputs", True)
+    monkeypatch.setattr(ops.backend, "on_wgmma", lambda M, N, K, epi=0: wgmma)
     ops.flash_setup()
     assert ops.k["flash_backward_dq_tiled_only"] == ("flash_backward_dq", 1)
     launched = []

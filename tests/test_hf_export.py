@@ -27,6 +27,7 @@ from clgpt.models.factory import make_engine
 from clgpt.text.chat import CHAT_TEMPLATE, encode_chat, encode_prompt
 from clgpt.text.tokenizer import Tokenizer
 from clgpt.training.train import pad_dialogs
+from clgpt.device.knobs import Knobs
 
 TEXT = ["The cat sat on the mat.", "The dog sat on the log.", "Birds fly over the sea.",
         "Привет, мир! Кошка сидит на ковре.", "One, two, three: numbers 123 and 4567."]
@@ -52,7 +53,7 @@ def train_tiny(tok, shape):
     rows = [([tok.bos_id, *tok.encode(s), tok.eos_id], 0) for s in TEXT]
     rows += [encode_chat(tok, [{"role": "user", "content": u}, {"role": "assistant", "content": a}]) for u, a in DIALOGS]
     tokens, targets, mask, _ = pad_dialogs(rows, 64)
-    eng = make_engine(cfg, init_params(cfg, 0), batch_size=tokens.shape[0], seq_len=tokens.shape[1])
+    eng = make_engine(cfg, init_params(cfg, 0), batch_size=tokens.shape[0], seq_len=tokens.shape[1], knobs=Knobs())
     for _ in range(40):
         loss = eng.forward(tokens, targets, mask)
         eng.zero_grad()
@@ -128,7 +129,7 @@ def test_transformers_logits_equal_clgpt(models, tok, kind):
     cfg, params, path = models[kind]
     model = transformers.AutoModelForCausalLM.from_pretrained(path)
     assert type(model).__name__ == CLASSES[kind]
-    eng = make_engine(cfg, params, batch_size=1, seq_len=64)
+    eng = make_engine(cfg, params, batch_size=1, seq_len=64, knobs=Knobs())
     for ids in heldout_ids(tok):
         ours = eng.forward(np.array([ids], np.int32))[0].astype(np.float64)
         theirs = hf_logits(model, ids)
@@ -143,7 +144,7 @@ def test_llama_needs_the_rope_reordering(models, tok, tmp_path, monkeypatch):
     export_hf(tmp_path, cfg, params, tok)
     model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
     ids = heldout_ids(tok)[0]
-    ours = make_engine(cfg, params, batch_size=1, seq_len=64).forward(np.array([ids], np.int32))[0]
+    ours = make_engine(cfg, params, batch_size=1, seq_len=64, knobs=Knobs()).forward(np.array([ids], np.int32))[0]
     assert np.abs(hf_logits(model, ids) - ours).max() > 0.1
 
 
@@ -153,7 +154,7 @@ def test_greedy_generation_gives_the_same_tokens(models, tok, kind):
     against clgpt's Generator with the same stop ids."""
     cfg, params, path = models[kind]
     model = transformers.AutoModelForCausalLM.from_pretrained(path)
-    gen = Generator(cfg, params)
+    gen = Generator(cfg, params, knobs=Knobs())
     for ids in [encode_prompt(tok, u) for u, _ in DIALOGS] + [[tok.bos_id, *tok.encode("The cat")]]:
         ours = [t for t, _ in gen.generate(ids, 16, greedy=True, stop_ids=(tok.im_end_id, tok.eos_id))]
         with torch.no_grad():
@@ -224,7 +225,7 @@ def test_snakemake_hf_target_exports_the_final_model(tmp_path):
     tok = Tokenizer.load(path / "results/tokenizer/tokenizer.json")
     model = transformers.AutoModelForCausalLM.from_pretrained(path / "hf")
     t = transformers.AutoTokenizer.from_pretrained(path / "hf")
-    eng = make_engine(ck["cfg"], ck["params"], batch_size=1, seq_len=64)
+    eng = make_engine(ck["cfg"], ck["params"], batch_size=1, seq_len=64, knobs=Knobs())
     for line in (path / "data/heldout/pretrain.txt").read_text(encoding="utf-8").splitlines()[:3]:
         ids = t(line).input_ids[:64]
         assert ids[1:] == tok.encode(line)[:63]

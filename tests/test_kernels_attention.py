@@ -22,7 +22,7 @@ rng = np.random.default_rng(1234)
 def test_attention_batched_matmuls(dev, B, T, C, H):
     """The GPU attention (batched causal matmuls + softmax rows) against the float64 reference."""
     eng = _gpu_engine(B=B, T=T, C=C, H=H)
-    eng.ops.attn_gemm = True  # whatever the table's shortest sequence for it
+    eng.ops.facts.attn_gemm = True  # whatever the table's shortest sequence for it
     qkv = rng.normal(size=(B, T, 3 * C)).astype(f32)
     dout = rng.normal(size=(B, T, C)).astype(f32)
     want, att = ref.attention_forward(qkv, H)

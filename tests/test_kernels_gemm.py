@@ -95,12 +95,12 @@ def test_matmul_rb_tiles_same_bits(dev, ta):
 
 
 def test_rb_tiles_for_ragged_widths(dev):
-    """Ops._rb_tiles: the CPU row's 4 vectors of 16 columns, fewer where that shortens the scalar tail (N = 96: 2 x 48)."""
+    """Ops.rb_tiles: the CPU row's 4 vectors of 16 columns, fewer where that shortens the scalar tail (N = 96: 2 x 48)."""
     from clgpt.model import ModelConfig
     from clgpt.ops import Ops
 
-    ops = Ops(dev, ModelConfig(), 16)
-    ops.mm = dict(kernel="matmul_rb", RM=6, NV=4, VW=16, PREFETCH=1, lsize=(1, 1))  # the AVX-512 CPU row's
+    ops = Ops(dev, ModelConfig(), 16, knobs=Knobs())
+    ops.facts.mm = dict(kernel="matmul_rb", RM=6, NV=4, VW=16, PREFETCH=1, lsize=(1, 1))  # the AVX-512 CPU row's
     got = {N: ops.rb_tiles(N)["NV"] for N in (64, 128, 96, 160, 32, 16, 48, 260, 7)}
     assert got == {64: 4, 128: 4, 96: 3, 160: 2, 32: 2, 16: 1, 48: 3, 260: 4, 7: 4}, got
     assert ops.rb_tiles(96) is ops.rb_tiles(96)  # one dict per NV (kernels are cached by its id)
@@ -168,7 +168,8 @@ def test_engine_matmul_ld_pad(dev, ta, tb, M, N, K):
     want = (A.T if ta else A).astype(np.float64) @ (B.T if tb else B).astype(np.float64) + C0
     outs = []
     for pad, ta_direct in [(0, 0), (16, 0), (16, 1 << 30)]:  # ta_direct 0: op(A) through a transposed copy
-        eng.ops.launch = dict(eng.ops.launch, ld_pad=pad, ld_pad_copy=0, ta_direct=ta_direct)
+        eng.ops.launch.update(ld_pad=pad, ld_pad_copy=0, ta_direct=ta_direct)  # the row every part reads
+        eng.ops.rb_plans.clear()  # plans are made once per shape: again under the new row
         cbuf = to_dev(dev, C0)
         eng.matmul(M, N, K, to_dev(dev, A), to_dev(dev, B), cbuf, ta=ta, tb=tb, accum=True)
         outs.append(from_dev(dev, cbuf, (M, N)))

@@ -14,6 +14,7 @@ from clgpt.device.opencl import get_device
 from clgpt.inference.kvcache import KVCache
 from clgpt.model import ModelConfig, init_params
 from clgpt.models.factory import make_engine
+from clgpt.device.knobs import Knobs
 
 from opcheck import check_op
 
@@ -193,8 +194,8 @@ def test_prefill_then_steps_match_full_forward(dev, kind, by_op):
     rng = np.random.default_rng(4)
     lengths = [5, 17, 32]
     seqs = [list(rng.integers(0, cfg.vocab_size, n + 12)) for n in lengths]
-    eng = make_engine(cfg, params, batch_size=3, seq_len=cfg.n_ctx, device=dev)
-    ref = make_engine(cfg, params, batch_size=1, seq_len=cfg.n_ctx, device=dev)
+    eng = make_engine(cfg, params, batch_size=3, seq_len=cfg.n_ctx, device=dev, knobs=Knobs())
+    ref = make_engine(cfg, params, batch_size=1, seq_len=cfg.n_ctx, device=dev, knobs=Knobs())
     cache = KVCache(eng)
     assert cache.fused == (kind == "llama_gqa")  # dense llama: the step as gemv_pairs launches
     if by_op:

@@ -403,9 +403,10 @@ def test_grouped_ops_gpu_row(monkeypatch, launch_row):
     """Ops' grouped launchers on a GPU table row (the tiled form, its tile choice, split-K of the weight
     gradients with the thresholds lowered so that small shapes split) against float64 per-expert products."""
     import pyopencl as cl
-    from clgpt.ops import Ops, gemm
-    monkeypatch.setattr(gemm, "SPLIT_MIN_TOTAL_K", 8)  # where split_plan reads them
-    monkeypatch.setattr(gemm, "SPLIT_MIN_K", {"big": 8, "small": 4})
+    from clgpt.ops import Ops
+    from clgpt.ops.gemm import portable
+    monkeypatch.setattr(portable, "SPLIT_MIN_TOTAL_K", 8)  # where split_plan reads them
+    monkeypatch.setattr(portable, "SPLIT_MIN_K", {"big": 8, "small": 4})
     dev = get_device()
     o = Ops(dev, llama_cfg(), 6, knobs=Knobs(launch=launch_row))
     assert o.grouped_local()
@@ -443,7 +444,7 @@ def test_grouped_ops_on_tensor_cores(monkeypatch):
     from clgpt.models.reference import round_bf16
     from clgpt.ops import Ops, grouped
     from precisioncheck import emulated_knobs
-    monkeypatch.setattr(grouped, "SPLIT_MIN_TOTAL_K", 8)  # where _grouped_k_mma reads them
+    monkeypatch.setattr(grouped, "SPLIT_MIN_TOTAL_K", 8)  # where Grouped._grouped_k_mma reads them
     monkeypatch.setattr(grouped, "MMA_SPLIT_MIN_K", 8)
     dev = get_device()
     o = Ops(dev, llama_cfg(), 6, precision="bf16", knobs=emulated_knobs())
@@ -486,7 +487,7 @@ def test_load_balancing_loss_spreads_the_experts():
     cfg = llama_cfg(E=4, K=1, moe_aux_loss=1.0, n_layer=1)
     p = noisy_params(cfg)
     p["blk.0.ffn_gate_inp.weight"][0] += 2.0  # every token prefers expert 0 at first
-    eng = LlamaEngine(cfg, p, batch_size=4, seq_len=6)
+    eng = LlamaEngine(cfg, p, batch_size=4, seq_len=6, knobs=Knobs())
     tokens, targets, mask = batch(cfg, 4, 6)
     eng.forward(tokens, targets, mask)
     first_aux, first_usage = eng.aux_loss(), eng.expert_usage()
@@ -502,16 +503,16 @@ def test_load_balancing_loss_spreads_the_experts():
 
 def test_factory_and_errors():
     gpt2 = ModelConfig(vocab_size=23, n_ctx=6, n_embd=8, n_head=2, n_layer=1, n_ff=12)
-    assert type(make_engine(gpt2, init_params(gpt2, 0), 1, 6)) is Engine
+    assert type(make_engine(gpt2, init_params(gpt2, 0), 1, 6, knobs=Knobs())) is Engine
     cfg = CFGS["moe"]
-    eng = make_engine(cfg, init_params(cfg, 0), 2, 6)
+    eng = make_engine(cfg, init_params(cfg, 0), 2, 6, knobs=Knobs())
     assert type(eng) is LlamaEngine
     with pytest.raises(ClgptError, match="forward"):
         eng.expert_usage()
     with pytest.raises(ClgptError, match="LlamaEngine"):
-        LlamaEngine(gpt2, init_params(gpt2, 0), 1, 6)
+        LlamaEngine(gpt2, init_params(gpt2, 0), 1, 6, knobs=Knobs())
     with pytest.raises(ClgptError, match="no experts"):
-        LlamaEngine(CFGS["dense"], init_params(CFGS["dense"], 0), 1, 6).expert_usage()
+        LlamaEngine(CFGS["dense"], init_params(CFGS["dense"], 0), 1, 6, knobs=Knobs()).expert_usage()
     assert "position_embd.weight" not in param_shapes(cfg)
     assert param_shapes(cfg)["blk.0.ffn_down_exps.weight"] == (4, 8, 12)
     assert param_shapes(cfg)["blk.0.attn_k.weight"] == (4, 8)  # one kv head of dim 4

@@ -27,6 +27,7 @@ from clgpt.models.llama import LlamaEngine
 from clgpt.text.chat import encode_dialog, encode_prompt
 from clgpt.text.tokenizer import Tokenizer
 from clgpt.training.train import pad_dialogs
+from clgpt.device.knobs import Knobs
 
 PRETRAIN = [
     "The cat sat on the mat.",
@@ -54,7 +55,7 @@ def train_tiny(tok, shape):
     rows = [([tok.bos_id, *tok.encode(s), tok.eos_id], 0) for s in PRETRAIN]  # text: every target counts
     rows += [encode_dialog(tok, u, a) for u, a in DIALOGS]  # dialogs: the reply's targets count
     tokens, targets, mask, _ = pad_dialogs(rows, N_CTX)
-    eng = LlamaEngine(cfg, init_params(cfg, 0), batch_size=tokens.shape[0], seq_len=tokens.shape[1])
+    eng = LlamaEngine(cfg, init_params(cfg, 0), batch_size=tokens.shape[0], seq_len=tokens.shape[1], knobs=Knobs())
     for _ in range(60):
         loss = eng.forward(tokens, targets, mask)
         eng.zero_grad()
@@ -113,7 +114,7 @@ def test_gguf_keys_and_read_back(models, kind):
 def test_logits_match_llama_cpp(models, kind):
     tok, out = models
     cfg, params, path = out[kind]
-    gen = Generator(*read_gguf(path)[:2])
+    gen = Generator(*read_gguf(path)[:2], knobs=Knobs())
     assert isinstance(gen.engine, LlamaEngine)
     llms = {"f16_kv": load(path), "f32_kv": load(path, f32_kv=True)}
     for ids in prompt_ids(tok):
@@ -130,7 +131,7 @@ def test_logits_match_llama_cpp(models, kind):
 def test_greedy_completions_identical(models, kind):
     tok, out = models
     _, _, path = out[kind]
-    gen, llm = Generator(*read_gguf(path)[:2]), load(path)
+    gen, llm = Generator(*read_gguf(path)[:2], knobs=Knobs()), load(path)
     for ids in prompt_ids(tok):
         ours = [t for t, _ in gen.generate(ids, max_tokens=20, greedy=True)]
         theirs = []

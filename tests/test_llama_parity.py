@@ -34,6 +34,7 @@ from clgpt.models.gpt2 import GPT2Engine as Engine
 from clgpt.text.chat import encode_dialog, encode_prompt
 from clgpt.text.tokenizer import Tokenizer
 from clgpt.training.train import pad_dialogs
+from clgpt.device.knobs import Knobs
 
 PRETRAIN = [
     "The cat sat on the mat.",
@@ -65,7 +66,7 @@ def train_tiny(precision="fp32", **model):
     rows = [([tok.bos_id, *tok.encode(s), tok.eos_id], 0) for s in PRETRAIN]  # text: every target counts
     rows += [encode_dialog(tok, u, a) for u, a in DIALOGS]  # dialogs: the reply's targets count
     tokens, targets, mask, _ = pad_dialogs(rows, N_CTX)
-    eng = Engine(cfg, init_params(cfg, 0), batch_size=tokens.shape[0], seq_len=tokens.shape[1], precision=precision)
+    eng = Engine(cfg, init_params(cfg, 0), batch_size=tokens.shape[0], seq_len=tokens.shape[1], precision=precision, knobs=Knobs())
     for _ in range(100):
         loss = eng.forward(tokens, targets, mask)
         eng.zero_grad()
@@ -103,7 +104,7 @@ def generators(tiny):
     out = {}
     for ftype, path in paths.items():
         cfg, params, _, _ = read_gguf(path)
-        out[ftype] = Generator(cfg, params)
+        out[ftype] = Generator(cfg, params, knobs=Knobs())
     return out
 
 
@@ -291,7 +292,7 @@ def assert_export_matches_llama_cpp(path, tok, cfg, params, name, what):
     weights on every prompt, and greedy completions match our engine's."""
     export_gguf(path, cfg, params, tok, ftype="f32", name=name)
     llm = load_llama(path)
-    gen = Generator(*read_gguf(path)[:2])
+    gen = Generator(*read_gguf(path)[:2], knobs=Knobs())
     for ids in prompt_ids(tok):
         ref = reference.gpt_logits(params, cfg, np.array([ids]))[0]
         scale = np.abs(ref).max()

@@ -162,7 +162,7 @@ def test_ops_write_the_tiled_copies_of_stable_outputs(dev, monkeypatch, N):
     C, F = 128, 192
     cfg = ModelConfig(arch="llama", vocab_size=16, n_ctx=8, n_embd=C, n_head=2, n_layer=1, n_ff=F)
     ops = Ops(dev, cfg, 8, knobs=Knobs(launch="gpu"))
-    ops.tiled_outputs = True  # what wgmma sets (sm_90a): no such device here
+    ops.facts.tiled_outputs = True  # what wgmma sets (sm_90a): no such device here
     ops.build_llama()
     names = _recorded(ops, monkeypatch)
     x, w, *_ = _rms_inputs(N, C)
@@ -193,10 +193,10 @@ def test_swiglu_writes_only_the_copy_where_products_alone_read_it(dev, monkeypat
     N, C, F = 64, 128, 192
     cfg = ModelConfig(arch="llama", vocab_size=16, n_ctx=8, n_embd=C, n_head=2, n_layer=1, n_ff=F)
     ops = Ops(dev, cfg, 8, knobs=Knobs(launch="gpu"))
-    ops.tiled_outputs = True
+    ops.facts.tiled_outputs = True
     ops.build_llama()
     asked = []
-    monkeypatch.setattr(ops, "on_wgmma", lambda M, Nn, K, epi=0: (asked.append((M, Nn, K)), wgmma)[1])
+    monkeypatch.setattr(ops.backend, "on_wgmma", lambda M, Nn, K, epi=0: (asked.append((M, Nn, K)), wgmma)[1])
     names = _recorded(ops, monkeypatch)
     h = _swiglu_h(N, F)
     act = _to_dev(dev, np.full((N, F), -7.0, f32))

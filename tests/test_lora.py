@@ -34,6 +34,7 @@ from clgpt.models.lora_engine import LoraEngine
 from clgpt.models.reference import fd_entries
 from clgpt.text.tokenizer import Tokenizer
 from clgpt.training.train import pad_dialogs, run_stage, stage_settings
+from clgpt.device.knobs import Knobs
 
 CFGS = {
     "llama": ModelConfig(arch="llama", vocab_size=40, n_ctx=16, n_embd=16, n_head=2, n_layer=2, n_ff=24,
@@ -61,7 +62,7 @@ def test_adapter_grads_match_finite_differences(kind):
     spec = lora_spec({"rank": 3, "alpha": 6}, cfg)
     base = noisy_params(cfg)
     adapters = random_adapters(cfg, spec)
-    eng = LoraEngine(make_engine(cfg, base, batch_size=2, seq_len=5, optimizer=False), spec, seed=0, adapters=adapters)
+    eng = LoraEngine(make_engine(cfg, base, batch_size=2, seq_len=5, optimizer=False, knobs=Knobs()), spec, seed=0, adapters=adapters)
     tokens, targets, mask = batch(cfg, 2, 5, seed=4)
     eng.zero_grad()
     eng.forward(tokens, targets, mask)
@@ -91,7 +92,7 @@ def test_only_the_adapters_train():
     cfg = CFGS["llama"]
     spec = lora_spec({"rank": 2, "alpha": 4, "targets": ["attn_q", "ffn_down"]}, cfg)
     base = noisy_params(cfg)
-    eng = LoraEngine(make_engine(cfg, base, batch_size=2, seq_len=6, optimizer=False), spec, seed=3)
+    eng = LoraEngine(make_engine(cfg, base, batch_size=2, seq_len=6, optimizer=False, knobs=Knobs()), spec, seed=3)
     assert eng.base.store.flat_m is None and eng.base.store.flat_v is None  # no moments for the base
     assert all(np.array_equal(w, base[k]) for k, w in eng.get_params().items()), "B = 0: starts as the base"
     tokens, targets, mask = batch(cfg, 2, 6, seed=2)
@@ -172,7 +173,7 @@ def lora_models(tmp_path_factory):
                       n_head_kv=2)
     rows = [([tok.bos_id, *tok.encode(s), tok.eos_id], 0) for s in PRETRAIN]
     tokens, targets, mask, _ = pad_dialogs(rows, N_CTX)
-    eng = make_engine(cfg, init_params(cfg, 0), batch_size=tokens.shape[0], seq_len=tokens.shape[1])
+    eng = make_engine(cfg, init_params(cfg, 0), batch_size=tokens.shape[0], seq_len=tokens.shape[1], knobs=Knobs())
     for _ in range(40):
         eng.zero_grad()
         eng.forward(tokens, targets, mask)
@@ -181,7 +182,7 @@ def lora_models(tmp_path_factory):
     base = eng.get_params()
     spec = lora_spec({"rank": 4, "alpha": 8}, cfg)
     tokens, targets, mask, _ = pad_dialogs([encode_dialog(tok, u, a) for u, a in DIALOGS], N_CTX)
-    lora = LoraEngine(make_engine(cfg, base, batch_size=tokens.shape[0], seq_len=tokens.shape[1], optimizer=False),
+    lora = LoraEngine(make_engine(cfg, base, batch_size=tokens.shape[0], seq_len=tokens.shape[1], optimizer=False, knobs=Knobs()),
                       spec, seed=0)
     for _ in range(60):
         lora.zero_grad()
@@ -218,7 +219,7 @@ def test_llama_cpp_with_adapter_equals_merged(lora_models):
     with_lora = llama_cpp.Llama(model_path=paths["base"], lora_path=paths["adapter"], n_ctx=N_CTX, logits_all=True,
                                 verbose=False, seed=0)
     plain_merged, plain_base = load(paths["merged"]), load(paths["base"])
-    gen = Generator(cfg, merged)
+    gen = Generator(cfg, merged, knobs=Knobs())
     prompts = prompt_ids(tok)
     for ids in prompts:
         want = llama_logits(plain_merged, ids)

@@ -81,7 +81,7 @@ def test_muon_norms_scale_poly_update_kernels(dev):
 def test_newton_schulz_on_the_gemm_matches_float64(dev, rows, cols):
     """Three matrices of one shape at scattered offsets of a flat buffer, orthogonalised as one stack."""
     cfg = ModelConfig(vocab_size=32, n_ctx=8, n_embd=16, n_head=2, n_layer=1, n_ff=32)
-    ops = Ops(dev, cfg, 8, "fp32")
+    ops = Ops(dev, cfg, 8, "fp32", knobs=Knobs())
     n = rows * cols
     offs = [64, 64 + n + 128, 3 * n + 320]  # as tensors' places in the flat store, not evenly apart
     u = rand(offs[-1] + n, 5, 0.1)
@@ -128,7 +128,7 @@ def test_newton_schulz_batched_products_match_float64(dev, form, rows, cols):
 # ---- whole steps: the store's Muon step against the reference ----
 
 def _engine(cfg, dev, params, muon=True):
-    return make_engine(cfg, params, batch_size=2, seq_len=cfg.n_ctx, device=dev, muon=muon)
+    return make_engine(cfg, params, batch_size=2, seq_len=cfg.n_ctx, device=dev, muon=muon, knobs=Knobs())
 
 
 def _step(eng, cfg, seed, lr=3e-3, muon=MUON, clip=1.0):

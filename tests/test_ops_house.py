@@ -1,7 +1,7 @@
 """The house of clgpt/ops measured: what couples its parts, each figure held at or under its ceiling, so a change
 that couples them more fails here. And the copy book (clgpt/ops/copybook.py) through its own interface.
 
-Figures (read with Python's ast, nothing run):
+Figures (read with Python's ast, nothing run; clgpt/ops/ and its folders, gemm/):
     multi_base     classes in clgpt/ops/ with more than one base class of ours
     cross_self     calls `self.m(...)` in one clgpt/ops/ file of a method m defined only in another one
     enqueues       kernel enqueues in clgpt/ outside clgpt/ops/launcher.py (and the device probes, see ENQUEUE_OK)
@@ -23,7 +23,7 @@ from clgpt.ops.copybook import CopyBook
 ROOT = Path(__file__).resolve().parent.parent
 OPS_DIR = ROOT / "clgpt" / "ops"
 # the ceilings: lower one when a change brings its figure down, never raise one
-CEILING = dict(multi_base=1, cross_self=81, enqueues=0, private_reach=0)
+CEILING = dict(multi_base=0, cross_self=0, enqueues=0, private_reach=0)
 # files that enqueue on a queue of their own: the device's probes where the device is made, and the profile's
 # stand-in kernel, which the launcher itself calls
 ENQUEUE_OK = {"clgpt/device/opencl.py", "clgpt/device/capabilities.py", "clgpt/bench.py"}
@@ -126,7 +126,7 @@ def private_reach(paths) -> list[str]:
 
 
 def measure() -> dict:
-    trees = _parsed(sorted(OPS_DIR.glob("*.py")))
+    trees = _parsed(sorted(OPS_DIR.rglob("*.py")))
     return dict(multi_base=len(multi_base(trees)), cross_self=sum(cross_self(trees).values()),
                 enqueues=len(enqueues(sorted((ROOT / "clgpt").rglob("*.py")))),
                 private_reach=len(private_reach(sorted((ROOT / "tests").glob("*.py")))))

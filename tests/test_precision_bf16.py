@@ -189,6 +189,17 @@ def test_tiled_copies_kept_for_stable_and_reused_buffers(dev, monkeypatch):
     assert len(launches) == 6
 
 
+def _wgmma_recorded(ops, monkeypatch, calls):
+    """A wgmma backend on the bf16 Ops' bf16 GEMM and copies (no sm_90a here): every product on wgmma but those
+    with GELU' in the epilogue, their launches recorded in calls as (epi, tiled_out), not run."""
+    from clgpt.ops.gemm.wgmma import WgmmaGemm
+
+    gemm = WgmmaGemm(ops.facts, ops.gemms.bf16)
+    monkeypatch.setattr(gemm, "on_wgmma", lambda M, N, K, epi=0: epi != 2)
+    monkeypatch.setattr(gemm, "matmul_wgmma", lambda *a, tiled_out=None, **_: calls.append((a[12], tiled_out)))
+    return gemm
+
+
 def test_products_that_write_only_their_tiled_copy(dev, monkeypatch):
     """On wgmma (emulated here: the launches recorded, not run), the GELU product writes g = gelu(h) only as g's
     kept tiled copy (TILED_OUT 1) and the GELU' product dh only as dh's tiled copy with its column sums (TILED_OUT
@@ -196,32 +207,31 @@ def test_products_that_write_only_their_tiled_copy(dev, monkeypatch):
     sizes off multiples of 64 keep the fp32 outputs."""
     ops = _bf16_ops()
     calls = []
-    monkeypatch.setattr(ops, "on_wgmma", lambda M, N, K, epi=0: epi != 2)
-    monkeypatch.setattr(ops, "matmul_wgmma", lambda *a, tiled_out=None, **_: calls.append((a[12], tiled_out)))
+    gemm = _wgmma_recorded(ops, monkeypatch, calls)
     monkeypatch.setattr(ops.launcher, "launch", lambda *a: calls.append(("launch", a[0])))
     ops.k["to_bf16_colsum_gelu"] = ops.k["to_bf16_colsum"] = "copy"
-    monkeypatch.setattr(ops, "colsum_copies", True)
-    monkeypatch.setattr(ops, "tiled_outputs", True)
+    monkeypatch.setattr(ops.facts, "colsum_copies", True)
+    monkeypatch.setattr(ops.facts, "tiled_outputs", True)
     M, N, K = 128, 192, 64
     A, B, h, g, dh = (ops.buf(n) for n in (M * K, N * K, M * N, M * N, M * N))
     ops.stable(g)
-    ops.matmul_epi(M, N, K, A, B, h, 0, 1, None, None, False, 1.0, 1, g)
+    gemm.matmul_epi(M, N, K, A, B, h, 0, 1, None, None, False, 1.0, 1, g)
     assert calls[-1][0] == 1 and calls[-1][1][1] is None
     assert ops.tiled_copy(0, g, M, N) == (calls[-1][1][0], M, N) and calls[-1][0] == 1  # kept: no copy made
-    ops.matmul_epi(M, N, K, A, B, dh, 0, 0, None, None, False, 1.0, 2, h)
+    gemm.matmul_epi(M, N, K, A, B, dh, 0, 0, None, None, False, 1.0, 2, h)
     copy, parts = calls[-1][1]
     assert calls[-1][0] == 2 and ops.copies.premade[dh.int_ptr][:3] == (copy, M, N)
     with ops.reuse(dh):
         assert ops.tiled_copy(2, dh, M, N) == (copy, M, N) and ops.tiled_copy(0, dh, M, N) == (copy, M, N)
         assert ops.copies.colsums == ((dh.int_ptr, M, N), M // 64, parts) and calls[-1][0] == 2
-    ops.matmul_epi(M, N, K, A, B, dh, 0, 0, None, None, False, 1.0, 2, h)
+    gemm.matmul_epi(M, N, K, A, B, dh, 0, 0, None, None, False, 1.0, 2, h)
     with pytest.raises(ClgptError, match="read as fp32"):
         ops.settle(dh)
     with pytest.raises(ClgptError, match="never read"):
         with ops.reuse(dh):
             pass
     ops.forget_copies()
-    ops.matmul_epi(M + 8, N, K, A, B, h, 0, 1, None, None, False, 1.0, 1, g)  # M off 64: fp32 g
+    gemm.matmul_epi(M + 8, N, K, A, B, h, 0, 1, None, None, False, 1.0, 1, g)  # M off 64: fp32 g
     assert calls[-1] == (1, None) and not ops.copies.kept
 
 
@@ -231,19 +241,18 @@ def test_swiglu_gradient_written_only_as_its_tiled_copy(dev, monkeypatch):
     without a copy; sizes off multiples of 64 keep the fp32 output."""
     ops = _bf16_ops()
     calls = []
-    monkeypatch.setattr(ops, "on_wgmma", lambda M, N, K, epi=0: epi != 2)
-    monkeypatch.setattr(ops, "matmul_wgmma", lambda *a, tiled_out=None, **_: calls.append((a[12], tiled_out)))
+    gemm = _wgmma_recorded(ops, monkeypatch, calls)
     monkeypatch.setattr(ops.launcher, "launch", lambda *a: calls.append(("launch", a[0])))
-    monkeypatch.setattr(ops, "tiled_outputs", True)
+    monkeypatch.setattr(ops.facts, "tiled_outputs", True)
     M, N, K = 128, 192, 64
     A, B, hgu, dhgu = (ops.buf(n) for n in (M * K, N * K, M * 2 * N, M * 2 * N))
-    ops.matmul_epi(M, N, K, A, B, dhgu, 0, 0, None, None, False, 1.0, 3, hgu, ldc=2 * N)
+    gemm.matmul_epi(M, N, K, A, B, dhgu, 0, 0, None, None, False, 1.0, 3, hgu, ldc=2 * N)
     copy, part = calls[-1][1]
     assert calls[-1][0] == 3 and part is None and ops.copies.premade[dhgu.int_ptr][:3] == (copy, M, 2 * N)
     with ops.reuse(dhgu):
         assert ops.tiled_copy(0, dhgu, M, 2 * N) == (copy, M, 2 * N) == ops.tiled_copy(1, dhgu, M, 2 * N)
     assert not any(c[0] == "launch" for c in calls)
-    ops.matmul_epi(M + 8, N, K, A, B, dhgu, 0, 0, None, None, False, 1.0, 3, hgu, ldc=2 * N)
+    gemm.matmul_epi(M + 8, N, K, A, B, dhgu, 0, 0, None, None, False, 1.0, 3, hgu, ldc=2 * N)
     assert calls[-1] == (3, None) and dhgu.int_ptr not in ops.copies.premade
 
 

@@ -40,7 +40,7 @@ def test_engine_tensor_core_attention(dev):
     """GPU attention (batched causal products) on the mma kernel (emulated) with bf16 operands."""
     B, T, C, H = 2, 40, 16, 2
     eng = _engine("bf16", launch="nvidia", emulate=True, B=B, T=T, C=C, H=H)
-    eng.ops.attn_gemm = True
+    eng.ops.facts.attn_gemm = True
     qkv = rng.normal(size=(B, T, 3 * C)).astype(f32)
     want, _ = ref.attention_forward(qkv, H)
     ob, ab = cl.Buffer(dev.ctx, cl.mem_flags.READ_WRITE, B * T * C * 4), cl.Buffer(dev.ctx, cl.mem_flags.READ_WRITE, B * H * T * T * 4)
@@ -142,7 +142,7 @@ def test_llama_engine_on_tensor_cores_against_float64(dev, shape):
         loss = eng.forward(tok, tgt)
         eng.backward()
         runs.append((loss, eng.get_grads()))
-    if cfg.n_expert:  # _kernel_mma's keys end (group, groups); no grouped product left on kernels/matmul.cl
+    if cfg.n_expert:  # MmaGemm.kernel's keys end (group, groups); no grouped product left on kernels/matmul.cl
         assert {key[-2:] for key in eng.ops.product_kernels if key[0] == "mma" and key[-2]} == {(1, 4), (2, 4)}
         assert not any(key[0] == "grouped" for key in eng.ops.product_kernels)
     routing = None

@@ -122,6 +122,6 @@ def test_precision_setting(dev):
     assert cfg["pretrain"]["precision"] == "bf16" and cfg["tune"]["precision"] == "auto"  # the default
     with pytest.raises(ClgptError, match="pretrain.precision"):
         validate_config({"pretrain": {"precision": "fp16"}})
-    assert resolve("auto", dev.device) == ("bf16" if dev.device.vendor.lower().startswith("nvidia") else "fp32")
+    assert resolve("auto", dev.device, Knobs()) == ("bf16" if dev.device.vendor.lower().startswith("nvidia") else "fp32")
     with pytest.raises(ClgptError, match="precision 'half'"):
-        resolve("half", dev.device)
+        resolve("half", dev.device, Knobs())

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from clgpt.device.knobs import Knobs
 from clgpt.errors import ClgptError
 from clgpt.io.checkpoint import load_checkpoint, save_checkpoint
 from clgpt.model import ModelConfig, init_params
@@ -225,7 +226,7 @@ def test_tune_loss_ignores_user_targets(data, pretrained):
     ids, meta = load_encoded(data["dialog"])
     batches = DialogBatches(ids, meta, stage_settings("tune", settings(batch_size=4)), "tune.bin")
     tokens, targets, mask, _ = batches.next()
-    eng = make_engine(ck["cfg"], ck["params"], batch_size=4, seq_len=12)
+    eng = make_engine(ck["cfg"], ck["params"], batch_size=4, seq_len=12, knobs=Knobs())
     loss = eng.forward(tokens, targets, mask)
     changed = np.where(mask == 0, (targets + 11) % 30, targets).astype(np.int32)
     assert (changed != targets).any()

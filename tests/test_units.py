@@ -12,6 +12,7 @@ from test_evaluate import HELDOUT, evaluate, stages  # noqa: F401  (stages: the 
 
 from clgpt.data import load_encoded
 from clgpt.eval.units import bits_per_byte, documents
+from clgpt.device.knobs import Knobs
 
 HELDOUT_TEXT = "The cat ran in the sun.\nA bird sat on the dog.\n"  # test_evaluate's held-out text
 
@@ -68,7 +69,7 @@ def test_pretrained_only_run_reports_bits_per_byte(stages, tmp_path):  # noqa: F
 
     d, _ = stages
     m = run_evaluate(str(d / "pre.ckpt"), None, str(d / "tokenizer.json"), str(d / "pretrain_heldout.bin"), None, [],
-                     [], str(d / "pre.csv"), None, {"max_tokens": 2}, str(tmp_path))
+                     [], str(d / "pre.csv"), None, {"max_tokens": 2}, str(tmp_path), knobs=Knobs())
     assert list(m["bits_per_byte"]) == ["pretrain"] and list(m["bits_per_byte"]["pretrain"]) == ["pretrained"]
     h = m["heldout"]["pretrain"]
     assert m["bits_per_byte"]["pretrain"]["pretrained"] == pytest.approx(

@@ -43,11 +43,11 @@ def intel_matrix_path(device) -> str | None:
     return None
 
 
-def matrix_path(device, kn: knobs.Knobs | None = None) -> str | None:
+def matrix_path(device, kn: knobs.Knobs) -> str | None:
     """'nv_mma' (kernels/matmul_mma.cl) on NVIDIA sm_80+; intel_matrix_path's on Intel; else None.
     Knobs(mma_emulate=True) (CLGPT_MMA_EMULATE=1) gives 'nv_mma' on any device with the kernel's emulated mma
-    (tests on PoCL); kn None: clgpt.device.knobs.read()."""
-    if (knobs.read() if kn is None else kn).mma_emulate:
+    (tests on PoCL); kn: the Knobs the caller read at its edge."""
+    if kn.mma_emulate:
         return "nv_mma"
     import pyopencl as cl
 
@@ -57,7 +57,7 @@ def matrix_path(device, kn: knobs.Knobs | None = None) -> str | None:
     return intel_matrix_path(device)
 
 
-def resolve(precision: str, device, kn: knobs.Knobs | None = None) -> str:
+def resolve(precision: str, device, kn: knobs.Knobs) -> str:
     """fp32 | tf32 | bf16 for this device ('auto': bf16 where there is a matrix path, else fp32)."""
     if precision not in PRECISIONS:
         raise ClgptError(f"precision {precision!r}: expected one of {', '.join(PRECISIONS)}")

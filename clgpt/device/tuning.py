@@ -123,13 +123,12 @@ TABLE = [
 _DEFAULT = dict(matmul=_GPU, local_1d=64, local_2d=(16, 4), vec=0, norm_parts=4096)
 
 
-def launch_config(device: cl.Device, kn: knobs.Knobs | None = None) -> dict:
+def launch_config(device: cl.Device, kn: knobs.Knobs) -> dict:
     """-> dict(matmul=..., [matmul_small=...,] local_1d=int, local_2d=(int, int), vec=0/1 (float8 attention),
-    norm_parts: partial sums of the grad norm (GPUs: many, strided)) for this device under knobs `kn` (None:
-    clgpt.device.knobs.read())."""
+    norm_parts: partial sums of the grad norm (GPUs: many, strided)) for this device under knobs `kn` (the Knobs
+    the caller read at its edge)."""
     vendor = (device.vendor + " " + device.platform.name).lower()
     dtype_of = device.type
-    kn = knobs.read() if kn is None else kn
     if kn.launch:
         dtype_of = cl.device_type.CPU if kn.launch == "cpu" else cl.device_type.GPU
         vendor = "nvidia" if kn.launch == "nvidia" else "other"

@@ -24,6 +24,7 @@ import numpy as np
 
 from clgpt.atomic import atomic_path, write_text_atomic
 from clgpt.config import section_settings
+from clgpt.device.knobs import Knobs
 from clgpt.io.checkpoint import load_checkpoint
 from clgpt.text.chat import PARAGRAPH_WORDS, encode_prompt, heldout_systems, system_probes, turns
 from clgpt.data import PAD_WIDTH, dialog_batches, dialog_rows, load_encoded, text_batches  # noqa: F401 (re-exported)
@@ -420,11 +421,14 @@ def run_evaluate(
     settings: dict,
     out_dir: str,
     device=None,
+    *,
+    knobs: Knobs,
 ) -> dict:
     """Write out_dir/metrics.json, report.md and a loss plot per stage (loss_pretrain.png, loss_tune.png
     when tuned), each atomically; return the metrics. Dialogs are {"messages": [...]} dicts as
     clgpt.data.read_dialogs gives them; every assistant turn is answered after the conversation before it.
-    tune_ckpt None: no tune stage; the pretrained model is the one evaluated."""
+    tune_ckpt None: no tune stage; the pretrained model is the one evaluated. knobs: the clgpt.device.knobs
+    switches the stage read."""
     from clgpt.inference.generate import Generator
     from clgpt.models.factory import make_engine
     from clgpt.text.tokenizer import Tokenizer
@@ -463,7 +467,7 @@ def run_evaluate(
     n_bytes = text_bytes(text_ids, byte_lengths)
 
     print(f"evaluate: held-out loss of {pretrain_ckpt}" + (f" and {tune_ckpt}" if tuned_run else ""), file=sys.stderr)
-    eng = make_engine(cfg, pre["params"], batch_size=B, seq_len=max(T_text, T_dialog), device=dev)
+    eng = make_engine(cfg, pre["params"], batch_size=B, seq_len=max(T_text, T_dialog), device=dev, knobs=knobs)
     heldout = {"pretrain": {}, "tune": {}} if tuned_run else {"pretrain": {}}
     usage = np.zeros((cfg.n_layer, cfg.n_expert)) if getattr(cfg, "n_expert", 0) else None
     usage_tokens = 0
@@ -493,7 +497,8 @@ def run_evaluate(
         forgetting = lt - lp if lp is not None and lt is not None else None
 
     answers, exact = {}, {}
-    gen = make_engine(cfg, tuned["params"], batch_size=B, seq_len=cfg.n_ctx, device=dev) if tuned_run else None
+    gen = (make_engine(cfg, tuned["params"], batch_size=B, seq_len=cfg.n_ctx, device=dev, knobs=knobs)
+           if tuned_run else None)
     for name, dialogs in (("tune", tune_dialogs), ("heldout", heldout_dialogs)) if tuned_run else ():
         # every assistant turn, after the conversation before it as written (the expected earlier replies)
         probes = [(history, reply) for d in dialogs for history, reply in turns(d["messages"])]
@@ -516,7 +521,7 @@ def run_evaluate(
             gen, tok, tune_dialogs, heldout_dialogs, s["max_tokens"], cfg.n_ctx, B)
     del gen
     print("evaluate: sampling continuations of held-out text", file=sys.stderr)
-    samples = _samples(Generator(cfg, tuned["params"], device=dev), tok, text_ids,
+    samples = _samples(Generator(cfg, tuned["params"], device=dev, knobs=knobs), tok, text_ids,
                        s["max_tokens"], T_text)
 
     logs = {"pretrain": read_log(pretrain_log_csv)}

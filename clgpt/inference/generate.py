@@ -24,6 +24,7 @@ import numpy as np
 
 from clgpt.errors import ClgptError
 from clgpt.model import ModelConfig
+from clgpt.device.knobs import Knobs
 
 PAD_TO = 32  # forward lengths are rounded up to a multiple of this (capped at n_ctx)
 
@@ -95,12 +96,13 @@ def sampling_probs(
 class Generator:
     """Next-token logits and sampling from the OpenCL engine for one sequence at a time."""
 
-    def __init__(self, cfg: ModelConfig, params: dict[str, np.ndarray], device=None):
+    def __init__(self, cfg: ModelConfig, params: dict[str, np.ndarray], device=None, *, knobs: Knobs):
+        """knobs: the clgpt.device.knobs switches its caller read (clgpt.device.knobs.read)."""
         from clgpt.inference.kvcache import KVCache
         from clgpt.models.factory import make_engine  # import here: reading a GGUF must not need OpenCL
 
         self.cfg = cfg
-        self.engine = make_engine(cfg, params, batch_size=1, seq_len=cfg.n_ctx, device=device)
+        self.engine = make_engine(cfg, params, batch_size=1, seq_len=cfg.n_ctx, device=device, knobs=knobs)
         self.cache = KVCache(self.engine)
 
     def _checked(self, ids: Sequence[int]) -> list[int]:

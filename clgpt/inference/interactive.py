@@ -82,7 +82,7 @@ class Conversation:
         return encode_chat(self.tok, msgs, add_generation_prompt=True)[0][1:]  # without BOS
 
 
-def run_chat(args, stdin=None, stdout=None, stderr=None) -> None:
+def run_chat(args, stdin=None, stdout=None, stderr=None, *, knobs) -> None:
     from clgpt.device.opencl import decode_device
     from clgpt.inference.generate import Generator, eog_ids
     from clgpt.io.gguf import read_gguf
@@ -94,7 +94,7 @@ def run_chat(args, stdin=None, stdout=None, stderr=None) -> None:
         raise ClgptError(f"--system: the system prompt is {len(conv.head)} tokens, half or more of the model's "
                          f"context ({cfg.n_ctx}); shorten it")
     settings = sampling_settings(args, eog_ids(kv))
-    gen = Generator(cfg, params, device=decode_device(args.device))
+    gen = Generator(cfg, params, device=decode_device(args.device), knobs=knobs)
     room = max(1, min(args.max_tokens, cfg.n_ctx // 4))  # positions kept free for a reply
     print(f"clgpt chat: {args.model} ({cfg.arch}, context {cfg.n_ctx} tokens). {HELP}", file=stderr, flush=True)
     turn = 0

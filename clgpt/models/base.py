@@ -19,7 +19,6 @@ import pyopencl as cl
 from clgpt.device.opencl import Device, resolve_device
 from clgpt.errors import ClgptError
 from clgpt.device.knobs import Knobs
-from clgpt.device.knobs import read as read_knobs
 from clgpt.device.precision import resolve as resolve_precision
 from clgpt.model import ModelConfig, decays, muon_matrices, param_shapes, trains
 from clgpt.models.params import ParamStore
@@ -36,7 +35,7 @@ class EngineBase:
 
     def __init__(self, cfg: ModelConfig, params: dict, batch_size: int, seq_len: int,
                  device: Device | str | None = None, dropout: float = 0.0, precision: str = "fp32",
-                 optimizer: bool = True, knobs: Knobs | None = None, attention: str = "auto", muon: bool = False):
+                 optimizer: bool = True, *, knobs: Knobs, attention: str = "auto", muon: bool = False):
         cfg.validate()
         if cfg.arch != self.arch:
             raise ClgptError(f"{type(self).__name__} runs arch {self.arch!r}, not {cfg.arch!r}; "
@@ -48,7 +47,6 @@ class EngineBase:
         self.cfg, self.B, self.T, self.dropout = cfg, int(batch_size), int(seq_len), float(dropout)
         self.dev = resolve_device(device)
         self.ctx, self.queue = self.dev.ctx, self.dev.queue
-        knobs = read_knobs() if knobs is None else knobs  # (library callers; the CLI and stages pass theirs)
         # the matmuls' precision, resolved once where the device is made ("auto" -> the device's best)
         self.precision = resolve_precision(precision, self.dev.device, knobs)
         self.ops = Ops(self.dev, cfg, self.T, self.precision, batch_size=self.B, knobs=knobs, attention=attention)

@@ -7,54 +7,123 @@ device gets comes from its clgpt.device.tuning row and is decided here, once, fo
 Shapes: B batch, T time, N = B*T rows, C n_embd, V vocab, H heads, D = C // H, F n_ff.
 Buffers are pyopencl Buffers (or sub-buffers) of float32 (int32 for token ids), row-major.
 
-    matmul / matmul_epi   Cm (M,N) = alpha op(A) op(B) [+ bias] [+ resid] [+ Cm], GELU epilogues
-    bias_backward         db += column sums of dy
-    matmul_grouped_rows / matmul_grouped_k     mixture of experts: all experts' products in one launch
-    layernorm[_backward], rmsnorm[_backward]
-    attention_forward / attention_backward     causal attention over qkv (N, 3C), att (B,H,T,T)
-    xent_forward / xent_backward               fused softmax + cross-entropy (masked)
-    embedding_forward / token_embd_backward / position_embd_backward
-    rope_forward / rope_backward, swiglu_forward / swiglu_backward, gelu via the matmul epilogue
-    grad_norm / adamw     over flat parameter buffers (clgpt/models/params.py)
-    dropout_*             counter-hash masks (clgpt/models/dropout.py, kernels/dropout.cl)
+Ops is a front: it makes the parts and forwards the methods the models call to them. Each part takes the Facts
+(core.py), the launcher and the parts it uses in its constructor, builds the kernels it launches and names their
+kernels/*.cl files:
 
-One class, Ops, composed of a mixin a file; each file names the kernels/*.cl files it launches:
-
-    launcher.py    Launcher (self.launcher): the one place a kernel is enqueued; kernels by name, buffers, scratch
-    core.py        BaseOps: __init__ (path choice from clgpt/device/capabilities.py's record), kernel builds
-    gemm.py        matmul / matmul_epi dispatch, the portable tiled and register-blocked forms, split-K, bmm,
-                   bias_backward, linear_backward
-    gemm_mma.py    tensor cores on fp32 operands (kernels/matmul_mma.cl)
-    gemm_bf16.py   the bf16 GEMM on bf16 operand copies (kernels/matmul_bf16.cl)
-    gemm_wgmma.py  Hopper's wgmma (kernels/matmul_wgmma.cl)
-    copybook.py    CopyBook (self.copies): how long each tiled bf16 copy wgmma reads serves, bookkeeping alone
-    copies.py      the tiled bf16 copies wgmma reads, made as the book says: stable, reuse, forget_copies
-    grouped.py     mixture of experts: grouped products, moe_route, moe_weight_backward
-    norms.py       layernorm, rmsnorm
-    attention.py   attention, flash attention
-    layers.py      cross-entropy, embedding, rope, swiglu, dropout, grad_norm, adamw
+    launcher.py    Launcher: the one place a kernel is enqueued; kernels by name, buffers, scratch
+    core.py        Facts: the decisions made once (capabilities record, precision, op forms); Part; split-K
+    gemm/          the GEMM backends behind one interface, the factory that picks one (gemm/__init__.py)
+    copies.py      TiledCopies: the tiled bf16 copies wgmma reads, their lifetime kept in copybook.py's CopyBook
+    linear.py      Linear: linear_backward, bias_backward
+    norms.py       Norms: layernorm, rmsnorm
+    layers.py      Layers: cross-entropy, embedding, rope, swiglu, dropout, grad_norm, adamw
+    attention.py   Attention: attention, flash attention
+    grouped.py     Grouped: mixture of experts' grouped products and routing
+    muon.py        Muon: the optimizer's launchers (clgpt/models/params.py makes it on an Ops)
 """
 
 from __future__ import annotations
 
-from clgpt.ops.attention import FLASH_LONG_T, FLASH_MIN_GROUPS, AttentionOps
-from clgpt.ops.copies import CopyOps
-from clgpt.ops.core import F32, BaseOps, ceil_to
-from clgpt.ops.gemm import MATMUL_TILES, GemmOps, matmul_defines, matmul_launch, split_k_chunks
-from clgpt.ops.gemm_bf16 import Bf16Ops
-from clgpt.ops.gemm_mma import MmaOps
-from clgpt.ops.gemm_wgmma import WgmmaOps
-from clgpt.ops.grouped import GroupedOps
-from clgpt.ops.layers import LayerOps
-from clgpt.ops.norms import NormOps
+from clgpt.device.knobs import Knobs
+from clgpt.device.opencl import Device
+from clgpt.errors import ClgptError
+from clgpt.model import ModelConfig
+from clgpt.ops.attention import FLASH_LONG_T, FLASH_MIN_GROUPS, Attention
+from clgpt.ops.core import ATTENTION, F32, Facts, ceil_to
+from clgpt.ops.gemm import MATMUL_TILES, make_gemms, matmul_defines, matmul_launch, split_k_chunks
+from clgpt.ops.grouped import Grouped
+from clgpt.ops.layers import Layers
+from clgpt.ops.linear import Linear
+from clgpt.ops.norms import Norms
 
 __all__ = ["F32", "FLASH_LONG_T", "FLASH_MIN_GROUPS", "MATMUL_TILES", "Ops", "ceil_to", "matmul_defines",
            "matmul_launch", "split_k_chunks"]
 
 
-class Ops(GemmOps, MmaOps, Bf16Ops, WgmmaOps, CopyOps, GroupedOps, NormOps, AttentionOps, LayerOps, BaseOps):
+class Ops:
     """Launchers for one device and one model's widths (C, H, D, V, eps are build options of the kernels).
 
     `seq_len` (the engine's longest T) decides whether attention runs as batched matmuls on GPUs.
     `precision` (clgpt/device/precision.py): the matmuls' operands, fp32 | tf32 | bf16, resolved by the caller.
+    `knobs`: the Knobs the caller read at its edge (clgpt.device.knobs.read). The parts: facts, gemms (backend:
+    the chosen GEMM), copies' lifetime (the backend's), linear, norms, layers, attention, grouped.
     """
+
+    def __init__(self, dev: Device, cfg: ModelConfig, seq_len: int, precision: str = "fp32",
+                 batch_size: int | None = None, *, knobs: Knobs, attention: str = "auto"):
+        if attention not in ATTENTION:
+            raise ClgptError(f"attention {attention!r}: use {', '.join(ATTENTION)}")
+        f = self.facts = Facts(dev, cfg, seq_len, precision, knobs)
+        self.dev, self.cfg, self.ctx, self.queue, self.knobs, self.caps = dev, cfg, f.ctx, f.queue, knobs, f.caps
+        self.launcher, self.k, self.launch = f.launcher, f.launcher.k, f.launch
+        self.align, self.preset = f.align, f.preset
+        self.precision, self.round, self.gemm, self.mm = f.precision, f.round, f.gemm, f.mm
+        self.mma, self.bf16, self.wgmma, self.bf16_options = f.mma, f.bf16, f.wgmma, f.bf16_options
+        self.rows, self.attn_gemm, self.tiled_outputs = f.rows, f.attn_gemm, f.tiled_outputs
+        self.product_kernels = f.product_kernels
+        self.gemms = g = make_gemms(f)
+        self.backend = b = g.chosen
+        self.linear = Linear(f, b)
+        self.norms = Norms(f, b.copies)
+        self.layers = ly = Layers(f, b)
+        self.attention = at = Attention(f, b, ly, attention, seq_len, batch_size)
+        self.grouped = gr = Grouped(f, g, self.linear, ly)
+        self.flash, self.rope_fused = at.flash, at.rope_fused
+        self.run, self.runp, self.buf = f.launcher.run, f.launcher.runp, f.launcher.buf
+
+        # the GEMM and its copies' lifetime (the chosen backend's)
+        self.matmul, self.matmul_epi, self.bmm, self.on_wgmma = b.matmul, b.matmul_epi, b.bmm, b.on_wgmma
+        self.linear_backward, self.bias_backward = self.linear.linear_backward, self.linear.bias_backward
+        c = b.copies
+        self.copies = c.book
+        self.stable, self.forget_copies, self.reuse, self.settle = c.stable, c.forget_copies, c.reuse, c.settle
+        self.tiled_copy = c.tiled_copy
+        self.split_plan = g.tiled.split_plan
+        self.rb_plans = g.rb.rb_plans if g.rb is not None else {}
+        if g.rb is not None:
+            self.rb_tiles = g.rb.rb_tiles
+        if g.bf16 is not None:
+            bf = g.bf16
+            self.to_bf16, self.bf16_operands, self.matmul_bf16 = bf.to_bf16, bf.bf16_operands, bf.matmul_bf16
+
+        # norms, the other layers, attention
+        n = self.norms
+        self.layernorm, self.layernorm_backward = n.layernorm, n.layernorm_backward
+        self.rmsnorm, self.rmsnorm_backward = n.rmsnorm, n.rmsnorm_backward
+        self.xent_forward, self.xent_backward = ly.xent_forward, ly.xent_backward
+        self.embedding_forward, self.token_embd_backward = ly.embedding_forward, ly.token_embd_backward
+        self.position_embd_backward = ly.position_embd_backward
+        self.rope_forward, self.rope_backward = ly.rope_forward, ly.rope_backward
+        self.swiglu_rows_forward, self.swiglu_forward, self.swiglu_backward = (
+            ly.swiglu_rows_forward, ly.swiglu_forward, ly.swiglu_backward)
+        self.dropout_forward, self.dropout_residual, self.dropout_backward = (
+            ly.dropout_forward, ly.dropout_residual, ly.dropout_backward)
+        self.grad_norm, self.adamw = ly.grad_norm, ly.adamw
+        self.attention_forward, self.attention_backward = at.attention_forward, at.attention_backward
+        self.att_floats, self.rotated_qkv, self.flash_setup = at.att_floats, at.rotated_qkv, at.flash_setup
+
+        # mixture of experts
+        self.grouped_tiles, self.grouped_local, self.grouped_mma = (gr.grouped_tiles, gr.grouped_local,
+                                                                    gr.grouped_mma)
+        self.grouped_on_wgmma, self.moe_tiled = gr.grouped_on_wgmma, gr.moe_tiled
+        self.matmul_grouped_rows, self.matmul_grouped_k = gr.matmul_grouped_rows, gr.matmul_grouped_k
+        self.grouped_linear_backward = gr.grouped_linear_backward
+        self.moe_experts_forward, self.moe_experts_backward = gr.moe_experts_forward, gr.moe_experts_backward
+        self.moe_gather, self.moe_route = gr.moe_gather, gr.moe_route
+        self.moe_combine_backward = gr.moe_combine_backward
+        self.moe_router_forward, self.moe_router_backward = gr.moe_router_forward, gr.moe_router_backward
+        self.moe_weight_backward = gr.moe_weight_backward
+
+    def build_gpt2(self):
+        """GPT-2's own kernels: LayerNorm (with its GPU row forms), the position embedding's gradient."""
+        self.layers.build_gpt2()
+        self.norms.build_gpt2()
+
+    def build_llama(self):
+        """Llama's own kernels: RMSNorm, RoPE with the q | k | v packing, SwiGLU, the MoE routing."""
+        self.norms.build_llama()
+        self.layers.build_llama()
+        if self.cfg.n_expert:
+            self.grouped.build()
+        return self.k

@@ -3,7 +3,7 @@ row kernels (GPUs, dropout), or flash attention's fused kernels (bf16). Llama ha
 (rope=): rope.cl's launches around attention, or, on flash without grouped kv heads, inside flash's kernels.
 
 Launches kernels/attention.cl (its CPU forms too: attention_*_u4, attention_rows_rb, attention_backward_key_rb)
-and kernels/flash.cl; the batched form's products go through bmm (kernels/matmul.cl, matmul_mma.cl).
+and kernels/flash.cl; the batched form's products go through the GEMM backend's bmm (kernels/matmul.cl, matmul_mma.cl).
 """
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ import math
 import numpy as np
 
 from clgpt.errors import ClgptError
-from clgpt.ops.core import f32, i32
+from clgpt.ops.core import Facts, Part, f32, i32
 from clgpt.ops.gemm import MATMUL_TILES
+from clgpt.ops.layers import Layers
 
-FLASH_MIN_GROUPS, FLASH_LONG_T = 4, 1024  # flash attention's size rule (Ops._use_flash)
+FLASH_MIN_GROUPS, FLASH_LONG_T = 4, 1024  # flash attention's size rule (Attention._use_flash)
 # kernels/flash.cl's tiles: the forward's and dq's 16-row m tiles a warp (MT: 128 query rows as 8 / MT warps), the
 # keys (forward KS, dq KQ) or queries (dk/dv QK) a step and each kernel's register cap (NREG, clgpt/device/sm90a.py cap_registers; 0: none). The flash knob (clgpt.device.knobs FLASH_KEYS)
 # overrides them.
@@ -24,8 +25,37 @@ FLASH_TILES = dict(FWD_MT=1, KS=64, DQ_MT=1, KQ=16, QK=16, FWD_NREG=128, DQ_NREG
 _FLASH_DEFAULTS = dict(MT=1, KS=64, KQ=16, QK=16)  # kernels/flash.cl's own: left out of its options
 
 
-class AttentionOps:
-    """attention_forward / attention_backward and flash attention's choice (mixed into clgpt.ops.Ops)."""
+class Attention(Part):
+    """attention_forward / attention_backward and flash attention's choice; `gemm` runs the batched form's products
+    and keeps the tiled copies, `layers` gives RoPE and dropout. mode: the stage's `attention` setting; seq_len,
+    batch_size: the engine's longest T and its B (None: not known)."""
+
+    def __init__(self, f: Facts, gemm, layers: Layers, mode: str, seq_len: int, batch_size: int | None):
+        super().__init__(f)
+        self.gemm, self.copies, self.layers = gemm, gemm.copies, layers
+        cfg, dev, k, launch, caps = self.cfg, self.dev, self.k, self.launch, self.caps
+        C, H, D = cfg.n_embd, cfg.n_head, cfg.head_dim
+        scale = float(1.0 / math.sqrt(D))
+        for kname in ("attention_forward", "attention_backward_query", "attention_backward_key"):
+            k[kname] = dev.kernel("attention", kname, C=C, H=H, D=D, SCALE=scale, VEC=launch["vec"])
+        if caps.attention_u4:  # CPUs: same kernels, dot products 4 keys at a time (kernels/attention.cl)
+            for kname in ("attention_forward", "attention_backward_query"):
+                k[kname] = dev.kernel("attention", kname + "_u4", C=C, H=H, D=D, SCALE=scale, VEC=1)
+            if f.attn_rb:  # the products with att / datt as register-blocked ones (6 rows x 16 columns a
+                # work-item): key side, and att @ v, datt @ k after the u4 kernels (ROWS_RB=1: softmax only)
+                kw = dict(C=C, H=H, D=D, SCALE=scale, VEC=1)
+                k["attention_backward_key_rb"] = dev.kernel("attention", "attention_backward_key_rb", **kw)
+                k["attention_rows_rb"] = dev.kernel("attention", "attention_rows_rb", **kw)
+                for kname in ("attention_forward", "attention_backward_query"):
+                    k[kname] = dev.kernel("attention", kname + "_u4", ROWS_RB=1, **kw)
+        if f.rows:
+            for kname in ("attention_softmax", "attention_dsoftmax"):
+                k[kname] = dev.kernel("attention", kname, C=C, H=H, D=D, SCALE=scale, VEC=0, LW=f.rows)
+        self.flash = self._use_flash(mode, seq_len, batch_size)
+        # llama's RoPE inside flash attention's copy and stores where no kv head serves several query heads
+        self.rope_fused = self.flash and cfg.arch == "llama" and cfg.kv_heads == cfg.n_head
+        if self.flash:
+            self.flash_setup()
 
     def _use_flash(self, mode: str, T: int, B: int | None) -> bool:
         """bf16 attention as fused kernels (kernels/flash.cl: no T x T scores) where the bf16 GEMM runs and the
@@ -35,7 +65,7 @@ class AttentionOps:
         large products use the GPU better than flash's few work-groups; once the grid fills it, flash's fused
         kernels, which never write the scores, win (bench/RESULTS_GPU.md)."""
         D = self.cfg.head_dim
-        if mode == "batched" or self.bf16 is None or D % 16 or D > 64:
+        if mode == "batched" or self.f.bf16 is None or D % 16 or D > 64:
             return False
         groups = None if B is None else B * self.cfg.n_head * -(-T // 64)
         return (mode == "flash" or groups is None or T >= FLASH_LONG_T
@@ -45,24 +75,24 @@ class AttentionOps:
         """kernels/flash.cl's kernels, with the bf16 GEMM's options (MMA_EMULATE on PoCL, for tests); where RoPE
         is fused (rope_fused) built with ROPE (the dq, dk stores rotate back), and the rotating copy too."""
         cfg = self.cfg
-        ft = self.flash_tiles = {**FLASH_TILES, **(self.knobs.flash or {})}
-        capped = not self.bf16_options.get("MMA_EMULATE")  # NVIDIA only: the cap rebuilds the program's PTX
+        ft = self.flash_tiles = {**FLASH_TILES, **(self.f.knobs.flash or {})}
+        capped = not self.f.bf16_options.get("MMA_EMULATE")  # NVIDIA only: the cap rebuilds the program's PTX
         rope = {"ROPE": 1} if self.rope_fused else {}
         own = {"flash_forward": dict(MT=ft["FWD_MT"], KS=ft["KS"], MAXNREG=ft["FWD_NREG"]),
                "flash_backward_dq": dict(MT=ft["DQ_MT"], KQ=ft["KQ"], MAXNREG=ft["DQ_NREG"]),
                "flash_backward_dkv": dict(QK=ft["QK"], MAXNREG=ft["DKV_NREG"])}
 
         def build(kname, **extra):
-            opts = {**self.bf16_options, **rope, **own.get(kname, {}), **extra}
+            opts = {**self.f.bf16_options, **rope, **own.get(kname, {}), **extra}
             opts = {k: v for k, v in opts.items()  # the kernel's defaults left out: one program where all agree
                     if _FLASH_DEFAULTS.get(k, -1) != v and not (k == "MAXNREG" and not (capped and v))}
-            return self.dev.kernel("flash", kname, build_options=self._nv_verbose(self.bf16_options), C=cfg.n_embd,
+            return self.dev.kernel("flash", kname, build_options=self.launcher.verbose_options(self.f.bf16_options), C=cfg.n_embd,
                                    H=cfg.n_head, D=cfg.head_dim, SCALE=float(1.0 / math.sqrt(cfg.head_dim)), **opts)
 
         for kname in ("flash_bf16", "flash_forward", "flash_backward_dq", "flash_backward_dkv",
                       *(("flash_bf16_rope",) if rope else ())):
             self.k[kname] = build(kname)
-        if self.tiled_outputs and cfg.n_embd % 64 == 0:
+        if self.f.tiled_outputs and cfg.n_embd % 64 == 0:
             self.k["flash_forward_tiled"] = build("flash_forward", OUT_TILED=1)  # the output's tiled copy (wgmma)
             if rope:  # dqkv as its tiled copy alone (attention_backward's products_only)
                 for kname in ("flash_backward_dq", "flash_backward_dkv"):
@@ -119,19 +149,19 @@ class AttentionOps:
         C, H, D = cfg.n_embd, cfg.n_head, cfg.head_dim
         tables = self._fused_tables(rope, qkv)
         if rope is not None and not tables:
-            self.rope_forward(Bp * Tp, Tp, *rope, qkv)
+            self.layers.rope_forward(Bp * Tp, Tp, *rope, qkv)
         if self.flash:
             g, _, _, tail = self._flash_grid(Bp, Tp, drop)
             self._flash_copy(Bp, Tp, qkv, 3 * C, att, tables)
-            kname, copy = self._with_copy("flash_forward", out, Bp * Tp, C)
+            kname, copy = self.copies.with_copy("flash_forward", out, Bp * Tp, C)
             self.launcher.run(kname, g, i32(Tp), out, att, *tail, *copy, lsize=(self._flash_items("FWD_MT"), 1))
             return
         if drop is not None:
             self._attention_forward_batched(Bp, Tp, qkv, out, att, drop)
             return
-        if not self.attn_gemm:
+        if not self.f.attn_gemm:
             self.launcher.runp("attention_forward", (Tp, Bp * H), i32(Bp), i32(Tp), qkv, out, att)
-            if self.attn_rb:  # out = att @ v
+            if self.f.attn_rb:  # out = att @ v
                 self._rows_rb(Bp, Tp, att, qkv, 2 * C, 3 * C, out, 0, C, 1.0)
             return
         self._attention_forward_batched(Bp, Tp, qkv, out, att, None)
@@ -139,8 +169,8 @@ class AttentionOps:
     def _batched_tiles(self):
         """Tiles and row kernels for batched attention: the table's on GPUs, the generic ones elsewhere
         (CPUs take this form only for attention dropout)."""
-        if self.mm["kernel"] == "matmul":
-            return None, self.rows, ""
+        if self.f.mm["kernel"] == "matmul":
+            return None, self.f.rows, ""
         if "attention_softmax_cpu" not in self.k:
             cfg, LW = self.cfg, 16
             kw = dict(C=cfg.n_embd, H=cfg.n_head, D=cfg.head_dim, SCALE=float(1.0 / math.sqrt(cfg.head_dim)), VEC=0)
@@ -154,14 +184,14 @@ class AttentionOps:
         T3, TT = Tp * 3 * C, Tp * Tp
         nz, scale = Bp * H, 1.0 / math.sqrt(D)
         # att = SCALE q k^T (causal tiles only), softmax rows, [dropout], out = att v
-        self.bmm(Tp, Tp, D, nz, H, qkv, 3 * C, (0, T3, D), qkv, 3 * C, (C, T3, D), att, Tp, (0, H * TT, TT),
+        self.gemm.bmm(Tp, Tp, D, nz, H, qkv, 3 * C, (0, T3, D), qkv, 3 * C, (C, T3, D), att, Tp, (0, H * TT, TT),
                  tb=1, alpha=scale, causal=1, mm=mm)
         self.launcher.run("attention_softmax" + sfx, (nz * Tp * LW,), i32(Tp), att, lsize=(LW,))
         probs = att
         if drop is not None:
             seed, site, p, probs = drop
-            self.dropout_forward(nz * TT, seed, site, p, att, probs)
-        self.bmm(Tp, D, Tp, nz, H, probs, Tp, (0, H * TT, TT), qkv, 3 * C, (2 * C, T3, D), out, C, (0, Tp * C, D),
+            self.layers.dropout_forward(nz * TT, seed, site, p, att, probs)
+        self.gemm.bmm(Tp, D, Tp, nz, H, probs, Tp, (0, H * TT, TT), qkv, 3 * C, (2 * C, T3, D), out, C, (0, Tp * C, D),
                  causal=2, mm=mm)
 
     def rotated_qkv(self, N, Tp, qkv, cos, sin):
@@ -169,7 +199,7 @@ class AttentionOps:
         used: where flash rotated only its copy (rope_fused), rope_forward rotates them in place now; elsewhere
         qkv holds them already. For what reads qkv after a forward (KVCache.prefill's keys)."""
         if self.rope_fused:
-            self.rope_forward(N, Tp, qkv, cos, sin, qkv)
+            self.layers.rope_forward(N, Tp, qkv, cos, sin, qkv)
 
     def attention_backward(self, Bp, Tp, dout, qkv, att, datt, dqkv, drop=None, out=None, rope=None,
                            products_only=False):
@@ -179,18 +209,18 @@ class AttentionOps:
         itself without grouped kv heads), by rope_backward after attention, or, where rope_fused, in flash's dq
         and dk stores. products_only: dqkv's only readers are the q | k | v product's two gradient products
         (linear_backward's, next); where flash does the RoPE and both run on wgmma, dqkv is written only as the
-        tiled copy they read (flash.cl DQKV_TILED), which Ops keeps for that reuse block."""
+        tiled copy they read (flash.cl DQKV_TILED), which the GEMM's copies keep for that reuse block."""
         tables = self._fused_tables(rope, dqkv)
         N, C3 = Bp * Tp, 3 * self.cfg.n_embd
         copy = None
-        if (products_only and tables and self.tiled_outputs and N % 64 == 0 and C3 % 64 == 0
-                and self.on_wgmma(C3, self.cfg.n_embd, N) and self.on_wgmma(N, self.cfg.n_embd, C3)):
+        if (products_only and tables and self.f.tiled_outputs and N % 64 == 0 and C3 % 64 == 0
+                and self.gemm.on_wgmma(C3, self.cfg.n_embd, N) and self.gemm.on_wgmma(N, self.cfg.n_embd, C3)):
             copy = self.launcher.slot(3, N * C3 * 2)
         self._attention_backward(Bp, Tp, dout, qkv, att, datt, dqkv, drop, out, tables, copy)
         if copy is not None:
-            self.copies.premake(dqkv, (copy, N, C3, None, N // 64))
+            self.copies.book.premake(dqkv, (copy, N, C3, None, N // 64))
         if rope is not None and not tables:
-            self.rope_backward(Bp * Tp, Tp, dqkv, rope[1], rope[2], rope[0])
+            self.layers.rope_backward(Bp * Tp, Tp, dqkv, rope[1], rope[2], rope[0])
 
     def _attention_backward(self, Bp, Tp, dout, qkv, att, datt, dqkv, drop, out, tables, copy=None):
         cfg = self.cfg
@@ -204,9 +234,9 @@ class AttentionOps:
             self.launcher.run("flash_backward_dkv" + only, gk, i32(Tp), att, datt, dqkv, *tail, *tables, *extra,
                      lsize=(128, 1))
             return
-        if drop is None and not self.attn_gemm:
+        if drop is None and not self.f.attn_gemm:
             self.launcher.runp("attention_backward_query", (Tp, Bp * H), i32(Bp), i32(Tp), dout, qkv, att, datt, dqkv)
-            if self.attn_rb:
+            if self.f.attn_rb:
                 self._rows_rb(Bp, Tp, datt, qkv, C, 3 * C, dqkv, 0, 3 * C, 1.0 / math.sqrt(D))  # dq = SCALE ds @ k
                 self.launcher.run("attention_backward_key_rb", (-(-Tp // 6), Bp * H * (D // 8)), i32(Bp), i32(Tp), dout, qkv,
                          att, datt, dqkv, lsize=(1, D // 8))
@@ -220,17 +250,17 @@ class AttentionOps:
         probs = att if drop is None else drop[3]
         # dp = dout v^T [* mask / (1-p)]; ds = att (dp - sum att dp); dq = SCALE ds k; dk = SCALE ds^T q;
         # dv = probs^T dout (probs: the dropped probabilities the forward multiplied v by)
-        self.bmm(Tp, Tp, D, nz, H, dout, C, (0, TC, D), qkv, 3 * C, (2 * C, T3, D), datt, Tp, ATT, tb=1, causal=1,
+        self.gemm.bmm(Tp, Tp, D, nz, H, dout, C, (0, TC, D), qkv, 3 * C, (2 * C, T3, D), datt, Tp, ATT, tb=1, causal=1,
                  mm=mm)
         if drop is not None:
             seed, site, p, _ = drop
-            self.dropout_backward(nz * TT, seed, site, p, datt)
+            self.layers.dropout_backward(nz * TT, seed, site, p, datt)
         self.launcher.run("attention_dsoftmax" + sfx, (nz * Tp * LW,), i32(Tp), att, datt, lsize=(LW,))
-        self.bmm(Tp, D, Tp, nz, H, datt, Tp, ATT, qkv, 3 * C, (C, T3, D), dqkv, 3 * C, (0, T3, D), alpha=scale,
+        self.gemm.bmm(Tp, D, Tp, nz, H, datt, Tp, ATT, qkv, 3 * C, (C, T3, D), dqkv, 3 * C, (0, T3, D), alpha=scale,
                  causal=2, mm=mm)
-        self.bmm(Tp, D, Tp, nz, H, datt, Tp, ATT, qkv, 3 * C, (0, T3, D), dqkv, 3 * C, (C, T3, D), ta=1,
+        self.gemm.bmm(Tp, D, Tp, nz, H, datt, Tp, ATT, qkv, 3 * C, (0, T3, D), dqkv, 3 * C, (C, T3, D), ta=1,
                  alpha=scale, causal=3, mm=mm)
-        self.bmm(Tp, D, Tp, nz, H, probs, Tp, ATT, dout, C, (0, TC, D), dqkv, 3 * C, (2 * C, T3, D), ta=1, causal=3,
+        self.gemm.bmm(Tp, D, Tp, nz, H, probs, Tp, ATT, dout, C, (0, TC, D), dqkv, 3 * C, (2 * C, T3, D), ta=1, causal=3,
                  mm=mm)
 
     def _rows_rb(self, Bp, Tp, A, Bm, boff, ldb, O, ooff, ldo, sc):

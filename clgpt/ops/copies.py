@@ -1,7 +1,8 @@
 """The tiled bf16 operand copies wgmma reads, made as clgpt/ops/copybook.py's CopyBook says how long each serves:
 a `stable` buffer's copy until the next forward (forget_copies), a `reuse` block's buffer's inside its block, a
 copy its producer wrote (TILED_OUT, LN_TILED, RMS_TILED, SWIGLU_TILED, OUT_TILED), and a GELU' deferred into a
-gradient's copy.
+gradient's copy. Every GEMM backend owns one (clgpt/ops/gemm/): the wgmma backend's makes copies through its
+bf16 GEMM's to_bf16; the others' keep the book of reuse blocks alone.
 
 Launches kernels/matmul_bf16.cl (to_bf16 TILED, with COLSUM: the column sums bias_backward takes; with GELU_GRAD:
 dg * gelu'(E)) and kernels/gelu.cl (gelu_backward, where a deferred GELU' is applied in place).
@@ -12,33 +13,44 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from clgpt.ops.copybook import CopyBook
-from clgpt.ops.core import ceil_to, i32
+from clgpt.ops.core import Facts, Part, ceil_to, i32
 
 
-class CopyOps:
-    """Kept and reused tiled bf16 copies (mixed into clgpt.ops.Ops); the book, self.copies, a CopyBook."""
+class TiledCopies(Part):
+    """Kept and reused tiled bf16 copies; the book, self.book, a CopyBook. bf16: the bf16 GEMM whose to_bf16
+    makes the copies (None: a backend that reads none)."""
 
-    copies: CopyBook
+    def __init__(self, f: Facts, bf16=None):
+        super().__init__(f)
+        self.bf16 = bf16
+        # wgmma reads one tiled copy of a matrix for a product and for its transposes (M- / N-major operands):
+        # the book of which copies serve which products (clgpt/ops/copybook.py)
+        self.book = CopyBook()
+        if bf16 is not None and f.colsum_copies:  # reuse copies: bias_partial's sums too
+            for name, extra in (("to_bf16_colsum", {}), ("to_bf16_colsum_gelu", dict(GELU_GRAD=1))):
+                self.k[name] = self.dev.kernel("matmul_bf16", "to_bf16", TILED=1, COLSUM=1, **extra,
+                                               **f.bf16_options)
+            self.k["gelu_backward"] = self.dev.kernel("gelu", "gelu_backward")
 
     def stable(self, *bufs):
         """Declare fp32 buffers that hold still from a forward to the end of its backward (activations the
         forward writes once, the weights): on wgmma the tiled copy one product makes serves the later ones, until
         forget_copies, which the engine calls as each forward begins."""
-        self.copies.stable(*bufs)
+        self.book.stable(*bufs)
 
     def forget_copies(self):
-        for gelu in self.copies.forget():
+        for gelu in self.book.forget():
             self._gelu_backward(gelu)
 
     @contextmanager
     def reuse(self, buf):
         """Inside the block, which does not write `buf`, the tiled copy of it made for one product serves the next
         ones (a gradient that feeds both the weight's and the input's product)."""
-        self.copies.begin_reuse(buf)
+        self.book.begin_reuse(buf)
         try:
             yield
         finally:
-            gelu = self.copies.end_reuse(buf)
+            gelu = self.book.end_reuse(buf)
             if gelu is not None:  # never copied: finish the fp32 gradient
                 self._gelu_backward(gelu)
 
@@ -46,21 +58,21 @@ class CopyOps:
         """-> (copy, Rp, Cp): the bf16 copy of X (rows x cols, row-major) in matmul_wgmma.cl's tiled layout, padded
         to Rp, Cp (multiples of 64). A stable buffer's copy is made once per forward and kept (its own device
         buffer), the reuse block's buffer's once per block (scratch slot 2); others go to scratch `slot`."""
-        book = self.copies
+        book = self.book
         key = (X.int_ptr, rows, cols)
         hit = book.hit(key)
         if hit is not None:
             return hit
         Rp, Cp = ceil_to(rows, 64), ceil_to(cols, 64)
         if book.is_stable(X):
-            out = self._kept_buf(X, Rp * Cp * 2)
-            return book.keep(key, (self.to_bf16(None, X, rows, cols, Rp, Cp, tiled=True, out=out), Rp, Cp))
+            out = self.kept_buf(X, Rp * Cp * 2)
+            return book.keep(key, (self.bf16.to_bf16(None, X, rows, cols, Rp, Cp, tiled=True, out=out), Rp, Cp))
         pre = book.take_premade(key)
         if pre is not None:  # written by the product that made X (TILED_OUT 2), with its column sums
             return pre
         if book.is_reusing(X):  # slot 2, with the column sums for bias_backward where the GPU has them
-            if not self.colsum_copies:
-                return book.keep(key, (self.to_bf16(2, X, rows, cols, Rp, Cp, tiled=True), Rp, Cp))
+            if not self.f.colsum_copies:
+                return book.keep(key, (self.bf16.to_bf16(2, X, rows, cols, Rp, Cp, tiled=True), Rp, Cp))
             out, part = self.launcher.slot(2, Rp * Cp * 2), self.launcher.grown("cparts", Rp // 64 * cols)
             args = (i32(rows), i32(cols), X, i32(cols), out, i32(Cp), part)
             gelu = book.deferred(X)
@@ -72,35 +84,35 @@ class CopyOps:
                 self.launcher.launch(self.k["to_bf16_colsum"], (Cp // 8, Rp), (4, 64), args)
             book.colsums = (key, Rp // 64, part)
             return book.keep(key, (out, Rp, Cp))
-        return self.to_bf16(slot, X, rows, cols, Rp, Cp, tiled=True), Rp, Cp
+        return self.bf16.to_bf16(slot, X, rows, cols, Rp, Cp, tiled=True), Rp, Cp
 
-    def _kept_buf(self, X, nbytes, what=None):
+    def kept_buf(self, X, nbytes, what=None):
         """The device buffer that holds stable buffer X's tiled copy (or another copy made of X, named `what`),
         grown to nbytes."""
-        bufs = self.copies.kept_bufs
+        bufs = self.book.kept_bufs
         key = X.int_ptr if what is None else (X.int_ptr, what)
         out = bufs.get(key)
         if out is None or out.size < nbytes:
             out = bufs[key] = self.launcher.bytes_buf(nbytes)
         return out
 
-    def _kept_copy(self, X, rows, cols):
+    def kept_copy(self, X, rows, cols):
         """Stable X's kept tiled copy (rows, cols multiples of 64) for X's producer to write: kept from now on."""
-        copy = self._kept_buf(X, rows * cols * 2)
-        self.copies.keep((X.int_ptr, rows, cols), (copy, rows, cols))
+        copy = self.kept_buf(X, rows * cols * 2)
+        self.book.keep((X.int_ptr, rows, cols), (copy, rows, cols))
         return copy
 
-    def _with_copy(self, kname, X, rows, cols):
+    def with_copy(self, kname, X, rows, cols):
         """-> (kernel, extra arguments): kname's _tiled form, writing stable X's kept tiled copy as it writes X
         (LayerNorm's LN_TILED, RMSNorm's RMS_TILED, SwiGLU's SWIGLU_TILED, flash's OUT_TILED), where that form was
         built and rows, cols are multiples of 64; else kname itself."""
-        if not self.tiled_outputs or not self.copies.is_stable(X) or rows % 64 or cols % 64:
+        if not self.f.tiled_outputs or not self.book.is_stable(X) or rows % 64 or cols % 64:
             return kname, ()
-        return kname + "_tiled", (self._kept_copy(X, rows, cols),)
+        return kname + "_tiled", (self.kept_copy(X, rows, cols),)
 
     def settle(self, X):
-        """X's fp32 values made what its readers expect: a deferred GELU' (_matmul_bf16) applied in place."""
-        gelu = self.copies.settle(X)
+        """X's fp32 values made what its readers expect: a deferred GELU' (WgmmaGemm.matmul_epi) applied in place."""
+        gelu = self.book.settle(X)
         if gelu is not None:
             self._gelu_backward(gelu)
 

@@ -9,21 +9,86 @@ from __future__ import annotations
 
 import numpy as np
 
-from clgpt.ops.core import ceil_to, f32, i32
+from clgpt.ops.core import Facts, Part, ceil_to, f32, i32
 
 
-class LayerOps:
-    """Cross-entropy, embedding, RoPE, SwiGLU, dropout, grad norm and AdamW (mixed into clgpt.ops.Ops)."""
+class Layers(Part):
+    """Cross-entropy, embedding, RoPE, SwiGLU, dropout, grad norm and AdamW; `gemm`, the GEMM backend, says which
+    products run on wgmma and keeps the tiled copies (its `copies`) some of these write for them."""
 
-    # ---- cross-entropy ----
+    def __init__(self, f: Facts, gemm):
+        super().__init__(f)
+        self.gemm, self.copies = gemm, gemm.copies
+        cfg, dev, k, launch, caps = self.cfg, self.dev, self.k, self.launch, self.caps
+        C = cfg.n_embd
+        k["embedding_forward"] = dev.kernel("embedding", "embedding_forward", C=C)
+        if caps.embedding_rows:  # CPUs: a row a work-item, float8
+            k["embedding_forward_rows"] = dev.kernel("embedding", "embedding_forward_rows", C=C)
+        k["embedding_backward_wte"] = dev.kernel("embedding", "embedding_backward_wte", C=C)
+        for kname in ("xent_forward", "xent_backward"):
+            k[kname] = dev.kernel("xent", kname, V=cfg.vocab_size)
+        if caps.xent_fused:  # CPUs: loss and unscaled gradient in one vectorised pass per row
+            k["xent_fused"] = dev.kernel("xent", "xent_fused", V=cfg.vocab_size)
+        if f.rows:
+            k["xent_forward_wg"] = dev.kernel("xent", "xent_forward_wg", V=cfg.vocab_size, LW=f.rows)
+        if f.wgmma is not None:
+            k["xent_backward_tiled"] = dev.kernel("xent", "xent_backward_tiled", V=cfg.vocab_size)
+        for kname in ("grad_norm_partial", "grad_norm_final", "adamw"):
+            k[kname] = dev.kernel("adamw", kname, STRIDED=int(launch["norm_parts"] > 256))
+        if caps.grad_norm_groups:  # GPUs: the norm's sums as work-groups
+            for kname in ("grad_norm_partial_wg", "grad_norm_final_wg"):
+                k[kname] = dev.kernel("adamw", kname, LW=f.rows)
+        if caps.adamw_v8:  # CPUs: float8 AdamW (kernels/adamw.cl)
+            k["adamw_v8"] = dev.kernel("adamw", "adamw_v8", STRIDED=int(launch["norm_parts"] > 256))
+        if caps.grad_norm_v8:  # chunked partial sums (not STRIDED): float8 chains
+            k["grad_norm_partial"] = dev.kernel("adamw", "grad_norm_partial_v8", STRIDED=int(launch["norm_parts"] > 256))
+        for kname in ("dropout_forward", "dropout_residual", "dropout_backward"):
+            k[kname] = dev.kernel("dropout", kname)
+
+    def build_gpt2(self):
+        """GPT-2's own: the position embedding's gradient."""
+        self.k["embedding_backward_wpe"] = self.dev.kernel("embedding", "embedding_backward_wpe", C=self.cfg.n_embd)
+
+    def build_llama(self):
+        """Llama's own: RoPE with the q | k | v packing, SwiGLU."""
+        f, cfg, dev, k = self.f, self.cfg, self.dev, self.k
+        C, D = cfg.n_embd, cfg.head_dim
+        for kname in ("rope_forward", "rope_backward"):  # CPUs: 4 pairs a step (ROPE_VEC), the same bits
+            k[kname] = dev.kernel("rope", kname, C=C, D=D, G=cfg.n_head // cfg.kv_heads, CKV=cfg.kv_heads * D,
+                                  **({"ROPE_VEC": 1} if f.rope_vec else {}))
+        for kname in ("swiglu_forward", "swiglu_backward"):  # mixture of experts: gate, up apart
+            k[kname] = dev.kernel("swiglu", kname)
+        # dense: h = gate | up per row (the backward is the dact product's epilogue 3)
+        # CPUs with 16-float vectors (the matmul row's VW 16: AVX-512) take float16 blocks, the same bits
+        wide = {"SW": 16} if f.mm.get("kernel") == "matmul_rb" and f.mm.get("VW") == 16 else {}
+        k["swiglu_rows_forward"] = dev.kernel("swiglu", "swiglu_rows_forward", F=cfg.n_ff, **wide)
+        if self.caps.swiglu_per_element:
+            self._build_swiglu_gpu()
+        if self.caps.rope_per_pair:
+            for kname in ("rope_forward_el", "rope_backward_el"):  # one work-item a pair
+                k[kname] = dev.kernel("rope", kname, C=C, D=D, G=cfg.n_head // cfg.kv_heads, CKV=cfg.kv_heads * D)
+
+    def _build_swiglu_gpu(self):
+        """The dense SwiGLU forward spread over a GPU: 4 outputs a work-item (F % 4 == 0; with the output's tiled
+        copy where the products read one and F % 64 == 0), else one."""
+        F, dev = self.cfg.n_ff, self.dev
+        if F % 4:
+            self.k["swiglu_rows_forward_el"] = dev.kernel("swiglu", "swiglu_rows_forward_el", F=F)
+            return
+        self.k["swiglu_rows_forward_v4"] = dev.kernel("swiglu", "swiglu_rows_forward_v4", F=F)
+        if self.f.tiled_outputs and F % 64 == 0:
+            self.k["swiglu_rows_forward_v4_tiled"] = dev.kernel("swiglu", "swiglu_rows_forward_v4", F=F, SWIGLU_TILED=1)
+            self.k["swiglu_rows_forward_v4_tiled_only"] = dev.kernel("swiglu", "swiglu_rows_forward_v4", F=F,
+                                                                     SWIGLU_TILED=2)
+
     def xent_forward(self, N, logits, targets, mask, losses, lse, dlogits):
         """losses (N), lse (N); on CPUs (xent_fused) also mask * (softmax - onehot) into dlogits."""
         if self.caps.xent_fused:
             self.launcher.runp("xent_fused", (N,), i32(N), logits, targets, mask, losses, lse, dlogits)
             return
-        if self.rows:
-            self.launcher.run("xent_forward_wg", (N * self.rows,), i32(N), logits, targets, mask, losses, lse,
-                     lsize=(self.rows,))
+        if self.f.rows:
+            self.launcher.run("xent_forward_wg", (N * self.f.rows,), i32(N), logits, targets, mask, losses, lse,
+                     lsize=(self.f.rows,))
             return
         self.launcher.runp("xent_forward", (N,), i32(N), logits, targets, mask, losses, lse)
 
@@ -33,20 +98,19 @@ class LayerOps:
         if self.caps.xent_fused:  # the forward left the unscaled gradient in dlogits
             return s
         V = self.cfg.vocab_size
-        if (self.copies.is_reusing(dlogits) and self.on_wgmma(N, self.cfg.n_embd, V)
-                and self.on_wgmma(V, self.cfg.n_embd, N)):
+        if (self.copies.book.is_reusing(dlogits) and self.gemm.on_wgmma(N, self.cfg.n_embd, V)
+                and self.gemm.on_wgmma(V, self.cfg.n_embd, N)):
             # both products on dlogits read its tiled bf16 copy: write that instead of the fp32 gradient
             Rp, Cp = ceil_to(N, 64), ceil_to(V, 64)
             out = self.launcher.slot(2, Rp * Cp * 2)
             self.launcher.launch(self.k["xent_backward_tiled"], (Cp // 8, Rp), (4, 32),
                          (i32(N), f32(s), logits, targets, mask, lse, out))
-            self.copies.keep((dlogits.int_ptr, N, V), (out, Rp, Cp))
+            self.copies.book.keep((dlogits.int_ptr, N, V), (out, Rp, Cp))
             return 1.0
         self.launcher.run("xent_backward", (ceil_to(V, 64), N), i32(N), f32(s), logits, targets, mask, lse, dlogits,
                  lsize=(64, 1))
         return 1.0
 
-    # ---- embedding ----
     def embedding_forward(self, N, Tp, tokens, wte, wpe, out):
         """out (N,C) = wte[tokens] + wpe[n % T'] (llama passes a zero position table)."""
         if self.caps.embedding_rows:
@@ -61,7 +125,6 @@ class LayerOps:
     def position_embd_backward(self, Bp, Tp, dx, dwpe):
         self.launcher.runp("embedding_backward_wpe", (self.cfg.n_embd, Tp), i32(Bp), i32(Tp), dx, dwpe)
 
-    # ---- llama pieces ----
     def _rope_launch(self, name, slots, N, args):
         """GPUs: (slots * D/2, N) work-items, one per pair; else (slots, N), one per (head slot, row), in
         work-groups of about 64 (PoCL pays per group)."""
@@ -87,11 +150,11 @@ class LayerOps:
     def swiglu_rows_forward(self, N, h, out, products_only=False):
         """out (N,F) = silu(h[:, :F]) * h[:, F:], h (N,2F) = gate | up. products_only: the caller's products
         (down's forward and weight gradient) are out's only readers; where out is stable and both run on wgmma,
-        only out's kept tiled copy is written then, as gpt2's gelu(h) (Ops._matmul_bf16)."""
+        only out's kept tiled copy is written then, as gpt2's gelu(h) (WgmmaGemm.matmul_epi)."""
         F = self.cfg.n_ff
         if self.caps.swiglu_per_element and F % 4 == 0:  # GPUs: 4 outputs a work-item, out's tiled copy where kept
-            kname, copy = self._with_copy("swiglu_rows_forward_v4", out, N, F)
-            if products_only and copy and self.on_wgmma(N, self.cfg.n_embd, F) and self.on_wgmma(self.cfg.n_embd, F, N):
+            kname, copy = self.copies.with_copy("swiglu_rows_forward_v4", out, N, F)
+            if products_only and copy and self.gemm.on_wgmma(N, self.cfg.n_embd, F) and self.gemm.on_wgmma(self.cfg.n_embd, F, N):
                 kname += "_only"
             self.launcher.run(kname, (ceil_to(F // 4, 64), ceil_to(N, 4)), i32(N), h, out, *copy, lsize=(64, 4))
             return
@@ -106,7 +169,6 @@ class LayerOps:
     def swiglu_backward(self, n, dy, gate, up, dgate, dup):
         self.launcher.run("swiglu_backward", (ceil_to(n, 256),), i32(n), dy, gate, up, dgate, dup, lsize=(256,))
 
-    # ---- dropout ----
     def dropout_forward(self, n, seed, site, p, x, out):
         """out = x * keep / (1 - p) over n elements (out may be x)."""
         self.launcher.runp("dropout_forward", (n,), i32(n), np.uint32(seed), np.uint32(site), f32(p), x, out)
@@ -120,11 +182,10 @@ class LayerOps:
         self.launcher.runp("dropout_backward", (n,), i32(n), np.uint32(seed), np.uint32(site), f32(p), dx,
                   dx if out is None else out)
 
-    # ---- optimizer ----
     def grad_norm(self, n, chunk, n_parts, flat_g, partials, clip, norm_buf):
         """norm_buf[0] = ||flat_g||, norm_buf[1] = the clip factor (clip <= 0: 1)."""
         if self.caps.grad_norm_groups:  # GPUs: n_parts work-groups
-            LW = self.rows
+            LW = self.f.rows
             self.launcher.run("grad_norm_partial_wg", (n_parts * LW,), i32(n), flat_g, partials, lsize=(LW,))
             self.launcher.run("grad_norm_final_wg", (LW,), i32(n_parts), f32(clip), partials, norm_buf, lsize=(LW,))
             return

@@ -8,46 +8,96 @@ Launches kernels/layernorm.cl and kernels/rmsnorm.cl (their _rows kernels share 
 
 from __future__ import annotations
 
-from clgpt.ops.core import ceil_to, i32
+from clgpt.ops.copies import TiledCopies
+from clgpt.ops.core import Facts, Part, ceil_to, i32
 
 
-class NormOps:
-    """layernorm[_backward], rmsnorm[_backward] (mixed into clgpt.ops.Ops)."""
+class Norms(Part):
+    """layernorm[_backward], rmsnorm[_backward]; `copies` (the GEMM backend's) gives the kept tiled copy a
+    forward writes as it goes."""
+
+    def __init__(self, f: Facts, copies: TiledCopies):
+        super().__init__(f)
+        self.copies = copies
+
+    def build_gpt2(self):
+        """LayerNorm's kernels, with its GPU row forms."""
+        f, cfg, dev, k = self.f, self.cfg, self.dev, self.k
+        C = cfg.n_embd
+        rb, cb = f.norm_rb, f.norm_cb
+        for kname in ("layernorm_forward", "layernorm_backward", "layernorm_param_backward"):
+            # RB rows / CB channels a work-item only where the table asks (CPUs): other builds keep their bytes
+            k[kname] = dev.kernel("layernorm", kname, C=C, EPS=float(cfg.norm_eps),
+                                  **({"RB": rb} if rb > 1 else {}), **({"CB": cb} if cb > 1 else {}))
+        if f.rows:
+            for kname in ("layernorm_forward_wg", "layernorm_backward_wg", "layernorm_param_partial",
+                          "layernorm_param_final"):
+                k[kname] = dev.kernel("layernorm", kname, C=C, EPS=float(cfg.norm_eps), LW=f.rows)
+            if f.ln_rows:  # 32 work-items a row, RW rows a group
+                for kname in ("layernorm_forward_rows", "layernorm_backward_rows", "layernorm_param_final_rows"):
+                    k[kname] = dev.kernel("layernorm", kname, C=C, EPS=float(cfg.norm_eps), RW=self.launch["ln_rw"])
+                if f.tiled_outputs:  # the output's tiled copy too
+                    k["layernorm_forward_rows_tiled"] = dev.kernel("layernorm", "layernorm_forward_rows", C=C,
+                                                                   EPS=float(cfg.norm_eps), RW=self.launch["ln_rw"],
+                                                                   LN_TILED=1)
+
+    def build_llama(self):
+        """RMSNorm's kernels, with its GPU row forms."""
+        f, cfg, dev, k = self.f, self.cfg, self.dev, self.k
+        C = cfg.n_embd
+        rb, cb = f.norm_rb, f.norm_cb
+        for kname in ("rmsnorm_forward", "rmsnorm_backward", "rmsnorm_param_backward"):
+            # as LayerNorm's: RB rows / CB channels a work-item only where the table asks (CPUs)
+            k[kname] = dev.kernel("rmsnorm", kname, C=C, EPS=float(cfg.norm_eps),
+                                  **({"RB": rb} if rb > 1 else {}), **({"CB": cb} if cb > 1 else {}))
+        if f.ln_rows:  # GPUs, C % 128 == 0: 32 work-items a row, RW rows a group (as LayerNorm's)
+            for kname in ("rmsnorm_forward_rows", "rmsnorm_backward_rows", "rmsnorm_param_final_rows"):
+                k[kname] = dev.kernel("rmsnorm", kname, C=C, EPS=float(cfg.norm_eps), RW=self.launch["ln_rw"])
+            if f.tiled_outputs:  # the output's tiled copy too
+                k["rmsnorm_forward_rows_tiled"] = dev.kernel("rmsnorm", "rmsnorm_forward_rows", C=C,
+                                                             EPS=float(cfg.norm_eps), RW=self.launch["ln_rw"],
+                                                             RMS_TILED=1)
+        elif f.rows:
+            for kname in ("rmsnorm_param_partial", "rmsnorm_param_final"):
+                k[kname] = dev.kernel("rmsnorm", kname, C=C, EPS=float(cfg.norm_eps))
+            # one work-group per row (as LayerNorm's): one work-item a row left most of a GPU idle
+            for kname in ("rmsnorm_forward_wg", "rmsnorm_backward_wg"):
+                k[kname] = dev.kernel("rmsnorm", kname, C=C, EPS=float(cfg.norm_eps), LW=f.rows)
 
     def layernorm(self, N, x, w, b, out, mean, rstd):
-        if self.ln_rows:  # GPUs, C % 128 == 0: a row a 32-work-item slice, RW a group
+        if self.f.ln_rows:  # GPUs, C % 128 == 0: a row a 32-work-item slice, RW a group
             rw = self.launch["ln_rw"]
-            kname, copy = self._with_copy("layernorm_forward_rows", out, N, self.cfg.n_embd)
+            kname, copy = self.copies.with_copy("layernorm_forward_rows", out, N, self.cfg.n_embd)
             self.launcher.run(kname, (32, ceil_to(N, rw)), i32(N), x, w, b, out, mean, rstd, *copy, lsize=(32, rw))
             return
-        if self.rows:
-            self.launcher.run("layernorm_forward_wg", (N * self.rows,), i32(N), x, w, b, out, mean, rstd, lsize=(self.rows,))
+        if self.f.rows:
+            self.launcher.run("layernorm_forward_wg", (N * self.f.rows,), i32(N), x, w, b, out, mean, rstd, lsize=(self.f.rows,))
             return
-        self.launcher.rows("layernorm_forward", -(-N // self.norm_rb), (i32(N), x, w, b, out, mean, rstd))
+        self.launcher.rows("layernorm_forward", -(-N // self.f.norm_rb), (i32(N), x, w, b, out, mean, rstd))
 
     def layernorm_backward(self, N, dout, x, mean, rstd, w, dw, db, dx, accum):
         C = self.cfg.n_embd
-        if self.ln_rows:  # dx and each work-group's dw, db part in one pass, then their sum
+        if self.f.ln_rows:  # dx and each work-group's dw, db part in one pass, then their sum
             rw, rpi, P = self._row_parts(N)
             part = self.launcher.grown("cparts", 2 * P * C)
             self.launcher.run("layernorm_backward_rows", (32, P * rw), i32(N), i32(rpi), i32(accum), dout, x, w, mean, rstd,
                      dx, part, lsize=(32, rw))
             self.launcher.run("layernorm_param_final_rows", (C // 2, 32), i32(P), part, dw, db, lsize=(8, 32))
             return
-        if self.rows:
-            self.launcher.run("layernorm_backward_wg", (N * self.rows,), i32(N), i32(accum), dout, x, w, mean, rstd, dx,
-                     lsize=(self.rows,))
+        if self.f.rows:
+            self.launcher.run("layernorm_backward_wg", (N * self.f.rows,), i32(N), i32(accum), dout, x, w, mean, rstd, dx,
+                     lsize=(self.f.rows,))
             rc = self.launch["colsum_rows"]
             R = -(-N // rc)
             if R < self.launch["colsum_min_parts"]:
-                self.launcher.runp("layernorm_param_backward", (-(-C // self.norm_cb),), i32(N), dout, x, mean, rstd, dw, db)
+                self.launcher.runp("layernorm_param_backward", (-(-C // self.f.norm_cb),), i32(N), dout, x, mean, rstd, dw, db)
                 return
             part = self.launcher.grown("cparts", 2 * R * C)
             self.launcher.runp("layernorm_param_partial", (C, R), i32(N), i32(rc), dout, x, mean, rstd, part)
             self.launcher.runp("layernorm_param_final", (C,), i32(R), part, dw, db)
             return
-        self.launcher.rows("layernorm_backward", -(-N // self.norm_rb), (i32(N), i32(accum), dout, x, w, mean, rstd, dx))
-        self.launcher.rows("layernorm_param_backward", -(-C // self.norm_cb), (i32(N), dout, x, mean, rstd, dw, db))
+        self.launcher.rows("layernorm_backward", -(-N // self.f.norm_rb), (i32(N), i32(accum), dout, x, w, mean, rstd, dx))
+        self.launcher.rows("layernorm_param_backward", -(-C // self.f.norm_cb), (i32(N), dout, x, mean, rstd, dw, db))
 
     def _row_parts(self, N):
         """The row-slice backward's split of N rows: -> (rows a work-group, rows a row-slot, work-groups: parts)."""
@@ -56,31 +106,31 @@ class NormOps:
         return rw, rpi, -(-N // (rw * rpi))
 
     def rmsnorm(self, N, x, w, out, rstd):
-        if self.ln_rows:  # GPUs, C % 128 == 0: as LayerNorm's, out's tiled copy written as it goes where kept
+        if self.f.ln_rows:  # GPUs, C % 128 == 0: as LayerNorm's, out's tiled copy written as it goes where kept
             rw = self.launch["ln_rw"]
-            kname, copy = self._with_copy("rmsnorm_forward_rows", out, N, self.cfg.n_embd)
+            kname, copy = self.copies.with_copy("rmsnorm_forward_rows", out, N, self.cfg.n_embd)
             self.launcher.run(kname, (32, ceil_to(N, rw)), i32(N), x, w, out, rstd, *copy, lsize=(32, rw))
             return
-        if self.rows:
-            self.launcher.run("rmsnorm_forward_wg", (N * self.rows,), i32(N), x, w, out, rstd, lsize=(self.rows,))
+        if self.f.rows:
+            self.launcher.run("rmsnorm_forward_wg", (N * self.f.rows,), i32(N), x, w, out, rstd, lsize=(self.f.rows,))
             return
-        self.launcher.rows("rmsnorm_forward", -(-N // self.norm_rb), (i32(N), x, w, out, rstd))
+        self.launcher.rows("rmsnorm_forward", -(-N // self.f.norm_rb), (i32(N), x, w, out, rstd))
 
     def rmsnorm_backward(self, N, dout, x, rstd, w, dw, dx, accum):
         C = self.cfg.n_embd
-        if self.ln_rows:  # dx and each work-group's dw part in one pass, then their sum
+        if self.f.ln_rows:  # dx and each work-group's dw part in one pass, then their sum
             rw, rpi, P = self._row_parts(N)
             part = self.launcher.grown("cparts", P * C)
             self.launcher.run("rmsnorm_backward_rows", (32, P * rw), i32(N), i32(rpi), i32(accum), dout, x, w, rstd, dx, part,
                      lsize=(32, rw))
             self.launcher.run("rmsnorm_param_final_rows", (C // 4, 32), i32(P), part, dw, lsize=(8, 32))
             return
-        if self.rows:
-            self.launcher.run("rmsnorm_backward_wg", (N * self.rows,), i32(N), i32(accum), dout, x, w, rstd, dx,
-                     lsize=(self.rows,))
+        if self.f.rows:
+            self.launcher.run("rmsnorm_backward_wg", (N * self.f.rows,), i32(N), i32(accum), dout, x, w, rstd, dx,
+                     lsize=(self.f.rows,))
         else:
-            self.launcher.rows("rmsnorm_backward", -(-N // self.norm_rb), (i32(N), i32(accum), dout, x, w, rstd, dx))
-        if self.rows:  # GPUs: column sums in two stages over row chunks, as LayerNorm's
+            self.launcher.rows("rmsnorm_backward", -(-N // self.f.norm_rb), (i32(N), i32(accum), dout, x, w, rstd, dx))
+        if self.f.rows:  # GPUs: column sums in two stages over row chunks, as LayerNorm's
             rc = self.launch["colsum_rows"]
             R = -(-N // rc)
             if R >= self.launch["colsum_min_parts"]:
@@ -88,4 +138,4 @@ class NormOps:
                 self.launcher.runp("rmsnorm_param_partial", (C, R), i32(N), i32(rc), dout, x, rstd, part)
                 self.launcher.runp("rmsnorm_param_final", (C,), i32(R), part, dw)
                 return
-        self.launcher.rows("rmsnorm_param_backward", -(-C // self.norm_cb), (i32(N), dout, x, rstd, dw))
+        self.launcher.rows("rmsnorm_param_backward", -(-C // self.f.norm_cb), (i32(N), dout, x, rstd, dw))

@@ -1,0 +1,127 @@
+"""The bf16 GEMM on Hopper's wgmma (sm_90a: H100, H200), on tiled bf16 copies of the operands (clgpt/ops/
+copies.py, which its bf16 GEMM owns), built through clgpt/device/sm90a.py. Products under the wgmma size
+(Knobs.wgmma_min_mnk, WGMMA_MIN_MNK) and those with GELU' in the epilogue fall back to the bf16 GEMM on
+mma.sync it holds; on wgmma a GELU' product defers GELU' into its gradient's copy, and the products whose only
+readers are products write only their output's tiled copy (TILED_OUT).
+
+Launches kernels/matmul_wgmma.cl (and kernels/matmul.cl's splitk_reduce for split-K).
+"""
+
+from __future__ import annotations
+
+from clgpt.ops.core import Facts, Part, ceil_to, f32, i32, run_split_k
+from clgpt.ops.gemm.bf16 import Bf16Gemm
+from clgpt.ops.gemm.portable import split_k_chunks
+from clgpt.device.tuning import SPLIT_MIN_TOTAL_K, WGMMA_SPLIT_GROUPS, WGMMA_SPLIT_MIN_K
+
+
+class WgmmaGemm(Part):
+    """matmul on kernels/matmul_wgmma.cl (the GEMM interface of clgpt/ops/gemm/portable.py's PortableGemm);
+    `bf16`, the bf16 GEMM on mma.sync, runs the products wgmma leaves and makes the tiled copies (`copies`)."""
+
+    def __init__(self, f: Facts, bf16: Bf16Gemm):
+        super().__init__(f)
+        self.bf16 = bf16
+        self.copies = bf16.copies  # the tiled copies, made by the bf16 GEMM's to_bf16
+
+    def matmul(self, M, N, K, A, B, Cm, ta=0, tb=0, bias=None, resid=None, accum=False, alpha=1.0):
+        """Cm (M,N) = alpha * op(A) @ op(B) [+ bias] [+ resid] [+ Cm], row-major, contiguous."""
+        self.matmul_epi(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha)
+
+    def matmul_epi(self, M, N, K, A, B, Cm, ta=0, tb=0, bias=None, resid=None, accum=False, alpha=1.0, epi=0, E=None,
+                   ldc=None):
+        """matmul with an epilogue (as clgpt/ops/gemm/portable.py's): on wgmma where on_wgmma says, a deferred
+        GELU' settled first where the product reads its fp32 values, else the bf16 GEMM."""
+        if M <= 0 or N <= 0:
+            return
+        ldc = ldc or N
+        for X in (A, B):  # a deferred GELU' is read from the reuse copy only
+            book = self.copies.book
+            if book.deferred(X) is not None and not (book.is_reusing(X) and self.on_wgmma(M, N, K, epi)):
+                self.copies.settle(X)
+        if (epi == 2 and self.f.colsum_copies and self.on_wgmma(M, N, K)
+                and bias is None and resid is None and not accum):
+            if M % 64 == 0 and N % 64 == 0:
+                # dh = dg * gelu'(E) written only as dh's tiled copy and its column sums, for dh's reuse block
+                copy, part = self.launcher.slot(3, M * N * 2), self.launcher.grown("tparts", M // 64 * N)
+                self.matmul_wgmma(M, N, K, A, B, Cm, ta, tb, None, None, False, alpha, 2, E, tiled_out=(copy, part))
+                self.copies.book.premake(Cm, (copy, M, N, part, M // 64))
+                return
+            # dh = dg * gelu'(E): the product on wgmma now, gelu' when dh's reuse copy is made (or settle)
+            self.matmul_wgmma(M, N, K, A, B, Cm, ta, tb, None, None, False, alpha, 0, None)
+            self.copies.book.defer_gelu(Cm, E, M, N)
+            return
+        if self.on_wgmma(M, N, K, epi):
+            if epi == 3 and self.f.tiled_outputs and M % 64 == 0 and N % 64 == 0 and ldc == 2 * N and not accum:
+                # dgate | dup (M, 2N) written only as its tiled copy, for its reuse block (the products after it
+                # are larger: on wgmma too)
+                copy = self.launcher.slot(3, M * 2 * N * 2)
+                self.matmul_wgmma(M, N, K, A, B, Cm, ta, tb, bias, resid, False, alpha, 3, E, tiled_out=(copy, None),
+                                   ldc=ldc)
+                self.copies.book.premake(Cm, (copy, M, 2 * N, None, M // 64))
+                return
+            if (epi == 1 and self.f.tiled_outputs and self.copies.book.is_stable(E) and M % 64 == 0
+                    and N % 64 == 0):
+                # g = gelu(h) written only as g's kept tiled copy (the products read g through it alone)
+                self.matmul_wgmma(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E,
+                                   tiled_out=(self.copies.kept_copy(E, M, N), None))
+                return
+            self.matmul_wgmma(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E, ldc=ldc)
+            return
+        self.bf16.matmul_epi(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E, ldc)
+
+    def bmm(self, *args, **kw):
+        """Batched products: the bf16 GEMM's (on the batched mma kernel)."""
+        self.bf16.bmm(*args, **kw)
+
+    def on_wgmma(self, M, N, K, epi=0) -> bool:
+        """Whether the bf16 product of this size (and epilogue) runs on wgmma. Never with GELU' in the epilogue
+        (epi 2): on wgmma that product defers GELU' to its gradient's copy (matmul_epi), else mma.sync's
+        epilogue applies it."""
+        return epi != 2 and M * N * K >= self.f.wgmma_min
+
+    def tiles(self, N):
+        """The wide tiles, unless padding N to their BN wastes over an eighth more than the narrow ones'."""
+        wide, narrow = self.f.wgmma
+        return wide if ceil_to(N, wide["BN"]) * 8 <= ceil_to(N, narrow["BN"]) * 9 else narrow
+
+    def kernel(self, mm, trans, bias, resid, accum, epi, split=0, tiled_out=0, group=0, ngroups=0):
+        key = ("wgmma", trans, bias, resid, accum, epi, split, tiled_out, group, ngroups, id(mm))
+        kern = self.product_kernels.get(key)
+        if kern is None:
+            kern = self.product_kernels[key] = self.dev.kernel(
+                "matmul_wgmma", "matmul_wgmma", BM=mm["BM"], BN=mm["BN"], TA=int(trans[0]), TB=int(trans[1]),
+                STAGES=mm["STAGES"], PIPE=mm["PIPE"],
+                BIAS=int(bias), RESID=int(resid), ACCUM=int(accum), EPI=epi, SPLITK=int(bool(split)),
+                **({"TILED_OUT": tiled_out} if tiled_out else {}),
+                **({"GROUP": group, "NGROUPS": ngroups} if group else {}),
+                SMEM_BYTES=mm["STAGES"] * (mm["BM"] + mm["BN"]) * 128 + 64)
+        return kern
+
+    def matmul_wgmma(self, M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E, tiled_out=None, ldc=None):
+        """Cm (M,N) = alpha op(A) @ op(B) [+ ...] on tiled bf16 copies: wgmma, split along K when the output
+        gives too few work-groups (raw parts, then splitk_reduce adds them in order, as the fp32 path does).
+        tiled_out = (copy, column sums): epi 1's E, or with epi 2 Cm itself (and its sums), written only as its
+        tiled bf16 copy (M, N multiples of 64: matmul_wgmma.cl TILED_OUT)."""
+        mm = self.tiles(N)
+        BM, BN = mm["BM"], mm["BN"]
+        Kp = ceil_to(max(K, 1), 64)
+        # the copies as the fp32 buffers lie: A (K x M) with ta, B (K x N) without tb
+        A16, ra, ca = self.copies.tiled_copy(0, A, *((K, M) if ta else (M, K)))
+        B16, rb, cb = self.copies.tiled_copy(1, B, *((N, K) if tb else (K, N)))
+        trans, ext = (bool(ta), not tb), (ca if ta else ra, rb if tb else cb)
+        gn, gm = -(-N // BN), -(-M // BM)  # work-groups along n and m
+        groups, gsize, lsize = gn * gm, (gn * 2 * BM, gm), (2 * BM, 1)
+        operands = (i32(Kp), A16, i32(ra), i32(ext[0]), B16, i32(rb), i32(ext[1]))
+        if (K >= SPLIT_MIN_TOTAL_K and bias is None and resid is None and epi == 0 and tiled_out is None
+                and groups < WGMMA_SPLIT_GROUPS):
+            plan = split_k_chunks(Kp, groups, WGMMA_SPLIT_GROUPS, WGMMA_SPLIT_MIN_K, 64)
+            if plan:
+                S, kc = plan
+                run_split_k(self.launcher, self.kernel(mm, trans, False, False, False, 0, split=1), gsize, lsize,
+                            M, N, S, operands, (i32(kc),), accum, alpha, Cm)
+                return
+        kern = self.kernel(mm, trans, bias is not None, resid is not None, bool(accum), epi,
+                           tiled_out=epi if tiled_out else 0)
+        self.launcher.launch(kern, gsize, lsize, (i32(M), i32(N), *operands, Cm, i32(ldc or N), bias, resid, f32(alpha), E,
+                                          *(tiled_out or ())))
