@@ -315,7 +315,8 @@ def run_tune_device(args) -> None:
     print(f"device: {dev.name} ({dev.device.platform.name.strip()}, driver {dev.device.driver_version.strip()}); "
           f"{len(products)} product shapes, {len(tuner.candidates(tuner.Limits.of(dev.device)))} candidate tiles")
     sys.stdout.flush()
-    record = tuner.tune(dev, products, budget_s=args.budget)
+    cands = tuner.candidates(tuner.Limits.of(dev.device))[: args.max_candidates or None]
+    record = tuner.tune(dev, products, cands=cands, budget_s=args.budget)
     key = tuner.model_key(products)
     paths = [tuner.cache_file(dev.device)] + ([Path(args.out)] if args.out else [])
     for path in paths:

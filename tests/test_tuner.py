@@ -60,7 +60,8 @@ def _profile_picks():
     out = []
     for lim in PROFILES.values():
         kept = tuner.candidates(lim)
-        for mm in (max(kept, key=tuner.local_bytes), max(kept, key=_threads)):
+        vec = [mm for mm in kept if mm.get("VEC")]
+        for mm in (max(kept, key=tuner.local_bytes), max(kept, key=_threads), max(vec, key=tuner.local_bytes)):
             if mm not in out:
                 out.append(mm)
     return out

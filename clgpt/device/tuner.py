@@ -30,6 +30,7 @@ import os
 import re
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,24 +54,32 @@ CHECK_MAX = (67, 45, 2 * 32 * max(SPLITS) + 3, 0, 0)
 CHECK_TOL = 1e-4  # max |err| / max |ref| of an fp32 product of 83 terms (about 1e-6 when right)
 
 
-def _row(TSM, TSN, TSK, WPTM, WPTN, LDSV, PREF) -> dict:
-    return dict(kernel="matmul", TSM=TSM, TSN=TSN, TSK=TSK, WPTM=WPTM, WPTN=WPTN, LDSV=LDSV, PREF=PREF)
+def _row(TSM, TSN, TSK, WPTM, WPTN, LDSV, PREF, VEC=0) -> dict:
+    row = dict(kernel="matmul", TSM=TSM, TSN=TSN, TSK=TSK, WPTM=WPTM, WPTN=WPTN, LDSV=LDSV, PREF=PREF)
+    return dict(row, VEC=1) if VEC else row
+
+
+def _vec_ok(mm: dict) -> bool:
+    """kernels/matmul.cl's VEC=1 condition: each work-item a whole number of float4 of each tile."""
+    nt = (mm["TSM"] // mm["WPTM"]) * (mm["TSN"] // mm["WPTN"])
+    return not ((mm["TSK"] * mm["TSM"]) % (4 * nt) or (mm["TSK"] * mm["TSN"]) % (4 * nt) or mm["TSK"] % 4)
 
 
 def _candidates() -> list[dict]:
     """The table's rows first (NVIDIA's hand-tuned ones are starting points like any other), then a grid: six tile
-    shapes of 64 to 256 work-items, depths 8 and 16, local tiles read as float4 or not, double-buffered, and a
-    narrow 64 x 32 tile for small outputs. Duplicates are dropped, the first kept (about 30 in all)."""
+    shapes of 64 to 256 work-items, depths 8 and 16, double-buffered, the local tiles read as float4, the global
+    loads as float4 (VEC, where each work-item loads whole float4) or not, and a narrow 64 x 32 tile for small
+    outputs. Duplicates are dropped, the first kept (about 30 in all)."""
     seeds = [tuning._NVIDIA, tuning._NVIDIA_NARROW, tuning._GPU, tuning._GPU_SMALL, tuning._NVIDIA_SMALL]
     out = [_row(s["TSM"], s["TSN"], s["TSK"], s["WPTM"], s["WPTN"], s.get("LDSV", 0), s.get("PREF", 0)) for s in seeds]
     for tsm, tsn, wm, wn in ((128, 128, 8, 8), (128, 64, 8, 4), (64, 128, 4, 8), (64, 64, 4, 4), (64, 64, 8, 8),
                              (128, 64, 8, 8)):
         for tsk in (8, 16):
-            for ldsv in (1, 0):
-                row = _row(tsm, tsn, tsk, wm, wn, ldsv, 1)
-                if row not in out:
+            for vec in (1, 0):
+                row = _row(tsm, tsn, tsk, wm, wn, 1, 1, vec)
+                if row not in out and (not vec or _vec_ok(row)):
                     out.append(row)
-    out.append(_row(64, 32, 16, 4, 4, 1, 1))
+    out.append(_row(64, 32, 16, 4, 4, 1, 1, 1))
     return out
 
 
@@ -102,6 +111,8 @@ def fits(mm: dict, lim: Limits) -> str:
         return "tile not a multiple of the outputs per work-item"
     if mm.get("LDSV") and (mm["WPTM"] % 4 or mm["WPTN"] % 4):
         return "float4 reads need WPTM, WPTN multiples of 4"
+    if mm.get("VEC") and not _vec_ok(mm):
+        return "float4 global loads need whole float4 of each tile per work-item"
     rn, rm = mm["TSN"] // mm["WPTN"], mm["TSM"] // mm["WPTM"]
     if rn * rm > lim.max_group or rn > lim.max_dims[0] or rm > lim.max_dims[1]:
         return f"{rn} x {rm} work-items exceed the device's work-group limit {lim.max_group}"
@@ -166,6 +177,20 @@ class _Bench:
         extra = dict(SPLITK=1) if split else {}
         return self.dev.kernel("matmul", "matmul", TA=ta, TB=tb, BIAS=0, RESID=0, ACCUM=0, EPI=0, **extra,
                                **{k: v for k, v in mm.items() if k not in ("kernel", "lsize")})
+
+    def prebuild(self, jobs: list[tuple[dict, int, int, bool]]) -> None:
+        """Build the kernels of `jobs` (tiles, ta, tb, split) on a few threads (pyopencl lets go of the
+        interpreter while a driver compiles): the builds, not the launches, are most of a first run. A build
+        that fails is left for the candidate's check to meet again and reject."""
+        def build(job):
+            try:
+                self.kernel(*job)
+            except (cl.Error, ClgptError):
+                pass
+        workers = min(8, os.cpu_count() or 1)
+        if workers > 1 and len(jobs) > 1:
+            with ThreadPoolExecutor(workers) as pool:
+                list(pool.map(build, jobs))
 
     def launch(self, mm: dict, prod: Product, S: int, A=None, B=None, C=None) -> None:
         M, N, K, ta, tb = prod
@@ -266,6 +291,7 @@ def tune(dev: Device, products: list[tuple[Product, int]], cands: list[dict] | N
         return float("inf")
 
     proxies = _proxies(products)
+    bench.prebuild([(mm, p[3], p[4], False) for mm in cands for p in proxies])
     bar = tqdm(total=len(cands) * len(proxies), desc="tuning GEMM (candidates)", unit="run", file=sys.stderr,
                disable=not progress, dynamic_ncols=True)
     first: dict[int, list[float]] = {}
@@ -290,6 +316,8 @@ def tune(dev: Device, products: list[tuple[Product, int]], cands: list[dict] | N
     runs = [(i, p, 1) for i in finalists for p, _ in products]
     runs += [(i, p, S) for i in finalists for p, _ in products if _splittable(p)
              for S in SPLITS if p[2] // S >= SPLIT_MIN_CHUNK]
+    bench.prebuild(list({(id(cands[i]), p[3], p[4], S > 1): (cands[i], p[3], p[4], S > 1)
+                         for i, p, S in runs if i not in rejected}.values()))
     bar = tqdm(total=len(runs), desc="tuning GEMM (step products)", unit="run", file=sys.stderr,
                disable=not progress, dynamic_ncols=True)
     times: dict[tuple, float] = {}
@@ -395,10 +423,14 @@ def tuned_for(dev: Device, cfg: ModelConfig, batch_size: int, seq_len: int, retu
     return rec, path, True
 
 
+def _describe_tiles(mm: dict) -> str:
+    return (f"{mm['TSM']}x{mm['TSN']}x{mm['TSK']} {mm['WPTM']}x{mm['WPTN']}{' float4' if mm.get('LDSV') else ''}"
+            f"{' float4-loads' if mm.get('VEC') else ''}{' double-buffered' if mm.get('PREF') else ''}")
+
+
 def describe(record: dict) -> str:
-    def tiles(mm):
-        return (f"{mm['TSM']}x{mm['TSN']}x{mm['TSK']} {mm['WPTM']}x{mm['WPTN']}"
-                f"{' float4' if mm.get('LDSV') else ''}{' double-buffered' if mm.get('PREF') else ''}")
+    """One line: the big and small tiles and how many products the record holds."""
+    tiles = _describe_tiles
     cands = record["candidates"]
     splits = sum(1 for s in record["products"] if s["split"] > 1)
     return (f"big tiles {tiles(cands[record['matmul']])}, small {tiles(cands[record['matmul_small']])}, "
