@@ -239,7 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
     _shape_options(p)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--budget", type=float, default=45.0, help="seconds after which no more candidates are started")
-    p.add_argument("--max-candidates", type=int, default=0, help="only the first N candidate tiles (0: all; quick checks)")
+    p.add_argument("--max-candidates", type=int, default=0,
+                   help="only the first N candidate tiles (0: all; quick checks)")
     p.add_argument("--out", help="also write the tuning file here (a stage's `tuning: FILE` pins it)")
     p.add_argument("--device", default=None)
     p.set_defaults(func=cmd_tune_device)

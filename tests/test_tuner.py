@@ -113,9 +113,9 @@ def test_tune_picks_deterministically_rejects_wrong_and_shows_progress(dev, capf
 
 
 def _record(dev, split=2):
-    """A record for CFG at batch 4 x 80 without timing: the 64 x 32 tiles for every product but the weight
-    gradients (32 x 32 tiles split `split` ways), as a file would hold it."""
-    cands = [tuner._row(32, 32, 16, 4, 4, 0, 0), tuner._row(64, 32, 16, 4, 4, 1, 1)]
+    """A record for CFG at batch 4 x 80 without timing: the 64 x 32 tiles (float4 loads) for every product but the
+    weight gradients (32 x 32 tiles, float4 loads, split `split` ways), as a file would hold it."""
+    cands = [tuner._row(32, 32, 16, 4, 4, 0, 0, 1), tuner._row(64, 32, 16, 4, 4, 1, 1, 1)]
     products = tuner.model_products(CFG, 4, 80)
     shapes = [dict(product=list(p), tiles=0 if p[3] else 1, split=split if p[3] else 1, ms=1.0) for p, _ in products]
     return dict(schema=tuner.SCHEMA, candidates=cands, matmul=1, matmul_small=0, products=shapes, rejected={},
@@ -170,8 +170,9 @@ def test_tuning_setting_off_pinned_and_errors(dev, tmp_path, monkeypatch):
 
 
 def test_engine_on_a_tuned_record_matches_reference_twice(dev):
-    """The GPU row with a tuner record (per-product tiles, the weight gradients split along K): grads against the
-    float64 reference, two runs bit-identical, and the record's tiles are what the products were built with."""
+    """The GPU row with a tuner record (per-product tiles with float4 loads, the weight gradients split along K,
+    attention's batched products on its big tiles): grads against the float64 reference, two runs bit-identical,
+    and the record's tiles are what the products were built with."""
     from enginecheck import batch, max_rel, noisy_params
 
     from clgpt.models import reference as ref
@@ -185,6 +186,7 @@ def test_engine_on_a_tuned_record_matches_reference_twice(dev):
     runs = []
     for _ in range(2):
         eng = Engine(CFG, p, batch_size=4, seq_len=80, knobs=Knobs(launch="gpu", gemm_tuning=rec))
+        eng.ops.attn_gemm = True  # attention as batched products on the record's big tiles (T = 80 is short)
         shapes = eng.ops.launch["matmul_shapes"]
         assert len(shapes) == len(rec["products"])
         loss = eng.forward(tokens, targets, mask)
@@ -200,3 +202,16 @@ def test_engine_on_a_tuned_record_matches_reference_twice(dev):
     assert runs[0][0] == runs[1][0]
     for k in runs[0][1]:
         assert np.array_equal(runs[0][1][k], runs[1][1][k]), f"{k} differs between two identical runs"
+
+
+def test_stage_setting_checked_and_default_kept_out_of_checkpoints():
+    """`tuning` is a stage setting: auto (the default) leaves the settings, so checkpoints and resume keys, as
+    they were before it existed; off and a path are kept; an empty value is a one-line error naming the key."""
+    from clgpt.training.train import stage_settings
+
+    assert "tuning" not in stage_settings("pretrain", {})
+    assert "tuning" not in stage_settings("pretrain", {"tuning": "auto"})
+    assert stage_settings("tune", {"tuning": "off"})["tuning"] == "off"
+    assert stage_settings("pretrain", {"tuning": "t.json"})["tuning"] == "t.json"
+    with pytest.raises(ClgptError, match="tuning"):
+        stage_settings("pretrain", {"tuning": ""})

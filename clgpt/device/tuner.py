@@ -165,7 +165,8 @@ class _Bench:
         rng = np.random.default_rng(0)
         na = max(m * k for m, n, k, ta, tb in products + [CHECK_MAX])
         nb = max(k * n for m, n, k, ta, tb in products + [CHECK_MAX])
-        nc = max(m * n * max(SPLITS) for m, n, k, ta, tb in products + [CHECK_MAX])
+        # split-K's parts: only the weight gradients split (and the check)
+        nc = max(m * n * max(SPLITS) for m, n, k, ta, tb in [p for p in products if _splittable(p)] + [CHECK_MAX])
         mf = cl.mem_flags
         self.A = cl.Buffer(dev.ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=rng.standard_normal(na, np.float32))
         self.B = cl.Buffer(dev.ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=rng.standard_normal(nb, np.float32))
@@ -438,9 +439,10 @@ def describe(record: dict) -> str:
 
 
 def resolve(setting: str, dev: Device, cfg: ModelConfig, batch_size: int, seq_len: int, launch_row: dict,
-            progress: bool = True, say=print) -> tuple[dict | None, str]:
+            progress: bool = True, say=print, may_tune: bool = True) -> tuple[dict | None, str]:
     """The stages' `tuning` setting -> (the record to run with or None, the line for the stage's log).
-    auto: GPUs whose row runs the local-memory GEMM are tuned once (then cached); CPUs keep their row.
+    auto: GPUs whose row runs the local-memory GEMM are tuned once (then cached); CPUs keep their row. With
+    may_tune False (the ranks of a data-parallel stage, which must not each time their own) only the cache counts.
     off: the table's row. Anything else: a saved tuning file, its record for this model, used as written."""
     setting = (setting or "auto").strip()
     local = launch_row.get("matmul", {}).get("kernel") == "matmul"
@@ -449,6 +451,14 @@ def resolve(setting: str, dev: Device, cfg: ModelConfig, batch_size: int, seq_le
     if setting == "auto":
         if not (dev.device.type & cl.device_type.GPU) or not local:
             return None, "tuning: auto, none on this device (its row's GEMM tiles)"
+        if not may_tune:
+            path = cache_file(dev.device)
+            key = model_key(model_products(cfg, batch_size, seq_len))
+            rec = read_file(path)["records"].get(key) if path.exists() else None
+            if rec is None:
+                return None, ("tuning: auto, not tuned: ranks read the cache only; run `clgpt tune-device` with the "
+                              "stage's model and per-rank batch first (the table's GEMM tiles)")
+            return check_record(rec, str(path)), f"tuning: auto, cached: {path} ({describe(rec)})"
         rec, path, fresh = tuned_for(dev, cfg, batch_size, seq_len, progress=progress, say=say)
         how = f"tuned now in {rec['seconds']:.1f} s" if fresh else "cached"
         return rec, f"tuning: auto, {how}: {path} ({describe(rec)})"

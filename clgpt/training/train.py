@@ -189,14 +189,16 @@ def _resume_key(stage: str, s: dict, inp: _Inputs, total: int) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 
-def _tuned_knobs(setting: str, dev, cfg, batch_size: int, seq_len: int, stage: str, say) -> Knobs:
-    """The knobs with the `tuning` setting's GEMM record (clgpt.device.tuner.resolve), its choice in the log."""
+def _tuned_knobs(setting: str, dev, cfg, batch_size: int, seq_len: int, stage: str, say, ranks: int = 1) -> Knobs:
+    """The knobs with the `tuning` setting's GEMM record (clgpt.device.tuner.resolve), its choice in the log. The
+    ranks of a data-parallel stage take auto's record from the cache only: each timing its own could differ."""
     from clgpt.device import tuner
     from clgpt.device.tuning import launch_config
 
     kn = read_knobs()
     try:
-        record, line = tuner.resolve(setting, dev, cfg, batch_size, seq_len, launch_config(dev.device, kn), say=say)
+        record, line = tuner.resolve(setting, dev, cfg, batch_size, seq_len, launch_config(dev.device, kn), say=say,
+                                      may_tune=ranks == 1)
     except ClgptError as e:
         raise ClgptError(f"{stage}.tuning: {e}") from None
     say(f"{stage}: {line}")
@@ -404,7 +406,7 @@ def _run_stage(stage, encoded, s, ckpt_out, log_csv, dist, *, model, init_ckpt, 
     # the engine holds the most rows of a micro-batch one rank gets (all of them with one rank)
     dev = dist.device(device, devices) if dist.size > 1 else _resolve_device(device)
     lora = s.get("lora") and lora_spec(s["lora"], cfg, f"{stage}.lora")
-    kn = _tuned_knobs(s.get("tuning", "auto"), dev, cfg, -(-B // dist.size), T, stage, say)
+    kn = _tuned_knobs(s.get("tuning", "auto"), dev, cfg, -(-B // dist.size), T, stage, say, dist.size)
     eng = make_engine(cfg, inp.params, batch_size=-(-B // dist.size), seq_len=T, device=dev, dropout=s["dropout"],
                       precision=s["precision"], optimizer=not lora, attention=s["attention"],
                       muon=_muon_on(s) and not lora, knobs=kn)
