@@ -6,6 +6,7 @@ tiles and split-K) against the float64 reference, bit-identical twice."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -52,6 +53,15 @@ def test_candidates_fit_each_profile(name):
             assert tuner.fits(mm, lim), mm
     assert tuner.fits(dict(generic, TSM=256, WPTM=1), lim)  # 64 x 8 = 512 work-items: over 256, or fine at 1024
     assert tuner.fits(dict(generic, TSK=64, PREF=1), tuner.Limits(1024, (1024, 1024), 32768))  # 69632 bytes
+
+
+def test_tuned_kernel_needs_no_fp64_half_or_subgroups():
+    """Intel Arc has no fp64, NVIDIA's OpenCL no fp16 and no subgroups: the kernel the tuner builds (matmul.cl
+    with its includes, as compiled) uses none of them, whatever the tiles."""
+    from clgpt.device.opencl import KERNEL_DIR, kernel_source
+
+    text = re.sub(r"//[^\n]*|/\*.*?\*/", "", kernel_source(KERNEL_DIR / "matmul.cl"), flags=re.S)  # code only
+    assert not re.search(r"\bdouble\b(?!-)|\bhalf\d*\b|cl_khr_fp(64|16)|sub_group|intel_sub", text)
 
 
 def _profile_picks():
@@ -215,3 +225,19 @@ def test_stage_setting_checked_and_default_kept_out_of_checkpoints():
     assert stage_settings("pretrain", {"tuning": "t.json"})["tuning"] == "t.json"
     with pytest.raises(ClgptError, match="tuning"):
         stage_settings("pretrain", {"tuning": ""})
+
+
+def test_tune_device_command_writes_a_file_a_stage_can_pin(dev, tmp_path, monkeypatch, capsys):
+    """`clgpt tune-device` (one candidate, a one-layer model) measures, prints its total time, writes the cache
+    and --out; the --out file then resolves as a pinned tuning file for the same model and batch."""
+    from clgpt.cli import main
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    out = tmp_path / "tuned.json"
+    shape = ["--vocab", "37", "--ctx", "80", "--embd", "16", "--heads", "2", "--layers", "1", "--ffn", "32"]
+    assert main(["tune-device", *shape, "--batch", "4", "--max-candidates", "1", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert re.search(r"tuned in [\d.]+ s: big tiles", text) and str(out) in text
+    assert len(list((tmp_path / "cache" / "clgpt" / "tuning").glob("*.json"))) == 1
+    rec, line = tuner.resolve(str(out), dev, CFG, 4, 80, tuning.launch_config(dev.device, Knobs(launch="gpu")))
+    assert rec["matmul"] == 0 and len(rec["products"]) == len(tuner.model_products(CFG, 4, 80))
