@@ -8,9 +8,9 @@ within the device's limits (work-group size, local memory: fits). Each candidate
 float64 numpy product (odd sizes, every layout it will run) before it is timed; one that fails to build, launch or
 agree is dropped. The fastest wins, ties going to the earlier candidate, so the same timings give the same record.
 
-Two rounds keep it short (about 30 builds; bench/generic_gpu.py times it at shape L): every candidate on two proxy
-products (the step's largest, and the weight gradient with the fewest outputs), then the best FINALISTS of each on
-every product of the step, split-K depths included for the weight gradients. The record (`tune`) holds the big
+Two rounds keep it short (about 70 builds, on up to 8 threads; bench/generic_gpu.py times it at shape L): every
+candidate on two proxy products (the step's largest, and the weight gradient with the fewest outputs), then the
+best FINALISTS of each on every product of the step, split-K depths included for the weight gradients. The record (`tune`) holds the big
 tiles (the least total time over the step: batched attention and any other product take them), the small ones
 (best on the narrow proxy) and, per product shape, the tiles and split-K count that won there; clgpt/ops/gemm.py
 looks a product up there first. Tiles never change a sum's order (each output sums k in order); split-K does,
@@ -69,7 +69,7 @@ def _candidates() -> list[dict]:
     """The table's rows first (NVIDIA's hand-tuned ones are starting points like any other), then a grid: six tile
     shapes of 64 to 256 work-items, depths 8 and 16, double-buffered, the local tiles read as float4, the global
     loads as float4 (VEC, where each work-item loads whole float4) or not, and a narrow 64 x 32 tile for small
-    outputs. Duplicates are dropped, the first kept (about 30 in all)."""
+    outputs. Duplicates are dropped, the first kept (25 in all)."""
     seeds = [tuning._NVIDIA, tuning._NVIDIA_NARROW, tuning._GPU, tuning._GPU_SMALL, tuning._NVIDIA_SMALL]
     out = [_row(s["TSM"], s["TSN"], s["TSK"], s["WPTM"], s["WPTN"], s.get("LDSV", 0), s.get("PREF", 0)) for s in seeds]
     for tsm, tsn, wm, wn in ((128, 128, 8, 8), (128, 64, 8, 4), (64, 128, 4, 8), (64, 64, 4, 4), (64, 64, 8, 8),
