@@ -23,6 +23,7 @@ usage: bash bench/gpu.sh SUBCOMMAND [ARG]   (settings from the environment; file
   char-vocab   the character CPU recipe's held-out loss by vocabulary size, nanoGPT vs clgpt, fp32; SEEDS, FINAL=1
   muon         Muon's step cost, then AdamW against Muon on the char GPU recipe; SEEDS (3), BUDGET (420 s)
   mpi [one]    1 vs 2 GPUs over MPI at S6 and L (nvidia-h200-x2); one: both ranks share one GPU
+  generic      the generic GPU row (CLGPT_LAUNCH=gpu) with the device tuner vs PyTorch eager fp32, GEMM vs cuBLAS
 EOF
 }
 
@@ -411,6 +412,15 @@ cmd_mpi() {
     --warmup 2 --curve 40 --json "$O/s6.json" 2>&1 | grep -v Warn | tee "$O/s6.txt"
   timeout 170 mpiexec --allow-run-as-root -n 2 python3 bench/bench_mpi.py --shape L --accum 4 --accum 8 --steps 4 \
     --warmup 1 --json "$O/l.json" 2>&1 | grep -v Warn | tee "$O/l.txt"
+}
+
+# generic: bench/generic_gpu.py (issue 43): the tuner's first run at M6 and L, fp32 training with its tiles against
+# PyTorch CUDA eager fp32 and the untuned generic row, the 4096^2 GEMM against torch.matmul (TF32 off); about 6
+# minutes. REPS (2) alternated rounds, SHAPES (M6 L).
+cmd_generic() {
+  setup
+  timeout 560 python3 bench/generic_gpu.py --shapes ${SHAPES:-M6 L} --reps ${REPS:-2} 2>&1 | grep -v Warn \
+    | tee "$O/generic.txt"
 }
 
 sub=${1:-}

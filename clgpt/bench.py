@@ -230,7 +230,7 @@ def run_bench(args) -> None:
     params = init_params(cfg, 0)
     t0 = time.perf_counter()
     dropout = float(getattr(args, "dropout", 0.0))
-    kn = knobs.read()  # once, at the bench's edge
+    kn = with_tuning(getattr(args, "tuning", "off"), dev, cfg, B, T, knobs.read())  # once, at the bench's edge
     eng = make_engine(cfg, params, batch_size=B, seq_len=T, device=dev, precision=getattr(args, "precision", "fp32"),
                       dropout=dropout, attention=getattr(args, "attention", "auto"), knobs=kn)
     t_init = time.perf_counter() - t0
@@ -282,3 +282,47 @@ def run_bench(args) -> None:
     if not gemm_ok:
         raise ClgptError("bench: the OpenCL GEMM disagrees with numpy (see 'gemm check' above)")
     print(f"tokens/s={tps:.1f}")
+
+
+def with_tuning(setting: str, dev, cfg, B: int, T: int, kn: knobs.Knobs) -> knobs.Knobs:
+    """`kn` with the GEMM tuning record the `tuning` setting gives (clgpt.device.tuner.resolve), its line printed."""
+    from dataclasses import replace
+
+    from clgpt.device import tuner
+    from clgpt.device.tuning import launch_config
+
+    record, line = tuner.resolve(setting, dev, cfg, B, T, launch_config(dev.device, kn))
+    print(line)
+    sys.stdout.flush()
+    return replace(kn, gemm_tuning=record) if record is not None else kn
+
+
+def run_tune_device(args) -> None:
+    """`clgpt tune-device`: measure the portable GEMM's tiles on the device for one model and batch (always, even
+    where the cache has them, and on a CPU too), cache the record and, with --out, write it there as well."""
+    from pathlib import Path
+
+    from clgpt.device import tuner
+    from clgpt.device.opencl import get_device
+    from clgpt.model import ModelConfig
+
+    cfg = ModelConfig(arch=args.arch, vocab_size=args.vocab, n_ctx=args.ctx, n_embd=args.embd, n_head=args.heads,
+                      n_layer=args.layers, n_ff=args.ffn,
+                      **(dict(n_head_kv=args.kv_heads) if args.arch == "llama" else {}))
+    cfg.validate("tune-device")
+    dev = get_device(args.device)
+    products = tuner.model_products(cfg, args.batch, args.ctx)
+    print(f"device: {dev.name} ({dev.device.platform.name.strip()}, driver {dev.device.driver_version.strip()}); "
+          f"{len(products)} product shapes, {len(tuner.candidates(tuner.Limits.of(dev.device)))} candidate tiles")
+    sys.stdout.flush()
+    cands = tuner.candidates(tuner.Limits.of(dev.device))[: args.max_candidates or None]
+    record = tuner.tune(dev, products, cands=cands, budget_s=args.budget)
+    key = tuner.model_key(products)
+    paths = [tuner.cache_file(dev.device)] + ([Path(args.out)] if args.out else [])
+    for path in paths:
+        tuner.save(path, dev.device, key, record)
+    for why in sorted(set(record["rejected"].values())):
+        print(f"rejected: {why}")
+    print(f"tuned in {record['seconds']:.1f} s: {tuner.describe(record)}")
+    print("written: " + ", ".join(str(p) for p in paths))
+

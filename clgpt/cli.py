@@ -150,6 +150,24 @@ def cmd_bench(args) -> None:
     run_bench(args)
 
 
+def cmd_tune_device(args) -> None:
+    from clgpt.bench import run_tune_device
+
+    run_tune_device(args)
+
+
+def _shape_options(p) -> None:
+    """The model and batch of `clgpt bench` and `clgpt tune-device`."""
+    p.add_argument("--vocab", type=int, default=512)
+    p.add_argument("--ctx", type=int, default=80)
+    p.add_argument("--embd", type=int, default=64)
+    p.add_argument("--ffn", type=int, default=128)
+    p.add_argument("--heads", type=int, default=2)
+    p.add_argument("--layers", type=int, default=1)
+    p.add_argument("--arch", choices=("gpt2", "llama"), default="gpt2")
+    p.add_argument("--kv-heads", type=int, default=0, help="llama: key/value heads (0 = --heads)")
+
+
 def _sampling_options(p, max_tokens: int) -> None:
     p.add_argument("--greedy", action="store_true", help="always take the most likely token")
     p.add_argument("--max-tokens", type=int, default=max_tokens)
@@ -202,14 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_chat)
 
     p = sub.add_parser("bench", help="training tokens/s on random tokens, and GEMM GFLOP/s beside numpy")
-    p.add_argument("--vocab", type=int, default=512)
-    p.add_argument("--ctx", type=int, default=80)
-    p.add_argument("--embd", type=int, default=64)
-    p.add_argument("--ffn", type=int, default=128)
-    p.add_argument("--heads", type=int, default=2)
-    p.add_argument("--layers", type=int, default=1)
-    p.add_argument("--arch", choices=("gpt2", "llama"), default="gpt2")
-    p.add_argument("--kv-heads", type=int, default=0, help="llama: key/value heads (0 = --heads)")
+    _shape_options(p)
     p.add_argument("--experts", type=int, default=0, help="llama: experts per feed-forward (0 = dense)")
     p.add_argument("--experts-used", type=int, default=0, help="llama: experts each token routes to")
     p.add_argument("--batch", type=int, default=8)
@@ -220,8 +231,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attention", default="auto", choices=["auto", "flash", "batched"],
                    help="bf16 attention as flash attention's fused kernels or batched products, as a stage's")
     p.add_argument("--dropout", type=float, default=0.0, help="dropout probability, as a training stage's")
+    p.add_argument("--tuning", default="auto", metavar="auto|off|FILE",
+                   help="the portable GEMM's tiles, as a stage's `tuning` setting (auto: tuned on a GPU's first run)")
     p.add_argument("--device", default=None)
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("tune-device", help="measure the portable GEMM's tiles on a device for a model and batch")
+    _shape_options(p)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--budget", type=float, default=45.0, help="seconds after which no more candidates are started")
+    p.add_argument("--max-candidates", type=int, default=0,
+                   help="only the first N candidate tiles (0: all; quick checks)")
+    p.add_argument("--out", help="also write the tuning file here (a stage's `tuning: FILE` pins it)")
+    p.add_argument("--device", default=None)
+    p.set_defaults(func=cmd_tune_device)
     return ap
 
 

@@ -13,7 +13,8 @@
 // ROUND (precision.cl): 0 fp32; 1 bf16, 2 tf32 operands (rounded as loaded, fp32 sums): the portable form of
 // the tensor-core kernels in matmul_mma.cl, for every device.
 // -D: TA, TB (0/1), BIAS, RESID, ACCUM (0/1), EPI (0/1/2/3); matmul: tile TSM x TSN x TSK, each work-item
-// WPTM x WPTN outputs, LDSV=1 reads the local tiles as float4 (WPTM, WPTN multiples of 4);
+// WPTM x WPTN outputs, LDSV=1 reads the local tiles as float4 (WPTM, WPTN multiples of 4), VEC=1 loads whole
+// tiles from global memory as float4 along each operand's contiguous axis (see VEC below);
 // matmul_rb: RM rows x NV vectors of VW (8 or 16) columns per work-item.
 // Sizes need not be multiples of the tiles.
 #ifndef TA
@@ -73,6 +74,18 @@
 #define CAUSAL 0
 #endif
 #define NBUF (PREF ? 2 : 1)
+// VEC=1 (GPUs: a quarter of the load instructions and address sums, CLBlast's VWM / VWN): a tile lying wholly
+//   inside the operands, in a work-group whose A and B start 16-byte aligned with row strides a multiple of 4
+//   floats and whose K range starts at a multiple of 4, is read as float4 along each operand's contiguous axis (k
+//   for A with TA=0 and B with TB=1; m, n otherwise); other tiles take the one-float loads. The same values land
+//   in the same local tiles: the sums, and their order, are those of VEC=0. Needs TSK*TSM and TSK*TSN multiples
+//   of 4 * NTHREADS (each work-item a whole number of float4).
+#ifndef VEC
+#define VEC 0
+#endif
+#if VEC && ((TSK * TSM) % (4 * NTHREADS) || (TSK * TSN) % (4 * NTHREADS) || TSK % 4 || TSM % 4 || TSN % 4)
+#error "VEC=1 needs TSK*TSM and TSK*TSN multiples of 4 * work-items and TSK, TSM, TSN multiples of 4"
+#endif
 // SPLITK=1: work-group z of dimension 2 sums k in [z*kc, min(K, (z+1)*kc)) and stores the raw sums (no alpha,
 //   no epilogue) at Cm + z*M*ldc; splitk_reduce adds the parts in order of z (deterministic).
 // BATCH=1: work-group z of dimension 2 offsets A, B, Cm by o + (z / HB) * s_b + (z % HB) * s_h (batch, head).
@@ -128,7 +141,7 @@ void matmul(const int M, const int N, const int K,
         for (int j = 0; j < WPTN; j++) acc[i][j] = 0.0f;
     float ra[LA], rb[LB];
 
-#define LOAD_TILE(k0)                                                                   \
+#define LOAD_TILE_S(k0)                                                                 \
     for (int i = 0; i < LA; i++) {                                                      \
         const int e = tid + i * NTHREADS;                                               \
         A_KM(e, k, m);                                                                  \
@@ -141,7 +154,7 @@ void matmul(const int M, const int N, const int K,
         const int gn = n0 + n, gk = (k0) + k;                                           \
         rb[i] = (e < TSK * TSN && gn < N && gk < kend) ? ROUND_OP(B_AT(gn, gk)) : 0.0f;\
     }
-#define STORE_TILE(buf)                                                                 \
+#define STORE_TILE_S(buf)                                                               \
     for (int i = 0; i < LA; i++) {                                                      \
         const int e = tid + i * NTHREADS;                                               \
         A_KM(e, k, m);                                                                  \
@@ -152,6 +165,56 @@ void matmul(const int M, const int N, const int K,
         B_KN(e, k, n);                                                                  \
         if (e < TSK * TSN) Bs[buf][k][n] = rb[i];                                       \
     }
+#if VEC
+    // A_V / B_V(e4, k, x): the k and row / column of float4 e4 of the tile (4 along k, or 4 along m / n)
+#if TA == 0
+#define A_V(e4, k, m) const int m = (e4) / (TSK / 4), k = (e4) % (TSK / 4) * 4
+#define A_ST(buf, k, m, v) As[buf][k][m] = v.x; As[buf][k + 1][m] = v.y; As[buf][k + 2][m] = v.z; As[buf][k + 3][m] = v.w
+#else
+#define A_V(e4, k, m) const int k = (e4) / (TSM / 4), m = (e4) % (TSM / 4) * 4
+#define A_ST(buf, k, m, v) *(__local float4*)&As[buf][k][m] = v
+#endif
+#if TB == 1
+#define B_V(e4, k, n) const int n = (e4) / (TSK / 4), k = (e4) % (TSK / 4) * 4
+#define B_ST(buf, k, n, v) Bs[buf][k][n] = v.x; Bs[buf][k + 1][n] = v.y; Bs[buf][k + 2][n] = v.z; Bs[buf][k + 3][n] = v.w
+#else
+#define B_V(e4, k, n) const int k = (e4) / (TSN / 4), n = (e4) % (TSN / 4) * 4
+#define B_ST(buf, k, n, v) *(__local float4*)&Bs[buf][k][n] = v
+#endif
+#define LOAD_TILE_V(k0)                                                                 \
+    for (int i = 0; i < LA / 4; i++) {                                                  \
+        A_V(tid + i * NTHREADS, k, m);                                                  \
+        const float4 v = vload4(0, &A_AT(m0 + m, (k0) + k));                            \
+        ra[4 * i] = ROUND_OP(v.x); ra[4 * i + 1] = ROUND_OP(v.y);                       \
+        ra[4 * i + 2] = ROUND_OP(v.z); ra[4 * i + 3] = ROUND_OP(v.w);                   \
+    }                                                                                   \
+    for (int i = 0; i < LB / 4; i++) {                                                  \
+        B_V(tid + i * NTHREADS, k, n);                                                  \
+        const float4 v = vload4(0, &B_AT(n0 + n, (k0) + k));                            \
+        rb[4 * i] = ROUND_OP(v.x); rb[4 * i + 1] = ROUND_OP(v.y);                       \
+        rb[4 * i + 2] = ROUND_OP(v.z); rb[4 * i + 3] = ROUND_OP(v.w);                   \
+    }
+#define STORE_TILE_V(buf)                                                               \
+    for (int i = 0; i < LA / 4; i++) {                                                  \
+        A_V(tid + i * NTHREADS, k, m);                                                  \
+        const float4 v = (float4)(ra[4 * i], ra[4 * i + 1], ra[4 * i + 2], ra[4 * i + 3]); \
+        A_ST(buf, k, m, v);                                                             \
+    }                                                                                   \
+    for (int i = 0; i < LB / 4; i++) {                                                  \
+        B_V(tid + i * NTHREADS, k, n);                                                  \
+        const float4 v = (float4)(rb[4 * i], rb[4 * i + 1], rb[4 * i + 2], rb[4 * i + 3]); \
+        B_ST(buf, k, n, v);                                                             \
+    }
+    // the tile at k0 as float4 where it lies wholly inside aligned operands; vl says which form the registers hold
+    const int vec_ok = m0 + TSM <= mend && n0 + TSN <= N && lda % 4 == 0 && ldb % 4 == 0 && kbeg % 4 == 0
+        && ((((ulong)A) | ((ulong)B)) & 15) == 0;
+    int vl = 0;
+#define LOAD_TILE(k0) vl = vec_ok && (k0) + TSK <= kend; if (vl) { LOAD_TILE_V(k0) } else { LOAD_TILE_S(k0) }
+#define STORE_TILE(buf) if (vl) { STORE_TILE_V(buf) } else { STORE_TILE_S(buf) }
+#else
+#define LOAD_TILE(k0) LOAD_TILE_S(k0)
+#define STORE_TILE(buf) STORE_TILE_S(buf)
+#endif
 
     if (kbeg < kend) {
         LOAD_TILE(kbeg)

@@ -24,6 +24,9 @@ MATMUL_FORMS = {
     "tiled": dict(kernel="matmul", LDSV=0, **MATMUL_TILES),
     "tiled_f4": dict(kernel="matmul", TSM=32, TSN=32, TSK=8, WPTM=4, WPTN=4, LDSV=1),
     "tiled_pref": dict(kernel="matmul", TSM=32, TSN=32, TSK=8, WPTM=4, WPTN=4, LDSV=0, PREF=1),
+    # float4 global loads of whole aligned tiles (VEC, the tuner's candidates), plain and double-buffered
+    "tiled_vec": dict(kernel="matmul", TSM=32, TSN=32, TSK=8, WPTM=4, WPTN=4, LDSV=1, VEC=1),
+    "tiled_vec_pref": dict(kernel="matmul", TSM=32, TSN=32, TSK=16, WPTM=4, WPTN=4, LDSV=0, PREF=1, VEC=1),
     "rb": dict(kernel="matmul_rb", RM=6, NV=2, lsize=(1, 4)),
     "rb_pf": dict(kernel="matmul_rb", RM=6, NV=2, PREFETCH=1, lsize=(1, 4)),
     "rb16": dict(kernel="matmul_rb", RM=6, NV=4, VW=16, PREFETCH=1, lsize=(1, 1)),  # the CPU row's
@@ -35,7 +38,19 @@ MATMUL_FORMS = {
 @pytest.mark.parametrize("ta,tb", [(0, 1), (0, 0), (1, 0)])
 @pytest.mark.parametrize("M,N,K", [(37, 53, 29), (64, 32, 16), (1, 7, 3), (70, 65, 130)])
 def test_matmul(dev, form, ta, tb, M, N, K):
-    mm = MATMUL_FORMS[form]
+    _check_matmul(dev, MATMUL_FORMS[form], form, ta, tb, M, N, K)
+
+
+@pytest.mark.parametrize("form", ["tiled_vec", "tiled_vec_pref"])
+@pytest.mark.parametrize("ta,tb", [(0, 1), (0, 0), (1, 0)])
+@pytest.mark.parametrize("M,N,K", [(70, 68, 132), (96, 64, 44)])
+def test_matmul_vec_mixed_tiles(dev, form, ta, tb, M, N, K):
+    """VEC: aligned operands whose inner tiles load as float4 while the edge tiles (m, n or k) take the one-float
+    loads, in one launch."""
+    _check_matmul(dev, MATMUL_FORMS[form], form, ta, tb, M, N, K)
+
+
+def _check_matmul(dev, mm, form, ta, tb, M, N, K):
     A = rng.normal(size=(K, M) if ta else (M, K)).astype(f32)
     B = rng.normal(size=(N, K) if tb else (K, N)).astype(f32)
     bias = rng.normal(size=N).astype(f32)

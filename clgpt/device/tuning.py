@@ -123,6 +123,15 @@ TABLE = [
 _DEFAULT = dict(matmul=_GPU, local_1d=64, local_2d=(16, 4), vec=0, norm_parts=4096)
 
 
+def launch_tables(record: dict) -> dict:
+    """The row entries a clgpt.device.tuner record sets: matmul (big tiles), matmul_small and matmul_shapes,
+    {(M, N, K, ta, tb): (tiles, split)} (clgpt/ops/gemm/portable.py looks a product up there first); the tiles dicts are
+    shared, so their kernels are built once."""
+    rows = [dict(c) for c in record["candidates"]]
+    shapes = {tuple(s["product"]): (rows[s["tiles"]], int(s["split"])) for s in record["products"]}
+    return dict(matmul=rows[record["matmul"]], matmul_small=rows[record["matmul_small"]], matmul_shapes=shapes)
+
+
 def launch_config(device: cl.Device, kn: knobs.Knobs) -> dict:
     """-> dict(matmul=..., [matmul_small=...,] local_1d=int, local_2d=(int, int), vec=0/1 (float8 attention),
     norm_parts: partial sums of the grad norm (GPUs: many, strided)) for this device under knobs `kn` (the Knobs
@@ -140,7 +149,11 @@ def launch_config(device: cl.Device, kn: knobs.Knobs) -> dict:
     cfg = dict(cfg)
     if cfg["matmul"] is _CPU and device.native_vector_width_float < 16:
         cfg["matmul"] = _CPU_VEC8
+    if kn.gemm_tuning is not None and cfg["matmul"].get("kernel") == "matmul":  # the tuner's tiles replace the row's
+        cfg.pop("matmul_narrow", None)
+        cfg.update(launch_tables(kn.gemm_tuning))
     if kn.matmul is not None:
+        cfg.pop("matmul_shapes", None)
         cfg["matmul"] = dict(kn.matmul)
         if not kn.matmul_keep_small:
             cfg.pop("matmul_small", None)

@@ -22,7 +22,7 @@ import shutil
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -31,6 +31,7 @@ from tqdm import tqdm
 from clgpt import signals
 from clgpt.atomic import atomic_path
 from clgpt.config import section_settings
+from clgpt.device.knobs import Knobs
 from clgpt.device.knobs import read as read_knobs  # once, at the stage's edge
 from clgpt.io.checkpoint import load_checkpoint, save_checkpoint
 from clgpt.data import (  # noqa: F401  (batching lives in clgpt.data; the names stay importable here)
@@ -72,6 +73,8 @@ def stage_settings(stage: str, settings: dict) -> dict:
     s.setdefault("mix_pretrain", 0.0)  # pretrain has no such setting: it never mixes
     if s.get("lora", 0) is None:  # full tuning: settings (and checkpoints) as before adapters existed
         del s["lora"]
+    if s.get("tuning") == "auto":  # the default: settings (and checkpoints) as before the device tuner existed
+        del s["tuning"]
     if s.get("optimizer") == "adamw":  # AdamW alone: settings (and checkpoints) as before Muon existed
         del s["optimizer"], s["muon"]
     if s.get("lora") and s["ranks"] > 1:
@@ -184,6 +187,22 @@ def _resume_key(stage: str, s: dict, inp: _Inputs, total: int) -> str:
     key = {"stage": stage, "cfg": json.loads(inp.cfg.to_json()), "total_steps": total, "inputs": inp.hashes,
            "settings": {k: v for k, v in s.items() if k not in _NOT_HASHED}}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def _tuned_knobs(setting: str, dev, cfg, batch_size: int, seq_len: int, stage: str, say, ranks: int = 1) -> Knobs:
+    """The knobs with the `tuning` setting's GEMM record (clgpt.device.tuner.resolve), its choice in the log. The
+    ranks of a data-parallel stage take auto's record from the cache only: each timing its own could differ."""
+    from clgpt.device import tuner
+    from clgpt.device.tuning import launch_config
+
+    kn = read_knobs()
+    try:
+        record, line = tuner.resolve(setting, dev, cfg, batch_size, seq_len, launch_config(dev.device, kn), say=say,
+                                      may_tune=ranks == 1)
+    except ClgptError as e:
+        raise ClgptError(f"{stage}.tuning: {e}") from None
+    say(f"{stage}: {line}")
+    return replace(kn, gemm_tuning=record) if record is not None else kn
 
 
 def _say(root: bool):
@@ -387,9 +406,10 @@ def _run_stage(stage, encoded, s, ckpt_out, log_csv, dist, *, model, init_ckpt, 
     # the engine holds the most rows of a micro-batch one rank gets (all of them with one rank)
     dev = dist.device(device, devices) if dist.size > 1 else _resolve_device(device)
     lora = s.get("lora") and lora_spec(s["lora"], cfg, f"{stage}.lora")
+    kn = _tuned_knobs(s.get("tuning", "auto"), dev, cfg, -(-B // dist.size), T, stage, say, dist.size)
     eng = make_engine(cfg, inp.params, batch_size=-(-B // dist.size), seq_len=T, device=dev, dropout=s["dropout"],
                       precision=s["precision"], optimizer=not lora, attention=s["attention"],
-                      muon=_muon_on(s) and not lora, knobs=read_knobs())
+                      muon=_muon_on(s) and not lora, knobs=kn)
     # model FLOPs utilisation beside tokens/s (nanochat's): None where clgpt.device.peaks knows no peak
     peak = peak_flops(dev.name, eng.precision)
     mfu_of = (lambda tok_s: "") if peak is None else (  # noqa: E731

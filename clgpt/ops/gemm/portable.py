@@ -126,6 +126,13 @@ class PortableGemm(Part):
         kc = ceil_to(-(-K // s), mm["TSK"])
         return mm, -(-K // kc), kc
 
+    def tuned_split(self, mm, K, S):
+        """-> (mm, S, kc) of the tuner's split count S for a product K deep (the same chunks as it timed)."""
+        if S < 2 or not self.launch.get("split_k"):
+            return mm, 1, K
+        kc = ceil_to(-(-K // S), mm["TSK"])
+        return mm, -(-K // kc), kc
+
     def matmul_epi(self, M, N, K, A, B, Cm, ta=0, tb=0, bias=None, resid=None, accum=False, alpha=1.0, epi=0, E=None,
                    ldc=None):
         """matmul with an epilogue: epi 1 also writes E = gelu(Cm); epi 2 multiplies Cm by gelu'(E); epi 3 is
@@ -133,11 +140,13 @@ class PortableGemm(Part):
         (ldc = 2N: Cm's and E's rows ldc floats apart)."""
         if M <= 0 or N <= 0:
             return
-        mm, _ = self.tiles(M, N)
+        # the device tuner's tiles (and split) for this product where it measured it (clgpt/device/tuner.py)
+        tuned = self.launch.get("matmul_shapes", {}).get((M, N, K, ta, tb))
+        mm = tuned[0] if tuned else self.tiles(M, N)[0]
         ldb = K if tb else N
         lda = M if ta else K
         if mm["kernel"] == "matmul" and bias is None and resid is None and epi == 0 and K > 0:
-            mm, S, kc = self.split_plan(M, N, K)
+            mm, S, kc = self.split_plan(M, N, K) if tuned is None else self.tuned_split(mm, K, tuned[1])
             if S > 1:
                 run_split_k(self.launcher, self.kernel(mm, ta, tb, False, False, False, 0, split=1),
                             *matmul_launch(mm, M, N), M, N, S, (i32(K), A, i32(lda), B, i32(ldb)),

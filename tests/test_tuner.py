@@ -1,0 +1,243 @@
+"""The device tuner (clgpt/device/tuner.py): its candidates against the limits of GPUs people own, each kernel
+form they build matching float64 on this device, a deterministic pick, a wrong candidate rejected, the cache
+written and read, the `tuning` setting's off / pinned file, and an engine run on a tuner record (per-product
+tiles and split-K) against the float64 reference, bit-identical twice."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from clgpt.device import tuner, tuning
+from clgpt.device.knobs import Knobs
+from clgpt.errors import ClgptError
+from clgpt.model import ModelConfig
+
+# Device profiles: (max work-group size, local memory bytes) of GPUs people own. AMD (RDNA / GCN: 256 work-items
+# by default), Intel Arc (1024, 64 KB, no fp64), Arm Mali (384 or 256 work-items... and 32 KB of local memory),
+# Apple (1024, 32 KB), Mesa's llvmpipe (32 KB, the strictest CPU runtime), a Qualcomm Adreno-like 256 / 32 KB.
+PROFILES = {
+    "amd": tuner.Limits(256, (256, 256), 65536),
+    "intel-arc": tuner.Limits(1024, (1024, 1024), 65536),
+    "mali": tuner.Limits(256, (256, 256), 32768),
+    "apple": tuner.Limits(1024, (1024, 1024), 32768),
+    "llvmpipe": tuner.Limits(1024, (1024, 1024), 32768),
+    "adreno": tuner.Limits(256, (256, 256), 32768),
+}
+SUBGROUPS = (8, 16, 32, 64)
+CFG = ModelConfig(vocab_size=37, n_ctx=80, n_embd=16, n_head=2, n_layer=1, n_ff=32)
+
+
+def _threads(mm):
+    return (mm["TSM"] // mm["WPTM"]) * (mm["TSN"] // mm["WPTN"])
+
+
+@pytest.mark.parametrize("name", sorted(PROFILES))
+def test_candidates_fit_each_profile(name):
+    """Every candidate a profile keeps fits its work-group and local-memory limits and fills whole subgroups of
+    8 to 64; the generic row stays a candidate wherever it fits; what is dropped is dropped for a reason."""
+    lim = PROFILES[name]
+    kept = tuner.candidates(lim)
+    assert len(kept) >= 8
+    for mm in kept:
+        assert _threads(mm) <= lim.max_group and tuner.local_bytes(mm) <= lim.local_mem, mm
+        assert all(_threads(mm) % sg == 0 for sg in SUBGROUPS), mm
+    generic = next(mm for mm in tuner.CANDIDATES if mm["TSM"] == tuning._GPU["TSM"] and mm["TSK"] == tuning._GPU["TSK"]
+                   and mm["WPTM"] == tuning._GPU["WPTM"] and mm["LDSV"] == 0 and mm["PREF"] == 0)
+    assert generic in kept
+    for mm in tuner.CANDIDATES:
+        if mm not in kept:
+            assert tuner.fits(mm, lim), mm
+    assert tuner.fits(dict(generic, TSM=256, WPTM=1), lim)  # 64 x 8 = 512 work-items: over 256, or fine at 1024
+    assert tuner.fits(dict(generic, TSK=64, PREF=1), tuner.Limits(1024, (1024, 1024), 32768))  # 69632 bytes
+
+
+def test_tuned_kernel_needs_no_fp64_half_or_subgroups():
+    """Intel Arc has no fp64, NVIDIA's OpenCL no fp16 and no subgroups: the kernel the tuner builds (matmul.cl
+    with its includes, as compiled) uses none of them, whatever the tiles."""
+    from clgpt.device.opencl import KERNEL_DIR, kernel_source
+
+    text = re.sub(r"//[^\n]*|/\*.*?\*/", "", kernel_source(KERNEL_DIR / "matmul.cl"), flags=re.S)  # code only
+    assert not re.search(r"\bdouble\b(?!-)|\bhalf\d*\b|cl_khr_fp(64|16)|sub_group|intel_sub", text)
+
+
+def _profile_picks():
+    """Under each profile, the candidate using the most local memory and the one with the most work-items: the
+    kernels built nearest each limit (deduplicated across profiles, in order)."""
+    out = []
+    for lim in PROFILES.values():
+        kept = tuner.candidates(lim)
+        vec = [mm for mm in kept if mm.get("VEC")]
+        for mm in (max(kept, key=tuner.local_bytes), max(kept, key=_threads), max(vec, key=tuner.local_bytes)):
+            if mm not in out:
+                out.append(mm)
+    return out
+
+
+@pytest.fixture(scope="module")
+def bench(dev):
+    return tuner._Bench(dev, [(64, 48, 96, 0, 0)])
+
+
+@pytest.mark.parametrize("i", range(len(_profile_picks())))
+def test_profile_kernels_match_float64(bench, i):
+    """The kernels built nearest each profile's limits, in the layouts a step runs (y = x W.T, dx = dy W,
+    dW = dy.T x split two ways), match float64 numpy at sizes no tile divides."""
+    mm = _profile_picks()[i]
+    for ta, tb, S in ((0, 1, 1), (0, 0, 1), (1, 0, 2)):
+        assert bench.check(mm, ta, tb, S) == "", (mm, ta, tb, S)
+
+
+def test_tune_picks_deterministically_rejects_wrong_and_shows_progress(dev, capfd):
+    """A candidate that computes wrong sums (CAUSAL=2 stops k early) is rejected before it is timed; equal times
+    go to the earlier candidate and the unsplit product; the same timings give the same record; progress and the
+    rounds go to stderr."""
+    wrong = dict(tuning._GPU_SMALL, CAUSAL=2)
+    small = tuner._row(32, 32, 16, 4, 4, 0, 0)
+    big = tuner._row(64, 64, 16, 8, 8, 1, 1)
+    products = [((64, 48, 32, 0, 1), 1), ((48, 32, 2048, 1, 0), 1)]
+    timed = []
+
+    def equal(mm, prod, S):
+        timed.append((mm is wrong, S))
+        return 1.0
+
+    rec = tuner.tune(dev, products, cands=[wrong, small, big], measure=equal)
+    assert "disagrees with float64" in rec["rejected"]["0"] and not any(w for w, _ in timed)
+    assert rec["matmul"] == 1 and rec["matmul_small"] == 1
+    assert [(s["tiles"], s["split"]) for s in rec["products"]] == [(1, 1), (1, 1)]
+    assert any(S > 1 for _, S in timed), "split-K was never tried on the weight gradient"
+    assert "tuning GEMM (candidates)" in capfd.readouterr().err
+
+    def favour(mm, prod, S):  # the big tiles faster everywhere, split 4 fastest on the deep product
+        return (0.5 if mm is big else 1.0) / (2 if S == 4 else 1)
+
+    runs = [tuner.tune(dev, products, cands=[wrong, small, big], measure=favour, progress=False) for _ in range(2)]
+    for r in runs:
+        r.pop("seconds")
+    assert runs[0] == runs[1]
+    assert runs[0]["matmul"] == 2 and [(s["tiles"], s["split"]) for s in runs[0]["products"]] == [(2, 1), (2, 4)]
+
+
+def _record(dev, split=2):
+    """A record for CFG at batch 4 x 80 without timing: the 64 x 32 tiles (float4 loads) for every product but the
+    weight gradients (32 x 32 tiles, float4 loads, split `split` ways), as a file would hold it."""
+    cands = [tuner._row(32, 32, 16, 4, 4, 0, 0, 1), tuner._row(64, 32, 16, 4, 4, 1, 1, 1)]
+    products = tuner.model_products(CFG, 4, 80)
+    shapes = [dict(product=list(p), tiles=0 if p[3] else 1, split=split if p[3] else 1, ms=1.0) for p, _ in products]
+    return dict(schema=tuner.SCHEMA, candidates=cands, matmul=1, matmul_small=0, products=shapes, rejected={},
+                stopped_at=None, seconds=0.0, step_ms={})
+
+
+def test_cache_written_then_read(dev, tmp_path, monkeypatch):
+    """auto's first run tunes and writes the device's cache file; the second reads it (no tuning); another
+    model's record goes into the same file beside it; the file name carries the device."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    calls = []
+
+    def fake_tune(d, products, progress=True):
+        calls.append(products)
+        return _record(d)
+
+    monkeypatch.setattr(tuner, "tune", fake_tune)
+    rec, path, fresh = tuner.tuned_for(dev, CFG, 4, 80, say=lambda m: None)
+    assert fresh and path.exists() and path.parent == tmp_path / "clgpt" / "tuning" and len(calls) == 1
+    again, path2, fresh2 = tuner.tuned_for(dev, CFG, 4, 80, say=lambda m: None)
+    assert not fresh2 and path2 == path and again == rec and len(calls) == 1
+    tuner.tuned_for(dev, CFG, 2, 80, say=lambda m: None)
+    assert len(calls) == 2 and len(json.loads(path.read_text())["records"]) == 2
+    assert tuner.device_id(dev.device)["name"].split()[0].strip("-")[:4] in path.name or "device" in path.name
+
+
+def test_tuning_setting_off_pinned_and_errors(dev, tmp_path, monkeypatch):
+    """off: no record; a pinned file: its record for this model as written; a missing file, one without this
+    model's record, a broken record, a CPU row: one-line errors naming the file or the row; auto on a CPU
+    device: no record."""
+    gpu_row = tuning.launch_config(dev.device, Knobs(launch="gpu"))
+    cpu_row = tuning.launch_config(dev.device, Knobs(launch="cpu"))
+    assert tuner.resolve("off", dev, CFG, 4, 80, gpu_row)[0] is None
+    path = tmp_path / "pinned.json"
+    rec = _record(dev)
+    tuner.save(path, dev.device, tuner.model_key(tuner.model_products(CFG, 4, 80)), rec)
+    got, line = tuner.resolve(str(path), dev, CFG, 4, 80, gpu_row)
+    assert got == rec and str(path) in line
+    with pytest.raises(ClgptError, match="no record for this model"):
+        tuner.resolve(str(path), dev, CFG, 2, 80, gpu_row)
+    with pytest.raises(ClgptError, match="missing.json"):
+        tuner.resolve(str(tmp_path / "missing.json"), dev, CFG, 4, 80, gpu_row)
+    with pytest.raises(ClgptError, match="CPU GEMM"):
+        tuner.resolve(str(path), dev, CFG, 4, 80, cpu_row)
+    bad = json.loads(path.read_text())
+    next(iter(bad["records"].values()))["matmul"] = 7
+    path.write_text(json.dumps(bad))
+    with pytest.raises(ClgptError, match="not a clgpt GEMM tuning record"):
+        tuner.resolve(str(path), dev, CFG, 4, 80, gpu_row)
+    if not dev.device.type & tuner.cl.device_type.GPU:
+        assert tuner.resolve("auto", dev, CFG, 4, 80, gpu_row)[0] is None
+
+
+def test_engine_on_a_tuned_record_matches_reference_twice(dev):
+    """The GPU row with a tuner record (per-product tiles with float4 loads, the weight gradients split along K,
+    attention's batched products on its big tiles): grads against the float64 reference, two runs bit-identical,
+    and the record's tiles are what the products were built with."""
+    from enginecheck import batch, max_rel, noisy_params
+
+    from clgpt.models import reference as ref
+    from clgpt.models.gpt2 import GPT2Engine as Engine
+
+    p = noisy_params(CFG, seed=3, std=0.1)
+    tokens, targets, mask = batch(CFG, 4, 80, seed=5)
+    want_loss, cache = ref.gpt_forward(p, CFG, tokens, targets, mask)
+    want_g = ref.gpt_backward(cache)
+    rec = _record(dev)
+    runs = []
+    for _ in range(2):
+        eng = Engine(CFG, p, batch_size=4, seq_len=80, knobs=Knobs(launch="gpu", gemm_tuning=rec))
+        eng.ops.attn_gemm = True  # attention as batched products on the record's big tiles (T = 80 is short)
+        shapes = eng.ops.launch["matmul_shapes"]
+        assert len(shapes) == len(rec["products"])
+        loss = eng.forward(tokens, targets, mask)
+        eng.zero_grad()
+        eng.backward()
+        runs.append((loss, eng.get_grads()))
+        built = {key[-2] for key in eng.ops.product_kernels}
+        assert {id(mm) for mm, _ in shapes.values()} <= built
+        assert any(key[6] for key in eng.ops.product_kernels), "no product was split along K"
+    assert abs(runs[0][0] - want_loss) < 1e-5 * max(1.0, abs(want_loss))
+    worst, where = max_rel(runs[0][1], want_g)
+    assert worst < 1e-4, f"grads: {worst:.3e} in {where}"
+    assert runs[0][0] == runs[1][0]
+    for k in runs[0][1]:
+        assert np.array_equal(runs[0][1][k], runs[1][1][k]), f"{k} differs between two identical runs"
+
+
+def test_stage_setting_checked_and_default_kept_out_of_checkpoints():
+    """`tuning` is a stage setting: auto (the default) leaves the settings, so checkpoints and resume keys, as
+    they were before it existed; off and a path are kept; an empty value is a one-line error naming the key."""
+    from clgpt.training.train import stage_settings
+
+    assert "tuning" not in stage_settings("pretrain", {})
+    assert "tuning" not in stage_settings("pretrain", {"tuning": "auto"})
+    assert stage_settings("tune", {"tuning": "off"})["tuning"] == "off"
+    assert stage_settings("pretrain", {"tuning": "t.json"})["tuning"] == "t.json"
+    with pytest.raises(ClgptError, match="tuning"):
+        stage_settings("pretrain", {"tuning": ""})
+
+
+def test_tune_device_command_writes_a_file_a_stage_can_pin(dev, tmp_path, monkeypatch, capsys):
+    """`clgpt tune-device` (one candidate, a one-layer model) measures, prints its total time, writes the cache
+    and --out; the --out file then resolves as a pinned tuning file for the same model and batch."""
+    from clgpt.cli import main
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    out = tmp_path / "tuned.json"
+    shape = ["--vocab", "37", "--ctx", "80", "--embd", "16", "--heads", "2", "--layers", "1", "--ffn", "32"]
+    assert main(["tune-device", *shape, "--batch", "4", "--max-candidates", "1", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert re.search(r"tuned in [\d.]+ s: big tiles", text) and str(out) in text
+    assert len(list((tmp_path / "cache" / "clgpt" / "tuning").glob("*.json"))) == 1
+    rec, line = tuner.resolve(str(out), dev, CFG, 4, 80, tuning.launch_config(dev.device, Knobs(launch="gpu")))
+    assert rec["matmul"] == 0 and len(rec["products"]) == len(tuner.model_products(CFG, 4, 80))
