@@ -13,7 +13,8 @@ the log's held-out losses.
 
 Writes the runs' checkpoints and logs under --runs (a temporary folder unless given), OUT/runs.csv (optimizer,
 seed, step, wall_s, cpu_s, val_loss at every evaluation), OUT/heldout.png (held-out
-loss against wall time) and prints the summary: the target = median over seeds of AdamW's best held-out loss;
+loss against wall time) and prints the summary: the target = median over seeds (the upper one of an even count,
+so most AdamW runs reach it) of AdamW's best held-out loss;
 each run's wall time to first reach it (linear between evaluations; none if it never does); the medians and
 muon / adamw. On the GPU recipe: --configfile configs/shakespeare_char_gpu.yaml (the device from the config); where
 a call has a time limit, --budget-s stops before a seed's pair that would end past it (the longest pair so far
@@ -178,7 +179,7 @@ def summarize(rows: list[dict], opts: list[str], out: Path) -> None:
     for r in rows:
         runs.setdefault((r["optimizer"], r["seed"]), []).append(r)
     best = {key: min(x["val_loss"] for x in pts) for key, pts in runs.items()}
-    target = statistics.median(v for (o, _), v in best.items() if o == opts[0])
+    target = statistics.median_high(v for (o, _), v in best.items() if o == opts[0])
     print(f"target: the median best held-out loss of {opts[0]}, {target:.4f}")
     med = {}
     for opt in opts:
