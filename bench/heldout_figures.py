@@ -2,7 +2,11 @@
 the expected fact or act (by language), and the held-out replies of the first 16 held-out dialogs and the
 conversations built on them (112 replies: the held-out set as it was before the everyday openers) word for word.
 
-    python bench/heldout_figures.py results/eval/metrics.json data/heldout/tune.jsonl [--first 16]
+    python bench/heldout_figures.py results/eval/metrics.json data/heldout/tune.jsonl [--first 16] \
+        [--written data/tune/en.jsonl data/tune/ru.jsonl]
+
+--written: also the tune replies to the questions of those files (the hand-written ones, not their paraphrases or
+the small talk), in every conversation that asks them, word for word.
 """
 
 from __future__ import annotations
@@ -38,11 +42,17 @@ def main(argv=None) -> int:
     ap.add_argument("metrics")
     ap.add_argument("heldout")
     ap.add_argument("--first", type=int, default=16)
+    ap.add_argument("--written", nargs="+", help="dialog files whose questions' tune replies to count apart")
     args = ap.parse_args(argv)
     with open(args.metrics, encoding="utf-8") as f:
         m = json.load(f)
     t = m["exact_match"]["tune"]
     print(f"tune replies word for word: {t['matches']}/{t['total']}")
+    if args.written:
+        asked = {d["messages"][0]["content"] for d in read_dialogs(args.written)}
+        mine = [a for a in m["answers"]["tune"] if a["user"] in asked]
+        print(f"tune replies to the questions of {' '.join(args.written)} word for word: "
+              f"{sum(a['match'] for a in mine)}/{len(mine)}")
     acc = m.get("acceptable")
     if acc:
         langs = ", ".join(f"{k} {v['all']['matches']}/{v['all']['total']}" for k, v in acc["by_language"].items())
