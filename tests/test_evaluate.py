@@ -286,3 +286,35 @@ def test_bad_acceptable_replies_file_is_one_line_naming_it(tmp_path, rules, mess
     with pytest.raises(ClgptError) as e:
         load_accept(str(path), heldout)
     assert str(path) in str(e.value) and message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_figures_script_counts_the_replies_of_the_first_heldout_dialogs(tmp_path, capsys):
+    """bench/heldout_figures.py: word for word over the dialogs that ask only the first N held-out questions
+    (their conversations included), and the tune replies to the questions of the named files."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "heldout_figures", Path(__file__).resolve().parent.parent / "bench" / "heldout_figures.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    turn = lambda u, a: [{"role": "user", "content": u}, {"role": "assistant", "content": a}]  # noqa: E731
+    heldout = tmp_path / "heldout.jsonl"
+    dialogs = [turn("Old?", "A."), turn("New?", "B."), turn("Tune?", "C.") + turn("Old?", "A."),
+               turn("Tune?", "C.") + turn("New?", "B.")]
+    heldout.write_text("".join(json.dumps({"messages": m}) + "\n" for m in dialogs))
+    written = tmp_path / "written.jsonl"
+    written.write_text(json.dumps({"user": "Tune?", "assistant": "C."}) + "\n")
+    # answers in the file's order: Old? right, New? wrong, (Tune? right, Old? wrong), (Tune? right, New? right)
+    matches = [True, False, True, False, True, True]
+    metrics = {"exact_match": {"tune": {"matches": 1, "total": 2}},
+               "answers": {"heldout": [{"match": m} for m in matches],
+                           "tune": [{"user": "Tune?", "match": True}, {"user": "Other?", "match": False}]}}
+    assert mod.earlier_replies(metrics, str(heldout), 1) == (2, 3)
+    (tmp_path / "m.json").write_text(json.dumps(metrics))
+    assert mod.main([str(tmp_path / "m.json"), str(heldout), "--first", "1", "--written", str(written)]) == 0
+    out = capsys.readouterr().out
+    assert "first 1 dialogs word for word: 2/3" in out and f"{written} word for word: 1/1" in out
+    metrics["answers"]["heldout"].append({"match": True})  # another held-out file's answers
+    with pytest.raises(SystemExit, match="not the held-out file"):
+        mod.earlier_replies(metrics, str(heldout), 1)
