@@ -12,7 +12,8 @@ With --heldout, also the same questions after the system prompts that only the h
 (clgpt.text.chat.system_probes: first turn, and 2nd or 3rd), one line and paragraph ones apart.
 Needs the test extra (llama-cpp-python).
 
-    python bench/llama_exact_match.py model.gguf data/tune/*.jsonl --heldout data/heldout/tune.jsonl
+    python bench/llama_exact_match.py model.gguf data/tune/*.jsonl --heldout data/heldout/tune.jsonl \
+        --ask data/tune/en.jsonl data/tune/ru.jsonl      (the 87 hand-written questions, not their paraphrases)
     python bench/llama_exact_match.py lora/base.gguf --lora lora/adapter.gguf data/tune/*.jsonl   (tune.lora)
 """
 
@@ -95,12 +96,12 @@ def rates(rows: list, kinds: tuple = PROBE_KINDS) -> dict:
     return out
 
 
-def corpus_probes(files: list[str]) -> list:
-    """chat_probes per file: its single-turn dialogs, with the system prompts that its conversations use
-    with those questions."""
+def corpus_probes(files: list[str], ask: list[str] | None = None) -> list:
+    """chat_probes per file (of `ask` when given, else of all): its single-turn dialogs, with the system
+    prompts that the files' conversations use with those questions."""
     probes = []
     dialogs = read_dialogs(files)
-    for path in files:
+    for path in ask or files:
         mine = [d for d in dialogs if d["source"].rsplit(":", 1)[0] == path]
         pairs = [(d["messages"][0]["content"], d["messages"][1]["content"])
                  for d in mine if len(d["messages"]) == 2]
@@ -113,12 +114,13 @@ def corpus_probes(files: list[str]) -> list:
     return probes
 
 
-def heldout_system_probes(files: list[str], heldout: str) -> list:
-    """system_probes of the files' single-turn dialogs after the held-out file's own system prompts, each
-    kind prefixed by the prompt's length ("paragraph" or "line")."""
+def heldout_system_probes(files: list[str], heldout: str, ask: list[str] | None = None) -> list:
+    """system_probes of the single-turn dialogs of the files (of `ask` when given) after the held-out file's
+    own system prompts, each kind prefixed by the prompt's length ("paragraph" or "line")."""
     dialogs = read_dialogs(files)
     pairs = [(d["messages"][0]["content"], d["messages"][1]["content"])
-             for d in dialogs if [m["role"] for m in d["messages"]] == ["user", "assistant"]]
+             for d in (read_dialogs(ask) if ask else dialogs)
+             if [m["role"] for m in d["messages"]] == ["user", "assistant"]]
     systems = heldout_systems(dialogs, read_dialogs([heldout]))
     if not systems:
         raise SystemExit(f"error: {heldout}: no system prompt that the tune dialogs do not use; add held-out ones")
@@ -144,11 +146,14 @@ def main(argv=None) -> int:
     ap.add_argument("--lora", help="a LoRA adapter GGUF to apply to the model (llama.cpp's --lora)")
     ap.add_argument("--show-misses", action="store_true")
     ap.add_argument("--heldout", help="held-out dialogs: also ask the questions after their own system prompts")
+    ap.add_argument("--ask", nargs="+", help="ask only the single-turn dialogs of these of the files (e.g. the "
+                    "hand-written ones, not their paraphrases); the system prompts still come from all")
     args = ap.parse_args(argv)
-    print_rates(run_probes(args.gguf, corpus_probes(args.dialogs), lora=args.lora), PROBE_KINDS, args.show_misses)
+    print_rates(run_probes(args.gguf, corpus_probes(args.dialogs, args.ask), lora=args.lora), PROBE_KINDS,
+                args.show_misses)
     if args.heldout:
         print("after held-out system prompts:")
-        print_rates(run_probes(args.gguf, heldout_system_probes(args.dialogs, args.heldout), lora=args.lora),
+        print_rates(run_probes(args.gguf, heldout_system_probes(args.dialogs, args.heldout, args.ask), lora=args.lora),
                     HELDOUT_KINDS, args.show_misses)
     return 0
 

@@ -11,6 +11,7 @@ rule evaluate:
                 "tune_log": "results/tune/log.csv",
                 "tune_dialogs": TUNE_DIALOGS,
                 "heldout_dialogs": TUNE_DIALOGS_HELDOUT,
+                **({"accept": config["corpus"]["tune_accept"]} if config["corpus"].get("tune_accept") else {}),
             }
             if TUNE
             else {}

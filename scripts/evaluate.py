@@ -16,12 +16,13 @@ def main(inp: dict, tune_dialogs: list, corpus: dict, settings: dict, device: st
     run_evaluate(
         inp["pretrained"], inp.get("tuned"), inp["tokenizer"], inp["pretrain_heldout"], inp.get("tune_heldout"),
         dialogs, heldout, inp["pretrain_log"], inp.get("tune_log"), settings, os.path.dirname(metrics),
-        device=device or None, knobs=read_knobs(),  # once, at the stage's edge
+        device=device or None, accept_path=inp.get("accept"), knobs=read_knobs(),  # knobs once, at the stage's edge
     )
 
 
 if __name__ == "__main__" and "snakemake" in globals():
-    keys = ("pretrained", "tuned", "tokenizer", "pretrain_heldout", "tune_heldout", "pretrain_log", "tune_log")
+    keys = ("pretrained", "tuned", "tokenizer", "pretrain_heldout", "tune_heldout", "pretrain_log", "tune_log",
+            "accept")
     run_script(
         main,
         snakemake.log[0],

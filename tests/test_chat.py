@@ -206,6 +206,13 @@ def test_bench_asks_tune_questions_after_the_heldout_files_own_system_prompts(be
         ("line first", "Short.", PAIRS[2][1]), ("line later", "Short.", PAIRS[2][1])]
     with pytest.raises(SystemExit, match="no system prompt that the tune dialogs do not use"):
         bench.heldout_system_probes([str(tune)], str(tune))
+    # --ask: only the questions of the named files, the system prompts still from all of them
+    extra = tmp_path / "extra.jsonl"
+    extra.write_text(json.dumps({"user": PAIRS[3][0], "assistant": PAIRS[3][1]}) + "\n")
+    asked = bench.heldout_system_probes([str(tune), str(extra)], str(heldout), ask=[str(extra)])
+    assert [(kind, expected) for kind, _, _, expected in asked] == [("line first", PAIRS[3][1])]
+    assert {q for _, _, questions, _ in bench.corpus_probes([str(tune), str(extra)], ask=[str(tune)])
+            for q in questions[-1:]} == {q for q, _ in PAIRS[:3]}
 
 
 # ---- llama.cpp ------------------------------------------------------------------------------------

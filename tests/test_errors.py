@@ -222,11 +222,13 @@ def _cut(p: Path, text: bytes):
         (lambda p: (p / "config.yaml").write_bytes(b"model: [1,\n"), "config.yaml:2:1: not valid YAML"),
         (lambda p: (p / "data/heldout/pretrain.txt").write_text(" \n\n"), "corpus.pretrain_heldout: data/heldout/pretrain.txt is empty"),
         (lambda p: (p / "data/heldout/tune.jsonl").unlink(), "corpus.tune_heldout: data/heldout/tune.jsonl does not exist"),
+        (lambda p: write_config(p, {**TINY, "corpus": {**TINY["corpus"], "tune_accept": "data/heldout/accept.json"}}),
+         "corpus.tune_accept: data/heldout/accept.json does not exist"),
         (lambda p: (p / "data/pretrain/empty.txt").write_text(""), "corpus.pretrain: data/pretrain/empty.txt is empty"),
         (lambda p: write_config(p, {**TINY, "corpus": {"pretrain": "data/pretrain/en.txt"}}),
          "corpus.pretrain: data/pretrain/en.txt is a file; set corpus.pretrain to the folder"),
     ],
-    ids=["tab", "latin1", "invalid", "empty-heldout", "missing-heldout", "empty-file", "file-not-folder"],
+    ids=["tab", "latin1", "invalid", "empty-heldout", "missing-heldout", "missing-accept", "empty-file", "file-not-folder"],
 )
 def test_workflow_stops_at_parse_time_with_one_line(tmp_path, breakage, message):
     path = make_workdir(tmp_path / "wf", TINY)

@@ -224,3 +224,99 @@ def test_moe_model_reports_expert_usage(stages, tmp_path):
     assert usage.shape == (1, 4)
     assert np.allclose(usage.sum(axis=1), 2.0, atol=1e-3)  # each token goes to n_expert_used experts
     assert "Expert usage" in (tmp_path / "eval" / "report.md").read_text()
+
+
+ACCEPT = {"acts": {"greeting": ["hello", "привет"]},
+          "prompts": {"Say hello.": {"act": "greeting"}, "Who are you?": {"has": ["tiny|small", "model"]}}}
+
+
+def test_acceptable_reply_holds_the_act_or_every_fact():
+    from clgpt.eval.accept import acceptable
+
+    acts = ACCEPT["acts"]
+    assert acceptable("Hello, friend!", {"act": "greeting"}, acts)
+    assert acceptable("ПРИВЕТ!", {"act": "greeting"}, acts)  # case aside, in either language
+    assert not acceptable("Bees make honey.", {"act": "greeting"}, acts)
+    assert acceptable("A small model.", {"has": ["tiny|small", "model"]}, acts)
+    assert not acceptable("A small dog.", {"has": ["tiny|small", "model"]}, acts)  # every entry must be there
+    assert acceptable("Spiders have 8 legs.", {"has": ["eight|8"]}, acts)
+
+
+def test_acceptable_share_counts_the_replies_to_heldout_prompts(stages, tmp_path, monkeypatch):
+    """Held-out answers to prompts of the rules file: not word for word, but acceptable, counted by language."""
+    import clgpt.eval.evaluate
+
+    d, tok = stages
+    said = {"Say hello.": "Hello there, friend.", "Say hi.": "Hi!", "Who are you?": "I have no idea."}
+
+    def fake_answers(eng, prompts, max_tokens, stop_id, n_ctx, B, desc=""):
+        last = [tok.decode(ids).rsplit("<|im_start|>user\n", 1)[1].split("<|im_end|>")[0] for ids in prompts]
+        return [tok.encode(said.get(u, "wrong")) for u in last]
+
+    monkeypatch.setattr(clgpt.eval.evaluate, "greedy_answers", fake_answers)
+    (tmp_path / "accept.json").write_text(json.dumps(ACCEPT))
+    m = run_evaluate(
+        str(d / "pre.ckpt"), str(d / "tune.ckpt"), str(d / "tokenizer.json"), str(d / "pretrain_heldout.bin"),
+        str(d / "tune_heldout.bin"), read_dialogs([str(d / "tune.jsonl")]), read_dialogs([str(d / "heldout.jsonl")]),
+        str(d / "pre.csv"), str(d / "tune.csv"), {}, str(tmp_path), accept_path=str(tmp_path / "accept.json"),
+        knobs=Knobs())
+    r = m["acceptable"]
+    # "Say hello." (first reply) passes by its act, "Who are you?" (later reply) fails; "Say hi." has no rule
+    assert r["all"] == {"matches": 1, "total": 2, "rate": 0.5} and r["exact"]["matches"] == 0
+    assert r["by_language"]["en"]["first"] == {"matches": 1, "total": 1, "rate": 1.0}
+    assert r["by_language"]["en"]["later"] == {"matches": 0, "total": 1, "rate": 0.0}
+    assert r["by_language"]["ru"]["all"]["total"] == 0
+    assert r["prompts"] == {"Say hello.": {"acceptable": 1, "exact": 0, "total": 1},
+                            "Who are you?": {"acceptable": 0, "exact": 0, "total": 1}}
+    report = (tmp_path / "report.md").read_text()
+    assert "Acceptable: 1/2 (50.0%)" in report and "| en | 1/2 (50.0%) |" in report
+
+
+@pytest.mark.parametrize("rules, message", [
+    ({"acts": {}, "prompts": {}}, "no acceptable reply for the held-out prompt 'Say hello.'"),
+    ({"acts": {}, "prompts": {"Say hello.": {"act": "greeting"}}}, "act 'greeting' is not one of acts"),
+    ({"acts": {"greeting": []}, "prompts": {}}, "acts.greeting: give a list of phrases"),
+    ({"prompts": {}}, 'expected {"acts"'),
+])
+def test_bad_acceptable_replies_file_is_one_line_naming_it(tmp_path, rules, message):
+    from clgpt.errors import ClgptError
+    from clgpt.eval.accept import load_accept
+
+    path = tmp_path / "accept.json"
+    path.write_text(json.dumps(rules))
+    heldout = [{"messages": [{"role": "user", "content": "Say hello."}, {"role": "assistant", "content": "Hello!"}]}]
+    with pytest.raises(ClgptError) as e:
+        load_accept(str(path), heldout)
+    assert str(path) in str(e.value) and message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_figures_script_counts_the_replies_of_the_first_heldout_dialogs(tmp_path, capsys):
+    """bench/heldout_figures.py: word for word over the dialogs that ask only the first N held-out questions
+    (their conversations included), and the tune replies to the questions of the named files."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "heldout_figures", Path(__file__).resolve().parent.parent / "bench" / "heldout_figures.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    turn = lambda u, a: [{"role": "user", "content": u}, {"role": "assistant", "content": a}]  # noqa: E731
+    heldout = tmp_path / "heldout.jsonl"
+    dialogs = [turn("Old?", "A."), turn("New?", "B."), turn("Tune?", "C.") + turn("Old?", "A."),
+               turn("Tune?", "C.") + turn("New?", "B.")]
+    heldout.write_text("".join(json.dumps({"messages": m}) + "\n" for m in dialogs))
+    written = tmp_path / "written.jsonl"
+    written.write_text(json.dumps({"user": "Tune?", "assistant": "C."}) + "\n")
+    # answers in the file's order: Old? right, New? wrong, (Tune? right, Old? wrong), (Tune? right, New? right)
+    matches = [True, False, True, False, True, True]
+    metrics = {"exact_match": {"tune": {"matches": 1, "total": 2}},
+               "answers": {"heldout": [{"match": m} for m in matches],
+                           "tune": [{"user": "Tune?", "match": True}, {"user": "Other?", "match": False}]}}
+    assert mod.earlier_replies(metrics, str(heldout), 1) == (2, 3)
+    (tmp_path / "m.json").write_text(json.dumps(metrics))
+    assert mod.main([str(tmp_path / "m.json"), str(heldout), "--first", "1", "--written", str(written)]) == 0
+    out = capsys.readouterr().out
+    assert "first 1 dialogs word for word: 2/3" in out and f"{written} word for word: 1/1" in out
+    metrics["answers"]["heldout"].append({"match": True})  # another held-out file's answers
+    with pytest.raises(SystemExit, match="not the held-out file"):
+        mod.earlier_replies(metrics, str(heldout), 1)

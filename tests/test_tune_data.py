@@ -6,6 +6,8 @@ trains, the longest tune conversation fits tune.seq_len and every evaluation con
 from __future__ import annotations
 
 import importlib.util
+import json
+import re
 import shutil
 from pathlib import Path
 
@@ -79,3 +81,36 @@ def test_longest_conversations_fit_seq_len_and_n_ctx(tok):
             ids = encode_prompt(tok, [*opening, *before, {"role": "user", "content": questions[-1]}])
             # room for the reply and its <|im_end|>
             assert len(ids) + len(tok.encode(expected)) + 1 <= n_ctx, (system[:40], questions)
+
+
+def _key(text: str) -> str:
+    """Case and punctuation aside, as data/compose_chats.py compares prompts."""
+    return " ".join(re.sub(r"[^\w\s]", " ", text.lower()).split())
+
+
+def test_heldout_questions_stay_apart_from_the_tune_data():
+    """No held-out question is asked anywhere in the tune data (case and punctuation aside); the held-out
+    split holds everyday openers in both languages, and each of its questions has an acceptable-reply rule,
+    each rule a held-out question."""
+    asked = {_key(m["content"]) for d in read_dialogs(TUNE_FILES) for m in d["messages"] if m["role"] == "user"}
+    heldout = [d["messages"][0]["content"] for d in read_dialogs([str(DATA / "heldout/tune.jsonl")])
+               if [m["role"] for m in d["messages"]] == ["user", "assistant"]]
+    assert len(heldout) == len(set(heldout)) >= 40
+    assert [q for q in heldout if _key(q) in asked] == []
+    russian = [q for q in heldout if CYRILLIC & set(q.lower())]
+    assert len(russian) >= 12 and len(heldout) - len(russian) >= 12
+    rules = json.loads((DATA / "heldout/accept.json").read_text(encoding="utf-8"))
+    assert sorted(rules["prompts"]) == sorted(heldout)
+    # a greeting among them, answered by its act rather than by one sentence
+    assert any(rules["prompts"][q].get("act") == "greeting" for q in russian)
+
+
+def test_heldout_conversations_fit_n_ctx(tok):
+    """Each held-out turn the evaluation asks, with the conversation before it and the expected reply."""
+    n_ctx = yaml.safe_load((ROOT / "config.yaml").read_text())["model"]["n_ctx"]
+    for d in read_dialogs([str(DATA / "heldout/tune.jsonl")]):
+        msgs = d["messages"]
+        for i, m in enumerate(msgs):
+            if m["role"] == "assistant":
+                ids = encode_prompt(tok, msgs[:i])
+                assert len(ids) + len(tok.encode(m["content"])) + 1 <= n_ctx, d["source"]

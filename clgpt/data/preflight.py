@@ -14,7 +14,7 @@ from clgpt.errors import ClgptError
 
 # corpus key -> the suffix of its files (the folders) or of the file (the held-out sets)
 FOLDERS = {"pretrain": TEXT_SUFFIXES, "tune": ".jsonl"}
-FILES = {"pretrain_heldout": TEXT_SUFFIXES, "tune_heldout": ".jsonl"}
+FILES = {"pretrain_heldout": TEXT_SUFFIXES, "tune_heldout": ".jsonl", "tune_accept": ".json"}
 
 
 def _has_text(path: str) -> bool:

@@ -31,6 +31,7 @@ from clgpt.data import PAD_WIDTH, dialog_batches, dialog_rows, load_encoded, tex
 from clgpt.errors import ClgptError
 from clgpt.model import num_params
 from clgpt.training.train import SMOOTHING
+from clgpt.eval.accept import accept_markdown, accept_scores, load_accept
 from clgpt.eval.units import (batch_bytes, bits_per_byte_markdown, documents, heldout_bits_per_byte, tokenizer_markdown,
                          tokenizer_report)
 
@@ -385,6 +386,7 @@ def report_markdown(m: dict) -> str:
             turn = f"{a['turn']}" + (" (system)" if a["kind"] == "system" else "")
             lines.append(f"| {mark} | {turn} | {_cell(a['user'])} | {_cell(a['expected'])} | {_cell(a['answer'])} |")
         lines.append("")
+    lines += accept_markdown(m.get("acceptable"))
     lines += system_heldout_markdown(m)
     return "\n".join(lines)
 
@@ -421,12 +423,14 @@ def run_evaluate(
     settings: dict,
     out_dir: str,
     device=None,
+    accept_path: str | None = None,
     *,
     knobs: Knobs,
 ) -> dict:
     """Write out_dir/metrics.json, report.md and a loss plot per stage (loss_pretrain.png, loss_tune.png
     when tuned), each atomically; return the metrics. Dialogs are {"messages": [...]} dicts as
     clgpt.data.read_dialogs gives them; every assistant turn is answered after the conversation before it.
+    accept_path: the held-out prompts' acceptable replies (clgpt.eval.accept), or None.
     tune_ckpt None: no tune stage; the pretrained model is the one evaluated. knobs: the clgpt.device.knobs
     switches the stage read."""
     from clgpt.inference.generate import Generator
@@ -445,6 +449,7 @@ def run_evaluate(
         h = ck["extra"].get("tokenizer_hash")
         if h and h != tok.hash():
             raise ClgptError(f"{path}: trained with another tokenizer than {tokenizer_path}; re-run the pipeline")
+    rules = load_accept(accept_path, heldout_dialogs) if tuned_run and accept_path else None
     dev = _resolve_device(device)
 
     text_ids, text_meta = load_encoded(pretrain_heldout)
@@ -536,6 +541,7 @@ def run_evaluate(
         "tokenizer": tokenizer_report(tok, documents(tok, text_ids)),
         "forgetting": forgetting,
         "exact_match": exact,
+        "acceptable": accept_scores(answers["heldout"], rules) if rules else None,
         "answers": answers,
         "samples": samples,
         "sampling": {"temperature": 0.8, "top_k": 200, "seed": SAMPLE_SEED},
@@ -561,6 +567,9 @@ def run_evaluate(
         summary += (f"; tune exact match {exact['tune']['matches']}/{exact['tune']['total']} ({by_turn}), held-out "
                     f"{exact['heldout']['matches']}/{exact['heldout']['total']}{_system_summary(exact)}; forgetting "
                     f"{'n/a' if forgetting is None else f'{forgetting:+.4f}'}")
+    if metrics["acceptable"]:
+        ok = metrics["acceptable"]["all"]
+        summary += f"; held-out replies acceptable {ok['matches']}/{ok['total']}"
     print(summary, file=sys.stderr)
     return metrics
 
