@@ -13,14 +13,17 @@ kernels/*.cl files:
 
     launcher.py    Launcher: the one place a kernel is enqueued; kernels by name, buffers, scratch
     core.py        Facts: the decisions made once (capabilities record, precision, op forms); Part; split-K
-    gemm/          the GEMM backends behind one interface, the factory that picks one (gemm/__init__.py)
+    gemm/          the GEMM backends behind one interface, the factory that picks one (gemm/__init__.py):
+                   kernels/matmul.cl, kernels/matmul_mma.cl, kernels/matmul_bf16.cl, kernels/matmul_wgmma.cl
     copies.py      TiledCopies: the tiled bf16 copies wgmma reads, their lifetime kept in copybook.py's CopyBook
-    linear.py      Linear: linear_backward, bias_backward
-    norms.py       Norms: layernorm, rmsnorm
-    layers.py      Layers: cross-entropy, embedding, rope, swiglu, dropout, grad_norm, adamw
-    attention.py   Attention: attention, flash attention
-    grouped.py     Grouped: mixture of experts' grouped products and routing
-    muon.py        Muon: the optimizer's launchers (clgpt/models/params.py makes it on an Ops)
+                   (kernels/gelu.cl)
+    linear.py      Linear: linear_backward, bias_backward (kernels/bias.cl)
+    norms.py       Norms: layernorm, rmsnorm (kernels/layernorm.cl, kernels/rmsnorm.cl, kernels/norm_rows.cl)
+    layers.py      Layers: cross-entropy, embedding, rope, swiglu, dropout, grad_norm, adamw (kernels/xent.cl,
+                   kernels/embedding.cl, kernels/rope.cl, kernels/swiglu.cl, kernels/dropout.cl, kernels/adamw.cl)
+    attention.py   Attention: attention, flash attention (kernels/attention.cl, kernels/flash.cl)
+    grouped.py     Grouped: mixture of experts' grouped products and routing (kernels/moe.cl)
+    muon.py        Muon: the optimizer's launchers (clgpt/models/params.py makes it on an Ops; kernels/muon.cl)
 """
 
 from __future__ import annotations
