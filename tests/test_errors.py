@@ -789,10 +789,13 @@ def test_no_copies_of_the_defaults():
         assert not hasattr(__import__(f"clgpt.{module}", fromlist=["x"]), "DEFAULTS")
     for stage in ("pretrain", "tune"):
         s = stage_settings(stage, {})
-        # AdamW, the default, leaves the optimizer keys out: settings and checkpoints read as before Muon existed
+        # AdamW and tuning auto, the defaults, leave their keys out: settings and checkpoints read as before Muon
+        # and the device tuner existed
         assert defaults(stage)["optimizer"] == "adamw" and "optimizer" not in s and "muon" not in s
-        plain = {k: v for k, v in defaults(stage).items() if k not in ("optimizer", "muon")}
+        assert defaults(stage)["tuning"] == "auto" and "tuning" not in s
+        plain = {k: v for k, v in defaults(stage).items() if k not in ("optimizer", "muon", "tuning")}
         assert {k: s[k] for k in plain} == plain
+        assert stage_settings(stage, {"tuning": "off"})["tuning"] == "off"
         s = stage_settings(stage, {"optimizer": "muon"})
         assert s["optimizer"] == "muon" and s["muon"] == defaults(stage)["muon"]
     assert eval_settings({}) == defaults("evaluate")
