@@ -32,3 +32,14 @@ def max_rel(got: dict, want: dict) -> tuple[float, str]:
         if d > worst:
             worst, where = d, k
     return worst, where
+
+
+def assert_two_runs_match_reference(runs, want_loss: float, want_g: dict):
+    """runs: two (loss, grads) of one engine on one batch. The first matches the float64 reference's loss and
+    gradients; the second is bit for bit the first."""
+    assert abs(runs[0][0] - want_loss) < 1e-5 * max(1.0, abs(want_loss))
+    worst, where = max_rel(runs[0][1], want_g)
+    assert worst < 1e-4, f"grads: {worst:.3e} in {where}"
+    assert runs[0][0] == runs[1][0]
+    for k in runs[0][1]:
+        assert np.array_equal(runs[0][1][k], runs[1][1][k]), f"{k} differs between two identical runs"

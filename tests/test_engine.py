@@ -17,7 +17,7 @@ from clgpt.model import ModelConfig, init_params
 from clgpt.models import reference as ref
 from clgpt.models.gpt2 import GPT2Engine as Engine
 
-from enginecheck import batch, max_rel, noisy_params
+from enginecheck import assert_two_runs_match_reference, batch, max_rel, noisy_params
 
 ROOT = Path(__file__).resolve().parent.parent
 # the noise on the parameters the GPT-2 checks were set with (the norms' weights and biases matter)
@@ -98,12 +98,7 @@ def test_gpu_launch_path_vs_reference_and_determinism(launch, C):
         eng.zero_grad()
         eng.backward()
         runs.append((loss, eng.get_grads()))
-    assert abs(runs[0][0] - want_loss) < 1e-5 * max(1.0, abs(want_loss))
-    worst, where = max_rel(runs[0][1], want_g)
-    assert worst < 1e-4, f"grads: {worst:.3e} in {where}"
-    assert runs[0][0] == runs[1][0]
-    for k in runs[0][1]:
-        assert np.array_equal(runs[0][1][k], runs[1][1][k]), f"{k} differs between two identical runs"
+    assert_two_runs_match_reference(runs, want_loss, want_g)
 
 
 @pytest.mark.parametrize("M,N,K,ta,accum,kmax", [(37, 40, 300, 0, 0, 128), (37, 40, 300, 1, 1, 128),

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import re
 
-import numpy as np
 import pytest
 
 from clgpt.device import tuner, tuning
@@ -183,7 +182,7 @@ def test_engine_on_a_tuned_record_matches_reference_twice(dev):
     """The GPU row with a tuner record (per-product tiles with float4 loads, the weight gradients split along K,
     attention's batched products on its big tiles): grads against the float64 reference, two runs bit-identical,
     and the record's tiles are what the products were built with."""
-    from enginecheck import batch, max_rel, noisy_params
+    from enginecheck import assert_two_runs_match_reference, batch, noisy_params
 
     from clgpt.models import reference as ref
     from clgpt.models.gpt2 import GPT2Engine as Engine
@@ -206,12 +205,7 @@ def test_engine_on_a_tuned_record_matches_reference_twice(dev):
         built = {key[-2] for key in eng.ops.product_kernels}
         assert {id(mm) for mm, _ in shapes.values()} <= built
         assert any(key[6] for key in eng.ops.product_kernels), "no product was split along K"
-    assert abs(runs[0][0] - want_loss) < 1e-5 * max(1.0, abs(want_loss))
-    worst, where = max_rel(runs[0][1], want_g)
-    assert worst < 1e-4, f"grads: {worst:.3e} in {where}"
-    assert runs[0][0] == runs[1][0]
-    for k in runs[0][1]:
-        assert np.array_equal(runs[0][1][k], runs[1][1][k]), f"{k} differs between two identical runs"
+    assert_two_runs_match_reference(runs, want_loss, want_g)
 
 
 def test_stage_setting_checked_and_default_kept_out_of_checkpoints():
