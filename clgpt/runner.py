@@ -79,6 +79,62 @@ def _check_configfile(option: str, path: str) -> None:
         raise ClgptError(f"{option} {e}") from None
 
 
+# Snakemake's own test of a --config key (snakemake.cli.parse_config)
+_SNAKEMAKE_KEY = re.compile(r"[a-zA-Z_][\w-]*\w$")
+_CONFIG = ("--config", "-C")
+
+
+def refused_by_snakemake(argv: list[str]) -> str | None:
+    """clgpt's line for the first --configfile or --config argument of a plain `snakemake` command line that
+    Snakemake refuses with a traceback while it parses its arguments, before the workflow runs (a missing or
+    broken config file, a dotted or malformed --config key); None when there is none. Read in the Snakemake
+    process by Snakemake's logger plugin `clgpt` (snakemake_logger_plugin_clgpt), which the workflow's
+    profiles/default names."""
+    option = None  # the option whose words follow (Snakemake takes every word up to the next option)
+    for arg in argv:
+        name, eq, value = arg.partition("=") if arg.startswith("--") else (arg, "", "")
+        if arg.startswith("-") and arg != "-":  # argparse's test of an option ("-" alone is a value)
+            option = name if name in _CONFIGFILE + _CONFIG else None
+            if not (option and eq):
+                continue
+            arg = value
+        try:
+            if option in _CONFIGFILE:
+                _check_configfile("--configfile", arg)
+            elif option in _CONFIG:
+                _check_snakemake_config(arg)
+        except ClgptError as e:
+            return str(e)
+    return None
+
+
+def _check_snakemake_config(entry: str) -> None:
+    """One --config entry as Snakemake's parser takes it: KEY=VALUE, KEY a plain name."""
+    shown = entry if entry.isprintable() else repr(entry)
+    key, eq, value = entry.partition("=")
+    if not eq:
+        raise ClgptError(f"--config {shown}: give KEY=VALUE (a nested key as --config 'pretrain={{steps: 100}}', "
+                         "or clgpt run pretrain.steps=100)")
+    if _SNAKEMAKE_KEY.match(key):
+        return
+    m = _OVERRIDE.fullmatch(entry)
+    if m and "." in key:
+        *sections, last = key.split(".")
+        nested = value
+        for k in reversed([*sections[1:], last]):
+            nested = f"{{{k}: {nested}}}"
+        raise ClgptError(f"--config {shown}: Snakemake takes no dotted keys; use clgpt run {shown} (with the rest "
+                         f"of the command) or --config '{sections[0]}={nested}'")
+    raise ClgptError(f"--config {shown}: '{key}' is not a config key; the config's keys start with one of "
+                     f"{', '.join(sorted(_schema_keys()))}")
+
+
+def _schema_keys() -> list[str]:
+    from clgpt.config import load_schema
+
+    return sorted(load_schema()["properties"])
+
+
 def _is_key(arg: str) -> bool:
     """Whether `arg` is a dotted config key (section.key, as the schema has it); model.gguf is a target."""
     from clgpt.config import load_schema

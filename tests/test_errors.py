@@ -241,7 +241,7 @@ def test_workflow_stops_at_parse_time_with_one_line(tmp_path, breakage, message)
 def test_configfile_is_read_by_clgpts_loader(tmp_path):
     """A --configfile is read again with YAML 1.2 numbers, and its mistakes name it and the line. (A
     --configfile that does not exist or is not YAML at all is read by Snakemake itself before the
-    workflow runs, so that message is Snakemake's.)"""
+    workflow runs: tests/test_user_mistakes.py::test_plain_snakemake_names_an_argument_it_refuses.)"""
     path = make_workdir(tmp_path / "wf", TINY)
     (path / "more.yaml").write_text("# overrides\ntune:\n  lr: 1e-3\n  warmup_steps: -1\n")
     r = snakemake(path, "-n", "model.gguf", "--configfile", "more.yaml")  # nargs="+": the target first

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 from snakemake.cli import parse_config
 
@@ -289,3 +289,94 @@ def test_a_reply_cut_inside_a_character_leaves_the_character_out():
     ids = tok.encode("caf\u00e9")
     assert len(ids) == 5 and tok.decode(ids[:4]) == "caf\ufffd"
     assert tok.decode(ids[:4], final=False) == "caf" and tok.decode(ids, final=False) == "caf\u00e9"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.sampled_from(["pretrain.steps=100", "a=1", "device=", "=x", "x", "pretrain={steps: 1}", "a-b=1",
+                                  "ab-=1", "_x=1", "é=1"]),
+                 st.text(alphabet="ab._-=1 {}:", max_size=10)))
+def test_refused_by_snakemake_agrees_with_snakemakes_parser(entry):
+    """clgpt's line for a --config entry comes exactly when Snakemake's own parser refuses the entry."""
+    from clgpt.runner import refused_by_snakemake
+
+    assume(entry == "-" or not entry.startswith("-"))  # argparse takes any other "-..." for an option
+    try:
+        parse_config([entry])
+        refused = False
+    except ValueError:
+        refused = True
+    line = refused_by_snakemake(["-n", "--config", entry])
+    assert (line is not None) == refused, (entry, line)
+    assert line is None or (line.startswith("--config ") and "\n" not in line)
+
+
+# ---- plain `snakemake` after the README's `pip install -e .`: Snakemake's argument mistakes ----------
+
+@pytest.fixture(scope="module")
+def editable_install(tmp_path_factory):
+    """(a copy of the workflow, installed as the README says: `pip install -e .` into a fresh environment, and
+    that environment's `snakemake` command). The environment sees the machine's packages but not this
+    checkout's PYTHONPATH, so Snakemake finds the logger plugin only through the install."""
+    import shutil
+
+    tmp = tmp_path_factory.mktemp("editable")
+    work = make_workdir(tmp / "wf")
+    for name in ("pyproject.toml", "setup.cfg", "README.md", "profiles", "snakemake_logger_plugin_clgpt"):
+        (shutil.copytree if (ROOT / name).is_dir() else shutil.copy)(ROOT / name, work / name)
+    venv = tmp / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    r = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", str(work)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    command = venv / "bin" / "snakemake"  # what pip writes for Snakemake's console script
+    command.write_text(f"#!{python}\nimport sys\nfrom snakemake.cli import main\nsys.exit(main())\n")
+    command.chmod(0o755)
+    return work, command
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--configfile", "missing.yaml"], "error: --configfile missing.yaml: config file not found"),
+    (["--config", "pretrain.steps=100"], "error: --config pretrain.steps=100: Snakemake takes no dotted keys; use "
+                                         "clgpt run pretrain.steps=100 (with the rest of the command) or "
+                                         "--config 'pretrain={steps: 100}'"),
+    (["--config", "pretrain.steps=abc"], "error: --config pretrain.steps=abc: Snakemake takes no dotted keys"),
+], ids=["missing-configfile", "dotted-key", "dotted-key-bad-value"])
+def test_plain_snakemake_names_an_argument_it_refuses(editable_install, args, message):
+    """Snakemake reads --configfile and --config before the Snakefile runs, and refuses a missing file or a dotted
+    key with a traceback; the workflow's profile names clgpt's logger plugin, which says clgpt's line instead."""
+    work, command = editable_install
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run([str(command), "-n", "--cores", "1", "model.gguf", *args], cwd=work, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1
+    assert one_line_error(r.stdout + r.stderr).startswith(message), r.stdout + r.stderr
+    r = subprocess.run([str(command), "-n", "--cores", "1", "model.gguf"], cwd=work, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "pretrain" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+def test_snakemake_finds_the_logger_plugin_in_the_wheel(tmp_path):
+    """A wheel install (no checkout): Snakemake's plugin registry lists `clgpt`, and its line for a dotted key."""
+    import shutil
+    import zipfile
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "setup.cfg", "README.md", "clgpt", "kernels", "schemas",
+                 "snakemake_logger_plugin_clgpt"):
+        (shutil.copytree if (ROOT / name).is_dir() else shutil.copy)(ROOT / name, src / name)
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                        str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    site = tmp_path / "site"
+    zipfile.ZipFile(next((tmp_path / "dist").glob("clgpt-*.whl"))).extractall(site)
+    code = ("from snakemake_interface_logger_plugins.registry import LoggerPluginRegistry as R; "
+            "import snakemake_logger_plugin_clgpt as p, clgpt.runner as c; "
+            "print(R().is_installed('clgpt'), p.__file__, c.refused_by_snakemake(['--config', 'tune.lr=1e-3']))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(site)})
+    assert r.returncode == 0, r.stderr
+    found, where, line = r.stdout.split(" ", 2)
+    assert found == "True" and where.startswith(str(site)), r.stdout
+    assert line.startswith("--config tune.lr=1e-3: Snakemake takes no dotted keys"), line
