@@ -8,7 +8,9 @@ import stat
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -487,13 +489,58 @@ def test_sighup_ignored_by_nohup_stays_ignored(tmp_path):
     assert proc.returncode == 0 and out == "still here\n", err
 
 
-def wait_for_output(log: Path, text: str, proc: subprocess.Popen, timeout: float = 300) -> None:
-    """Waits until the output `proc` writes to `log` shows `text` (an event, not a time); fails when `proc`
-    ends first or the output never shows it."""
-    deadline = time.monotonic() + timeout
-    while text not in log.read_text(errors="replace"):
-        assert proc.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")
-        time.sleep(0.05)  # the period of the look at the file, not a wait for the event
+class WorkflowRun:
+    """`python -m snakemake --cores 1 model.gguf` started in a workflow folder, its output (stdout and stderr)
+    read as it comes by a thread, so a test waits for what the run prints (an event), never for a time."""
+
+    def __init__(self, path: Path, proc: subprocess.Popen):
+        self.path, self.proc = path, proc
+        self._out, self._ended = b"", False
+        self._changed = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for chunk in iter(lambda: os.read(self.proc.stdout.fileno(), 65536), b""):
+            with self._changed:
+                self._out += chunk
+                self._changed.notify_all()
+        with self._changed:
+            self._ended = True
+            self._changed.notify_all()
+
+    def wait_for(self, text: str, timeout: float = 300) -> None:
+        """Returns once the output shows `text`; fails when the run's output ends first or `timeout` passes."""
+        with self._changed:
+            self._changed.wait_for(lambda: text.encode() in self._out or self._ended, timeout)
+            assert text.encode() in self._out, self._out.decode(errors="replace")
+
+    def output(self, timeout: float = 60) -> str:
+        """The whole output, once the run (and every process that shares its output) has ended."""
+        self._reader.join(timeout)
+        assert not self._reader.is_alive(), "a process of the run still holds its output open"
+        return self._out.decode(errors="replace")
+
+
+@contextmanager
+def start_workflow(tmp_path: Path, steps: int = 1_000_000):
+    """A WorkflowRun of the tiny pipeline whose pretrain stage would run `steps` steps (far longer than a test:
+    only a stop or a kill ends it), with the stop signals' defaults; on leaving, whatever of it still runs is
+    killed (its stages first: they outlive a killed Snakemake)."""
+    config = json.loads(json.dumps(TINY))
+    config["pretrain"].update(steps=steps, checkpoint_every=steps)
+    path = make_workdir(tmp_path / "wf", config).resolve()
+    proc = subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "1", "model.gguf"], cwd=path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=default_signals)
+    run = WorkflowRun(path, proc)
+    try:
+        yield run
+    finally:
+        if proc.poll() is None:
+            for pid in running_stages(proc.pid):
+                os.kill(pid, signal.SIGKILL)
+            proc.kill()
+            proc.wait()
 
 
 def _stage_pid(cwd: Path, script: str) -> int:
@@ -583,26 +630,12 @@ def test_a_stage_error_is_the_last_line(tmp_path):
 def test_a_stage_killed_outright_gets_clgpts_line(tmp_path):
     """kill -9 (or the kernel's out-of-memory killer) leaves the stage no time to speak: clgpt's line says
     which stage ended and how, instead of Snakemake's block."""
-    config = json.loads(json.dumps(TINY))
-    config["pretrain"].update(steps=100000, checkpoint_every=100000)
-    path = make_workdir(tmp_path / "wf", config).resolve()
-    log = tmp_path / "run.out"
-    with open(log, "w") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "1", "model.gguf"], cwd=path,
-                                stdout=f, stderr=subprocess.STDOUT, preexec_fn=default_signals)
-    try:
-        deadline = time.monotonic() + 300
-        while "loss=" not in log.read_text(errors="replace") and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)  # waits for the event (a training step in the output), not for a time
-        assert proc.poll() is None, log.read_text()
-        os.kill(_stage_pid(path, "pretrain.py"), signal.SIGKILL)
-        proc.wait(300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    out = log.read_text(errors="replace")
-    assert proc.returncode != 0
+    with start_workflow(tmp_path) as run:
+        run.wait_for("loss=")  # a step is done: training runs
+        os.kill(_stage_pid(run.path, "pretrain.py"), signal.SIGKILL)
+        run.proc.wait(300)
+    out = run.output()
+    assert run.proc.returncode != 0
     assert out.rstrip().splitlines()[-1] == ("error: stage pretrain was killed by SIGKILL (out of memory, or `kill -9`); "
                                              "its log: logs/pretrain.log; run the same command again to resume"), out
     assert one_line_error(out)
@@ -613,7 +646,6 @@ def test_stage_stops_when_snakemake_is_killed(tmp_path):
     """A stand-in `snakemake` starts a stage script and is killed with -9: the stage stops by itself
     (as on Ctrl-C, so training saves its checkpoint) and says to --unlock."""
     fake = tmp_path / "snakemake"
-    log = tmp_path / "stage.err"
     child = textwrap.dedent(f"""
         import time
         from clgpt.stage import run_script
@@ -625,26 +657,22 @@ def test_stage_stops_when_snakemake_is_killed(tmp_path):
     """)
     fake.write_text(textwrap.dedent(f"""
         import subprocess, sys, time
-        with open({str(log)!r}, "w") as err:
-            p = subprocess.Popen(["/bin/sh", "-c", 'exec "$0" -c "$1"', sys.executable, {child!r}], stderr=err)
-            print(p.pid, flush=True)
-            time.sleep(120)
+        p = subprocess.Popen(["/bin/sh", "-c", 'exec "$0" -c "$1"', sys.executable, {child!r}])
+        print(p.pid, flush=True)
+        time.sleep(120)
     """))
-    fake_proc = subprocess.Popen([sys.executable, str(fake)], stdout=subprocess.PIPE, text=True,
-                                 env={**os.environ, "PYTHONPATH": str(ROOT)}, preexec_fn=default_signals)
+    # the stage shares the stand-in's stdout and stderr: they end (EOF) when the stage has ended
+    fake_proc = subprocess.Popen([sys.executable, str(fake)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, preexec_fn=default_signals)
     child_pid = int(fake_proc.stdout.readline())
     assert fake_proc.stdout.readline() == "ready\n"  # the stage's watchdog runs: main() has started
     fake_proc.kill()
-    fake_proc.wait()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and os.path.exists(f"/proc/{child_pid}") and \
-            open(f"/proc/{child_pid}/stat").read().split(") ")[1][0] not in "ZX":
-        time.sleep(0.1)
-    alive = os.path.exists(f"/proc/{child_pid}") and open(f"/proc/{child_pid}/stat").read().split(") ")[1][0] not in "ZX"
-    if alive:
+    try:
+        _, text = fake_proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
         os.kill(child_pid, signal.SIGKILL)
-    assert not alive, "the stage kept running after snakemake was killed"
-    text = log.read_text()
+        fake_proc.communicate()
+        raise AssertionError("the stage kept running after snakemake was killed") from None
     assert "snakemake --unlock" in text, text
     assert_one_line(text)
 
@@ -703,30 +731,17 @@ def test_a_stop_signal_to_snakemake_alone_stops_the_stage(tmp_path, sig, words):
     """`kill PID` of the snakemake process only (not its process group), or SIGHUP to it: the training stage
     saves the step it reached and stops at once (Snakemake alone would wait for every step), one line says
     so, and the next run plans pretrain again to resume (no lock left behind)."""
-    config = json.loads(json.dumps(TINY))
-    config["pretrain"].update(steps=1000000, checkpoint_every=1000000)
-    path = make_workdir(tmp_path / "wf", config).resolve()
-    log = tmp_path / "run.out"
-    with open(log, "w") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "1", "model.gguf"], cwd=path,
-                                stdout=f, stderr=subprocess.STDOUT, preexec_fn=default_signals)
-    try:
-        wait_for_output(log, "loss=", proc)  # a step is done: training runs
-        proc.send_signal(sig)
-        proc.wait(300)  # a million steps take far longer: only a stop ends it in time
-    finally:
-        if proc.poll() is None:
-            for pid in running_stages(proc.pid):
-                os.kill(pid, signal.SIGKILL)
-            proc.kill()
-            proc.wait()
-    out = log.read_text(errors="replace")
-    assert proc.returncode != 0
+    with start_workflow(tmp_path) as run:
+        run.wait_for("loss=")  # a step is done: training runs
+        run.proc.send_signal(sig)
+        run.proc.wait(300)  # a million steps take far longer: only a stop ends it in time
+    out = run.output()
+    assert run.proc.returncode != 0
     assert f"pretrain: {words}; saved step" in out, out
     assert out.rstrip().splitlines()[-1] == f"error: {words}; run snakemake again to resume", out
     assert_one_line(out)
-    assert (path / "results/staging/pretrain/model.ckpt.partial").exists()
-    assert "pretrain" in planned_rules(path)
+    assert (run.path / "results/staging/pretrain/model.ckpt.partial").exists()
+    assert "pretrain" in planned_rules(run.path)
 
 
 def test_stale_lock_is_told_apart_from_a_live_one(tmp_path):
@@ -736,12 +751,10 @@ def test_stale_lock_is_told_apart_from_a_live_one(tmp_path):
     (locks / "0.input.lock").write_text("")
     assert stale_lock(tmp_path)
     fake = tmp_path / "snakemake"  # a running snakemake working in that folder owns the lock
-    fake.write_text("import time\ntime.sleep(60)\n")
-    proc = subprocess.Popen([sys.executable, str(fake)], cwd=tmp_path)
+    fake.write_text("import time\nprint('ready', flush=True)\ntime.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, str(fake)], cwd=tmp_path, stdout=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and str(fake) not in open(f"/proc/{proc.pid}/cmdline").read():
-            time.sleep(0.05)
+        assert proc.stdout.readline() == "ready\n"  # it runs as `python .../snakemake`
         assert not stale_lock(tmp_path)
     finally:
         proc.kill()
