@@ -489,6 +489,12 @@ def test_sighup_ignored_by_nohup_stays_ignored(tmp_path):
     assert proc.returncode == 0 and out == "still here\n", err
 
 
+def sigint_ignored() -> None:
+    """preexec_fn of a run started as a script or a scheduler starts one in the background: SIGINT ignored."""
+    default_signals()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class WorkflowRun:
     """`python -m snakemake --cores 1 model.gguf` started in a workflow folder, its output (stdout and stderr)
     read as it comes by a thread, so a test waits for what the run prints (an event), never for a time."""
@@ -523,15 +529,16 @@ class WorkflowRun:
 
 
 @contextmanager
-def start_workflow(tmp_path: Path, steps: int = 1_000_000):
+def start_workflow(tmp_path: Path, steps: int = 1_000_000, dispositions=default_signals):
     """A WorkflowRun of the tiny pipeline whose pretrain stage would run `steps` steps (far longer than a test:
-    only a stop or a kill ends it), with the stop signals' defaults; on leaving, whatever of it still runs is
-    killed (its stages first: they outlive a killed Snakemake)."""
+    only a stop or a kill ends it), started with the signal dispositions `dispositions` sets (the stop signals'
+    defaults); on leaving, whatever of it still runs is killed (its stages first: they outlive a killed
+    Snakemake)."""
     config = json.loads(json.dumps(TINY))
     config["pretrain"].update(steps=steps, checkpoint_every=steps)
     path = make_workdir(tmp_path / "wf", config).resolve()
     proc = subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "1", "model.gguf"], cwd=path,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=default_signals)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=dispositions)
     run = WorkflowRun(path, proc)
     try:
         yield run
@@ -614,12 +621,16 @@ def test_ctrl_c_in_the_pipeline_ends_with_clgpts_line(tmp_path, sig, words):
     assert "pretrain" in planned_rules(path)
 
 
-def test_a_stage_error_is_the_last_line(tmp_path):
-    """A bad line in a tune file: the stage's one line, and nothing of Snakemake's failed-job block after it."""
+@pytest.mark.parametrize("dispositions", [default_signals, sigint_ignored], ids=["terminal", "background"])
+def test_a_stage_error_is_the_last_line(tmp_path, dispositions):
+    """A bad line in a tune file: the stage's one line, and nothing of Snakemake's failed-job block after it,
+    whether Snakemake started with SIGINT live (a terminal) or ignored (in the background: Snakemake's own
+    Ctrl-C handler, which once alone quieted the block, is not set then)."""
     path = make_workdir(tmp_path / "wf")
     with open(path / "data/tune/en.jsonl", "a") as f:
         f.write('{"messages": [}\n')
-    r = snakemake(path, "model.gguf")
+    r = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", "model.gguf"], cwd=path,
+                       capture_output=True, text=True, timeout=900, preexec_fn=dispositions)
     out = r.stdout + r.stderr
     assert r.returncode != 0
     assert one_line_error(out).startswith("error: data/tune/en.jsonl:13: not valid JSON"), out
@@ -726,12 +737,15 @@ def test_forward_stops_signals_the_stage_not_its_shell(tmp_path, sig, words):
     assert err.splitlines() == [f"error: {words}; run snakemake again to resume"] * 2, err
 
 
-@pytest.mark.parametrize("sig, words", STOPS[1:], ids=["SIGTERM", "SIGHUP"])
-def test_a_stop_signal_to_snakemake_alone_stops_the_stage(tmp_path, sig, words):
+@pytest.mark.parametrize("sig, words, dispositions", [(*STOPS[1], default_signals), (*STOPS[2], default_signals),
+                                                       (*STOPS[1], sigint_ignored)],
+                         ids=["SIGTERM", "SIGHUP", "SIGTERM-background"])
+def test_a_stop_signal_to_snakemake_alone_stops_the_stage(tmp_path, sig, words, dispositions):
     """`kill PID` of the snakemake process only (not its process group), or SIGHUP to it: the training stage
     saves the step it reached and stops at once (Snakemake alone would wait for every step), one line says
-    so, and the next run plans pretrain again to resume (no lock left behind)."""
-    with start_workflow(tmp_path) as run:
+    so, and the next run plans pretrain again to resume (no lock left behind); also for a Snakemake started
+    in the background (SIGINT ignored)."""
+    with start_workflow(tmp_path, dispositions=dispositions) as run:
         run.wait_for("loss=")  # a step is done: training runs
         run.proc.send_signal(sig)
         run.proc.wait(300)  # a million steps take far longer: only a stop ends it in time
@@ -816,12 +830,13 @@ def test_no_copies_of_the_defaults():
 
 def test_wheel_carries_kernels_and_schema(tmp_path):
     """`pip wheel .` outside the checkout: the wheel holds every package module (subpackages included),
-    kernels/*.cl and the schema, and an install of it finds them with no checkout around."""
+    kernels/*.cl and the schema, and an install of it finds them with no checkout around; Snakemake's plugin
+    registry lists its logger plugin `clgpt` (which profiles/default names)."""
     import zipfile
 
     src = tmp_path / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md", "clgpt", "kernels", "schemas"):
+    for name in ("pyproject.toml", "setup.cfg", "README.md", "clgpt", "kernels", "schemas", "snakemake_logger_plugin_clgpt"):
         (__import__("shutil").copytree if (ROOT / name).is_dir() else __import__("shutil").copy)(ROOT / name, src / name)
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"), str(src)],
                        capture_output=True, text=True, timeout=600)
@@ -842,6 +857,12 @@ def test_wheel_carries_kernels_and_schema(tmp_path):
     assert r.returncode == 0, r.stderr
     schema, kernel_dir, lr = r.stdout.split()
     assert schema.startswith(str(site)) and kernel_dir == str(site / "clgpt" / "kernels") and float(lr) == 0.001
+    code = ("from snakemake_interface_logger_plugins.registry import LoggerPluginRegistry as R; "
+            "import snakemake_logger_plugin_clgpt as p; print(R().is_installed('clgpt'), p.__file__)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(site)})
+    assert r.returncode == 0 and r.stdout.split() == ["True", str(site / "snakemake_logger_plugin_clgpt" / "__init__.py")], \
+        r.stdout + r.stderr
 
 
 # ---- training: the log across a resume, silent truncation, an unreachable vocabulary ----------------
