@@ -147,7 +147,7 @@ def test_heldout_loss_matches_reference(stages, tmp_path):
 
 def test_exact_match_counts_generated_answers(stages, tmp_path, monkeypatch):
     """Answers that get the first tune prompt right (with stray spaces) and the rest wrong."""
-    import clgpt.eval.evaluate
+    import clgpt.eval.answers
 
     d, tok = stages
     right = DIALOGS[0]["user"]
@@ -162,7 +162,7 @@ def test_exact_match_counts_generated_answers(stages, tmp_path, monkeypatch):
             out.append(tok.encode(" " + DIALOGS[0]["assistant"] + " " if last_user == right else "wrong"))
         return out
 
-    monkeypatch.setattr(clgpt.eval.evaluate, "greedy_answers", fake_answers)
+    monkeypatch.setattr(clgpt.eval.answers, "greedy_answers", fake_answers)
     m = evaluate(d, tmp_path)
     assert {k: m["exact_match"]["tune"][k] for k in ("matches", "total", "rate")} == {"matches": 1, "total": 3,
                                                                                       "rate": 1 / 3}
@@ -185,6 +185,28 @@ def test_exact_match_counts_generated_answers(stages, tmp_path, monkeypatch):
         ("Be brief.", "What is two plus two?", 1, False), ("Be brief.", "What is two plus two?", 2, False)]
     report = (tmp_path / "report.md").read_text()
     assert "| one line | 1/3 (33.3%) | 1/3 (33.3%) |" in report and "| paragraph | 0/0 (0.0%) | 0/0 (0.0%) |" in report
+
+
+def test_tune_sample_answers_evenly_spaced_conversations_and_says_so(stages, tmp_path, monkeypatch):
+    """tune_sample 2 of the 3 tune dialogs: the first and the last are answered, and only their questions are
+    asked after the held-out system prompt; the held-out dialogs are all answered; the report says so."""
+    import clgpt.eval.answers
+
+    d, tok = stages
+
+    def fake_answers(eng, prompts, max_tokens, stop_id, n_ctx, B, desc=""):
+        return [tok.encode("Hi!") for _ in prompts]
+
+    monkeypatch.setattr(clgpt.eval.answers, "greedy_answers", fake_answers)
+    m = evaluate(d, tmp_path, tune_sample=2)
+    t = m["exact_match"]["tune"]
+    assert [a["user"] for a in m["answers"]["tune"]] == [DIALOGS[0]["user"], DIALOGS[2]["user"]]
+    assert (t["matches"], t["total"], t["conversations"], t["of"]) == (1, 2, 2, 3)
+    assert m["exact_match"]["heldout"]["total"] == len(HELDOUT_TURNS)
+    assert sorted({a["user"] for a in m["answers"]["system_heldout"]}) == sorted([DIALOGS[0]["user"], DIALOGS[2]["user"]])
+    assert "Exact match: 1/2 (50.0%) over 2 of the 3 tune conversations, evenly spaced" in (tmp_path / "report.md").read_text()
+    every = evaluate(d, tmp_path / "all", tune_sample=3)
+    assert every["exact_match"]["tune"]["total"] == 3 and "evenly spaced" not in (tmp_path / "all" / "report.md").read_text()
 
 
 def test_batched_greedy_answers_match_the_generator(stages):
@@ -244,7 +266,7 @@ def test_acceptable_reply_holds_the_act_or_every_fact():
 
 def test_acceptable_share_counts_the_replies_to_heldout_prompts(stages, tmp_path, monkeypatch):
     """Held-out answers to prompts of the rules file: not word for word, but acceptable, counted by language."""
-    import clgpt.eval.evaluate
+    import clgpt.eval.answers
 
     d, tok = stages
     said = {"Say hello.": "Hello there, friend.", "Say hi.": "Hi!", "Who are you?": "I have no idea."}
@@ -253,7 +275,7 @@ def test_acceptable_share_counts_the_replies_to_heldout_prompts(stages, tmp_path
         last = [tok.decode(ids).rsplit("<|im_start|>user\n", 1)[1].split("<|im_end|>")[0] for ids in prompts]
         return [tok.encode(said.get(u, "wrong")) for u in last]
 
-    monkeypatch.setattr(clgpt.eval.evaluate, "greedy_answers", fake_answers)
+    monkeypatch.setattr(clgpt.eval.answers, "greedy_answers", fake_answers)
     (tmp_path / "accept.json").write_text(json.dumps(ACCEPT))
     m = run_evaluate(
         str(d / "pre.ckpt"), str(d / "tune.ckpt"), str(d / "tokenizer.json"), str(d / "pretrain_heldout.bin"),

@@ -218,6 +218,29 @@ def test_dialog_batches_mask_only_the_reply(data):
     assert n_real == sum(len(d) - 1 for d in docs if any(np.array_equal(d[:-1], t[: len(d) - 1]) for t in tokens))
 
 
+def test_bucketed_dialog_batches_pad_less_and_draw_each_dialog_once_an_epoch(tmp_path):
+    from clgpt.data import load_encoded
+
+    # 30 dialogs (no token 0, the padding), a third of them 50 to 59 tokens, the rest 6 to 15: batches of 4
+    # rows pad to 32 or 64 tokens
+    docs = [[BOS, USER, *[1 + (i + k) % 29 for k in range(1 + i % 10 + 44 * (i % 3 == 0))], ASSISTANT, 5, EOS]
+            for i in range(30)]
+    pos = [len(d) - 3 for d in docs]
+    ids, meta = load_encoded(write_encoded(tmp_path / "tune.bin", docs, "dialog", pos))
+    widths = {}
+    for bucket in (0, 8):
+        b = DialogBatches(ids, meta, stage_settings("tune", settings(batch_size=4, seq_len=96, bucket=bucket)),
+                          "tune.bin")
+        firsts, w = [], []
+        for _ in range(15):  # an epoch and a half: 30 rows is not a whole number of batches of 4
+            tokens, _, _, _ = b.next()
+            w.append(tokens.shape[1])
+            firsts += [int(np.count_nonzero(r)) for r in tokens]
+        assert sorted(firsts[:30]) == sorted(len(d) - 1 for d in docs), bucket  # each dialog once in the 1st epoch
+        widths[bucket] = w
+    assert sum(widths[8]) < 0.8 * sum(widths[0]), widths
+
+
 def test_tune_loss_ignores_user_targets(data, pretrained):
     from clgpt.data import load_encoded
     from clgpt.models.factory import make_engine

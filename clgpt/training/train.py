@@ -75,6 +75,8 @@ def stage_settings(stage: str, settings: dict) -> dict:
         del s["lora"]
     if s.get("tuning") == "auto":  # the default: settings (and checkpoints) as before the device tuner existed
         del s["tuning"]
+    if s.get("bucket") == 0:  # random batches: settings (and checkpoints) as before bucketing existed
+        del s["bucket"]
     if s.get("optimizer") == "adamw":  # AdamW alone: settings (and checkpoints) as before Muon existed
         del s["optimizer"], s["muon"]
     if s.get("lora") and s["ranks"] > 1:
