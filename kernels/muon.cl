@@ -8,6 +8,14 @@
 //   muon_norms:      scale[g] = 1 / max(||x[offs[g] .. + n)||_F, eps): work-group g, `parts` work-items, item i
 //                    the squares of chunk i (chunk = ceil(n / parts)), then item 0 their sum in order of i
 //   muon_scale:      y[g*ld + j] = x[offs[g] + j] * scale[g]                  (X0 = U / max(||U||_F, eps))
+//   The GPU form of the two (a stack of a few matrices gave muon_norms a work-group each, a few hundred work-items
+//   walking chunks apart: ~270 us a shape on an H100):
+//   muon_norm_parts: part[g*parts + p] = the squares of chunk p of matrix g (chunk floats, the last one clipped at
+//                    n): work-group (p, g) of NORM_LOCAL work-items, item i its elements i, i + NORM_LOCAL, ...,
+//                    then a tree over the items' sums
+//   muon_scale_parts: muon_scale, each work-group first summing the parts of its matrix g by the same tree
+//                    (item i: parts i, i + NORM_LOCAL, ...), scale = 1 / max(sqrt(sum), eps); item j of the
+//                    get_global_size(0) scales entries j, j + get_global_size(0), ...
 //   muon_poly:       P[j] = c A A[j] + (b A[j] + a I), P holding c A A (the batched GEMM's), r x r matrices
 //                    ld >= r*r floats apart, j < total = count * ld     (X' = a X + (b A + c A A) X = P X)
 //   muon_update:     p[offs[g] + j] = p[offs[g] + j] * decay - lr_adj * o[g*ld + j]  (decay = 1 - lr wd; o: NS's)
@@ -41,6 +49,49 @@ __kernel void muon_norms(const int n, const int chunk, const float eps, __global
     float t = 0.0f;
     for (int k = 0; k < parts; k++) t += part[k];
     scale[g] = 1.0f / fmax(sqrt(t), eps);
+}
+
+#define NORM_LOCAL 128  // clgpt/ops/muon.py NORM_LOCAL: the work-group size of the two kernels below
+
+// s[0] = the sum of s[0 .. NORM_LOCAL) over a fixed tree (i: this work-item); every item may read s[0] after it
+inline void tree_sum(__local float* s, const int i)
+{
+    for (int h = NORM_LOCAL / 2; h > 0; h >>= 1) {
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (i < h) s[i] += s[i + h];
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+}
+
+__kernel __attribute__((reqd_work_group_size(NORM_LOCAL, 1, 1)))
+void muon_norm_parts(const int n, const int chunk, __global const int* offs, __global const float* x,
+                     __global float* part)
+{
+    __local float s[NORM_LOCAL];
+    const int i = get_local_id(0), p = get_group_id(0), parts = get_num_groups(0), g = get_group_id(1);
+    const int hi = min(n, (p + 1) * chunk);
+    __global const float* xg = x + offs[g];
+    float t = 0.0f;
+    for (int j = p * chunk + i; j < hi; j += NORM_LOCAL) t += xg[j] * xg[j];
+    s[i] = t;
+    tree_sum(s, i);
+    if (i == 0) part[g * parts + p] = s[0];
+}
+
+__kernel __attribute__((reqd_work_group_size(NORM_LOCAL, 1, 1)))
+void muon_scale_parts(const int n, const int ld, const int parts, const float eps, __global const int* offs,
+                      __global const float* x, __global const float* part, __global float* y)
+{
+    __local float s[NORM_LOCAL];
+    const int i = get_local_id(0), g = get_group_id(1), step = get_global_size(0);
+    float t = 0.0f;
+    for (int k = i; k < parts; k += NORM_LOCAL) t += part[g * parts + k];
+    s[i] = t;
+    tree_sum(s, i);
+    const float scale = 1.0f / fmax(sqrt(s[0]), eps);
+    __global const float* xg = x + offs[g];
+    __global float* yg = y + (long)g * ld;
+    for (int j = get_global_id(0); j < n; j += step) yg[j] = xg[j] * scale;
 }
 
 __kernel void muon_scale(const int n, const int ld, __global const int* offs, __global const float* x,

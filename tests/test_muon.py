@@ -75,6 +75,30 @@ def test_muon_norms_scale_poly_update_kernels(dev):
              atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.parametrize("chunk", [300, 5])
+def test_muon_norm_parts_and_scale_parts_kernels(dev, chunk):
+    """The GPU form of the norm and the copy into the stack: three matrices (one all zero) summed in chunks by many
+    work-groups, the parts summed again by every work-group that scales (chunk 5: more parts than its work-items)."""
+    n, offs, L, ld = 777, np.array([33, 1000, 2000], np.int32), 128, 800
+    G, parts = len(offs), -(-n // chunk)
+    x = rand(3000, 12)
+    x[offs[1]: offs[1] + n] = 0.0
+    mats = [x[o: o + n].astype(np.float64) for o in offs]
+    got = run_op(dev, "muon", "muon_norm_parts", (parts * L, G), [("n", i32(n)), ("c", i32(chunk)), ("offs", offs),
+                                                                   ("x", x), ("part", np.zeros(G * parts, f32))],
+                 lsize=(L, 1))
+    want = [[(m[p * chunk: (p + 1) * chunk] ** 2).sum() for p in range(parts)] for m in mats]
+    assert_close(got["part"], np.array(want).reshape(-1), 1e-6, 1e-5, "muon_norm_parts")
+    inv = np.array([1.0 / max(np.linalg.norm(m), 1e-7) for m in mats])
+    y0 = rand((G, ld), 13)  # the padding between the stack's matrices stays as it was
+    want_y = y0.astype(np.float64).copy()
+    want_y[:, :n] = np.stack([m * v for m, v in zip(mats, inv)])
+    for items in (L, 2 * L):  # a work-item scales entries a global size apart
+        check_op(dev, "muon", "muon_scale_parts", (items, G),
+                 [("n", i32(n)), ("ld", i32(ld)), ("parts", i32(parts)), ("eps", f32(1e-7)), ("offs", offs),
+                  ("x", x), ("part", got["part"]), ("y", y0)], {"y": want_y}, atol=1e-6, rtol=1e-5, lsize=(L, 1))
+
+
 # ---- Newton-Schulz through the GEMM ----
 
 @pytest.mark.parametrize("rows, cols", [(24, 40), (40, 24), (32, 32), (96, 8)])

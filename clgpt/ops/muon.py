@@ -32,6 +32,9 @@ import pyopencl as cl
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
 NS_EPS = 1e-7  # torch.optim.Muon's EPS: the norm's floor
 NORM_PARTS_MAX = 256  # kernels/muon.cl's muon_norms: work-items a matrix
+NORM_LOCAL = 128  # kernels/muon.cl's NORM_LOCAL: work-items a work-group of muon_norm_parts, muon_scale_parts
+NORM_CHUNK = 4096  # floats a work-group of muon_norm_parts sums (32 a work-item): a shape's stack, a few hundred
+SCALE_PER_ITEM = 4  # entries a work-item of muon_scale_parts scales (each work-group sums the parts first)
 i32, f32 = np.int32, np.float32
 
 
@@ -54,7 +57,8 @@ class Muon:
     def __init__(self, ops):
         self.ops, self.launcher, self.local = ops, ops.launcher, ops.launch["local_1d"]
         self.k = {name: ops.dev.kernel("muon", name) for name in
-                  ("muon_momentum", "muon_norms", "muon_scale", "muon_poly", "muon_update")}
+                  ("muon_momentum", "muon_norms", "muon_scale", "muon_norm_parts", "muon_scale_parts", "muon_poly",
+                   "muon_update")}
         # batched products where the device's GEMM has a batched form: the local-memory kernel, or tensor cores
         self.batched = ops.mm["kernel"] == "matmul" or ops.mma is not None
         self._bufs, self._offs = {}, {}
@@ -99,12 +103,8 @@ class Muon:
         n, G = rows * cols, len(offs)
         ld = self.stack_stride(rows, cols)
         table = self._table(offs)
-        parts = norm_parts(n)
-        scale = self._buf("scale", G)
-        self.launcher.launch_plain(self.k["muon_norms"], (parts * G,), (parts,),
-                                   (i32(n), i32(-(-n // parts)), f32(eps), table, U, scale))
         X, Xn = self._buf("x0", G * ld), self._buf("x1", G * ld)
-        self._run("muon_scale", n, i32(n), i32(ld), table, U, scale, X, count=G)
+        self._scale(U, table, n, G, ld, eps, X)
         rr = self._aligned(min(rows, cols) ** 2)  # the stride of the (r, r) stacks A, P
         A, P = self._buf("gram", G * rr), self._buf("poly", G * rr)
         if self.batched:
@@ -115,6 +115,24 @@ class Muon:
             self._iterate(1, rows, cols, ns_steps, coeffs, sub(X, g * ld), sub(Xn, g * ld), sub(A, g * rr),
                           sub(P, g * rr), ld, rr)
         return X if ns_steps % 2 == 0 else Xn  # each iteration writes the other of the two
+
+    def _scale(self, U, table, n, G, ld, eps, X):
+        """X (the stack, ld apart) = each matrix of U at `table`'s offsets over its norm (floored at eps)."""
+        if self.batched:  # a GPU: the squares summed by hundreds of work-groups, their parts by each scaling one
+            parts = -(-n // NORM_CHUNK)
+            part = self._buf("norm_parts", G * parts)
+            self.launcher.launch(self.k["muon_norm_parts"], (parts * NORM_LOCAL, G), (NORM_LOCAL, 1),
+                                 (i32(n), i32(NORM_CHUNK), table, U, part))
+            items = -(-n // (SCALE_PER_ITEM * NORM_LOCAL)) * NORM_LOCAL
+            self.launcher.launch(self.k["muon_scale_parts"], (items, G), (NORM_LOCAL, 1),
+                                 (i32(n), i32(ld), i32(parts), f32(eps), table, U, part, X))
+            return
+        # the CPU form: a work-group a matrix, its chunks summed in order (PoCL runs the loops vectorised)
+        parts = norm_parts(n)
+        scale = self._buf("scale", G)
+        self.launcher.launch_plain(self.k["muon_norms"], (parts * G,), (parts,),
+                                   (i32(n), i32(-(-n // parts)), f32(eps), table, U, scale))
+        self._run("muon_scale", n, i32(n), i32(ld), table, U, scale, X, count=G)
 
     def _iterate(self, G, rows, cols, ns_steps, coeffs, X, Xn, A, P, ld, rr):
         """ns_steps Newton-Schulz iterations on the stacks X (G matrices (rows, cols), ld apart) with A, P (rr
