@@ -14,7 +14,7 @@ from clgpt.model import ModelConfig, init_params, muon_matrices
 from clgpt.models import reference as ref
 from clgpt.models.factory import make_engine
 from clgpt.ops import Ops
-from clgpt.ops.muon import Muon, lr_scale
+from clgpt.ops.muon import Muon, gram_splits, lr_scale
 from conftest import assert_close, from_dev, to_dev
 from opcheck import check_op, run_op
 from precisioncheck import emulated_knobs
@@ -130,14 +130,16 @@ BATCHED_FORMS = {  # the device's GEMM forms that orthogonalise a shape's matric
 
 
 @pytest.mark.parametrize("form", list(BATCHED_FORMS))
-@pytest.mark.parametrize("rows, cols", [(40, 24), (24, 40)])
+@pytest.mark.parametrize("rows, cols", [(72, 40), (40, 72), (512, 48), (48, 512)])
 def test_newton_schulz_batched_products_match_float64(dev, form, rows, cols):
     """The GPU forms (local-memory tiles; tensor cores, emulated) take the batched products: each matrix of the
-    stack against float64, to its precision's tolerance."""
+    stack against float64, to its precision's tolerance. 512 deep, the Gram product runs as 2 chunks of K
+    (gram_splits); its 40 or 48 wide output is more than one tile of the tests' 32 (a tile above the diagonal
+    skipped, its entries mirrored from below)."""
     knobs, precision, tol = BATCHED_FORMS[form]
     cfg = ModelConfig(vocab_size=32, n_ctx=8, n_embd=16, n_head=2, n_layer=1, n_ff=32)
     mu = Muon(Ops(dev, cfg, 8, precision, knobs=knobs()))
-    assert mu.batched
+    assert mu.batched and gram_splits(max(rows, cols)) == (2 if max(rows, cols) == 512 else 1)
     n = rows * cols
     offs = [64, 64 + n + 128, 3 * n + 320]
     u = rand(offs[-1] + n, 8, 0.1)
@@ -151,8 +153,8 @@ def test_newton_schulz_batched_products_match_float64(dev, form, rows, cols):
 
 # ---- whole steps: the store's Muon step against the reference ----
 
-def _engine(cfg, dev, params, muon=True):
-    return make_engine(cfg, params, batch_size=2, seq_len=cfg.n_ctx, device=dev, muon=muon, knobs=Knobs())
+def _engine(cfg, dev, params, muon=True, knobs=None):
+    return make_engine(cfg, params, batch_size=2, seq_len=cfg.n_ctx, device=dev, muon=muon, knobs=knobs or Knobs())
 
 
 def _step(eng, cfg, seed, lr=3e-3, muon=MUON, clip=1.0):
@@ -221,12 +223,15 @@ def test_muon_launches_a_shape(dev):
 
 
 
+@pytest.mark.parametrize("row", ["device", "gpu"])
 @pytest.mark.parametrize("arch", list(CFGS))
-def test_muon_steps_match_the_float64_reference(dev, arch):
-    """Two steps (momentum carried): the block matrices move by Muon, every other tensor by AdamW."""
+def test_muon_steps_match_the_float64_reference(dev, arch, row):
+    """Two steps (momentum carried): the block matrices move by Muon, every other tensor by AdamW. Row gpu: the
+    GPU row's batched form (its norm in parts, the Gram product on the lower tiles, fp32)."""
     cfg = CFGS[arch]
     p = init_params(cfg, 3)
-    eng = _engine(cfg, dev, p)
+    eng = _engine(cfg, dev, p, knobs=Knobs(launch="gpu") if row == "gpu" else None)
+    assert Muon(eng.ops).batched == (row == "gpu")
     mats = muon_matrices(cfg)
     assert mats and all(n.startswith("blk.") for n in mats) and "token_embd.weight" not in mats
     want = {k: v.astype(np.float64) for k, v in p.items()}

@@ -13,7 +13,12 @@ in the same order), which is why P needs no transpose.
 All the matrices of one shape go together (`orthogonalize` takes their offsets): one norm launch, one copy into
 a stack (matrix g at g ld, ld = R C rounded up to the sub-buffer alignment), each product one batched launch over
 the stack (ops.bmm), one update; so a step's launches grow with the number of distinct shapes, not of matrices
-(a GPU's step was launch-bound per matrix). The batched products take the precision path of the batched GEMM:
+(a GPU's step was launch-bound per matrix). On that batched (GPU) form a shape's stack is a few matrices, too few
+work-groups for a GPU, so: the norm is summed in chunks by hundreds of work-groups (muon_norm_parts) and their
+parts again by each work-group of the copy (muon_scale_parts); the Gram product A runs on the tiles on or below
+the diagonal alone (causal 1: A is symmetric), its K cut into gram_splits chunks that run as more of the batch;
+muon_gram_poly sums the chunks in order into A, mirrored, and P = b A + a I; the A A product adds c A A into P
+(accum). Still 2 + 4 ns_steps + 1 launches a shape. The batched products take the precision path of the batched GEMM:
 the local-memory kernel (fp32 or tf32/bf16-rounded operands), or the mma kernel on fp32 operands rounded to
 tf32/bf16 where the device has tensor cores (there is no batched form on bf16 operand copies or wgmma: the
 rounding is the same, bf16 operands and fp32 sums).
@@ -35,6 +40,7 @@ NORM_PARTS_MAX = 256  # kernels/muon.cl's muon_norms: work-items a matrix
 NORM_LOCAL = 128  # kernels/muon.cl's NORM_LOCAL: work-items a work-group of muon_norm_parts, muon_scale_parts
 NORM_CHUNK = 4096  # floats a work-group of muon_norm_parts sums (32 a work-item): a shape's stack, a few hundred
 SCALE_PER_ITEM = 4  # entries a work-item of muon_scale_parts scales (each work-group sums the parts first)
+GRAM_SPLIT_MIN_K = 256  # the batched Gram product's K chunks: at least this deep (as MMA_SPLIT_MIN_K)
 i32, f32 = np.int32, np.float32
 
 
@@ -44,6 +50,15 @@ def lr_scale(rule: str, rows: int, cols: int) -> float:
     if rule == "match_rms_adamw":
         return 0.2 * math.sqrt(max(rows, cols))
     return math.sqrt(max(1.0, rows / cols))
+
+
+def gram_splits(K: int) -> int:
+    """Chunks S the batched Gram product's K is cut into: the most that give equal chunks, each a multiple of 32
+    and at least GRAM_SPLIT_MIN_K deep (1: none)."""
+    for S in range(K // GRAM_SPLIT_MIN_K, 1, -1):
+        if K % S == 0 and (K // S) % 32 == 0:
+            return S
+    return 1
 
 
 def norm_parts(n: int) -> int:
@@ -58,7 +73,7 @@ class Muon:
         self.ops, self.launcher, self.local = ops, ops.launcher, ops.launch["local_1d"]
         self.k = {name: ops.dev.kernel("muon", name) for name in
                   ("muon_momentum", "muon_norms", "muon_scale", "muon_norm_parts", "muon_scale_parts", "muon_poly",
-                   "muon_update")}
+                   "muon_gram_poly", "muon_update")}
         # batched products where the device's GEMM has a batched form: the local-memory kernel, or tensor cores
         self.batched = ops.mm["kernel"] == "matmul" or ops.mma is not None
         self._bufs, self._offs = {}, {}
@@ -79,10 +94,11 @@ class Muon:
         return t
 
     def _run(self, name, n, *args, count=1):
-        """Kernel `name` over n work-items (padded to the 1-D local size) times `count` matrices."""
+        """Kernel `name` over n work-items (padded to the 1-D local size) times `count` matrices (through the
+        launcher's kept kernels: a step's launches repeat, and only muon_update's scalars follow the schedule)."""
         g = -(-n // self.local) * self.local
-        self.launcher.launch_plain(self.k[name], (g, count) if count > 1 else (g,),
-                                   (self.local, 1) if count > 1 else (self.local,), args)
+        self.launcher.launch(self.k[name], (g, count) if count > 1 else (g,),
+                             (self.local, 1) if count > 1 else (self.local,), args)
 
     def momentum(self, n, mu, nesterov, grad, buf, u, norm_buf):
         """buf = lerp(buf, g, 1 - mu), u = nesterov ? lerp(g, buf, mu) : buf, g = grad * norm_buf[1]; n floats."""
@@ -108,7 +124,7 @@ class Muon:
         rr = self._aligned(min(rows, cols) ** 2)  # the stride of the (r, r) stacks A, P
         A, P = self._buf("gram", G * rr), self._buf("poly", G * rr)
         if self.batched:
-            return self._iterate(G, rows, cols, ns_steps, coeffs, X, Xn, A, P, ld, rr)
+            return self._iterate_batched(G, rows, cols, ns_steps, coeffs, X, Xn, A, P, ld, rr)
         # the CPU form: one matrix after another, each through all its iterations (its operands stay in cache)
         sub = self.launcher.sub
         for g in range(G):
@@ -151,6 +167,33 @@ class Muon:
                 self._bmm(rows, cols, r, G, X, cols, ld, P, cols, rr, Xn, cols, ld)
             else:
                 self._bmm(rows, cols, r, G, P, r, rr, X, cols, ld, Xn, cols, ld)
+            X, Xn = Xn, X
+        return X
+
+    def _iterate_batched(self, G, rows, cols, ns_steps, coeffs, X, Xn, A, P, ld, rr):
+        """_iterate's batched form, 4 launches an iteration: the Gram product on the tiles on or below the
+        diagonal (A is symmetric; causal 1 skips the rest), its K cut into S chunks that run as a batch of G S
+        (a shape's stack alone leaves most of a GPU idle on a deep K), into S raw parts a matrix; muon_gram_poly
+        sums the parts in order, mirrored, into A and P = b A + a I; the A A product adds c A A to P (accum);
+        then X' = P X."""
+        a, b, c = coeffs
+        r, K = min(rows, cols), max(rows, cols)
+        tall = rows > cols
+        S = gram_splits(K)
+        kc = K // S
+        part = self._buf("gram_parts", G * S * rr)
+        bmm = self.ops.bmm
+        # chunk s of K: rows s kc.. of X where tall (A = X^T X), else its columns s kc.. (A = X X^T)
+        xo = (0, ld, kc * cols if tall else kc)
+        for _ in range(ns_steps):
+            bmm(r, r, kc, G * S, S, X, cols, xo, X, cols, xo, part, r, (0, S * rr, rr), ta=int(tall),
+                tb=int(not tall), causal=1)
+            self._run("muon_gram_poly", r * r, i32(r), i32(rr), i32(S), f32(a), f32(b), part, A, P, count=G)
+            bmm(r, r, r, G, 1, A, r, (0, rr, 0), A, r, (0, rr, 0), P, r, (0, rr, 0), alpha=c, accum=True)
+            if tall:
+                bmm(rows, cols, r, G, 1, X, cols, (0, ld, 0), P, cols, (0, rr, 0), Xn, cols, (0, ld, 0))
+            else:
+                bmm(rows, cols, r, G, 1, P, r, (0, rr, 0), X, cols, (0, ld, 0), Xn, cols, (0, ld, 0))
             X, Xn = Xn, X
         return X
 
