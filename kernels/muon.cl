@@ -18,10 +18,11 @@
 //                    get_global_size(0) scales entries j, j + get_global_size(0), ...
 //   muon_poly:       P[j] = c A A[j] + (b A[j] + a I), P holding c A A (the batched GEMM's), r x r matrices
 //                    ld >= r*r floats apart, j < total = count * ld     (X' = a X + (b A + c A A) X = P X)
-//   muon_gram_poly:  the batched form's A and P (r x r, stacks rr floats apart): A[g rr + e] = the S parts of the
-//                    Gram product summed in order (part[(g S + s) rr + e]), entry e = (i, j) read from (i, j) where
-//                    i >= j, else from (j, i) (the product ran on the tiles on or below the diagonal alone: A is
-//                    symmetric); P[g rr + e] = b A + a I, to which the A A product then adds c A A (ACCUM)
+//   muon_gram_poly:  the batched form's A and P (r x r, stacks rr floats apart): A[g rr + e] = the splits[g] parts
+//                    of matrix g's Gram product summed in order (part[(g smax + s) rr + e]), entry e = (i, j) read
+//                    from (i, j) where i >= j, else from (j, i) (the product ran on the tiles on or below the
+//                    diagonal alone: A is symmetric); P[g rr + e] = b A + a I, to which the A A product then adds
+//                    c A A (ACCUM)
 //   muon_update:     p[offs[g] + j] = p[offs[g] + j] * decay - lr_adj * o[g*ld + j]  (decay = 1 - lr wd; o: NS's)
 // Fixed orders of summation: deterministic.
 
@@ -115,13 +116,13 @@ __kernel void muon_poly(const int total, const int r, const int ld, const float 
     P[j] = P[j] + q;
 }
 
-__kernel void muon_gram_poly(const int r, const int rr, const int S, const float a, const float b,
-                             __global const float* part, __global float* A, __global float* P)
+__kernel void muon_gram_poly(const int r, const int rr, const int smax, __global const int* splits, const float a,
+                             const float b, __global const float* part, __global float* A, __global float* P)
 {
     const int e = get_global_id(0), g = get_global_id(1);
     if (e >= r * r) return;
-    const int i = e / r, j = e % r;
-    __global const float* pg = part + (long)g * S * rr + (i >= j ? e : j * r + i);
+    const int i = e / r, j = e % r, S = splits[g];
+    __global const float* pg = part + (long)g * smax * rr + (i >= j ? e : j * r + i);
     float t = pg[0];
     for (int s = 1; s < S; s++) t += pg[(long)s * rr];
     A[(long)g * rr + e] = t;

@@ -99,6 +99,28 @@ def test_muon_norm_parts_and_scale_parts_kernels(dev, chunk):
                   ("x", x), ("part", got["part"]), ("y", y0)], {"y": want_y}, atol=1e-6, rtol=1e-5, lsize=(L, 1))
 
 
+def test_muon_gram_poly_kernel(dev):
+    """Two matrices' Gram parts (3 chunks, then 1; the stride 3 chunks a matrix): summed in order from the lower
+    triangle only (the upper entries NaN, as the product leaves them), mirrored into A, and P = b A + a I; the
+    padding after each r x r matrix stays."""
+    r, rr, smax, splits, a, b = 5, 32, 3, np.array([3, 1], np.int32), 3.4445, -4.775
+    G = len(splits)
+    part = rand((G, smax, rr), 14)
+    upper = np.triu(np.ones((r, r), bool), 1).reshape(-1)
+    part[:, :, : r * r][:, :, upper] = np.nan
+    A0, P0 = rand((G, rr), 15), rand((G, rr), 16)
+    want_A, want_P = A0.astype(np.float64).copy(), P0.astype(np.float64).copy()
+    for g, S in enumerate(splits):
+        low = np.tril(part[g, :S, : r * r].astype(np.float64).sum(0).reshape(r, r))
+        full = low + np.tril(low, -1).T
+        want_A[g, : r * r] = full.reshape(-1)
+        want_P[g, : r * r] = (b * full + a * np.eye(r)).reshape(-1)
+    check_op(dev, "muon", "muon_gram_poly", (32, G), [("r", i32(r)), ("rr", i32(rr)), ("smax", i32(smax)),
+                                                      ("splits", splits), ("a", f32(a)), ("b", f32(b)),
+                                                      ("part", part), ("A", A0), ("P", P0)],
+             {"A": want_A, "P": want_P}, atol=1e-6, rtol=1e-5)
+
+
 # ---- Newton-Schulz through the GEMM ----
 
 @pytest.mark.parametrize("rows, cols", [(24, 40), (40, 24), (32, 32), (96, 8)])
@@ -214,12 +236,15 @@ def test_muon_launches_grow_with_shapes_not_matrices(dev, arch):
 
 def test_muon_launches_a_shape(dev):
     """gpt2 with n_ff = 3 n_embd: the feed-forward's first matrix has attention's qkv shape and shares its stack;
-    at 4 n_embd it is a shape of its own: one norm, one copy into the stack, 4 launches an NS step, one update more."""
+    at 4 n_embd it is a shape of its own, of the same r = min(rows, cols) as the others: one norm, one copy into
+    the stack, 2 launches an NS step (its Gram product and X' = P X: the A A product and muon_gram_poly run once
+    an r for all its shapes), one update more."""
     cfg = CFGS["gpt2"]
     shared, own = replace(cfg, n_ff=3 * cfg.n_embd), replace(cfg, n_ff=4 * cfg.n_embd)
     assert [len({(r, c) for _, r, c in muon_matrices(c).values()}) for c in (shared, own)] == [3, 4]
+    assert len({min(r, c) for _, r, c in muon_matrices(own).values()}) == 1
     counts = [_step_launches(c, dev, Knobs(launch="gpu")) for c in (shared, own)]
-    assert counts[1] - counts[0] == 3 + 4 * MUON["ns_steps"], counts
+    assert counts[1] - counts[0] == 3 + 2 * MUON["ns_steps"], counts
 
 
 

@@ -113,24 +113,31 @@ class Muon:
         self.ops.bmm(M, N, K, G, 1, A, lda, (0, sa, 0), B, ldb, (0, sb, 0), C, ldc, (0, sc, 0), ta=ta, tb=tb,
                      alpha=alpha)
 
-    def orthogonalize(self, U, offs, rows, cols, ns_steps, eps=NS_EPS, coeffs=NS_COEFFS):
-        """NS of the matrices U[o : o + rows*cols] as (rows, cols), o in offs -> a buffer holding them as a stack
-        (matrix g at g * stack_stride(rows, cols)), valid until the next call."""
-        n, G = rows * cols, len(offs)
-        ld = self.stack_stride(rows, cols)
-        table = self._table(offs)
-        X, Xn = self._buf("x0", G * ld), self._buf("x1", G * ld)
-        self._scale(U, table, n, G, ld, eps, X)
-        rr = self._aligned(min(rows, cols) ** 2)  # the stride of the (r, r) stacks A, P
-        A, P = self._buf("gram", G * rr), self._buf("poly", G * rr)
+    def orthogonalized(self, U, shapes, ns_steps, eps=NS_EPS, coeffs=NS_COEFFS):
+        """NS of every matrix of `shapes` ({(rows, cols): offsets o in U of the matrices U[o : o + rows*cols]})
+        -> yields ((rows, cols), offsets, stack) a shape at a time, the stack holding that shape's matrices
+        (matrix g at g * stack_stride(rows, cols)), valid until the next is asked for. The batched form runs the
+        shapes' iterations side by side (_iterate_batched); the CPU form one shape after another."""
         if self.batched:
-            return self._iterate_batched(G, rows, cols, ns_steps, coeffs, X, Xn, A, P, ld, rr)
-        # the CPU form: one matrix after another, each through all its iterations (its operands stay in cache)
-        sub = self.launcher.sub
-        for g in range(G):
-            self._iterate(1, rows, cols, ns_steps, coeffs, sub(X, g * ld), sub(Xn, g * ld), sub(A, g * rr),
-                          sub(P, g * rr), ld, rr)
-        return X if ns_steps % 2 == 0 else Xn  # each iteration writes the other of the two
+            yield from self._iterate_batched(U, shapes, ns_steps, eps, coeffs)
+            return
+        for (rows, cols), offs in shapes.items():
+            n, G = rows * cols, len(offs)
+            ld = self.stack_stride(rows, cols)
+            X, Xn = self._buf("x0", G * ld), self._buf("x1", G * ld)
+            self._scale(U, self._table(offs), n, G, ld, eps, X)
+            rr = self._aligned(min(rows, cols) ** 2)  # the stride of the (r, r) stacks A, P
+            A, P = self._buf("gram", G * rr), self._buf("poly", G * rr)
+            # one matrix after another, each through all its iterations (its operands stay in cache)
+            sub = self.launcher.sub
+            for g in range(G):
+                self._iterate(1, rows, cols, ns_steps, coeffs, sub(X, g * ld), sub(Xn, g * ld), sub(A, g * rr),
+                              sub(P, g * rr), ld, rr)
+            yield (rows, cols), offs, (X if ns_steps % 2 == 0 else Xn)  # each iteration writes the other
+
+    def orthogonalize(self, U, offs, rows, cols, ns_steps, eps=NS_EPS, coeffs=NS_COEFFS):
+        """NS of the matrices U[o : o + rows*cols] as (rows, cols), o in offs -> their stack (orthogonalized's)."""
+        return next(self.orthogonalized(U, {(rows, cols): offs}, ns_steps, eps, coeffs))[2]
 
     def _scale(self, U, table, n, G, ld, eps, X):
         """X (the stack, ld apart) = each matrix of U at `table`'s offsets over its norm (floored at eps)."""
@@ -170,32 +177,59 @@ class Muon:
             X, Xn = Xn, X
         return X
 
-    def _iterate_batched(self, G, rows, cols, ns_steps, coeffs, X, Xn, A, P, ld, rr):
-        """_iterate's batched form, 4 launches an iteration: the Gram product on the tiles on or below the
-        diagonal (A is symmetric; causal 1 skips the rest), its K cut into S chunks that run as a batch of G S
-        (a shape's stack alone leaves most of a GPU idle on a deep K), into S raw parts a matrix; muon_gram_poly
-        sums the parts in order, mirrored, into A and P = b A + a I; the A A product adds c A A to P (accum);
-        then X' = P X."""
+    def _iterate_batched(self, U, shapes, ns_steps, eps, coeffs):
+        """orthogonalized's batched form. The shapes of one r = min(rows, cols) share A and P stacks (matrix g of
+        all theirs at g rr), so an iteration is, for each r: a Gram product a shape, on the tiles on or below the
+        diagonal (A is symmetric; causal 1 skips the rest), its K cut into S = gram_splits chunks that run as
+        more of the batch (a shape's stack alone leaves most of a GPU idle on a deep K), into S raw parts a
+        matrix; one muon_gram_poly over all the r's matrices, summing each one's parts in order, mirrored, into A
+        and P = b A + a I; one A A product adding c A A to P (accum); then X' = P X a shape."""
         a, b, c = coeffs
-        r, K = min(rows, cols), max(rows, cols)
-        tall = rows > cols
-        S = gram_splits(K)
-        kc = K // S
-        part = self._buf("gram_parts", G * S * rr)
-        bmm = self.ops.bmm
-        # chunk s of K: rows s kc.. of X where tall (A = X^T X), else its columns s kc.. (A = X X^T)
-        xo = (0, ld, kc * cols if tall else kc)
+        bmm, by_r = self.ops.bmm, {}
+        for (rows, cols), offs in shapes.items():
+            by_r.setdefault(min(rows, cols), []).append(((rows, cols), offs))
+        groups = []
+        for r, members in by_r.items():
+            rr = self._aligned(r * r)  # the stride of the (r, r) stacks A, P
+            gt = sum(len(offs) for _, offs in members)
+            smax = max(gram_splits(max(shape)) for shape, _ in members)
+            plans, splits, g0 = [], [], 0
+            for (rows, cols), offs in members:
+                n, G, ld = rows * cols, len(offs), self.stack_stride(rows, cols)
+                X, Xn = self._buf(("x0", rows, cols), G * ld), self._buf(("x1", rows, cols), G * ld)
+                self._scale(U, self._table(offs), n, G, ld, eps, X)
+                S = gram_splits(max(rows, cols))
+                splits += [S] * G
+                plans.append(dict(shape=(rows, cols), offs=offs, G=G, ld=ld, S=S, g0=g0, X=X, Xn=Xn))
+                g0 += G
+            groups.append(dict(r=r, rr=rr, gt=gt, smax=smax, plans=plans, splits=self._table(splits),
+                               A=self._buf(("gram", r), gt * rr), P=self._buf(("poly", r), gt * rr),
+                               part=self._buf(("gram_parts", r), gt * smax * rr)))
         for _ in range(ns_steps):
-            bmm(r, r, kc, G * S, S, X, cols, xo, X, cols, xo, part, r, (0, S * rr, rr), ta=int(tall),
-                tb=int(not tall), causal=1)
-            self._run("muon_gram_poly", r * r, i32(r), i32(rr), i32(S), f32(a), f32(b), part, A, P, count=G)
-            bmm(r, r, r, G, 1, A, r, (0, rr, 0), A, r, (0, rr, 0), P, r, (0, rr, 0), alpha=c, accum=True)
-            if tall:
-                bmm(rows, cols, r, G, 1, X, cols, (0, ld, 0), P, cols, (0, rr, 0), Xn, cols, (0, ld, 0))
-            else:
-                bmm(rows, cols, r, G, 1, P, r, (0, rr, 0), X, cols, (0, ld, 0), Xn, cols, (0, ld, 0))
-            X, Xn = Xn, X
-        return X
+            for q in groups:
+                r, rr, smax, A, P = q["r"], q["rr"], q["smax"], q["A"], q["P"]
+                for w in q["plans"]:
+                    (rows, cols), G, ld, S, X = w["shape"], w["G"], w["ld"], w["S"], w["X"]
+                    tall, kc = rows > cols, max(rows, cols) // S
+                    # chunk s of K: rows s kc.. of X where tall (A = X^T X), else its columns s kc.. (A = X X^T)
+                    xo = (0, ld, kc * cols if tall else kc)
+                    parts = (w["g0"] * smax * rr, smax * rr, rr)  # matrix g's chunk s at (g0 + g) smax rr + s rr
+                    bmm(r, r, kc, G * S, S, X, cols, xo, X, cols, xo, q["part"], r, parts, ta=int(tall),
+                        tb=int(not tall), causal=1)
+                self._run("muon_gram_poly", r * r, i32(r), i32(rr), i32(smax), q["splits"], f32(a), f32(b),
+                          q["part"], A, P, count=q["gt"])
+                bmm(r, r, r, q["gt"], 1, A, r, (0, rr, 0), A, r, (0, rr, 0), P, r, (0, rr, 0), alpha=c, accum=True)
+                for w in q["plans"]:
+                    (rows, cols), G, ld, X, Xn = w["shape"], w["G"], w["ld"], w["X"], w["Xn"]
+                    po = (w["g0"] * rr, rr, 0)
+                    if rows > cols:
+                        bmm(rows, cols, r, G, 1, X, cols, (0, ld, 0), P, cols, po, Xn, cols, (0, ld, 0))
+                    else:
+                        bmm(rows, cols, r, G, 1, P, r, po, X, cols, (0, ld, 0), Xn, cols, (0, ld, 0))
+                    w["X"], w["Xn"] = Xn, X
+        for q in groups:
+            for w in q["plans"]:
+                yield w["shape"], w["offs"], w["X"]
 
     def _aligned(self, n) -> int:
         """n rounded up to the sub-buffer alignment (the per-matrix products' sub-buffers start there)."""
