@@ -14,7 +14,9 @@ Also prints the Muon step's kernel launches, counted once, beside the number of 
 --profile then times each optimizer call's kernels on a profiling queue (a second engine of each optimizer, warmed
 up, PROFILE_CALLS calls averaged, the queue finished before each): the call's wall time, its kernels' device time
 and launches, and the device time of each kernel (matmuls by form and M x N x K), largest first. --pairs 0 with
---profile prints the profile alone.
+--profile prints the profile alone. --check first orthogonalises CHECK_COUNT random matrices of each of the recipe's
+block shapes on the device, all shapes in one call as a step does, against float64 (clgpt.models.reference's
+newton_schulz), and stops unless each is within the precision's tolerance (tests/test_muon.py's).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 WARMUP = 3
 PROFILE_CALLS = 5
+CHECK_COUNT = 3
+CHECK_TOL = {"fp32": 2e-5, "tf32": 6e-3, "bf16": 4e-2}  # absolute, on entries of magnitude up to about 1
 PROFILE_ROWS = 25
 
 
@@ -91,6 +95,38 @@ def profile_optimizer(make, fwd_bwd, opt_step, pdev) -> tuple[list[str], dict]:
     return lines, figures
 
 
+def check_newton_schulz(ops, shapes) -> list[str]:
+    """Newton-Schulz of CHECK_COUNT random matrices of each (rows, cols) in `shapes` through clgpt.ops.muon on
+    ops' device (one orthogonalized call for all) against float64 -> report lines; SystemExit when off."""
+    import pyopencl as cl
+
+    from clgpt.models import reference as ref
+    from clgpt.ops.muon import Muon
+
+    rng = np.random.default_rng(1)
+    offs, n0 = {}, 0
+    for rows, cols in sorted(shapes):
+        offs[rows, cols] = [n0 + g * (rows * cols + 64) for g in range(CHECK_COUNT)]
+        n0 += CHECK_COUNT * (rows * cols + 64)
+    u = rng.normal(0, 0.02, n0).astype(np.float32)
+    U = cl.Buffer(ops.ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=u)
+    mu, tol, lines, bad = Muon(ops), CHECK_TOL[ops.precision], [], []
+    for (rows, cols), o, X in mu.orthogonalized(U, offs, 5):
+        ld = mu.stack_stride(rows, cols)
+        got = np.empty(len(o) * ld, np.float32)
+        cl.enqueue_copy(ops.queue, got, X, is_blocking=True)
+        err = max(float(np.abs(got[g * ld: g * ld + rows * cols].reshape(rows, cols)
+                              - ref.newton_schulz(u[off: off + rows * cols].reshape(rows, cols))).max())
+                  for g, off in enumerate(o))
+        lines.append(f"check {rows}x{cols} x{len(o)}: max |NS - float64| {err:.2e} (tolerance {tol:.0e}, "
+                     f"{ops.precision})")
+        if not err <= tol:
+            bad.append(f"{rows}x{cols}")
+    if bad:
+        raise SystemExit("\n".join(lines) + f"\ncheck failed: {', '.join(bad)}")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--configfile", default="configs/shakespeare_char_gpu.yaml")
@@ -101,6 +137,7 @@ def main() -> None:
     ap.add_argument("--ns-steps", type=int, default=-1, help="replace muon.ns_steps (-1: keep)")
     ap.add_argument("--batch-size", type=int, default=0, help="replace the batch (0: keep; a small one checks "
                     "a GPU recipe's script on a CPU)")
+    ap.add_argument("--check", action="store_true", help="first Newton-Schulz on the device against float64")
     ap.add_argument("--profile", action="store_true", help="then each optimizer call's kernels on a profiling "
                     "queue")
     ap.add_argument("--json", default="", help="write the rounds and medians here")
@@ -140,6 +177,8 @@ def main() -> None:
                            dropout=float(s.get("dropout", 0.0)), precision=precision, muon=opt == "muon", knobs=kn)
 
     engines = {opt: make(opt, dev) for opt in ("adamw", "muon")}
+    if args.check:
+        print("\n".join(check_newton_schulz(engines["muon"].ops, shapes)), flush=True)
     settings = {"adamw": None, "muon": mu}  # the peak learning rates (no schedule: the step costs the same)
     lr = float(s["lr"])
 
