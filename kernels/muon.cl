@@ -22,7 +22,7 @@
 //                    of matrix g's Gram product summed in order (part[(g smax + s) rr + e]), entry e = (i, j) read
 //                    from (i, j) where i >= j, else from (j, i) (the product ran on the tiles on or below the
 //                    diagonal alone: A is symmetric); P[g rr + e] = b A + a I, to which the A A product then adds
-//                    c A A (ACCUM)
+//                    c A A (ACCUM); work-groups of GP_TILE x GP_TILE entries (below)
 //   muon_update:     p[offs[g] + j] = p[offs[g] + j] * decay - lr_adj * o[g*ld + j]  (decay = 1 - lr wd; o: NS's)
 // Fixed orders of summation: deterministic.
 
@@ -116,17 +116,32 @@ __kernel void muon_poly(const int total, const int r, const int ld, const float 
     P[j] = P[j] + q;
 }
 
-__kernel void muon_gram_poly(const int r, const int rr, const int smax, __global const int* splits, const float a,
-                             const float b, __global const float* part, __global float* A, __global float* P)
+#define GP_TILE 16  // clgpt/ops/muon.py GP_TILE: muon_gram_poly's work-groups, GP_TILE x GP_TILE entries
+
+// Work-group (tj, ti, g): the entries (i, j) of tile (ti, tj); it sums the parts of the tile on or below the
+// diagonal (ti, tj ordered), reading rows along x, and takes each entry from there directly or transposed
+// through local memory, so that the upper half's mirror reads stay coalesced.
+__kernel __attribute__((reqd_work_group_size(GP_TILE, GP_TILE, 1)))
+void muon_gram_poly(const int r, const int rr, const int smax, __global const int* splits, const float a,
+                    const float b, __global const float* part, __global float* A, __global float* P)
 {
-    const int e = get_global_id(0), g = get_global_id(1);
-    if (e >= r * r) return;
-    const int i = e / r, j = e % r, S = splits[g];
-    __global const float* pg = part + (long)g * smax * rr + (i >= j ? e : j * r + i);
-    float t = pg[0];
-    for (int s = 1; s < S; s++) t += pg[(long)s * rr];
-    A[(long)g * rr + e] = t;
-    P[(long)g * rr + e] = b * t + (i == j ? a : 0.0f);
+    __local float t[GP_TILE][GP_TILE + 1];
+    const int x = get_local_id(0), y = get_local_id(1);
+    const int tj = get_group_id(0), ti = get_group_id(1), g = get_group_id(2);
+    const int si = max(ti, tj) * GP_TILE + y, sj = min(ti, tj) * GP_TILE + x;  // the source tile's entry
+    float v = 0.0f;
+    if (si < r && sj < r) {
+        __global const float* pg = part + (long)g * smax * rr + si * r + sj;
+        v = pg[0];
+        for (int s = 1; s < splits[g]; s++) v += pg[(long)s * rr];
+    }
+    t[y][x] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const int i = ti * GP_TILE + y, j = tj * GP_TILE + x;
+    if (i >= r || j >= r) return;
+    const float e = (ti > tj || (ti == tj && y >= x)) ? t[y][x] : t[x][y];  // (i, j), else its mirror (j, i)
+    A[(long)g * rr + i * r + j] = e;
+    P[(long)g * rr + i * r + j] = b * e + (i == j ? a : 0.0f);
 }
 
 __kernel void muon_update(const int n, const int ld, __global const int* offs, __global float* p,

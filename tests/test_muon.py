@@ -101,9 +101,10 @@ def test_muon_norm_parts_and_scale_parts_kernels(dev, chunk):
 
 def test_muon_gram_poly_kernel(dev):
     """Two matrices' Gram parts (3 chunks, then 1; the stride 3 chunks a matrix): summed in order from the lower
-    triangle only (the upper entries NaN, as the product leaves them), mirrored into A, and P = b A + a I; the
+    triangle only (the upper entries NaN, as the product leaves them), mirrored into A, and P = b A + a I, in work-
+    groups of 16 x 16 entries (37 wide: tiles above, on and below the diagonal, partial ones at the edge); the
     padding after each r x r matrix stays."""
-    r, rr, smax, splits, a, b = 5, 32, 3, np.array([3, 1], np.int32), 3.4445, -4.775
+    r, rr, smax, splits, a, b = 37, 1408, 3, np.array([3, 1], np.int32), 3.4445, -4.775  # 3 x 3 tiles of 16
     G = len(splits)
     part = rand((G, smax, rr), 14)
     upper = np.triu(np.ones((r, r), bool), 1).reshape(-1)
@@ -115,10 +116,10 @@ def test_muon_gram_poly_kernel(dev):
         full = low + np.tril(low, -1).T
         want_A[g, : r * r] = full.reshape(-1)
         want_P[g, : r * r] = (b * full + a * np.eye(r)).reshape(-1)
-    check_op(dev, "muon", "muon_gram_poly", (32, G), [("r", i32(r)), ("rr", i32(rr)), ("smax", i32(smax)),
-                                                      ("splits", splits), ("a", f32(a)), ("b", f32(b)),
-                                                      ("part", part), ("A", A0), ("P", P0)],
-             {"A": want_A, "P": want_P}, atol=1e-6, rtol=1e-5)
+    check_op(dev, "muon", "muon_gram_poly", (48, 48, G), [("r", i32(r)), ("rr", i32(rr)), ("smax", i32(smax)),
+                                                          ("splits", splits), ("a", f32(a)), ("b", f32(b)),
+                                                          ("part", part), ("A", A0), ("P", P0)],
+             {"A": want_A, "P": want_P}, atol=1e-6, rtol=1e-5, lsize=(16, 16, 1))
 
 
 # ---- Newton-Schulz through the GEMM ----

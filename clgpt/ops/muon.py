@@ -40,6 +40,7 @@ NORM_PARTS_MAX = 256  # kernels/muon.cl's muon_norms: work-items a matrix
 NORM_LOCAL = 128  # kernels/muon.cl's NORM_LOCAL: work-items a work-group of muon_norm_parts, muon_scale_parts
 NORM_CHUNK = 4096  # floats a work-group of muon_norm_parts sums (32 a work-item): a shape's stack, a few hundred
 SCALE_PER_ITEM = 4  # entries a work-item of muon_scale_parts scales (each work-group sums the parts first)
+GP_TILE = 16  # kernels/muon.cl's GP_TILE: muon_gram_poly's work-groups are GP_TILE x GP_TILE entries
 GRAM_SPLIT_MIN_K = 256  # the batched Gram product's K chunks: at least this deep (as MMA_SPLIT_MIN_K)
 i32, f32 = np.int32, np.float32
 
@@ -216,8 +217,9 @@ class Muon:
                     parts = (w["g0"] * smax * rr, smax * rr, rr)  # matrix g's chunk s at (g0 + g) smax rr + s rr
                     bmm(r, r, kc, G * S, S, X, cols, xo, X, cols, xo, q["part"], r, parts, ta=int(tall),
                         tb=int(not tall), causal=1)
-                self._run("muon_gram_poly", r * r, i32(r), i32(rr), i32(smax), q["splits"], f32(a), f32(b),
-                          q["part"], A, P, count=q["gt"])
+                side = -(-r // GP_TILE) * GP_TILE
+                self.launcher.launch(self.k["muon_gram_poly"], (side, side, q["gt"]), (GP_TILE, GP_TILE, 1),
+                                     (i32(r), i32(rr), i32(smax), q["splits"], f32(a), f32(b), q["part"], A, P))
                 bmm(r, r, r, q["gt"], 1, A, r, (0, rr, 0), A, r, (0, rr, 0), P, r, (0, rr, 0), alpha=c, accum=True)
                 for w in q["plans"]:
                     (rows, cols), G, ld, X, Xn = w["shape"], w["G"], w["ld"], w["X"], w["Xn"]
