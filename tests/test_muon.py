@@ -293,11 +293,14 @@ def test_muon_steps_match_the_float64_reference(dev, arch, row):
         assert_close(state["m"][name], buf[name], 1e-7, 1e-4, f"{name} momentum")
 
 
-def test_same_settings_same_bytes(dev):
+@pytest.mark.parametrize("row", ["device", "gpu"])
+def test_same_settings_same_bytes(dev, row):
+    """Twice the same three steps, the same bytes: on the gpu row too (the norm's parts, the Gram chunks and their
+    sums all in fixed orders)."""
     cfg = CFGS["gpt2"]
     outs = []
     for _ in range(2):
-        eng = _engine(cfg, dev, init_params(cfg, 4))
+        eng = _engine(cfg, dev, init_params(cfg, 4), knobs=Knobs(launch="gpu") if row == "gpu" else None)
         for t in range(3):
             _step(eng, cfg, seed=t)
         outs.append(eng.get_params())
