@@ -105,15 +105,6 @@ class Muon:
         """buf = lerp(buf, g, 1 - mu), u = nesterov ? lerp(g, buf, mu) : buf, g = grad * norm_buf[1]; n floats."""
         self._run("muon_momentum", n, i32(n), f32(mu), i32(bool(nesterov)), grad, buf, u, norm_buf)
 
-    def _bmm(self, M, N, K, G, A, lda, sa, B, ldb, sb, C, ldc, sc, ta=0, tb=0, alpha=1.0):
-        """C_g (M, N) = alpha op(A_g) op(B_g), g < G, the stacks' matrices sa, sb, sc floats apart; G = 1: one
-        plain product."""
-        if G == 1:
-            self.ops.matmul(M, N, K, A, B, C, ta=ta, tb=tb, alpha=alpha)
-            return
-        self.ops.bmm(M, N, K, G, 1, A, lda, (0, sa, 0), B, ldb, (0, sb, 0), C, ldc, (0, sc, 0), ta=ta, tb=tb,
-                     alpha=alpha)
-
     def orthogonalized(self, U, shapes, ns_steps, eps=NS_EPS, coeffs=NS_COEFFS):
         """NS of every matrix of `shapes` ({(rows, cols): offsets o in U of the matrices U[o : o + rows*cols]})
         -> yields ((rows, cols), offsets, stack) a shape at a time, the stack holding that shape's matrices
@@ -132,8 +123,8 @@ class Muon:
             # one matrix after another, each through all its iterations (its operands stay in cache)
             sub = self.launcher.sub
             for g in range(G):
-                self._iterate(1, rows, cols, ns_steps, coeffs, sub(X, g * ld), sub(Xn, g * ld), sub(A, g * rr),
-                              sub(P, g * rr), ld, rr)
+                self._iterate(rows, cols, ns_steps, coeffs, sub(X, g * ld), sub(Xn, g * ld), sub(A, g * rr),
+                              sub(P, g * rr))
             yield (rows, cols), offs, (X if ns_steps % 2 == 0 else Xn)  # each iteration writes the other
 
     def orthogonalize(self, U, offs, rows, cols, ns_steps, eps=NS_EPS, coeffs=NS_COEFFS):
@@ -158,23 +149,23 @@ class Muon:
                                    (i32(n), i32(-(-n // parts)), f32(eps), table, U, scale))
         self._run("muon_scale", n, i32(n), i32(ld), table, U, scale, X, count=G)
 
-    def _iterate(self, G, rows, cols, ns_steps, coeffs, X, Xn, A, P, ld, rr):
-        """ns_steps Newton-Schulz iterations on the stacks X (G matrices (rows, cols), ld apart) with A, P (rr
-        apart) -> X or Xn, whichever holds the result."""
+    def _iterate(self, rows, cols, ns_steps, coeffs, X, Xn, A, P):
+        """The CPU form's ns_steps Newton-Schulz iterations on one matrix X (rows, cols) with A, P (r, r) -> X or
+        Xn, whichever holds the result."""
         a, b, c = coeffs
         r = min(rows, cols)
-        tall = rows > cols
+        mm = self.ops.matmul
         for _ in range(ns_steps):
-            if tall:  # X (rows, cols) holds Y^T: A = Y Y^T = X^T X, and Y' = P Y is X' = X P
-                self._bmm(r, r, rows, G, X, cols, ld, X, cols, ld, A, r, rr, ta=1)
+            if rows > cols:  # X (rows, cols) holds Y^T: A = Y Y^T = X^T X, and Y' = P Y is X' = X P
+                mm(r, r, rows, X, X, A, ta=1)
             else:
-                self._bmm(r, r, cols, G, X, cols, ld, X, cols, ld, A, r, rr, tb=1)
-            self._bmm(r, r, r, G, A, r, rr, A, r, rr, P, r, rr, alpha=c)
-            self._run("muon_poly", G * rr, i32(G * rr), i32(r), i32(rr), f32(a), f32(b), A, P)
-            if tall:
-                self._bmm(rows, cols, r, G, X, cols, ld, P, cols, rr, Xn, cols, ld)
+                mm(r, r, cols, X, X, A, tb=1)
+            mm(r, r, r, A, A, P, alpha=c)
+            self._run("muon_poly", r * r, i32(r * r), i32(r), i32(r * r), f32(a), f32(b), A, P)
+            if rows > cols:
+                mm(rows, cols, r, X, P, Xn)
             else:
-                self._bmm(rows, cols, r, G, P, r, rr, X, cols, ld, Xn, cols, ld)
+                mm(rows, cols, r, P, X, Xn)
             X, Xn = Xn, X
         return X
 
