@@ -211,12 +211,14 @@ class Muon:
                 side = -(-r // GP_TILE) * GP_TILE
                 self.launcher.launch(self.k["muon_gram_poly"], (side, side, q["gt"]), (GP_TILE, GP_TILE, 1),
                                      (i32(r), i32(rr), i32(smax), q["splits"], f32(a), f32(b), q["part"], A, P))
-                bmm(r, r, r, q["gt"], 1, A, r, (0, rr, 0), A, r, (0, rr, 0), P, r, (0, rr, 0), alpha=c, accum=True)
+                # A and P are symmetric, so op(B) = B^T reads them the same, k-contiguous (the GEMMs' faster loads)
+                bmm(r, r, r, q["gt"], 1, A, r, (0, rr, 0), A, r, (0, rr, 0), P, r, (0, rr, 0), tb=1, alpha=c,
+                    accum=True)
                 for w in q["plans"]:
                     (rows, cols), G, ld, X, Xn = w["shape"], w["G"], w["ld"], w["X"], w["Xn"]
                     po = (w["g0"] * rr, rr, 0)
                     if rows > cols:
-                        bmm(rows, cols, r, G, 1, X, cols, (0, ld, 0), P, cols, po, Xn, cols, (0, ld, 0))
+                        bmm(rows, cols, r, G, 1, X, cols, (0, ld, 0), P, cols, po, Xn, cols, (0, ld, 0), tb=1)
                     else:
                         bmm(rows, cols, r, G, 1, P, r, po, X, cols, (0, ld, 0), Xn, cols, (0, ld, 0))
                     w["X"], w["Xn"] = Xn, X
