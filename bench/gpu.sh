@@ -369,8 +369,9 @@ PY
 }
 
 # muon: AdamW against Muon on nanoGPT's character GPU recipe (configs/shakespeare_char_gpu.yaml, the rest unchanged).
-# First the step's cost: bench/muon_step.py, a training step and the optimizer's part alone, AdamW and Muon in
-# PAIRS (3) alternated pairs, and the launches of each optimizer step ($O/muon_step.txt, .json). Then
+# First the step's cost: bench/muon_step.py, Newton-Schulz on the device against float64 (--check), a training
+# step and the optimizer's part alone, AdamW and Muon in PAIRS (3) alternated pairs, the launches of each optimizer
+# step and its kernels' device times on a profiling queue (--profile) ($O/muon_step.txt, .json). Then
 # bench/muon_vs_adamw.py: SEEDS seeds each (3) from FIRST_SEED (the recipe's), alternated, held-out loss every
 # EVAL_EVERY steps (250), precision PRECISION (auto: bf16 on tensor cores), no pair started that would end past
 # BUDGET seconds (420: with the step bench the call stays near 8 minutes; a pair is 3-4 minutes), its CSV, plot and
@@ -384,8 +385,9 @@ PY
 cmd_muon() {
   setup
   if [ "${STEP:-1}" != 0 ]; then
-    timeout 120 python3 bench/muon_step.py --configfile configs/shakespeare_char_gpu.yaml --pairs "${PAIRS:-3}" \
-      --precision "${PRECISION:-auto}" --json "$O/muon_step.json" 2>"$O/muon_step.log" | tee "$O/muon_step.txt"
+    timeout 150 python3 bench/muon_step.py --configfile configs/shakespeare_char_gpu.yaml --pairs "${PAIRS:-3}" \
+      --precision "${PRECISION:-auto}" --check --profile --json "$O/muon_step.json" 2>"$O/muon_step.log" \
+      | tee "$O/muon_step.txt"
   fi
   python3 bench/muon_vs_adamw.py --configfile configs/shakespeare_char_gpu.yaml --seeds "${SEEDS:-3}" \
     --first-seed "${FIRST_SEED:--1}" --eval-every "${EVAL_EVERY:-250}" --precision "${PRECISION:-auto}" \

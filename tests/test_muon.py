@@ -14,7 +14,7 @@ from clgpt.model import ModelConfig, init_params, muon_matrices
 from clgpt.models import reference as ref
 from clgpt.models.factory import make_engine
 from clgpt.ops import Ops
-from clgpt.ops.muon import Muon, lr_scale
+from clgpt.ops.muon import Muon, gram_splits, lr_scale
 from conftest import assert_close, from_dev, to_dev
 from opcheck import check_op, run_op
 from precisioncheck import emulated_knobs
@@ -75,6 +75,53 @@ def test_muon_norms_scale_poly_update_kernels(dev):
              atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.parametrize("chunk", [300, 5])
+def test_muon_norm_parts_and_scale_parts_kernels(dev, chunk):
+    """The GPU form of the norm and the copy into the stack: three matrices (one all zero) summed in chunks by many
+    work-groups, the parts summed again by every work-group that scales (chunk 5: more parts than its work-items)."""
+    n, offs, L, ld = 777, np.array([33, 1000, 2000], np.int32), 128, 800
+    G, parts = len(offs), -(-n // chunk)
+    x = rand(3000, 12)
+    x[offs[1]: offs[1] + n] = 0.0
+    mats = [x[o: o + n].astype(np.float64) for o in offs]
+    got = run_op(dev, "muon", "muon_norm_parts", (parts * L, G), [("n", i32(n)), ("c", i32(chunk)), ("offs", offs),
+                                                                   ("x", x), ("part", np.zeros(G * parts, f32))],
+                 lsize=(L, 1))
+    want = [[(m[p * chunk: (p + 1) * chunk] ** 2).sum() for p in range(parts)] for m in mats]
+    assert_close(got["part"], np.array(want).reshape(-1), 1e-6, 1e-5, "muon_norm_parts")
+    inv = np.array([1.0 / max(np.linalg.norm(m), 1e-7) for m in mats])
+    y0 = rand((G, ld), 13)  # the padding between the stack's matrices stays as it was
+    want_y = y0.astype(np.float64).copy()
+    want_y[:, :n] = np.stack([m * v for m, v in zip(mats, inv)])
+    for items in (L, 2 * L):  # a work-item scales entries a global size apart
+        check_op(dev, "muon", "muon_scale_parts", (items, G),
+                 [("n", i32(n)), ("ld", i32(ld)), ("parts", i32(parts)), ("eps", f32(1e-7)), ("offs", offs),
+                  ("x", x), ("part", got["part"]), ("y", y0)], {"y": want_y}, atol=1e-6, rtol=1e-5, lsize=(L, 1))
+
+
+def test_muon_gram_poly_kernel(dev):
+    """Two matrices' Gram parts (3 chunks, then 1; the stride 3 chunks a matrix): summed in order from the lower
+    triangle only (the upper entries NaN, as the product leaves them), mirrored into A, and P = b A + a I, in work-
+    groups of 16 x 16 entries (37 wide: tiles above, on and below the diagonal, partial ones at the edge); the
+    padding after each r x r matrix stays."""
+    r, rr, smax, splits, a, b = 37, 1408, 3, np.array([3, 1], np.int32), 3.4445, -4.775  # 3 x 3 tiles of 16
+    G = len(splits)
+    part = rand((G, smax, rr), 14)
+    upper = np.triu(np.ones((r, r), bool), 1).reshape(-1)
+    part[:, :, : r * r][:, :, upper] = np.nan
+    A0, P0 = rand((G, rr), 15), rand((G, rr), 16)
+    want_A, want_P = A0.astype(np.float64).copy(), P0.astype(np.float64).copy()
+    for g, S in enumerate(splits):
+        low = np.tril(part[g, :S, : r * r].astype(np.float64).sum(0).reshape(r, r))
+        full = low + np.tril(low, -1).T
+        want_A[g, : r * r] = full.reshape(-1)
+        want_P[g, : r * r] = (b * full + a * np.eye(r)).reshape(-1)
+    check_op(dev, "muon", "muon_gram_poly", (48, 48, G), [("r", i32(r)), ("rr", i32(rr)), ("smax", i32(smax)),
+                                                          ("splits", splits), ("a", f32(a)), ("b", f32(b)),
+                                                          ("part", part), ("A", A0), ("P", P0)],
+             {"A": want_A, "P": want_P}, atol=1e-6, rtol=1e-5, lsize=(16, 16, 1))
+
+
 # ---- Newton-Schulz through the GEMM ----
 
 @pytest.mark.parametrize("rows, cols", [(24, 40), (40, 24), (32, 32), (96, 8)])
@@ -106,14 +153,16 @@ BATCHED_FORMS = {  # the device's GEMM forms that orthogonalise a shape's matric
 
 
 @pytest.mark.parametrize("form", list(BATCHED_FORMS))
-@pytest.mark.parametrize("rows, cols", [(40, 24), (24, 40)])
+@pytest.mark.parametrize("rows, cols", [(72, 40), (40, 72), (512, 48), (48, 512)])
 def test_newton_schulz_batched_products_match_float64(dev, form, rows, cols):
     """The GPU forms (local-memory tiles; tensor cores, emulated) take the batched products: each matrix of the
-    stack against float64, to its precision's tolerance."""
+    stack against float64, to its precision's tolerance. 512 deep, the Gram product runs as 2 chunks of K
+    (gram_splits); its 40 or 48 wide output is more than one tile of the tests' 32 (a tile above the diagonal
+    skipped, its entries mirrored from below)."""
     knobs, precision, tol = BATCHED_FORMS[form]
     cfg = ModelConfig(vocab_size=32, n_ctx=8, n_embd=16, n_head=2, n_layer=1, n_ff=32)
     mu = Muon(Ops(dev, cfg, 8, precision, knobs=knobs()))
-    assert mu.batched
+    assert mu.batched and gram_splits(max(rows, cols)) == (2 if max(rows, cols) == 512 else 1)
     n = rows * cols
     offs = [64, 64 + n + 128, 3 * n + 320]
     u = rand(offs[-1] + n, 8, 0.1)
@@ -127,8 +176,8 @@ def test_newton_schulz_batched_products_match_float64(dev, form, rows, cols):
 
 # ---- whole steps: the store's Muon step against the reference ----
 
-def _engine(cfg, dev, params, muon=True):
-    return make_engine(cfg, params, batch_size=2, seq_len=cfg.n_ctx, device=dev, muon=muon, knobs=Knobs())
+def _engine(cfg, dev, params, muon=True, knobs=None):
+    return make_engine(cfg, params, batch_size=2, seq_len=cfg.n_ctx, device=dev, muon=muon, knobs=knobs or Knobs())
 
 
 def _step(eng, cfg, seed, lr=3e-3, muon=MUON, clip=1.0):
@@ -188,21 +237,27 @@ def test_muon_launches_grow_with_shapes_not_matrices(dev, arch):
 
 def test_muon_launches_a_shape(dev):
     """gpt2 with n_ff = 3 n_embd: the feed-forward's first matrix has attention's qkv shape and shares its stack;
-    at 4 n_embd it is a shape of its own: one norm, one copy into the stack, 4 launches an NS step, one update more."""
+    at 4 n_embd it is a shape of its own, of the same r = min(rows, cols) as the others: one norm, one copy into
+    the stack, 2 launches an NS step (its Gram product and X' = P X: the A A product and muon_gram_poly run once
+    an r for all its shapes), one update more."""
     cfg = CFGS["gpt2"]
     shared, own = replace(cfg, n_ff=3 * cfg.n_embd), replace(cfg, n_ff=4 * cfg.n_embd)
     assert [len({(r, c) for _, r, c in muon_matrices(c).values()}) for c in (shared, own)] == [3, 4]
+    assert len({min(r, c) for _, r, c in muon_matrices(own).values()}) == 1
     counts = [_step_launches(c, dev, Knobs(launch="gpu")) for c in (shared, own)]
-    assert counts[1] - counts[0] == 3 + 4 * MUON["ns_steps"], counts
+    assert counts[1] - counts[0] == 3 + 2 * MUON["ns_steps"], counts
 
 
 
+@pytest.mark.parametrize("row", ["device", "gpu"])
 @pytest.mark.parametrize("arch", list(CFGS))
-def test_muon_steps_match_the_float64_reference(dev, arch):
-    """Two steps (momentum carried): the block matrices move by Muon, every other tensor by AdamW."""
+def test_muon_steps_match_the_float64_reference(dev, arch, row):
+    """Two steps (momentum carried): the block matrices move by Muon, every other tensor by AdamW. Row gpu: the
+    GPU row's batched form (its norm in parts, the Gram product on the lower tiles, fp32)."""
     cfg = CFGS[arch]
     p = init_params(cfg, 3)
-    eng = _engine(cfg, dev, p)
+    eng = _engine(cfg, dev, p, knobs=Knobs(launch="gpu") if row == "gpu" else None)
+    assert Muon(eng.ops).batched == (row == "gpu")
     mats = muon_matrices(cfg)
     assert mats and all(n.startswith("blk.") for n in mats) and "token_embd.weight" not in mats
     want = {k: v.astype(np.float64) for k, v in p.items()}
@@ -238,11 +293,14 @@ def test_muon_steps_match_the_float64_reference(dev, arch):
         assert_close(state["m"][name], buf[name], 1e-7, 1e-4, f"{name} momentum")
 
 
-def test_same_settings_same_bytes(dev):
+@pytest.mark.parametrize("row", ["device", "gpu"])
+def test_same_settings_same_bytes(dev, row):
+    """Twice the same three steps, the same bytes: on the gpu row too (the norm's parts, the Gram chunks and their
+    sums all in fixed orders)."""
     cfg = CFGS["gpt2"]
     outs = []
     for _ in range(2):
-        eng = _engine(cfg, dev, init_params(cfg, 4))
+        eng = _engine(cfg, dev, init_params(cfg, 4), knobs=Knobs(launch="gpu") if row == "gpu" else None)
         for t in range(3):
             _step(eng, cfg, seed=t)
         outs.append(eng.get_params())

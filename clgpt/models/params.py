@@ -142,8 +142,7 @@ class ParamStore:
         mu = self._muon
         mu.momentum(self.n_muon, s["momentum"], s["nesterov"], self.flat_g, self.flat_m, self._u, self.norm_buf)
         decay = 1.0 - s["lr"] * s["weight_decay"]
-        for (rows, cols), offs in self.muon_shapes.items():
-            o = mu.orthogonalize(self._u, offs, rows, cols, s["ns_steps"])
+        for (rows, cols), offs, o in mu.orthogonalized(self._u, self.muon_shapes, s["ns_steps"]):
             mu.update(offs, rows, cols, self.flat_p, o, decay, s["lr"] * lr_scale(s["lr_scale"], rows, cols))
 
     # ---- host access ----

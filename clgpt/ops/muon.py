@@ -13,7 +13,12 @@ in the same order), which is why P needs no transpose.
 All the matrices of one shape go together (`orthogonalize` takes their offsets): one norm launch, one copy into
 a stack (matrix g at g ld, ld = R C rounded up to the sub-buffer alignment), each product one batched launch over
 the stack (ops.bmm), one update; so a step's launches grow with the number of distinct shapes, not of matrices
-(a GPU's step was launch-bound per matrix). The batched products take the precision path of the batched GEMM:
+(a GPU's step was launch-bound per matrix). On that batched (GPU) form a shape's stack is a few matrices, too few
+work-groups for a GPU, so: the norm is summed in chunks by hundreds of work-groups (muon_norm_parts) and their
+parts again by each work-group of the copy (muon_scale_parts); the Gram product A runs on the tiles on or below
+the diagonal alone (causal 1: A is symmetric), its K cut into gram_splits chunks that run as more of the batch;
+muon_gram_poly sums the chunks in order into A, mirrored, and P = b A + a I; the A A product adds c A A into P
+(accum). Still 2 + 4 ns_steps + 1 launches a shape. The batched products take the precision path of the batched GEMM:
 the local-memory kernel (fp32 or tf32/bf16-rounded operands), or the mma kernel on fp32 operands rounded to
 tf32/bf16 where the device has tensor cores (there is no batched form on bf16 operand copies or wgmma: the
 rounding is the same, bf16 operands and fp32 sums).
@@ -32,6 +37,11 @@ import pyopencl as cl
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
 NS_EPS = 1e-7  # torch.optim.Muon's EPS: the norm's floor
 NORM_PARTS_MAX = 256  # kernels/muon.cl's muon_norms: work-items a matrix
+NORM_LOCAL = 128  # kernels/muon.cl's NORM_LOCAL: work-items a work-group of muon_norm_parts, muon_scale_parts
+NORM_CHUNK = 4096  # floats a work-group of muon_norm_parts sums (32 a work-item): a shape's stack, a few hundred
+SCALE_PER_ITEM = 4  # entries a work-item of muon_scale_parts scales (each work-group sums the parts first)
+GP_TILE = 16  # kernels/muon.cl's GP_TILE: muon_gram_poly's work-groups are GP_TILE x GP_TILE entries
+GRAM_SPLIT_MIN_K = 256  # the batched Gram product's K chunks: at least this deep (as MMA_SPLIT_MIN_K)
 i32, f32 = np.int32, np.float32
 
 
@@ -41,6 +51,15 @@ def lr_scale(rule: str, rows: int, cols: int) -> float:
     if rule == "match_rms_adamw":
         return 0.2 * math.sqrt(max(rows, cols))
     return math.sqrt(max(1.0, rows / cols))
+
+
+def gram_splits(K: int) -> int:
+    """Chunks S the batched Gram product's K is cut into: the most that give equal chunks, each a multiple of 32
+    and at least GRAM_SPLIT_MIN_K deep (1: none)."""
+    for S in range(K // GRAM_SPLIT_MIN_K, 1, -1):
+        if K % S == 0 and (K // S) % 32 == 0:
+            return S
+    return 1
 
 
 def norm_parts(n: int) -> int:
@@ -54,7 +73,8 @@ class Muon:
     def __init__(self, ops):
         self.ops, self.launcher, self.local = ops, ops.launcher, ops.launch["local_1d"]
         self.k = {name: ops.dev.kernel("muon", name) for name in
-                  ("muon_momentum", "muon_norms", "muon_scale", "muon_poly", "muon_update")}
+                  ("muon_momentum", "muon_norms", "muon_scale", "muon_norm_parts", "muon_scale_parts", "muon_poly",
+                   "muon_gram_poly", "muon_update")}
         # batched products where the device's GEMM has a batched form: the local-memory kernel, or tensor cores
         self.batched = ops.mm["kernel"] == "matmul" or ops.mma is not None
         self._bufs, self._offs = {}, {}
@@ -75,66 +95,136 @@ class Muon:
         return t
 
     def _run(self, name, n, *args, count=1):
-        """Kernel `name` over n work-items (padded to the 1-D local size) times `count` matrices."""
+        """Kernel `name` over n work-items (padded to the 1-D local size) times `count` matrices (through the
+        launcher's kept kernels: a step's launches repeat, and only muon_update's scalars follow the schedule)."""
         g = -(-n // self.local) * self.local
-        self.launcher.launch_plain(self.k[name], (g, count) if count > 1 else (g,),
-                                   (self.local, 1) if count > 1 else (self.local,), args)
+        self.launcher.launch(self.k[name], (g, count) if count > 1 else (g,),
+                             (self.local, 1) if count > 1 else (self.local,), args)
 
     def momentum(self, n, mu, nesterov, grad, buf, u, norm_buf):
         """buf = lerp(buf, g, 1 - mu), u = nesterov ? lerp(g, buf, mu) : buf, g = grad * norm_buf[1]; n floats."""
         self._run("muon_momentum", n, i32(n), f32(mu), i32(bool(nesterov)), grad, buf, u, norm_buf)
 
-    def _bmm(self, M, N, K, G, A, lda, sa, B, ldb, sb, C, ldc, sc, ta=0, tb=0, alpha=1.0):
-        """C_g (M, N) = alpha op(A_g) op(B_g), g < G, the stacks' matrices sa, sb, sc floats apart; G = 1: one
-        plain product."""
-        if G == 1:
-            self.ops.matmul(M, N, K, A, B, C, ta=ta, tb=tb, alpha=alpha)
+    def orthogonalized(self, U, shapes, ns_steps, eps=NS_EPS, coeffs=NS_COEFFS):
+        """NS of every matrix of `shapes` ({(rows, cols): offsets o in U of the matrices U[o : o + rows*cols]})
+        -> yields ((rows, cols), offsets, stack) a shape at a time, the stack holding that shape's matrices
+        (matrix g at g * stack_stride(rows, cols)), valid until the next is asked for. The batched form runs the
+        shapes' iterations side by side (_iterate_batched); the CPU form one shape after another."""
+        if self.batched:
+            yield from self._iterate_batched(U, shapes, ns_steps, eps, coeffs)
             return
-        self.ops.bmm(M, N, K, G, 1, A, lda, (0, sa, 0), B, ldb, (0, sb, 0), C, ldc, (0, sc, 0), ta=ta, tb=tb,
-                     alpha=alpha)
+        for (rows, cols), offs in shapes.items():
+            n, G = rows * cols, len(offs)
+            ld = self.stack_stride(rows, cols)
+            X, Xn = self._buf("x0", G * ld), self._buf("x1", G * ld)
+            self._scale(U, self._table(offs), n, G, ld, eps, X)
+            rr = self._aligned(min(rows, cols) ** 2)  # the stride of the (r, r) stacks A, P
+            A, P = self._buf("gram", G * rr), self._buf("poly", G * rr)
+            # one matrix after another, each through all its iterations (its operands stay in cache)
+            sub = self.launcher.sub
+            for g in range(G):
+                self._iterate(rows, cols, ns_steps, coeffs, sub(X, g * ld), sub(Xn, g * ld), sub(A, g * rr),
+                              sub(P, g * rr))
+            yield (rows, cols), offs, (X if ns_steps % 2 == 0 else Xn)  # each iteration writes the other
 
     def orthogonalize(self, U, offs, rows, cols, ns_steps, eps=NS_EPS, coeffs=NS_COEFFS):
-        """NS of the matrices U[o : o + rows*cols] as (rows, cols), o in offs -> a buffer holding them as a stack
-        (matrix g at g * stack_stride(rows, cols)), valid until the next call."""
-        n, G = rows * cols, len(offs)
-        ld = self.stack_stride(rows, cols)
-        table = self._table(offs)
+        """NS of the matrices U[o : o + rows*cols] as (rows, cols), o in offs -> their stack (orthogonalized's)."""
+        return next(self.orthogonalized(U, {(rows, cols): offs}, ns_steps, eps, coeffs))[2]
+
+    def _scale(self, U, table, n, G, ld, eps, X):
+        """X (the stack, ld apart) = each matrix of U at `table`'s offsets over its norm (floored at eps)."""
+        if self.batched:  # a GPU: the squares summed by hundreds of work-groups, their parts by each scaling one
+            parts = -(-n // NORM_CHUNK)
+            part = self._buf("norm_parts", G * parts)
+            self.launcher.launch(self.k["muon_norm_parts"], (parts * NORM_LOCAL, G), (NORM_LOCAL, 1),
+                                 (i32(n), i32(NORM_CHUNK), table, U, part))
+            items = -(-n // (SCALE_PER_ITEM * NORM_LOCAL)) * NORM_LOCAL
+            self.launcher.launch(self.k["muon_scale_parts"], (items, G), (NORM_LOCAL, 1),
+                                 (i32(n), i32(ld), i32(parts), f32(eps), table, U, part, X))
+            return
+        # the CPU form: a work-group a matrix, its chunks summed in order (PoCL runs the loops vectorised)
         parts = norm_parts(n)
         scale = self._buf("scale", G)
         self.launcher.launch_plain(self.k["muon_norms"], (parts * G,), (parts,),
                                    (i32(n), i32(-(-n // parts)), f32(eps), table, U, scale))
-        X, Xn = self._buf("x0", G * ld), self._buf("x1", G * ld)
         self._run("muon_scale", n, i32(n), i32(ld), table, U, scale, X, count=G)
-        rr = self._aligned(min(rows, cols) ** 2)  # the stride of the (r, r) stacks A, P
-        A, P = self._buf("gram", G * rr), self._buf("poly", G * rr)
-        if self.batched:
-            return self._iterate(G, rows, cols, ns_steps, coeffs, X, Xn, A, P, ld, rr)
-        # the CPU form: one matrix after another, each through all its iterations (its operands stay in cache)
-        sub = self.launcher.sub
-        for g in range(G):
-            self._iterate(1, rows, cols, ns_steps, coeffs, sub(X, g * ld), sub(Xn, g * ld), sub(A, g * rr),
-                          sub(P, g * rr), ld, rr)
-        return X if ns_steps % 2 == 0 else Xn  # each iteration writes the other of the two
 
-    def _iterate(self, G, rows, cols, ns_steps, coeffs, X, Xn, A, P, ld, rr):
-        """ns_steps Newton-Schulz iterations on the stacks X (G matrices (rows, cols), ld apart) with A, P (rr
-        apart) -> X or Xn, whichever holds the result."""
+    def _iterate(self, rows, cols, ns_steps, coeffs, X, Xn, A, P):
+        """The CPU form's ns_steps Newton-Schulz iterations on one matrix X (rows, cols) with A, P (r, r) -> X or
+        Xn, whichever holds the result."""
         a, b, c = coeffs
         r = min(rows, cols)
-        tall = rows > cols
+        mm = self.ops.matmul
         for _ in range(ns_steps):
-            if tall:  # X (rows, cols) holds Y^T: A = Y Y^T = X^T X, and Y' = P Y is X' = X P
-                self._bmm(r, r, rows, G, X, cols, ld, X, cols, ld, A, r, rr, ta=1)
+            if rows > cols:  # X (rows, cols) holds Y^T: A = Y Y^T = X^T X, and Y' = P Y is X' = X P
+                mm(r, r, rows, X, X, A, ta=1)
             else:
-                self._bmm(r, r, cols, G, X, cols, ld, X, cols, ld, A, r, rr, tb=1)
-            self._bmm(r, r, r, G, A, r, rr, A, r, rr, P, r, rr, alpha=c)
-            self._run("muon_poly", G * rr, i32(G * rr), i32(r), i32(rr), f32(a), f32(b), A, P)
-            if tall:
-                self._bmm(rows, cols, r, G, X, cols, ld, P, cols, rr, Xn, cols, ld)
+                mm(r, r, cols, X, X, A, tb=1)
+            mm(r, r, r, A, A, P, alpha=c)
+            self._run("muon_poly", r * r, i32(r * r), i32(r), i32(r * r), f32(a), f32(b), A, P)
+            if rows > cols:
+                mm(rows, cols, r, X, P, Xn)
             else:
-                self._bmm(rows, cols, r, G, P, r, rr, X, cols, ld, Xn, cols, ld)
+                mm(rows, cols, r, P, X, Xn)
             X, Xn = Xn, X
         return X
+
+    def _iterate_batched(self, U, shapes, ns_steps, eps, coeffs):
+        """orthogonalized's batched form. The shapes of one r = min(rows, cols) share A and P stacks (matrix g of
+        all theirs at g rr), so an iteration is, for each r: a Gram product a shape, on the tiles on or below the
+        diagonal (A is symmetric; causal 1 skips the rest), its K cut into S = gram_splits chunks that run as
+        more of the batch (a shape's stack alone leaves most of a GPU idle on a deep K), into S raw parts a
+        matrix; one muon_gram_poly over all the r's matrices, summing each one's parts in order, mirrored, into A
+        and P = b A + a I; one A A product adding c A A to P (accum); then X' = P X a shape."""
+        a, b, c = coeffs
+        bmm, by_r = self.ops.bmm, {}
+        for (rows, cols), offs in shapes.items():
+            by_r.setdefault(min(rows, cols), []).append(((rows, cols), offs))
+        groups = []
+        for r, members in by_r.items():
+            rr = self._aligned(r * r)  # the stride of the (r, r) stacks A, P
+            gt = sum(len(offs) for _, offs in members)
+            smax = max(gram_splits(max(shape)) for shape, _ in members)
+            plans, splits, g0 = [], [], 0
+            for (rows, cols), offs in members:
+                n, G, ld = rows * cols, len(offs), self.stack_stride(rows, cols)
+                X, Xn = self._buf(("x0", rows, cols), G * ld), self._buf(("x1", rows, cols), G * ld)
+                self._scale(U, self._table(offs), n, G, ld, eps, X)
+                S = gram_splits(max(rows, cols))
+                splits += [S] * G
+                plans.append(dict(shape=(rows, cols), offs=offs, G=G, ld=ld, S=S, g0=g0, X=X, Xn=Xn))
+                g0 += G
+            groups.append(dict(r=r, rr=rr, gt=gt, smax=smax, plans=plans, splits=self._table(splits),
+                               A=self._buf(("gram", r), gt * rr), P=self._buf(("poly", r), gt * rr),
+                               part=self._buf(("gram_parts", r), gt * smax * rr)))
+        for _ in range(ns_steps):
+            for q in groups:
+                r, rr, smax, A, P = q["r"], q["rr"], q["smax"], q["A"], q["P"]
+                for w in q["plans"]:
+                    (rows, cols), G, ld, S, X = w["shape"], w["G"], w["ld"], w["S"], w["X"]
+                    tall, kc = rows > cols, max(rows, cols) // S
+                    # chunk s of K: rows s kc.. of X where tall (A = X^T X), else its columns s kc.. (A = X X^T)
+                    xo = (0, ld, kc * cols if tall else kc)
+                    parts = (w["g0"] * smax * rr, smax * rr, rr)  # matrix g's chunk s at (g0 + g) smax rr + s rr
+                    bmm(r, r, kc, G * S, S, X, cols, xo, X, cols, xo, q["part"], r, parts, ta=int(tall),
+                        tb=int(not tall), causal=1)
+                side = -(-r // GP_TILE) * GP_TILE
+                self.launcher.launch(self.k["muon_gram_poly"], (side, side, q["gt"]), (GP_TILE, GP_TILE, 1),
+                                     (i32(r), i32(rr), i32(smax), q["splits"], f32(a), f32(b), q["part"], A, P))
+                # A and P are symmetric, so op(B) = B^T reads them the same, k-contiguous (the GEMMs' faster loads)
+                bmm(r, r, r, q["gt"], 1, A, r, (0, rr, 0), A, r, (0, rr, 0), P, r, (0, rr, 0), tb=1, alpha=c,
+                    accum=True)
+                for w in q["plans"]:
+                    (rows, cols), G, ld, X, Xn = w["shape"], w["G"], w["ld"], w["X"], w["Xn"]
+                    po = (w["g0"] * rr, rr, 0)
+                    if rows > cols:
+                        bmm(rows, cols, r, G, 1, X, cols, (0, ld, 0), P, cols, po, Xn, cols, (0, ld, 0), tb=1)
+                    else:
+                        bmm(rows, cols, r, G, 1, P, r, po, X, cols, (0, ld, 0), Xn, cols, (0, ld, 0))
+                    w["X"], w["Xn"] = Xn, X
+        for q in groups:
+            for w in q["plans"]:
+                yield w["shape"], w["offs"], w["X"]
 
     def _aligned(self, n) -> int:
         """n rounded up to the sub-buffer alignment (the per-matrix products' sub-buffers start there)."""

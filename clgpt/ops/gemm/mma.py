@@ -83,11 +83,11 @@ class MmaGemm(Part):
                                           bias, resid, f32(alpha), E))
 
     def bmm(self, M, N, K, nz, hb, A, lda, a_off, B, ldb, b_off, Cm, ldc, c_off, ta=0, tb=0, alpha=1.0, causal=0,
-            mm=None):
+            mm=None, accum=False):
         """Batched matmul (as PortableGemm.bmm) on the batched mma kernel; `mm` is the portable form's (unused)."""
         mm = self.tiles(M, N, nz)
         align4 = all(v % 4 == 0 for v in (lda, ldb, *a_off, *b_off))
-        kern = self.kernel(mm, ta, tb, False, False, False, 0, align4, batch=1, causal=causal)
+        kern = self.kernel(mm, ta, tb, False, False, bool(accum), 0, align4, batch=1, causal=causal)
         (gx, gy), lsize = mma_launch(mm, M, N)
         self.launcher.launch(kern, (gx, gy, nz), lsize + (1,), (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm,
                      i32(ldc), None, None, f32(alpha), None, i32(0), i32(hb),

@@ -158,13 +158,14 @@ class PortableGemm(Part):
                                           bias, resid, f32(alpha), E))
 
     def bmm(self, M, N, K, nz, hb, A, lda, a_off, B, ldb, b_off, Cm, ldc, c_off, ta=0, tb=0, alpha=1.0, causal=0,
-            mm=None):
+            mm=None, accum=False):
         """Batched matmul (the local-memory form): for z < nz, (zb, zh) = divmod(z, hb), Cm_z (M,N) =
         alpha op(A_z) @ op(B_z) where X_z = X + o + zb * s_b + zh * s_h and x_off = (o, s_b, s_h); causal: see
-        kernels/matmul.cl. `mm` overrides the tiles (CPUs, whose table row has none of this form)."""
+        kernels/matmul.cl; accum: Cm_z += the product. `mm` overrides the tiles (CPUs, whose table row has none of
+        this form)."""
         if mm is None:
             mm, _ = self.tiles(M, N, nz)
-        kern = self.kernel(mm, ta, tb, False, False, False, 0, batch=1, causal=causal)
+        kern = self.kernel(mm, ta, tb, False, False, bool(accum), 0, batch=1, causal=causal)
         (gx, gy), lsize = matmul_launch(mm, M, N)
         self.launcher.launch(kern, (gx, gy, nz), lsize + (1,), (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm, i32(ldc),
                      None, None, f32(alpha), None, i32(0), i32(hb), *(i32(v) for v in (*a_off, *b_off, *c_off))))
