@@ -86,8 +86,8 @@ def test_tuner_check_rejects_wrong_tiles_and_takes_right_ones(dev):
     out, dqkv = reference(qkv, dout, 2)
     assert np.allclose(out, want_out) and np.allclose(dqkv, ref.attention_backward(dout, qkv, att, 2))
     default = default_tiles(16, dev.device)
-    assert check(dev, 16, "forward", (32, 16, 4), default) == ""
-    assert check(dev, 16, "dkv", (32, 16, 3), default).startswith("fails to build")
+    assert check(dev, 2, 16, "forward", (32, 16, 4), default) == ""
+    assert check(dev, 2, 16, "dkv", (32, 16, 3), default).startswith("fails to build")
 
 
 def test_tiles_fit_the_strictest_devices():

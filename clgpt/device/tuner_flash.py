@@ -18,11 +18,15 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pyopencl as cl
 
+from clgpt.device import tuner
 from clgpt.device.opencl import KERNEL_DIR, Device, kernel_source
 from clgpt.errors import ClgptError
 
@@ -31,8 +35,9 @@ SHORT = dict(zip(KERNELS, ("forward", "dq", "dkv")))
 DEFAULT = dict(forward=(64, 32, 4), dq=(64, 16, 4), dkv=(64, 16, 4))
 _GRID = [(64, 32, 4), (64, 64, 4), (32, 32, 8), (128, 32, 2), (64, 16, 4), (32, 16, 8), (128, 16, 2), (64, 32, 2)]
 CANDIDATES = {k: [DEFAULT[k]] + [t for t in _GRID if t != DEFAULT[k]] for k in DEFAULT}
-CHECK = (2, 2, 75)  # the float64 check's B, H, T: no tile divides T
+CHECK = (1, 75)  # the float64 check's B, T (the model's heads: the programs the run builds): no tile divides T
 CHECK_TOL = 1e-4  # max |err| / max |ref| (fp32 sums: about 1e-6 when right)
+MIN_T = 512  # auto: the generic GPU row takes portable flash attention from this T (clgpt/ops/attention.py)
 BUDGET_S = 20.0  # a kernel's candidates past this are not timed (a slow device still gets a record)
 TIMED_REPS = 3
 
@@ -172,10 +177,10 @@ def reference(qkv, dout, H):
     return merge(att @ v), np.concatenate(grads, axis=-1)
 
 
-def check(dev: Device, D: int, kernel: str, tiles, default: dict) -> str:
+def check(dev: Device, H: int, D: int, kernel: str, tiles, default: dict) -> str:
     """"" where `kernel` with `tiles` (the others with `default`) matches float64 at CHECK's odd sizes, else why
     not. (Dropout's mask index does not depend on the tiles: tests/test_kernels_flash_portable.py checks it.)"""
-    B, H, T = CHECK
+    B, T = CHECK
     r = np.random.default_rng(1)
     qkv, dout = r.standard_normal((B, T, 3 * H * D)), r.standard_normal((B, T, H * D))
     run = Run(dev, B, H, T, D, qkv, dout)
@@ -190,6 +195,14 @@ def check(dev: Device, D: int, kernel: str, tiles, default: dict) -> str:
     return "" if err <= CHECK_TOL else f"disagrees with float64 numpy (max rel err {err:.2e})"
 
 
+def _try_build(run: Run, kernel: str, tiles) -> None:
+    """Build one candidate's program, leaving a failure for its check to meet again and reject."""
+    try:
+        run.kernel(kernel, tiles)
+    except (cl.Error, ClgptError):
+        pass
+
+
 def tune(dev: Device, B: int, H: int, T: int, D: int, progress=print, budget_s: float = BUDGET_S) -> dict:
     """The flash attention record of `dev` at (B, H, T, D): each kernel's fastest candidate that matches float64.
     progress(line) is told each kernel's choice."""
@@ -197,13 +210,16 @@ def tune(dev: Device, B: int, H: int, T: int, D: int, progress=print, budget_s: 
     lim = dev.device.max_work_group_size, dev.device.local_mem_size
     default = default_tiles(D, dev.device)
     run = Run(dev, B, H, T, D)
+    jobs = [(k, t) for k in DEFAULT for t in candidates(k, D, *lim)]
+    with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:  # the builds are most of a first run
+        list(pool.map(lambda job: _try_build(run, *job), jobs))
     tiles, ms, rejected = {}, {}, {}
     for kernel in ("forward", "dq", "dkv"):  # dq writes the delta dk/dv reads; the forward the lse both read
         start, best = time.perf_counter(), None
         for t in candidates(kernel, D, *lim):
             if best is not None and time.perf_counter() - start > budget_s:
                 break
-            why = check(dev, D, kernel, t, default)
+            why = check(dev, H, D, kernel, t, default)
             if why:
                 rejected[f"{kernel} {t}"] = why
                 continue
@@ -223,3 +239,42 @@ def tune(dev: Device, B: int, H: int, T: int, D: int, progress=print, budget_s: 
 
 def describe(tiles: dict) -> str:
     return ", ".join(f"{k} {'x'.join(map(str, tiles[k]))}" for k in DEFAULT)
+
+
+def wanted(device: cl.Device, launch_row: dict, T: int) -> bool:
+    """Whether a run on this row takes portable flash attention at T on its own (attention: auto): a GPU whose
+    row has the local-memory GEMM and no tensor cores (the generic row), T at least MIN_T."""
+    return bool(device.type & cl.device_type.GPU) and launch_row.get("matmul", {}).get("kernel") == "matmul" \
+        and "matmul_mma" not in launch_row and T >= MIN_T
+
+
+def resolve(setting: str, dev: Device, cfg, batch_size: int, seq_len: int, launch_row: dict, say=print,
+            may_tune: bool = True) -> tuple[dict | None, str]:
+    """The stages' `tuning` setting -> (portable flash attention's tiles or None: the defaults, the log's line), as
+    clgpt.device.tuner.resolve does for the GEMM, in the same files. auto: tuned once where a run takes it
+    (wanted), then cached; off: the defaults; a path: its record, the defaults where it has none."""
+    setting = (setting or "auto").strip()
+    H, D = cfg.n_head, cfg.head_dim
+    key = record_key(batch_size, H, seq_len, D)
+    if setting == "off":
+        return None, "flash attention tiles: tuning off (the defaults)"
+    if setting != "auto":
+        rec = tuner.read_file(Path(setting))["records"].get(key)
+        if rec is None:
+            return None, f"flash attention tiles: pinned file {setting} has none for this shape (the defaults)"
+        tiles = check_record(rec, setting)
+        return tiles, f"flash attention tiles: pinned file {setting} ({describe(tiles)})"
+    if not wanted(dev.device, launch_row, seq_len):
+        return None, "flash attention tiles: not tuned, portable flash attention does not run here by default"
+    path = tuner.cache_file(dev.device)
+    rec = tuner.read_file(path)["records"].get(key) if path.exists() else None
+    if rec is not None:
+        tiles = check_record(rec, str(path))
+        return tiles, f"flash attention tiles: cached: {path} ({describe(tiles)})"
+    if not may_tune:
+        return None, "flash attention tiles: ranks read the cache only; run `clgpt tune-device` first (the defaults)"
+    say(f"tuning flash attention on {dev.name} at B {batch_size}, H {H}, T {seq_len}, D {D} ...")
+    rec = tune(dev, batch_size, H, seq_len, D, progress=say)
+    tuner.save(path, dev.device, key, rec)
+    tiles = check_record(rec, str(path))
+    return tiles, f"flash attention tiles: tuned now in {rec['seconds']:.1f} s: {path} ({describe(tiles)})"
