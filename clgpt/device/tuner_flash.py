@@ -203,27 +203,31 @@ def _try_build(run: Run, kernel: str, tiles) -> None:
         pass
 
 
-def tune(dev: Device, B: int, H: int, T: int, D: int, progress=print, budget_s: float = BUDGET_S) -> dict:
-    """The flash attention record of `dev` at (B, H, T, D): each kernel's fastest candidate that matches float64.
-    progress(line) is told each kernel's choice."""
+def tune(dev: Device, B: int, H: int, T: int, D: int, progress=print, budget_s: float = BUDGET_S,
+         max_candidates: int | None = None, cands: dict | None = None, measure=None) -> dict:
+    """The flash attention record of `dev` at (B, H, T, D): each kernel's fastest candidate (of the first
+    max_candidates that fit) that matches float64, ties to the earlier. progress(line) is told each kernel's choice;
+    cands {kernel: [tiles]} replaces the candidates, measure(kernel, tiles) -> seconds the timed launches (tests)."""
     t0 = time.perf_counter()
     lim = dev.device.max_work_group_size, dev.device.local_mem_size
     default = default_tiles(D, dev.device)
     run = Run(dev, B, H, T, D)
-    jobs = [(k, t) for k in DEFAULT for t in candidates(k, D, *lim)]
+    measure = measure or run.time
+    cands = cands or {k: candidates(k, D, *lim)[:max_candidates] for k in DEFAULT}
+    jobs = [(k, t) for k in DEFAULT for t in cands[k]]
     with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:  # the builds are most of a first run
         list(pool.map(lambda job: _try_build(run, *job), jobs))
     tiles, ms, rejected = {}, {}, {}
     for kernel in ("forward", "dq", "dkv"):  # dq writes the delta dk/dv reads; the forward the lse both read
         start, best = time.perf_counter(), None
-        for t in candidates(kernel, D, *lim):
+        for t in cands[kernel]:
             if best is not None and time.perf_counter() - start > budget_s:
                 break
             why = check(dev, H, D, kernel, t, default)
             if why:
                 rejected[f"{kernel} {t}"] = why
                 continue
-            s = run.time(kernel, t)
+            s = measure(kernel, t)
             ms[f"{kernel} {t}"] = round(s * 1e3, 4)
             if best is None or s < best[0]:
                 best = (s, t)
