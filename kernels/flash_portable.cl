@@ -12,19 +12,21 @@
 // A work-group takes BR rows of one (batch, head): queries (forward, dq) or keys (dk/dv), each row NC work-items
 // (BR * NC items: r = id % BR, c = id / BR). It walks the other side in steps of BC rows staged in local memory:
 // the NC items of a row score BC / NC of the step's columns each into a local tile, then each reads the row's
-// whole tile and keeps D / NC of its outputs (columns c, c + NC, ...). Every sum runs in a fixed order: the
-// same bytes on every run. Rows past T compute on clamped data and store nothing (any T).
-// Local memory (floats): forward BC (D+1) + BR (BC+1); dq 2 BC (D+1) + BR (BC+1); dk/dv 2 BC (D+1) + 2 BR (BC+1)
-// + 2 BC (clgpt/ops/flash_portable.py local_bytes). Private: the row's q (k) and dout (v), D floats each.
+// whole tile and keeps D / NC of its outputs (columns c D/NC ..). Staged rows are read as float4 where the head
+// width allows (D % 4 == 0: one local read a 4 multiply-adds; the items of a warp share a row and column, so
+// the reads broadcast). Every sum runs in a fixed order: the same bytes on every run. Rows past T compute on
+// clamped data and store nothing (any T).
+// Local memory (floats): forward BC KP + BR (BC+1); dq 2 BC KP + BR (BC+1); dk/dv 2 BC KP + 2 BR (BC+1) + 2 BC,
+// KP = D + 4 (clgpt/device/tuner_flash.py local_bytes). Private: the row's q (k) and dout (v), D floats each.
 // -D: C H D (any head width; NC divides D and BC), SCALE, BR BC NC; global (ceil(T/BR) * BR * NC, B*H).
 #include "dropout.cl"
 
 #define C3 (3 * C)
 #define NT (BR * NC)      // work-items a work-group
-#define DS (D / NC)       // outputs a work-item keeps: columns c + NC e
+#define DS (D / NC)       // outputs a work-item keeps: columns c DS + e
 #define CS (BC / NC)      // columns of a step a work-item scores
-#define KP (D + 1)        // local row of a staged block (odd: rows fall in distinct banks)
-#define SP (BC + 1)       // local row of a score tile
+#define KP (D + 4)        // local row of a staged block (16-byte aligned; rows of a step 4 banks apart)
+#define SP (BC + 1)       // local row of a score tile (odd: a warp's rows fall in distinct banks)
 #define SL2 (SCALE * 1.4426950408889634f)
 
 #if D % NC || BC % NC
@@ -41,11 +43,38 @@ inline void stage(__local float* dst, __global const float* src, const int width
     }
 }
 
+// x . y in order of d, x private, y a staged row
 inline float dot_local(const float* x, __local const float* y)
 {
     float s = 0.0f;
+#if D % 4 == 0
+    for (int d = 0; d < D; d += 4) {
+        const float4 v = vload4(0, y + d);
+        s = fma(x[d], v.x, s);
+        s = fma(x[d + 1], v.y, s);
+        s = fma(x[d + 2], v.z, s);
+        s = fma(x[d + 3], v.w, s);
+    }
+#else
     for (int d = 0; d < D; d++) s = fma(x[d], y[d], s);
+#endif
     return s;
+}
+
+// acc[e] += a * y[e] for the DS columns a work-item keeps (y: its chunk of a staged row)
+inline void axpy_local(float* acc, const float a, __local const float* y)
+{
+#if DS % 4 == 0
+    for (int e = 0; e < DS; e += 4) {
+        const float4 v = vload4(0, y + e);
+        acc[e] = fma(a, v.x, acc[e]);
+        acc[e + 1] = fma(a, v.y, acc[e + 1]);
+        acc[e + 2] = fma(a, v.z, acc[e + 2]);
+        acc[e + 3] = fma(a, v.w, acc[e + 3]);
+    }
+#else
+    for (int e = 0; e < DS; e++) acc[e] = fma(a, y[e], acc[e]);
+#endif
 }
 
 __kernel __attribute__((reqd_work_group_size(NT, 1, 1)))
@@ -86,13 +115,13 @@ void flash_portable_forward(const int T, __global const float* restrict qkv, __g
             float pj = exp2(sc[r * SP + j] - m);
             l += pj;
             if (p > 0.0f) pj = dropout_keep(seed, site, row + (uint)(k0 + j), p) ? pj * keep_scale : 0.0f;
-            for (int e = 0; e < DS; e++) acc[e] = fma(pj, kv[j * KP + c + NC * e], acc[e]);
+            axpy_local(acc, pj, kv + j * KP + c * DS);
         }
     }
     if (qi >= T) return;
     const float inv = 1.0f / l;
-    __global float* o = out + ((size_t)b * T + qi) * C + h * D + c;
-    for (int e = 0; e < DS; e++) o[NC * e] = acc[e] * inv;
+    __global float* o = out + ((size_t)b * T + qi) * C + h * D + c * DS;
+    for (int e = 0; e < DS; e++) o[e] = acc[e] * inv;
     if (c == 0) lse[(size_t)z * T + qi] = m + log2(l);
 }
 
@@ -139,12 +168,12 @@ void flash_portable_backward_dq(const int T, __global const float* restrict qkv,
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int j = 0; j < BC; j++) {
             const float ds = dst[r * SP + j];
-            for (int e = 0; e < DS; e++) dacc[e] = fma(ds, kt[j * KP + c + NC * e], dacc[e]);
+            axpy_local(dacc, ds, kt + j * KP + c * DS);
         }
     }
     if (qi >= T) return;
-    __global float* g = dqkv + ((size_t)b * T + qi) * C3 + h * D + c;
-    for (int e = 0; e < DS; e++) g[NC * e] = dacc[e] * SCALE;
+    __global float* g = dqkv + ((size_t)b * T + qi) * C3 + h * D + c * DS;
+    for (int e = 0; e < DS; e++) g[e] = dacc[e] * SCALE;
 }
 
 __kernel __attribute__((reqd_work_group_size(NT, 1, 1)))
@@ -195,16 +224,14 @@ void flash_portable_backward_dkv(const int T, __global const float* restrict qkv
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int i = 0; i < BC; i++) {
             const float pd = pt[r * SP + i], ds = dst[r * SP + i];
-            for (int e = 0; e < DS; e++) {
-                dv[e] = fma(pd, dob[i * KP + c + NC * e], dv[e]);
-                dk[e] = fma(ds, qt[i * KP + c + NC * e], dk[e]);
-            }
+            axpy_local(dv, pd, dob + i * KP + c * DS);
+            axpy_local(dk, ds, qt + i * KP + c * DS);
         }
     }
     if (key >= T) return;
-    __global float* o = dqkv + ((size_t)b * T + key) * C3 + h * D + c;
+    __global float* o = dqkv + ((size_t)b * T + key) * C3 + h * D + c * DS;
     for (int e = 0; e < DS; e++) {
-        o[C + NC * e] = dk[e] * SCALE;
-        o[2 * C + NC * e] = dv[e];
+        o[C + e] = dk[e] * SCALE;
+        o[2 * C + e] = dv[e];
     }
 }

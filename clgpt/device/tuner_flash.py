@@ -45,7 +45,7 @@ TIMED_REPS = 3
 def local_bytes(kernel: str, D: int, tiles: tuple[int, int, int]) -> int:
     """The local memory kernels/flash_portable.cl declares for `kernel` (short name) at head width D."""
     BR, BC, _ = tiles
-    staged, scores = BC * (D + 1), BR * (BC + 1)
+    staged, scores = BC * (D + 4), BR * (BC + 1)
     return 4 * {"forward": staged + scores, "dq": 2 * staged + scores, "dkv": 2 * staged + 2 * scores + 2 * BC}[kernel]
 
 
