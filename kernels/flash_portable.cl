@@ -16,7 +16,7 @@
 // width allows (D % 4 == 0: one local read a 4 multiply-adds; the items of a warp share a row and column, so
 // the reads broadcast). Every sum runs in a fixed order: the same bytes on every run. Rows past T compute on
 // clamped data and store nothing (any T).
-// Local memory (floats): forward BC KP + BR (BC+1); dq 2 BC KP + BR (BC+1); dk/dv 2 BC KP + 2 BR (BC+1) + 2 BC,
+// Local memory (floats): forward BC KP + BR (BC+1) + 2 NC BR; dq 2 BC KP + BR (BC+1); dk/dv 2 BC KP + 2 BR (BC+1) + 2 BC,
 // KP = D + 4 (clgpt/device/tuner_flash.py local_bytes). Private: the row's q (k) and dout (v), D floats each.
 // -D: C H D (any head width; NC divides D and BC), SCALE, BR BC NC; global (ceil(T/BR) * BR * NC, B*H).
 #include "dropout.cl"
@@ -83,13 +83,14 @@ void flash_portable_forward(const int T, __global const float* restrict qkv, __g
 {
     __local float kv[BC * KP];
     __local float sc[BR * SP];
+    __local float part[2 * NC * BR];  // by (c, r): an item's max of its scores of a step, then its sum of exps
     const int lid = get_local_id(0), r = lid % BR, c = lid / BR, z = get_global_id(1), b = z / H, h = z % H;
     const int q0 = get_group_id(0) * BR, qi = q0 + r;
     __global const float* x = qkv + (size_t)b * T * C3;
     float qv[D], acc[DS];
     for (int d = 0; d < D; d++) qv[d] = x[(size_t)min(qi, T - 1) * C3 + h * D + d] * SL2;  // log2 domain
     for (int e = 0; e < DS; e++) acc[e] = 0.0f;
-    float m = -INFINITY, l = 0.0f;
+    float m = -INFINITY, l = 0.0f;  // key 0 is causal for every row: m is finite after the first step
     const float keep_scale = 1.0f / (1.0f - p);
     const uint row = ((uint)z * T + (uint)qi) * (uint)T;  // dropout's element index of (query, key 0)
     const int kend = min(T, q0 + BR);
@@ -97,26 +98,35 @@ void flash_portable_forward(const int T, __global const float* restrict qkv, __g
         barrier(CLK_LOCAL_MEM_FENCE);
         stage(kv, x, C3, C + h * D, k0, T);
         barrier(CLK_LOCAL_MEM_FENCE);
+        float mx = -INFINITY;
         for (int u = 0; u < CS; u++) {
             const int j = c + NC * u, key = k0 + j;
-            sc[r * SP + j] = key <= qi && key < T ? dot_local(qv, kv + j * KP) : -INFINITY;
+            const float sj = key <= qi && key < T ? dot_local(qv, kv + j * KP) : -INFINITY;
+            sc[r * SP + j] = sj;
+            mx = fmax(mx, sj);
         }
+        part[c * BR + r] = mx;
         barrier(CLK_LOCAL_MEM_FENCE);
-        stage(kv, x, C3, 2 * C + h * D, k0, T);
-        barrier(CLK_LOCAL_MEM_FENCE);
-        if (k0 > qi) continue;  // no key of this step is causal for the row (key 0 always is: m finite after)
+        stage(kv, x, C3, 2 * C + h * D, k0, T);  // v over k: the scores are in sc
         float mt = m;
-        for (int j = 0; j < BC; j++) mt = fmax(mt, sc[r * SP + j]);
-        const float alpha = exp2(m - mt);
-        l *= alpha;
-        for (int e = 0; e < DS; e++) acc[e] *= alpha;
-        m = mt;
-        for (int j = 0; j < BC; j++) {
-            float pj = exp2(sc[r * SP + j] - m);
-            l += pj;
+        for (int i = 0; i < NC; i++) mt = fmax(mt, part[i * BR + r]);
+        float ls = 0.0f;  // each item exponentiates (and drops) its own columns: the row's probabilities once
+        for (int u = 0; u < CS; u++) {
+            const int j = c + NC * u;
+            float pj = exp2(sc[r * SP + j] - mt);
+            ls += pj;
             if (p > 0.0f) pj = dropout_keep(seed, site, row + (uint)(k0 + j), p) ? pj * keep_scale : 0.0f;
-            axpy_local(acc, pj, kv + j * KP + c * DS);
+            sc[r * SP + j] = pj;
         }
+        part[(NC + c) * BR + r] = ls;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        const float alpha = exp2(m - mt);
+        m = mt;
+        l *= alpha;
+        for (int i = 0; i < NC; i++) l += part[(NC + i) * BR + r];
+        for (int e = 0; e < DS; e++) acc[e] *= alpha;
+        if (k0 <= qi)  // else every probability of the step is 0 for the row
+            for (int j = 0; j < BC; j++) axpy_local(acc, sc[r * SP + j], kv + j * KP + c * DS);
     }
     if (qi >= T) return;
     const float inv = 1.0f / l;

@@ -44,9 +44,9 @@ TIMED_REPS = 3
 
 def local_bytes(kernel: str, D: int, tiles: tuple[int, int, int]) -> int:
     """The local memory kernels/flash_portable.cl declares for `kernel` (short name) at head width D."""
-    BR, BC, _ = tiles
+    BR, BC, NC = tiles
     staged, scores = BC * (D + 4), BR * (BC + 1)
-    return 4 * {"forward": staged + scores, "dq": 2 * staged + scores, "dkv": 2 * staged + 2 * scores + 2 * BC}[kernel]
+    return 4 * {"forward": staged + scores + 2 * BR * NC, "dq": 2 * staged + scores, "dkv": 2 * staged + 2 * scores + 2 * BC}[kernel]
 
 
 def fits(kernel: str, D: int, tiles: tuple[int, int, int], max_group: int, local_mem: int) -> str:
