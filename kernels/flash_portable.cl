@@ -14,7 +14,8 @@
 // the NC items of a row score BC / NC of the step's columns each into a local tile, then each reads the row's
 // whole tile and keeps D / NC of its outputs (columns c D/NC ..). Staged rows are read as float4 where the head
 // width allows (D % 4 == 0: one local read a 4 multiply-adds; the items of a warp share a row and column, so
-// the reads broadcast). Every sum runs in a fixed order: the same bytes on every run. Rows past T compute on
+// the reads broadcast). Work-groups start with the most causal work (the last query blocks, the first key blocks),
+// so the launch does not end on a tail of long ones. Every sum runs in a fixed order: the same bytes on every run. Rows past T compute on
 // clamped data and store nothing (any T).
 // Local memory (floats): forward BC KP + BR (BC+1) + 2 NC BR; dq 2 BC KP + BR (BC+1); dk/dv 2 BC KP + 2 BR (BC+1) + 2 BC,
 // KP = D + 4 (clgpt/device/tuner_flash.py local_bytes). Private: the row's q (k) and dout (v), D floats each.
@@ -85,7 +86,7 @@ void flash_portable_forward(const int T, __global const float* restrict qkv, __g
     __local float sc[BR * SP];
     __local float part[2 * NC * BR];  // by (c, r): an item's max of its scores of a step, then its sum of exps
     const int lid = get_local_id(0), r = lid % BR, c = lid / BR, z = get_global_id(1), b = z / H, h = z % H;
-    const int q0 = get_group_id(0) * BR, qi = q0 + r;
+    const int q0 = (get_num_groups(0) - 1 - get_group_id(0)) * BR, qi = q0 + r;  // the longest rows first
     __global const float* x = qkv + (size_t)b * T * C3;
     float qv[D], acc[DS];
     for (int d = 0; d < D; d++) qv[d] = x[(size_t)min(qi, T - 1) * C3 + h * D + d] * SL2;  // log2 domain
@@ -144,7 +145,7 @@ void flash_portable_backward_dq(const int T, __global const float* restrict qkv,
     __local float kt[BC * KP], vt[BC * KP];
     __local float dst[BR * SP];
     const int lid = get_local_id(0), r = lid % BR, c = lid / BR, z = get_global_id(1), b = z / H, h = z % H;
-    const int q0 = get_group_id(0) * BR, qi = q0 + r, qc = min(qi, T - 1);
+    const int q0 = (get_num_groups(0) - 1 - get_group_id(0)) * BR, qi = q0 + r, qc = min(qi, T - 1);
     __global const float* x = qkv + (size_t)b * T * C3;
     float qv[D], dov[D], dacc[DS];
     float dl = 0.0f;

@@ -7,7 +7,7 @@ local memory do (local_bytes) and NC divides the head width and BC. CANDIDATES l
 fits every profile of tests/test_tuner.py at a head width of 64), then shapes of 64 to 256 work-items; `tune` checks
 each kernel's candidates on odd sizes (T not a multiple of any tile, dropout on) against clgpt.models.reference's
 float64 attention, drops those that fail to build or agree, and keeps the fastest at the model's shape, ties to the
-earlier. Tiles never change a sum's order within a row's step, but BC does across steps: the record, like the
+earlier. Tiles change the order of some sums (BC the steps', NC the forward's row sums): the record, like the
 device, decides the bytes, and a pinned tuning file (clgpt.device.tuner) repeats a run exactly.
 
 The record lives in the GEMM tuner's file (clgpt.device.tuner.save) under record_key: the shape and the kernel
@@ -33,7 +33,10 @@ from clgpt.errors import ClgptError
 KERNELS = ("flash_portable_forward", "flash_portable_backward_dq", "flash_portable_backward_dkv")
 SHORT = dict(zip(KERNELS, ("forward", "dq", "dkv")))
 DEFAULT = dict(forward=(64, 32, 4), dq=(64, 16, 4), dkv=(64, 16, 4))
-_GRID = [(64, 32, 4), (64, 64, 4), (32, 32, 8), (128, 32, 2), (64, 16, 4), (32, 16, 8), (128, 16, 2), (64, 32, 2)]
+# 256 work-items, then 128 (fewer registers a group: more groups a compute unit where the backward's two private
+# rows of D floats take many)
+_GRID = [(64, 32, 4), (64, 64, 4), (32, 32, 8), (128, 32, 2), (64, 16, 4), (32, 16, 8), (128, 16, 2),
+         (32, 32, 4), (32, 16, 4), (64, 32, 2), (64, 16, 2)]
 CANDIDATES = {k: [DEFAULT[k]] + [t for t in _GRID if t != DEFAULT[k]] for k in DEFAULT}
 CHECK = (1, 75)  # the float64 check's B, T (the model's heads: the programs the run builds): no tile divides T
 CHECK_TOL = 1e-4  # max |err| / max |ref| (fp32 sums: about 1e-6 when right)
