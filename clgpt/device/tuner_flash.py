@@ -272,7 +272,7 @@ def resolve(setting: str, dev: Device, cfg, batch_size: int, seq_len: int, launc
         tiles = check_record(rec, setting)
         return tiles, f"flash attention tiles: pinned file {setting} ({describe(tiles)})"
     if not wanted(dev.device, launch_row, seq_len):
-        return None, "flash attention tiles: not tuned, portable flash attention does not run here by default"
+        return None, f"flash attention tiles: the defaults (tuned only on a GPU's generic row, T >= {MIN_T})"
     path = tuner.cache_file(dev.device)
     rec = tuner.read_file(path)["records"].get(key) if path.exists() else None
     if rec is not None:
