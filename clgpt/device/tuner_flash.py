@@ -41,7 +41,7 @@ CANDIDATES = {k: [DEFAULT[k]] + [t for t in _GRID if t != DEFAULT[k]] for k in D
 CHECK = (1, 75)  # the float64 check's B, T (the model's heads: the programs the run builds): no tile divides T
 CHECK_TOL = 1e-4  # max |err| / max |ref| (fp32 sums: about 1e-6 when right)
 MIN_T = 512  # auto: the generic GPU row takes portable flash attention from this T (clgpt/ops/attention.py)
-BUDGET_S = 20.0  # a kernel's candidates past this are not timed (a slow device still gets a record)
+BUDGET_S = 5.0  # a kernel's candidates past this are not timed (a slow device still gets a record)
 TIMED_REPS = 3
 
 
