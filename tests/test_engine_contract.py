@@ -239,8 +239,8 @@ def test_determinism_and_state_roundtrip(arch):
 def test_portable_flash_attention_on_the_gpu_row_vs_reference(case, p_drop):
     """The generic GPU row with portable flash attention (kernels/flash_portable.cl; llama's RoPE and grouped kv
     heads through rope.cl around it) at T 37, no tile's multiple, with and without attention dropout: loss and
-    gradients against the float64 reference, two runs bit for bit alike; att and datt hold (B,H,T) rows, no
-    T x T buffer. attention auto takes it from tuner_flash.MIN_T on that row, the batched form below; the CPU
+    gradients against the float64 reference, two runs bit for bit alike, logits of partial calls; att and datt
+    hold (B,H,T) rows, no T x T buffer. attention auto takes it from tuner_flash.MIN_T on that row, the batched form below; the CPU
     row never."""
     from dataclasses import replace
 
@@ -263,6 +263,9 @@ def test_portable_flash_attention_on_the_gpu_row_vs_reference(case, p_drop):
         eng.backward()
         runs.append((loss, eng.get_grads()))
     assert_two_runs_match_reference(runs, loss_ref, reference_grads(cfg, cache))
+    for Bp, Tp in ((1, 1), (2, 20)):  # partial calls: B' and T' below the engine's
+        got, want = eng.forward(tokens[:Bp, :Tp]), reference_logits(p, cfg, tokens[:Bp, :Tp])
+        assert np.abs(got - want).max() < 1e-5, f"({Bp},{Tp}): logits max abs diff {np.abs(got - want).max():.3e}"
     batched = engine(cfg, p, B, T, knobs=Knobs(launch="gpu"), attention="batched", dropout=p_drop)
     L, BHT = cfg.n_layer, B * cfg.n_head * T
     att_d = L * BHT * T if p_drop else 0  # the batched form's dropped probabilities
