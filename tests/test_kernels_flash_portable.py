@@ -13,7 +13,8 @@ import math
 import numpy as np
 import pytest
 
-from clgpt.device.tuner_flash import DEFAULT, Run, candidates, check, default_tiles, fits, local_bytes, reference
+from clgpt.device.tuner_flash import (DEFAULT, Run, build_first, candidates, check, default_tiles, fits, local_bytes,
+                                      reference)
 from clgpt.models import reference as ref
 from clgpt.models.dropout import scale_mask
 
@@ -85,9 +86,18 @@ def test_tuner_check_rejects_wrong_tiles_and_takes_right_ones(dev):
     want_out, att = ref.attention_forward(qkv, 2)
     out, dqkv = reference(qkv, dout, 2)
     assert np.allclose(out, want_out) and np.allclose(dqkv, ref.attention_backward(dout, qkv, att, 2))
-    default = default_tiles(16, dev.device)
+    default = default_tiles(dev, 2, 16)
     assert check(dev, 2, 16, "forward", (32, 16, 4), default) == ""
     assert check(dev, 2, 16, "dkv", (32, 16, 3), default).startswith("fails to build")
+
+
+def test_tiles_that_do_not_build_fall_back_to_the_first_that_does(dev):
+    """A record's tiles that do not build here (NC 3: the kernel's #error) give way to the first candidate that
+    fits the device and builds, as an untuned run takes."""
+    lim = dev.device.max_work_group_size, dev.device.local_mem_size
+    tiles, kern = build_first(dev, "forward", 32, 2, 16, (32, 16, 3))
+    assert tiles == candidates("forward", 16, *lim)[0] == default_tiles(dev, 2, 16)["forward"]
+    assert kern.function_name == "flash_portable_forward"
 
 
 def test_tiles_fit_the_strictest_devices():

@@ -76,10 +76,28 @@ def candidates(kernel: str, D: int, max_group: int, local_mem: int) -> list[tupl
                      "set attention: batched")
 
 
-def default_tiles(D: int, device: cl.Device) -> dict:
-    """Each kernel's first fitting candidate: the tiles an untuned run takes."""
-    lim = device.max_work_group_size, device.local_mem_size
-    return {k: candidates(k, D, *lim)[0] for k in DEFAULT}
+def build(dev: Device, kernel: str, C: int, H: int, D: int, tiles) -> cl.Kernel:
+    """`kernel` (short name) built with `tiles`. The kernels declare reqd_work_group_size, so a compiler that
+    builds one has fitted its registers to BR * NC items (CL_KERNEL_WORK_GROUP_SIZE is no guide: Mesa's rusticl
+    reports 32 for kernels it runs at 256)."""
+    return dev.kernel("flash_portable", KERNELS[list(SHORT.values()).index(kernel)], **options(D, C, H, tiles))
+
+
+def default_tiles(dev: Device, H: int, D: int) -> dict:
+    """Each kernel's first candidate that fits the device and builds: the tiles an untuned run takes."""
+    return {k: build_first(dev, k, H * D, H, D)[0] for k in DEFAULT}
+
+
+def build_first(dev: Device, kernel: str, C: int, H: int, D: int, first=None) -> tuple[tuple, cl.Kernel]:
+    """(tiles, kernel): `first` (a record's tiles) if it builds and fits, else the first candidate that does."""
+    lim = dev.device.max_work_group_size, dev.device.local_mem_size
+    tried = [tuple(first)] if first else []
+    for t in tried + [t for t in candidates(kernel, D, *lim) if t not in tried]:
+        try:
+            return t, build(dev, kernel, C, H, D, t)
+        except (cl.Error, ClgptError):
+            continue
+    raise ClgptError(f"flash attention {kernel}: no tiles build on {dev.name}; set attention: batched")
 
 
 def options(D: int, C: int, H: int, tiles: tuple[int, int, int]) -> dict:
@@ -129,8 +147,7 @@ class Run:
         self.lse, self.delta = (cl.Buffer(dev.ctx, mf.READ_WRITE, B * H * T * 4) for _ in range(2))
 
     def kernel(self, kernel: str, tiles) -> cl.Kernel:
-        name = KERNELS[list(SHORT.values()).index(kernel)]
-        return self.dev.kernel("flash_portable", name, **options(self.D, self.H * self.D, self.H, tiles))
+        return build(self.dev, kernel, self.H * self.D, self.H, self.D, tiles)
 
     def launch(self, kernel: str, tiles, drop=(0, 0, 0.0)) -> None:
         seed, site, p = np.uint32(drop[0]), np.uint32(drop[1]), np.float32(drop[2])
@@ -213,7 +230,7 @@ def tune(dev: Device, B: int, H: int, T: int, D: int, progress=print, budget_s: 
     cands {kernel: [tiles]} replaces the candidates, measure(kernel, tiles) -> seconds the timed launches (tests)."""
     t0 = time.perf_counter()
     lim = dev.device.max_work_group_size, dev.device.local_mem_size
-    default = default_tiles(D, dev.device)
+    default = default_tiles(dev, H, D)
     run = Run(dev, B, H, T, D)
     measure = measure or run.time
     cands = cands or {k: candidates(k, D, *lim)[:max_candidates] for k in DEFAULT}

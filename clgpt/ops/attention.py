@@ -87,15 +87,15 @@ class Attention(Part):
         return mode == "flash" or (self.f.gemm == "portable" and T >= tuner_flash.MIN_T)
 
     def _flash_portable_setup(self):
-        """kernels/flash_portable.cl's three kernels with the tuner's tiles (knobs.flash_tuning), else each
-        kernel's first that fits the device."""
-        cfg = self.cfg
-        tiles = self.f.knobs.flash_tuning or tuner_flash.default_tiles(cfg.head_dim, self.dev.device)
-        self.portable_tiles = {k: tuple(tiles[k]) for k in tuner_flash.DEFAULT}
+        """kernels/flash_portable.cl's three kernels with the tuner's tiles (knobs.flash_tuning), else (or where
+        those do not build here) each kernel's first candidate that fits the device and builds."""
+        cfg, tuned = self.cfg, self.f.knobs.flash_tuning or {}
+        self.portable_tiles = {}
         for kname in tuner_flash.KERNELS:
-            t = self.portable_tiles[tuner_flash.SHORT[kname]]
-            self.k[kname] = self.dev.kernel("flash_portable", kname,
-                                            **tuner_flash.options(cfg.head_dim, cfg.n_embd, cfg.n_head, t))
+            short = tuner_flash.SHORT[kname]
+            t, self.k[kname] = tuner_flash.build_first(self.dev, short, cfg.n_embd, cfg.n_head, cfg.head_dim,
+                                                       tuned.get(short))
+            self.portable_tiles[short] = t
 
     def _portable_run(self, kernel, Tp, Bp, *args, drop=None):
         """One of kernels/flash_portable.cl's launches over B' x H heads of T' rows; drop: (seed, site, p, ..)."""
