@@ -32,6 +32,7 @@ from clgpt.errors import ClgptError
 
 KERNELS = ("flash_portable_forward", "flash_portable_backward_dq", "flash_portable_backward_dkv")
 SHORT = dict(zip(KERNELS, ("forward", "dq", "dkv")))
+NAME = {short: name for name, short in SHORT.items()}
 DEFAULT = dict(forward=(64, 32, 4), dq=(64, 16, 4), dkv=(64, 16, 4))
 # 256 work-items, then 128 (fewer registers a group: more groups a compute unit where the backward's two private
 # rows of D floats take many)
@@ -40,7 +41,9 @@ _GRID = [(64, 32, 4), (64, 64, 4), (32, 32, 8), (128, 32, 2), (64, 16, 4), (32, 
 CANDIDATES = {k: [DEFAULT[k]] + [t for t in _GRID if t != DEFAULT[k]] for k in DEFAULT}
 CHECK = (1, 75)  # the float64 check's B, T (the model's heads: the programs the run builds): no tile divides T
 CHECK_TOL = 1e-4  # max |err| / max |ref| (fp32 sums: about 1e-6 when right)
-MIN_T = 512  # auto: the generic GPU row takes portable flash attention from this T (clgpt/ops/attention.py)
+# auto: the generic GPU row takes portable flash attention from this T (clgpt/ops/attention.py), where the batched
+# form's T x T buffers reach 200 MB a layer at shape L; bench/flash_portable.py times the two forms
+MIN_T = 512
 BUDGET_S = 5.0  # a kernel's candidates past this are not timed (a slow device still gets a record)
 TIMED_REPS = 3
 
@@ -80,7 +83,7 @@ def build(dev: Device, kernel: str, C: int, H: int, D: int, tiles) -> cl.Kernel:
     """`kernel` (short name) built with `tiles`. The kernels declare reqd_work_group_size, so a compiler that
     builds one has fitted its registers to BR * NC items (CL_KERNEL_WORK_GROUP_SIZE is no guide: Mesa's rusticl
     reports 32 for kernels it runs at 256)."""
-    return dev.kernel("flash_portable", KERNELS[list(SHORT.values()).index(kernel)], **options(D, C, H, tiles))
+    return dev.kernel("flash_portable", NAME[kernel], **options(D, C, H, tiles))
 
 
 def default_tiles(dev: Device, H: int, D: int) -> dict:

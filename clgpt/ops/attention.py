@@ -80,8 +80,7 @@ class Attention(Part):
     def _use_flash_portable(self, mode: str, T: int) -> bool:
         """Portable flash attention (kernels/flash_portable.cl: no T x T scores, fp32) where NVIDIA's does not run,
         on a GPU row (the CPU row keeps its one-launch forms). auto: on the generic row (the portable GEMM: no
-        tensor cores to make the batched products cheap) from T tuner_flash.MIN_T, where the T x T buffers' traffic
-        outweighs flash's recomputation; flash: on any GPU row."""
+        tensor cores to make the batched products cheap) from T tuner_flash.MIN_T; flash: on any GPU row."""
         if mode == "batched" or not self.f.rows or self.caps.attention_gemm_min_t is None:
             return False
         return mode == "flash" or (self.f.gemm == "portable" and T >= tuner_flash.MIN_T)
@@ -101,8 +100,7 @@ class Attention(Part):
         """One of kernels/flash_portable.cl's launches over B' x H heads of T' rows; drop: (seed, site, p, ..)."""
         seed, site, p = drop[:3] if drop is not None else (0, 0, 0.0)
         g, lsize = tuner_flash.grid(Tp, Bp * self.cfg.n_head, self.portable_tiles[kernel])
-        name = "flash_portable_" + {"forward": "forward", "dq": "backward_dq", "dkv": "backward_dkv"}[kernel]
-        self.launcher.run(name, g, i32(Tp), *args, np.uint32(seed), np.uint32(site), f32(p), lsize=lsize)
+        self.launcher.run(tuner_flash.NAME[kernel], g, i32(Tp), *args, np.uint32(seed), np.uint32(site), f32(p), lsize=lsize)
 
     def flash_setup(self):
         """kernels/flash.cl's kernels, with the bf16 GEMM's options (MMA_EMULATE on PoCL, for tests); where RoPE
