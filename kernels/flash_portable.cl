@@ -19,7 +19,11 @@
 // clamped data and store nothing (any T).
 // Local memory (floats): forward BC KP + BR (BC+1) + 2 NC BR; dq 2 BC KP + BR (BC+1); dk/dv 2 BC KP + 2 BR (BC+1) + 2 BC,
 // KP = D + 4 (clgpt/device/tuner_flash.py local_bytes). Private: the row's q (k) and dout (v), D floats each.
-// -D: C H D (any head width; NC divides D and BC), SCALE, BR BC NC; global (ceil(T/BR) * BR * NC, B*H).
+// ROUND (precision.cl: 1 bf16, 2 tf32; 0 or absent fp32) rounds the products' operands as the batched form's GEMM
+// does: q, k, v and dout as they are loaded, the (dropped) probabilities before the product with v (dout), ds
+// before those with k and q; the softmax, its statistics, delta and every sum stay fp32.
+// -D: C H D (any head width; NC divides D and BC), SCALE, BR BC NC, ROUND; global (ceil(T/BR) * BR * NC, B*H).
+#include "precision.cl"
 #include "dropout.cl"
 
 #define C3 (3 * C)
@@ -33,6 +37,13 @@
 #if D % NC || BC % NC
 #error "NC must divide D and BC"
 #endif
+#if ROUND == 1
+#define RND(x) round_bf16(x)
+#elif ROUND == 2
+#define RND(x) round_tf32(x)
+#else
+#define RND(x) (x)
+#endif
 
 // rows r0.. r0+BC of one head's columns col of a (B,T,width) buffer into dst[BC][KP], zeros past T
 inline void stage(__local float* dst, __global const float* src, const int width, const int col, const int r0,
@@ -40,7 +51,7 @@ inline void stage(__local float* dst, __global const float* src, const int width
 {
     for (int e = get_local_id(0); e < BC * D; e += NT) {
         const int j = e / D, d = e % D;
-        dst[j * KP + d] = r0 + j < T ? src[(size_t)(r0 + j) * width + col + d] : 0.0f;
+        dst[j * KP + d] = r0 + j < T ? RND(src[(size_t)(r0 + j) * width + col + d]) : 0.0f;
     }
 }
 
@@ -89,7 +100,7 @@ void flash_portable_forward(const int T, __global const float* restrict qkv, __g
     const int q0 = (get_num_groups(0) - 1 - get_group_id(0)) * BR, qi = q0 + r;  // the longest rows first
     __global const float* x = qkv + (size_t)b * T * C3;
     float qv[D], acc[DS];
-    for (int d = 0; d < D; d++) qv[d] = x[(size_t)min(qi, T - 1) * C3 + h * D + d] * SL2;  // log2 domain
+    for (int d = 0; d < D; d++) qv[d] = RND(x[(size_t)min(qi, T - 1) * C3 + h * D + d]) * SL2;  // log2 domain
     for (int e = 0; e < DS; e++) acc[e] = 0.0f;
     float m = -INFINITY, l = 0.0f;  // key 0 is causal for every row: m is finite after the first step
     const float keep_scale = 1.0f / (1.0f - p);
@@ -117,7 +128,7 @@ void flash_portable_forward(const int T, __global const float* restrict qkv, __g
             float pj = exp2(sc[r * SP + j] - mt);
             ls += pj;
             if (p > 0.0f) pj = dropout_keep(seed, site, row + (uint)(k0 + j), p) ? pj * keep_scale : 0.0f;
-            sc[r * SP + j] = pj;
+            sc[r * SP + j] = RND(pj);
         }
         part[(NC + c) * BR + r] = ls;
         barrier(CLK_LOCAL_MEM_FENCE);
@@ -151,9 +162,9 @@ void flash_portable_backward_dq(const int T, __global const float* restrict qkv,
     float dl = 0.0f;
     for (int d = 0; d < D; d++) {
         const size_t at = ((size_t)b * T + qc) * C + h * D + d;
-        qv[d] = x[(size_t)qc * C3 + h * D + d] * SL2;
-        dov[d] = dout[at];
-        dl = fma(dov[d], out[at], dl);
+        qv[d] = RND(x[(size_t)qc * C3 + h * D + d]) * SL2;
+        dov[d] = RND(dout[at]);
+        dl = fma(dout[at], out[at], dl);
     }
     if (c == 0 && qi < T) delta[(size_t)z * T + qi] = dl;
     for (int e = 0; e < DS; e++) dacc[e] = 0.0f;
@@ -174,7 +185,7 @@ void flash_portable_backward_dq(const int T, __global const float* restrict qkv,
                 if (p > 0.0f) dp = dropout_keep(seed, site, row + (uint)key, p) ? dp * keep_scale : 0.0f;
                 ds = pr * (dp - dl);
             }
-            dst[r * SP + j] = ds;
+            dst[r * SP + j] = RND(ds);
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int j = 0; j < BC; j++) {
@@ -201,8 +212,8 @@ void flash_portable_backward_dkv(const int T, __global const float* restrict qkv
     __global const float* g = dout + (size_t)b * T * C;
     float kv[D], vv[D], dk[DS], dv[DS];
     for (int d = 0; d < D; d++) {
-        kv[d] = x[(size_t)kc * C3 + C + h * D + d] * SL2;
-        vv[d] = x[(size_t)kc * C3 + 2 * C + h * D + d];
+        kv[d] = RND(x[(size_t)kc * C3 + C + h * D + d]) * SL2;
+        vv[d] = RND(x[(size_t)kc * C3 + 2 * C + h * D + d]);
     }
     for (int e = 0; e < DS; e++) dk[e] = dv[e] = 0.0f;
     const float keep_scale = 1.0f / (1.0f - p);
@@ -229,8 +240,8 @@ void flash_portable_backward_dkv(const int T, __global const float* restrict qkv
                 }
                 ds = pr * (dp - dq[i]);
             }
-            pt[r * SP + i] = pd;
-            dst[r * SP + i] = ds;
+            pt[r * SP + i] = RND(pd);
+            dst[r * SP + i] = RND(ds);
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int i = 0; i < BC; i++) {

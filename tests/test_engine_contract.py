@@ -273,3 +273,26 @@ def test_portable_flash_attention_on_the_gpu_row_vs_reference(case, p_drop):
     for launch, t, want in (("gpu", MIN_T, True), ("gpu", MIN_T - 1, False), ("cpu", MIN_T, False)):
         c = replace(cfg, n_ctx=t)
         assert engine(c, init_params(c, 0), 1, t, knobs=Knobs(launch=launch)).ops.flash_portable is want
+
+
+def test_portable_flash_attention_at_bf16_rounds_as_the_batched_form():
+    """precision bf16 on the generic GPU row: portable flash attention rounds its products' operands as the
+    batched form's GEMM does (ROUND 1), so the two give the loss and every gradient within bf16's tolerance
+    (2^-7 relative to each tensor's largest value)."""
+    from dataclasses import replace
+
+    B, T = 2, 40
+    cfg = replace(CASES["gpt2_untied"], n_ctx=T)
+    p = noisy_params(cfg, std=NOISE["gpt2"])
+    tokens, targets, mask = batch(cfg, B, T, seed=6)
+    res = {}
+    for form in ("flash", "batched"):
+        eng = engine(cfg, p, B, T, knobs=Knobs(launch="gpu"), attention=form, precision="bf16")
+        assert eng.ops.flash_portable is (form == "flash") and eng.ops.round == 1
+        loss = eng.forward(tokens, targets, mask)
+        eng.zero_grad()
+        eng.backward()
+        res[form] = loss, eng.get_grads()
+    assert abs(res["flash"][0] - res["batched"][0]) < 1e-2 * abs(res["batched"][0])
+    worst, where = max_rel(res["flash"][1], res["batched"][1])
+    assert worst < 2 ** -7, f"grads: flash vs batched at bf16 {worst:.3e} in {where}"

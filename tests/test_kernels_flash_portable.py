@@ -22,10 +22,11 @@ TOL = 1e-5
 OTHER = dict(forward=(32, 16, 8), dq=(128, 32, 2), dkv=(32, 64, 4))  # other row, step and row-split shapes
 
 
-def _run(dev, qkv, dout, H, tiles, drop=(0, 0, 0.0)):
-    """-> out, dqkv, lse: the forward, dq and dk/dv launches with `tiles` (each kernel's)."""
+def _run(dev, qkv, dout, H, tiles, drop=(0, 0, 0.0), rnd=0):
+    """-> out, dqkv, lse: the forward, dq and dk/dv launches with `tiles` (each kernel's), operands rounded as
+    precision.cl's ROUND rnd."""
     B, T, C3 = qkv.shape
-    run = Run(dev, B, H, T, C3 // 3 // H, qkv, dout)
+    run = Run(dev, B, H, T, C3 // 3 // H, qkv, dout, rnd)
     for kernel in ("forward", "dq", "dkv"):
         run.launch(kernel, tiles[kernel], drop)
     return run.results()
@@ -61,6 +62,23 @@ def test_flash_portable_against_float64_and_deterministic(dev, B, H, T, D, p, ti
     assert np.abs(lse - lse_want).max() < TOL * max(1.0, np.abs(lse_want).max())
     again = _run(dev, qkv, dout, H, tiles, drop)
     assert all(np.array_equal(a, b) for a, b in zip((out, dqkv, lse), again))
+
+
+@pytest.mark.parametrize("rnd, tol", [(1, 1e-2), (2, 2e-3)], ids=["bf16", "tf32"])
+def test_flash_portable_rounds_operands_as_the_precision_asks(dev, rnd, tol):
+    """ROUND 1 (bf16) and 2 (tf32): the products' operands rounded as the batched form's GEMM rounds them, sums
+    fp32: out, dqkv within twice the format's epsilon of float64 relative to their largest value (8 and 11
+    significant bits), and off by more than fp32's 1e-5, so the rounding is there."""
+    B, H, T, D = 2, 2, 75, 16
+    r = np.random.default_rng(13)
+    qkv, dout = r.normal(size=(B, T, 3 * H * D)), r.normal(size=(B, T, H * D))
+    drop = (0xC0FFEE, 7, 0.2)
+    dmask = scale_mask(drop[0], drop[1], (B, H, T, T), drop[2])
+    out, dqkv, _ = _run(dev, qkv, dout, H, DEFAULT, drop, rnd)
+    want, att = ref.attention_forward(qkv, H, dmask)
+    dwant = ref.attention_backward(dout, qkv, att, H, dmask)
+    for name, got, w in (("out", out, want), ("dqkv", dqkv, dwant)):
+        assert 1e-5 < _rel(got, w) < tol, f"{name} (ROUND {rnd}): relative error {_rel(got, w):.2e}"
 
 
 def test_flash_portable_backward_against_finite_differences(dev):

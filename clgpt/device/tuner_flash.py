@@ -79,11 +79,11 @@ def candidates(kernel: str, D: int, max_group: int, local_mem: int) -> list[tupl
                      "set attention: batched")
 
 
-def build(dev: Device, kernel: str, C: int, H: int, D: int, tiles) -> cl.Kernel:
+def build(dev: Device, kernel: str, C: int, H: int, D: int, tiles, rnd: int = 0) -> cl.Kernel:
     """`kernel` (short name) built with `tiles`. The kernels declare reqd_work_group_size, so a compiler that
     builds one has fitted its registers to BR * NC items (CL_KERNEL_WORK_GROUP_SIZE is no guide: Mesa's rusticl
     reports 32 for kernels it runs at 256)."""
-    return dev.kernel("flash_portable", NAME[kernel], **options(D, C, H, tiles))
+    return dev.kernel("flash_portable", NAME[kernel], **options(D, C, H, tiles, rnd))
 
 
 def default_tiles(dev: Device, H: int, D: int) -> dict:
@@ -91,21 +91,24 @@ def default_tiles(dev: Device, H: int, D: int) -> dict:
     return {k: build_first(dev, k, H * D, H, D)[0] for k in DEFAULT}
 
 
-def build_first(dev: Device, kernel: str, C: int, H: int, D: int, first=None) -> tuple[tuple, cl.Kernel]:
+def build_first(dev: Device, kernel: str, C: int, H: int, D: int, first=None,
+                rnd: int = 0) -> tuple[tuple, cl.Kernel]:
     """(tiles, kernel): `first` (a record's tiles) if it builds and fits, else the first candidate that does."""
     lim = dev.device.max_work_group_size, dev.device.local_mem_size
     tried = [tuple(first)] if first else []
     for t in tried + [t for t in candidates(kernel, D, *lim) if t not in tried]:
         try:
-            return t, build(dev, kernel, C, H, D, t)
+            return t, build(dev, kernel, C, H, D, t, rnd)
         except (cl.Error, ClgptError):
             continue
     raise ClgptError(f"flash attention {kernel}: no tiles build on {dev.name}; set attention: batched")
 
 
-def options(D: int, C: int, H: int, tiles: tuple[int, int, int]) -> dict:
-    """The -D build options of a kernel with `tiles`."""
-    return dict(C=C, H=H, D=D, SCALE=float(1.0 / math.sqrt(D)), BR=tiles[0], BC=tiles[1], NC=tiles[2])
+def options(D: int, C: int, H: int, tiles: tuple[int, int, int], rnd: int = 0) -> dict:
+    """The -D build options of a kernel with `tiles`; rnd: precision.cl's ROUND of the products' operands (0: fp32,
+    left out, so the tuner's programs are the fp32 run's)."""
+    opts = dict(C=C, H=H, D=D, SCALE=float(1.0 / math.sqrt(D)), BR=tiles[0], BC=tiles[1], NC=tiles[2])
+    return dict(opts, ROUND=rnd) if rnd else opts
 
 
 def grid(T: int, BH: int, tiles: tuple[int, int, int]) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -138,8 +141,8 @@ def check_record(record, where: str) -> dict:
 class Run:
     """Buffers of one (B, H, T, D) attention, and the three kernels' launches on them with given tiles."""
 
-    def __init__(self, dev: Device, B: int, H: int, T: int, D: int, qkv=None, dout=None):
-        self.dev, self.B, self.H, self.T, self.D, C = dev, B, H, T, D, H * D
+    def __init__(self, dev: Device, B: int, H: int, T: int, D: int, qkv=None, dout=None, rnd: int = 0):
+        self.dev, self.B, self.H, self.T, self.D, self.rnd, C = dev, B, H, T, D, rnd, H * D
         r = np.random.default_rng(0)
         qkv = r.standard_normal((B, T, 3 * C), np.float32) if qkv is None else np.asarray(qkv, np.float32)
         dout = r.standard_normal((B, T, C), np.float32) if dout is None else np.asarray(dout, np.float32)
@@ -150,7 +153,7 @@ class Run:
         self.lse, self.delta = (cl.Buffer(dev.ctx, mf.READ_WRITE, B * H * T * 4) for _ in range(2))
 
     def kernel(self, kernel: str, tiles) -> cl.Kernel:
-        return build(self.dev, kernel, self.H * self.D, self.H, self.D, tiles)
+        return build(self.dev, kernel, self.H * self.D, self.H, self.D, tiles, self.rnd)
 
     def launch(self, kernel: str, tiles, drop=(0, 0, 0.0)) -> None:
         seed, site, p = np.uint32(drop[0]), np.uint32(drop[1]), np.float32(drop[2])

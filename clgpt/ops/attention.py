@@ -87,13 +87,14 @@ class Attention(Part):
 
     def _flash_portable_setup(self):
         """kernels/flash_portable.cl's three kernels with the tuner's tiles (knobs.flash_tuning), else (or where
-        those do not build here) each kernel's first candidate that fits the device and builds."""
+        those do not build here) each kernel's first candidate that fits the device and builds; the precision's
+        ROUND on the products' operands, as the batched form's GEMM rounds them."""
         cfg, tuned = self.cfg, self.f.knobs.flash_tuning or {}
         self.portable_tiles = {}
         for kname in tuner_flash.KERNELS:
             short = tuner_flash.SHORT[kname]
             t, self.k[kname] = tuner_flash.build_first(self.dev, short, cfg.n_embd, cfg.n_head, cfg.head_dim,
-                                                       tuned.get(short))
+                                                       tuned.get(short), self.f.round)
             self.portable_tiles[short] = t
 
     def _portable_run(self, kernel, Tp, Bp, *args, drop=None):
