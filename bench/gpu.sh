@@ -24,6 +24,7 @@ usage: bash bench/gpu.sh SUBCOMMAND [ARG]   (settings from the environment; file
   muon         Muon's step cost, then AdamW against Muon on the char GPU recipe; SEEDS (3), BUDGET (420 s)
   mpi [one]    1 vs 2 GPUs over MPI at S6 and L (nvidia-h200-x2); one: both ranks share one GPU
   generic      the generic GPU row (CLGPT_LAUNCH=gpu) with the device tuner vs PyTorch eager fp32, GEMM vs cuBLAS
+  flash-portable  bench/flash_portable.py: portable flash attention vs the batched form and SDPA fp32; SHAPES, REPS
 EOF
 }
 
@@ -423,6 +424,15 @@ cmd_generic() {
   setup
   timeout 560 python3 bench/generic_gpu.py --shapes ${SHAPES:-M6 L} --reps ${REPS:-2} 2>&1 | grep -v Warn \
     | tee "$O/generic.txt"
+}
+
+# flash-portable: bench/flash_portable.py (issue 43): portable flash attention's tuner at L and S (GPT-2 small), its
+# kernels against float64, then attention forward + backward at fp32 against the batched form and PyTorch's SDPA
+# (TF32 off), alternated; about 2 minutes. SHAPES (L S), REPS (10) calls a round.
+cmd_flash_portable() {
+  setup
+  timeout 500 python3 bench/flash_portable.py --shapes ${SHAPES:-L S} --reps ${REPS:-10} 2>&1 | grep -v Warn \
+    | tee "$O/flash_portable.txt"
 }
 
 sub=${1:-}

@@ -285,24 +285,28 @@ def run_bench(args) -> None:
 
 
 def with_tuning(setting: str, dev, cfg, B: int, T: int, kn: knobs.Knobs) -> knobs.Knobs:
-    """`kn` with the GEMM tuning record the `tuning` setting gives (clgpt.device.tuner.resolve), its line printed."""
+    """`kn` with the GEMM tuning record and portable flash attention's tiles the `tuning` setting gives
+    (clgpt.device.tuner.resolve, clgpt.device.tuner_flash.resolve), their lines printed."""
     from dataclasses import replace
 
-    from clgpt.device import tuner
+    from clgpt.device import tuner, tuner_flash
     from clgpt.device.tuning import launch_config
 
-    record, line = tuner.resolve(setting, dev, cfg, B, T, launch_config(dev.device, kn))
-    print(line)
+    row = launch_config(dev.device, kn)
+    record, line = tuner.resolve(setting, dev, cfg, B, T, row)
+    tiles, flash_line = tuner_flash.resolve(setting, dev, cfg, B, T, row)
+    print(line + "\n" + flash_line)
     sys.stdout.flush()
-    return replace(kn, gemm_tuning=record) if record is not None else kn
+    return replace(kn, gemm_tuning=record, flash_tuning=tiles)
 
 
 def run_tune_device(args) -> None:
-    """`clgpt tune-device`: measure the portable GEMM's tiles on the device for one model and batch (always, even
-    where the cache has them, and on a CPU too), cache the record and, with --out, write it there as well."""
+    """`clgpt tune-device`: measure the portable GEMM's tiles and portable flash attention's on the device for one
+    model and batch (always, even where the cache has them, and on a CPU too), cache the records and, with --out,
+    write them there as well."""
     from pathlib import Path
 
-    from clgpt.device import tuner
+    from clgpt.device import tuner, tuner_flash
     from clgpt.device.opencl import get_device
     from clgpt.model import ModelConfig
 
@@ -321,8 +325,13 @@ def run_tune_device(args) -> None:
     paths = [tuner.cache_file(dev.device)] + ([Path(args.out)] if args.out else [])
     for path in paths:
         tuner.save(path, dev.device, key, record)
-    for why in sorted(set(record["rejected"].values())):
+    flash = tuner_flash.tune(dev, args.batch, cfg.n_head, args.ctx, cfg.head_dim,
+                             max_candidates=args.max_candidates or None)
+    for path in paths:
+        tuner.save(path, dev.device, tuner_flash.record_key(args.batch, cfg.n_head, args.ctx, cfg.head_dim), flash)
+    for why in sorted(set(record["rejected"].values()) | set(flash["rejected"].values())):
         print(f"rejected: {why}")
-    print(f"tuned in {record['seconds']:.1f} s: {tuner.describe(record)}")
+    print(f"tuned in {record['seconds'] + flash['seconds']:.1f} s: {tuner.describe(record)}; flash attention "
+          f"{tuner_flash.describe(flash['tiles'])}")
     print("written: " + ", ".join(str(p) for p in paths))
 

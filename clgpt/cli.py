@@ -229,14 +229,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", default="auto", choices=["fp32", "tf32", "bf16", "auto"],
                    help="matmul operands (clgpt/device/precision.py)")
     p.add_argument("--attention", default="auto", choices=["auto", "flash", "batched"],
-                   help="bf16 attention as flash attention's fused kernels or batched products, as a stage's")
+                   help="attention as flash attention's fused kernels (NVIDIA's bf16 or the portable fp32 ones) or "
+                        "batched products, as a stage's")
     p.add_argument("--dropout", type=float, default=0.0, help="dropout probability, as a training stage's")
     p.add_argument("--tuning", default="auto", metavar="auto|off|FILE",
-                   help="the portable GEMM's tiles, as a stage's `tuning` setting (auto: tuned on a GPU's first run)")
+                   help="the portable GEMM's and flash attention's tiles, as a stage's `tuning` setting (auto: tuned "
+                        "on a GPU's first run)")
     p.add_argument("--device", default=None)
     p.set_defaults(func=cmd_bench)
 
-    p = sub.add_parser("tune-device", help="measure the portable GEMM's tiles on a device for a model and batch")
+    p = sub.add_parser("tune-device", help="measure the portable GEMM's and flash attention's tiles on a device for a "
+                                           "model and batch")
     _shape_options(p)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--budget", type=float, default=45.0, help="seconds after which no more candidates are started")

@@ -170,7 +170,8 @@ def slurm_sweep(_background_runs) -> tuple[Path, str]:
 # test_flash and test_precision_* check the NVIDIA-only kernels (tensor-core instructions emulated) on one CPU
 # runtime: they run on no CPU in use, and emulating them costs minutes per compiler.
 KERNEL_MODULES = {"test_kernels_gemm", "test_kernels_copies", "test_kernels_attention", "test_kernels_norms",
-                  "test_kernels_pointwise", "test_kernels_xent", "test_kernels_optim", "test_kernels_reference"}
+                  "test_kernels_pointwise", "test_kernels_xent", "test_kernels_optim", "test_kernels_reference",
+                  "test_kernels_flash_portable"}
 ON_EVERY_IMPLEMENTATION = KERNEL_MODULES | {"test_engine", "test_engine_contract", "test_llama_engine",
                                             "test_llama_rows", "test_dropout", "test_llama_parity", "test_kvcache",
                                             "test_muon"}

@@ -57,12 +57,13 @@ def engine(cfg, p, batch_size, seq_len, knobs=Knobs(), **kw):
                                                                 knobs=knobs, **kw)
 
 
-def reference(p, cfg, tokens, targets, mask):
-    """(loss, load-balancing loss, cache) of the float64 reference (gpt2: no load-balancing loss, 0)."""
+def reference(p, cfg, tokens, targets, mask, dropout=None):
+    """(loss, load-balancing loss, cache) of the float64 reference (gpt2: no load-balancing loss, 0); dropout:
+    the engine's (seed, p) or None."""
     if cfg.arch == "gpt2":
-        loss, cache = ref.gpt_forward(p, cfg, tokens, targets, mask)
+        loss, cache = ref.gpt_forward(p, cfg, tokens, targets, mask, dropout=dropout)
         return loss, 0.0, cache
-    return ref_llama.llama_forward(p, cfg, tokens, targets, mask)
+    return ref_llama.llama_forward(p, cfg, tokens, targets, mask, dropout=dropout)
 
 
 def reference_grads(cfg, cache) -> dict:
@@ -231,3 +232,67 @@ def test_determinism_and_state_roundtrip(arch):
     a, b = engines[0].get_params(), fresh.get_params()
     for k in a:
         assert np.array_equal(a[k], b[k]), f"{k} differs after restoring the optimizer state"
+
+
+@pytest.mark.parametrize("case", ["gpt2_untied", "llama", "llama_gqa"])
+@pytest.mark.parametrize("p_drop", [0.0, 0.2])
+def test_portable_flash_attention_on_the_gpu_row_vs_reference(case, p_drop):
+    """The generic GPU row with portable flash attention (kernels/flash_portable.cl; llama's RoPE and grouped kv
+    heads through rope.cl around it) at T 37, no tile's multiple, with and without attention dropout: loss and
+    gradients against the float64 reference, two runs bit for bit alike, logits of partial calls; att and datt
+    hold (B,H,T) rows, no T x T buffer. attention auto takes it from tuner_flash.MIN_T on that row, the batched form below; the CPU
+    row never."""
+    from dataclasses import replace
+
+    from clgpt.bench import device_bytes
+    from clgpt.device.tuner_flash import MIN_T
+    from enginecheck import assert_two_runs_match_reference
+
+    B, T = 3, 37
+    cfg = replace(CASES[case], n_ctx=T)
+    p = noisy_params(cfg, std=NOISE[cfg.arch])
+    tokens, targets, mask = batch(cfg, B, T, seed=4)
+    drop = dict(dropout=(99, p_drop)) if p_drop else {}
+    loss_ref, _, cache = reference(p, cfg, tokens, targets, mask, **drop)
+    runs = []
+    for _ in range(2):
+        eng = engine(cfg, p, B, T, knobs=Knobs(launch="gpu"), attention="flash", dropout=p_drop)
+        assert eng.ops.flash_portable and eng.ops.att_floats(B, T) == B * cfg.n_head * T
+        loss = eng.forward(tokens, targets, mask, **({"dropout_seed": 99} if p_drop else {}))
+        eng.zero_grad()
+        eng.backward()
+        runs.append((loss, eng.get_grads()))
+    assert_two_runs_match_reference(runs, loss_ref, reference_grads(cfg, cache))
+    for Bp, Tp in ((1, 1), (2, 20)):  # partial calls: B' and T' below the engine's
+        got, want = eng.forward(tokens[:Bp, :Tp]), reference_logits(p, cfg, tokens[:Bp, :Tp])
+        assert np.abs(got - want).max() < 1e-5, f"({Bp},{Tp}): logits max abs diff {np.abs(got - want).max():.3e}"
+    batched = engine(cfg, p, B, T, knobs=Knobs(launch="gpu"), attention="batched", dropout=p_drop)
+    L, BHT = cfg.n_layer, B * cfg.n_head * T
+    att_d = L * BHT * T if p_drop else 0  # the batched form's dropped probabilities
+    assert device_bytes(batched) - device_bytes(eng) == 4 * ((L + 1) * (BHT * T - BHT) + att_d)
+    for launch, t, want in (("gpu", MIN_T, True), ("gpu", MIN_T - 1, False), ("cpu", MIN_T, False)):
+        c = replace(cfg, n_ctx=t)
+        assert engine(c, init_params(c, 0), 1, t, knobs=Knobs(launch=launch)).ops.flash_portable is want
+
+
+def test_portable_flash_attention_at_bf16_rounds_as_the_batched_form():
+    """precision bf16 on the generic GPU row: portable flash attention rounds its products' operands as the
+    batched form's GEMM does (ROUND 1), so the two give the loss and every gradient within bf16's tolerance
+    (2^-7 relative to each tensor's largest value)."""
+    from dataclasses import replace
+
+    B, T = 2, 40
+    cfg = replace(CASES["gpt2_untied"], n_ctx=T)
+    p = noisy_params(cfg, std=NOISE["gpt2"])
+    tokens, targets, mask = batch(cfg, B, T, seed=6)
+    res = {}
+    for form in ("flash", "batched"):
+        eng = engine(cfg, p, B, T, knobs=Knobs(launch="gpu"), attention=form, precision="bf16")
+        assert eng.ops.flash_portable is (form == "flash") and eng.ops.round == 1
+        loss = eng.forward(tokens, targets, mask)
+        eng.zero_grad()
+        eng.backward()
+        res[form] = loss, eng.get_grads()
+    assert abs(res["flash"][0] - res["batched"][0]) < 1e-2 * abs(res["batched"][0])
+    worst, where = max_rel(res["flash"][1], res["batched"][1])
+    assert worst < 2 ** -7, f"grads: flash vs batched at bf16 {worst:.3e} in {where}"

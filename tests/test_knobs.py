@@ -15,7 +15,7 @@ from clgpt.device.knobs import OFF, Knobs
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTOCOL = {"CLGPT_RANK_DIR"}  # how clgpt.training.launch and its ranks find their status folder, not a knob
-PASSED_IN = {"wgmma_min_mnk", "gemm_tuning"}  # fields that change results: code passes them in, no variable sets them
+PASSED_IN = {"wgmma_min_mnk", "gemm_tuning", "flash_tuning"}  # fields that change results: code passes them in, no variable sets them
 
 
 def var(field: dataclasses.Field) -> str:

@@ -1,7 +1,7 @@
-"""The device tuner (clgpt/device/tuner.py): its candidates against the limits of GPUs people own, each kernel
-form they build matching float64 on this device, a deterministic pick, a wrong candidate rejected, the cache
-written and read, the `tuning` setting's off / pinned file, and an engine run on a tuner record (per-product
-tiles and split-K) against the float64 reference, bit-identical twice."""
+"""The device tuners (clgpt/device/tuner.py; tuner_flash.py, portable flash attention's tiles): their candidates
+against the limits of GPUs people own, each kernel form they build matching float64 on this device, a deterministic
+pick, a wrong candidate rejected, the cache written and read, the `tuning` setting's off / pinned file, and an
+engine run on a tuner record (per-product tiles and split-K) against the float64 reference, bit-identical twice."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from clgpt.device import tuner, tuning
+from clgpt.device import tuner, tuner_flash, tuning
 from clgpt.device.knobs import Knobs
 from clgpt.errors import ClgptError
 from clgpt.model import ModelConfig
@@ -235,3 +235,62 @@ def test_tune_device_command_writes_a_file_a_stage_can_pin(dev, tmp_path, monkey
     assert len(list((tmp_path / "cache" / "clgpt" / "tuning").glob("*.json"))) == 1
     rec, line = tuner.resolve(str(out), dev, CFG, 4, 80, tuning.launch_config(dev.device, Knobs(launch="gpu")))
     assert rec["matmul"] == 0 and len(rec["products"]) == len(tuner.model_products(CFG, 4, 80))
+
+
+# ---- portable flash attention's tiles (clgpt/device/tuner_flash.py) ----
+@pytest.mark.parametrize("name", sorted(PROFILES))
+@pytest.mark.parametrize("D", [64, 128])
+def test_flash_candidates_fit_each_profile(name, D):
+    """Under each profile, at head widths 64 and 128, every kernel keeps candidates within its work-group and
+    local-memory limits, filling whole subgroups of 8 to 64 (head width 64: at least three to choose from)."""
+    lim = PROFILES[name]
+    for kernel in tuner_flash.DEFAULT:
+        kept = tuner_flash.candidates(kernel, D, lim.max_group, lim.local_mem)
+        assert len(kept) >= (3 if D == 64 else 1), (kernel, kept)
+        for t in kept:
+            assert t[0] * t[2] <= lim.max_group and tuner_flash.local_bytes(kernel, D, t) <= lim.local_mem
+            assert all(t[0] * t[2] % sg == 0 for sg in SUBGROUPS), t
+
+
+def test_flash_tune_rejects_wrong_tiles_and_picks_the_fastest_deterministically(dev):
+    """A candidate that does not build (NC 3 divides neither D nor BC) is rejected before it is timed; the fastest
+    of the rest wins, equal times going to the earlier; progress names each kernel's choice."""
+    cands = {k: [(32, 16, 3), (32, 16, 4), (64, 16, 2)] for k in tuner_flash.DEFAULT}
+    timed, said = [], []
+
+    def measure(kernel, tiles):
+        timed.append(tiles)
+        return 1.0 if kernel == "forward" or tiles == (32, 16, 4) else 0.5
+
+    rec = tuner_flash.tune(dev, 2, 2, 40, 8, progress=said.append, cands=cands, measure=measure)
+    assert (32, 16, 3) not in timed and "build" in rec["rejected"]["forward (32, 16, 3)"]
+    assert rec["tiles"] == dict(forward=[32, 16, 4], dq=[64, 16, 2], dkv=[64, 16, 2])
+    assert len(said) == 3 and said[0].startswith("flash attention forward: tiles (32, 16, 4)")
+
+
+def test_flash_tiles_setting_auto_off_pinned_and_cached(dev, tmp_path, monkeypatch):
+    """off: the defaults; auto where the run would not take portable flash attention (a CPU device, T below
+    MIN_T): not tuned; auto where it would: tuned once into the GEMM's cache file, then read; a pinned file: its
+    record (none for this shape: the defaults); a broken record: a one-line error naming the file."""
+    gpu_row = tuning.launch_config(dev.device, Knobs(launch="gpu"))
+    T = tuner_flash.MIN_T
+    assert tuner_flash.resolve("off", dev, CFG, 4, T, gpu_row)[0] is None
+    tiles, line = tuner_flash.resolve("auto", dev, CFG, 4, T - 1, gpu_row)
+    assert tiles is None and "the defaults" in line
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(tuner_flash, "wanted", lambda device, row, t: t >= T)
+    calls = []
+    monkeypatch.setattr(tuner_flash, "tune", lambda d, B, H, t, D, progress=print: calls.append(t) or dict(
+        tiles=dict(forward=[32, 16, 4], dq=[64, 16, 4], dkv=[32, 32, 4]), seconds=0.5))
+    first, line = tuner_flash.resolve("auto", dev, CFG, 4, T, gpu_row, say=lambda m: None)
+    again, line2 = tuner_flash.resolve("auto", dev, CFG, 4, T, gpu_row)
+    assert first == again == dict(forward=(32, 16, 4), dq=(64, 16, 4), dkv=(32, 32, 4)) and calls == [T]
+    assert "tuned now" in line and "cached" in line2
+    path = tuner.cache_file(dev.device)
+    assert tuner_flash.resolve(str(path), dev, CFG, 4, T, gpu_row)[0] == first
+    assert tuner_flash.resolve(str(path), dev, CFG, 2, T, gpu_row)[0] is None
+    bad = json.loads(path.read_text())
+    next(iter(bad["records"].values()))["tiles"].pop("dq")
+    path.write_text(json.dumps(bad))
+    with pytest.raises(ClgptError, match="names no tiles for forward, dq, dkv"):
+        tuner_flash.resolve(str(path), dev, CFG, 4, T, gpu_row)

@@ -27,7 +27,7 @@ class GPT2Engine(EngineBase):
             a = dict(x=buf(N * C), ln1=buf(N * C), ln1_mean=buf(N), ln1_rstd=buf(N), qkv=buf(N * 3 * C),
                      att=buf(self.ops.att_floats(B, T)), atty=buf(N * C), x_mid=buf(N * C), ln2=buf(N * C), ln2_mean=buf(N),
                      ln2_rstd=buf(N), h=buf(N * F), g=buf(N * F))
-            if self.dropout and not self.ops.flash:
+            if self.dropout and not (self.ops.flash or self.ops.flash_portable):  # flash redraws the mask
                 a["att_d"] = buf(B * H * T * T)  # the dropped attention probabilities
             self.acts.append(a)
         self.lnf_mean, self.lnf_rstd = buf(N), buf(N)

@@ -89,7 +89,7 @@ class LlamaEngine(EngineBase):
         for _ in range(L):
             a = dict(x=buf(N * C), ln1=buf(N * C), r1=buf(N), qkv=buf(N * 3 * C), att=buf(self.ops.att_floats(B, T)),
                      atty=buf(N * C), x_mid=buf(N * C), ln2=buf(N * C), r2=buf(N))
-            if self.dropout and not self.ops.flash:
+            if self.dropout and not (self.ops.flash or self.ops.flash_portable):  # flash redraws the mask
                 a["att_d"] = buf(B * H * T * T)
             if E:
                 R = self.R

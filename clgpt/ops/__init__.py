@@ -21,7 +21,8 @@ kernels/*.cl files:
     norms.py       Norms: layernorm, rmsnorm (kernels/layernorm.cl, kernels/rmsnorm.cl, kernels/norm_rows.cl)
     layers.py      Layers: cross-entropy, embedding, rope, swiglu, dropout, grad_norm, adamw (kernels/xent.cl,
                    kernels/embedding.cl, kernels/rope.cl, kernels/swiglu.cl, kernels/dropout.cl, kernels/adamw.cl)
-    attention.py   Attention: attention, flash attention (kernels/attention.cl, kernels/flash.cl)
+    attention.py   Attention: attention, flash attention (kernels/attention.cl, kernels/flash.cl,
+                   kernels/flash_portable.cl)
     grouped.py     Grouped: mixture of experts' grouped products and routing (kernels/moe.cl)
     muon.py        Muon: the optimizer's launchers (clgpt/models/params.py makes it on an Ops; kernels/muon.cl)
 """
@@ -72,7 +73,7 @@ class Ops:
         self.layers = ly = Layers(f, b)
         self.attention = at = Attention(f, b, ly, attention, seq_len, batch_size)
         self.grouped = gr = Grouped(f, g, self.linear, ly)
-        self.flash, self.rope_fused = at.flash, at.rope_fused
+        self.flash, self.flash_portable, self.rope_fused = at.flash, at.flash_portable, at.rope_fused
         self.run, self.runp, self.buf = f.launcher.run, f.launcher.runp, f.launcher.buf
 
         # the GEMM and its copies' lifetime (the chosen backend's)

@@ -1,9 +1,11 @@
 """Causal attention over qkv (N, 3C): one launch per pass (CPUs, short sequences), batched matmuls with softmax
-row kernels (GPUs, dropout), or flash attention's fused kernels (bf16). Llama hands its RoPE over with the call
-(rope=): rope.cl's launches around attention, or, on flash without grouped kv heads, inside flash's kernels.
+row kernels (GPUs, dropout), flash attention's fused kernels on NVIDIA's tensor cores (bf16), or portable flash
+attention (fp32, plain OpenCL C: GPUs without NVIDIA's, long sequences). Llama hands its RoPE over with the call
+(rope=): rope.cl's launches around attention, or, on NVIDIA's flash without grouped kv heads, inside its kernels.
 
-Launches kernels/attention.cl (its CPU forms too: attention_*_u4, attention_rows_rb, attention_backward_key_rb)
-and kernels/flash.cl; the batched form's products go through the GEMM backend's bmm (kernels/matmul.cl, matmul_mma.cl).
+Launches kernels/attention.cl (its CPU forms too: attention_*_u4, attention_rows_rb, attention_backward_key_rb),
+kernels/flash.cl and kernels/flash_portable.cl (tiles: clgpt/device/tuner_flash.py); the batched form's products
+go through the GEMM backend's bmm (kernels/matmul.cl, matmul_mma.cl).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import math
 
 import numpy as np
 
+from clgpt.device import tuner_flash
 from clgpt.errors import ClgptError
 from clgpt.ops.core import Facts, Part, f32, i32
 from clgpt.ops.gemm import MATMUL_TILES
@@ -52,6 +55,9 @@ class Attention(Part):
             for kname in ("attention_softmax", "attention_dsoftmax"):
                 k[kname] = dev.kernel("attention", kname, C=C, H=H, D=D, SCALE=scale, VEC=0, LW=f.rows)
         self.flash = self._use_flash(mode, seq_len, batch_size)
+        self.flash_portable = not self.flash and self._use_flash_portable(mode, seq_len)
+        if self.flash_portable:
+            self._flash_portable_setup()
         # llama's RoPE inside flash attention's copy and stores where no kv head serves several query heads
         self.rope_fused = self.flash and cfg.arch == "llama" and cfg.kv_heads == cfg.n_head
         if self.flash:
@@ -70,6 +76,32 @@ class Attention(Part):
         groups = None if B is None else B * self.cfg.n_head * -(-T // 64)
         return (mode == "flash" or groups is None or T >= FLASH_LONG_T
                 or groups >= FLASH_MIN_GROUPS * self.dev.device.max_compute_units)
+
+    def _use_flash_portable(self, mode: str, T: int) -> bool:
+        """Portable flash attention (kernels/flash_portable.cl: no T x T scores, fp32) where NVIDIA's does not run,
+        on a GPU row (the CPU row keeps its one-launch forms). auto: on the generic row (the portable GEMM: no
+        tensor cores to make the batched products cheap) from T tuner_flash.MIN_T; flash: on any GPU row."""
+        if mode == "batched" or not self.f.rows or self.caps.attention_gemm_min_t is None:
+            return False
+        return mode == "flash" or (self.f.gemm == "portable" and T >= tuner_flash.MIN_T)
+
+    def _flash_portable_setup(self):
+        """kernels/flash_portable.cl's three kernels with the tuner's tiles (knobs.flash_tuning), else (or where
+        those do not build here) each kernel's first candidate that fits the device and builds; the precision's
+        ROUND on the products' operands, as the batched form's GEMM rounds them."""
+        cfg, tuned = self.cfg, self.f.knobs.flash_tuning or {}
+        self.portable_tiles = {}
+        for kname in tuner_flash.KERNELS:
+            short = tuner_flash.SHORT[kname]
+            t, self.k[kname] = tuner_flash.build_first(self.dev, short, cfg.n_embd, cfg.n_head, cfg.head_dim,
+                                                       tuned.get(short), self.f.round)
+            self.portable_tiles[short] = t
+
+    def _portable_run(self, kernel, Tp, Bp, *args, drop=None):
+        """One of kernels/flash_portable.cl's launches over B' x H heads of T' rows; drop: (seed, site, p, ..)."""
+        seed, site, p = drop[:3] if drop is not None else (0, 0, 0.0)
+        g, lsize = tuner_flash.grid(Tp, Bp * self.cfg.n_head, self.portable_tiles[kernel])
+        self.launcher.run(tuner_flash.NAME[kernel], g, i32(Tp), *args, np.uint32(seed), np.uint32(site), f32(p), lsize=lsize)
 
     def flash_setup(self):
         """kernels/flash.cl's kernels, with the bf16 GEMM's options (MMA_EMULATE on PoCL, for tests); where RoPE
@@ -103,6 +135,8 @@ class Attention(Part):
         attention each row's softmax statistic (B,H,T) and, from float COPY_AT (kernels/flash.cl: the
         statistics' floats rounded up to 64), the bf16 copy of qkv (B,T,3C) the kernels read (datt: of dout)."""
         BHT = B * self.cfg.n_head * T
+        if self.flash_portable:  # att: the forward's lse rows, datt: the backward's delta rows (B,H,T)
+            return BHT
         if not self.flash:
             return BHT * T
         return -(-BHT // 64) * 64 + B * T * 3 * self.cfg.n_embd // 2
@@ -155,6 +189,9 @@ class Attention(Part):
             self._flash_copy(Bp, Tp, qkv, 3 * C, att, tables)
             kname, copy = self.copies.with_copy("flash_forward", out, Bp * Tp, C)
             self.launcher.run(kname, g, i32(Tp), out, att, *tail, *copy, lsize=(self._flash_items("FWD_MT"), 1))
+            return
+        if self.flash_portable:  # att: lse (B',H,T'); dropout redrawn from (seed, site), att_d unused
+            self._portable_run("forward", Tp, Bp, qkv, out, att, drop=drop)
             return
         if drop is not None:
             self._attention_forward_batched(Bp, Tp, qkv, out, att, drop)
@@ -233,6 +270,10 @@ class Attention(Part):
                      lsize=(self._flash_items("DQ_MT"), 1))
             self.launcher.run("flash_backward_dkv" + only, gk, i32(Tp), att, datt, dqkv, *tail, *tables, *extra,
                      lsize=(128, 1))
+            return
+        if self.flash_portable:  # datt: delta (B',H,T'), written by dq, read by dk/dv
+            self._portable_run("dq", Tp, Bp, qkv, dout, out, att, datt, dqkv, drop=drop)
+            self._portable_run("dkv", Tp, Bp, qkv, dout, att, datt, dqkv, drop=drop)
             return
         if drop is None and not self.f.attn_gemm:
             self.launcher.runp("attention_backward_query", (Tp, Bp * H), i32(Bp), i32(Tp), dout, qkv, att, datt, dqkv)

@@ -192,19 +192,23 @@ def _resume_key(stage: str, s: dict, inp: _Inputs, total: int) -> str:
 
 
 def _tuned_knobs(setting: str, dev, cfg, batch_size: int, seq_len: int, stage: str, say, ranks: int = 1) -> Knobs:
-    """The knobs with the `tuning` setting's GEMM record (clgpt.device.tuner.resolve), its choice in the log. The
-    ranks of a data-parallel stage take auto's record from the cache only: each timing its own could differ."""
-    from clgpt.device import tuner
+    """The knobs with the `tuning` setting's GEMM record (clgpt.device.tuner.resolve) and portable flash
+    attention's tiles (clgpt.device.tuner_flash.resolve), their choices in the log. The ranks of a data-parallel
+    stage take auto's records from the cache only: each timing its own could differ."""
+    from clgpt.device import tuner, tuner_flash
     from clgpt.device.tuning import launch_config
 
     kn = read_knobs()
+    row = launch_config(dev.device, kn)
     try:
-        record, line = tuner.resolve(setting, dev, cfg, batch_size, seq_len, launch_config(dev.device, kn), say=say,
-                                      may_tune=ranks == 1)
+        record, line = tuner.resolve(setting, dev, cfg, batch_size, seq_len, row, say=say, may_tune=ranks == 1)
+        tiles, flash_line = tuner_flash.resolve(setting, dev, cfg, batch_size, seq_len, row, say=say,
+                                                may_tune=ranks == 1)
     except ClgptError as e:
         raise ClgptError(f"{stage}.tuning: {e}") from None
     say(f"{stage}: {line}")
-    return replace(kn, gemm_tuning=record) if record is not None else kn
+    say(f"{stage}: {flash_line}")
+    return replace(kn, gemm_tuning=record, flash_tuning=tiles)
 
 
 def _say(root: bool):
