@@ -24,6 +24,7 @@ usage: bash bench/gpu.sh SUBCOMMAND [ARG]   (settings from the environment; file
   muon         Muon's step cost, then AdamW against Muon on the char GPU recipe; SEEDS (3), BUDGET (420 s)
   mpi [one]    1 vs 2 GPUs over MPI at S6 and L (nvidia-h200-x2); one: both ranks share one GPU
   generic      the generic GPU row (CLGPT_LAUNCH=gpu) with the device tuner vs PyTorch eager fp32, GEMM vs cuBLAS
+  gemm-forms   the portable GEMM forms one by one (warp-tiled and tiled) vs cuBLAS at 4096^2 and the M6 / L products
 EOF
 }
 
@@ -421,6 +422,16 @@ cmd_generic() {
   setup
   timeout 560 python3 bench/generic_gpu.py --shapes ${SHAPES:-M6 L} --reps ${REPS:-2} 2>&1 | grep -v Warn \
     | tee "$O/generic.txt"
+}
+
+# gemm-forms: bench/gemm_forms.py (issue 43): each portable GEMM form (kernels/matmul_warp.cl's warp-tiled candidates,
+# the tiled ones the tuner picked before, the generic and NVIDIA rows) checked against float64, then timed against
+# torch.matmul fp32 (TF32 off) at 4096^2 and at every product of an M6 and an L training step, alternated by rounds;
+# about 2 minutes. REPS (3), SHAPES (M6 L), FORMS (warp; all: every candidate that fits).
+cmd_gemm_forms() {
+  setup
+  timeout 500 python3 bench/gemm_forms.py --shapes ${SHAPES:-M6 L} --reps ${REPS:-3} --forms ${FORMS:-warp} 2>&1 \
+    | grep -v Warn | tee "$O/gemm_forms.txt"
 }
 
 sub=${1:-}

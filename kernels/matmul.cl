@@ -16,6 +16,7 @@
 // WPTM x WPTN outputs, LDSV=1 reads the local tiles as float4 (WPTM, WPTN multiples of 4), VEC=1 loads whole
 // tiles from global memory as float4 along each operand's contiguous axis (see VEC below);
 // matmul_rb: RM rows x NV vectors of VW (8 or 16) columns per work-item.
+// WARP=1 builds `matmul` from kernels/matmul_warp.cl instead: warp tiles, float4 operand reads, one barrier a tile.
 // Sizes need not be multiples of the tiles.
 #ifndef TA
 #define TA 0
@@ -25,6 +26,9 @@
 #endif
 #ifndef LDSV
 #define LDSV 0
+#endif
+#ifndef WARP
+#define WARP 0
 #endif
 #ifndef TSM
 #define TSM 32
@@ -113,6 +117,9 @@
 #define EXTRA_ARGS
 #endif
 
+#if WARP  // the warp-tiled form (float4 operands, warp tiles, fma): its own file, the same contract
+#include "matmul_warp.cl"
+#else
 __kernel __attribute__((reqd_work_group_size(RTSN, RTSM, 1)))
 void matmul(const int M, const int N, const int K,
             __global const float* restrict A, const int lda,
@@ -281,6 +288,8 @@ void matmul(const int M, const int N, const int K,
         }
     }
 }
+
+#endif  // WARP
 
 // Cm (MN) = alpha * sum_{z < S} P[z*MN + i] (in order of z) [+ Cm]: the second stage of a split-K matmul.
 __kernel void splitk_reduce(const int MN, const int S, const int accum, const float alpha,

@@ -27,6 +27,11 @@ MATMUL_FORMS = {
     # float4 global loads of whole aligned tiles (VEC, the tuner's candidates), plain and double-buffered
     "tiled_vec": dict(kernel="matmul", TSM=32, TSN=32, TSK=8, WPTM=4, WPTN=4, LDSV=1, VEC=1),
     "tiled_vec_pref": dict(kernel="matmul", TSM=32, TSN=32, TSK=16, WPTM=4, WPTN=4, LDSV=0, PREF=1, VEC=1),
+    # the warp-tiled form (kernels/matmul_warp.cl): one warp; 64 work-items of 8x8 with 4 float4 per tile each; 256
+    # work-items with fewer float4 in a tile than work-items (the last loads guarded)
+    "warp": dict(kernel="matmul", TSM=16, TSN=32, TSK=8, WPTM=4, WPTN=4, LDSV=1, PREF=1, WARP=1),
+    "warp_88": dict(kernel="matmul", TSM=64, TSN=64, TSK=16, WPTM=8, WPTN=8, LDSV=1, PREF=1, WARP=1),
+    "warp_part": dict(kernel="matmul", TSM=64, TSN=64, TSK=8, WPTM=4, WPTN=4, LDSV=1, PREF=1, WARP=1),
     "rb": dict(kernel="matmul_rb", RM=6, NV=2, lsize=(1, 4)),
     "rb_pf": dict(kernel="matmul_rb", RM=6, NV=2, PREFETCH=1, lsize=(1, 4)),
     "rb16": dict(kernel="matmul_rb", RM=6, NV=4, VW=16, PREFETCH=1, lsize=(1, 1)),  # the CPU row's
@@ -41,12 +46,12 @@ def test_matmul(dev, form, ta, tb, M, N, K):
     _check_matmul(dev, MATMUL_FORMS[form], form, ta, tb, M, N, K)
 
 
-@pytest.mark.parametrize("form", ["tiled_vec", "tiled_vec_pref"])
-@pytest.mark.parametrize("ta,tb", [(0, 1), (0, 0), (1, 0)])
+@pytest.mark.parametrize("form", ["tiled_vec", "tiled_vec_pref", "warp", "warp_88", "warp_part"])
+@pytest.mark.parametrize("ta,tb", [(0, 1), (0, 0), (1, 0), (1, 1)])
 @pytest.mark.parametrize("M,N,K", [(70, 68, 132), (96, 64, 44)])
 def test_matmul_vec_mixed_tiles(dev, form, ta, tb, M, N, K):
-    """VEC: aligned operands whose inner tiles load as float4 while the edge tiles (m, n or k) take the one-float
-    loads, in one launch."""
+    """VEC and the warp-tiled form: aligned operands whose inner tiles load as float4 while the edge tiles (m, n
+    or k) take the one-float loads, in one launch; the outputs stored as float4 inside, one by one at the edge."""
     _check_matmul(dev, MATMUL_FORMS[form], form, ta, tb, M, N, K)
 
 
@@ -190,3 +195,41 @@ def test_engine_matmul_ld_pad(dev, ta, tb, M, N, K):
         outs.append(from_dev(dev, cbuf, (M, N)))
         assert_close(outs[-1], want, 1e-4, 1e-4, f"ld_pad={pad} ta={ta} tb={tb} {M}x{N}x{K}")
     assert np.array_equal(outs[0], outs[1]), "padded op(B) changed the result"
+
+
+@pytest.mark.parametrize("form", ["warp", "warp_part"])
+def test_warp_form_split_k_and_batched_attention(dev, form):
+    """The warp-tiled form as a GPU row's only tiles: a deep product split along K (the parts summed in order, the
+    same bits twice) and the batched causal attention products (BATCH with CAUSAL 1, 2 and 3) against float64."""
+    eng = _gpu_engine("gpu", B=2, T=70, C=16, H=2)
+    mm = MATMUL_FORMS[form]
+    eng.ops.facts.mm = mm
+    eng.ops.launch.update(matmul=mm, matmul_small=mm)
+    M, N, K = 40, 36, 1100
+    assert eng.ops.split_plan(M, N, K)[1] > 1
+    A, B = rng.normal(size=(K, M)).astype(f32), rng.normal(size=(K, N)).astype(f32)
+    C0 = rng.normal(size=(M, N)).astype(f32)
+    want = 0.5 * A.T.astype(np.float64) @ B + C0
+    outs = []
+    for _ in range(2):
+        cbuf = to_dev(dev, C0)
+        eng.matmul(M, N, K, to_dev(dev, A), to_dev(dev, B), cbuf, ta=1, accum=True, alpha=0.5)
+        outs.append(from_dev(dev, cbuf, (M, N)))
+    assert_close(outs[0], want, 1e-4, 1e-4, f"split-K {form}")
+    assert np.array_equal(outs[0], outs[1])
+    assert {key[-2] for key in eng.ops.product_kernels} == {id(mm)}
+
+    Bt, T, C, H = 2, 70, 16, 2
+    eng.ops.facts.attn_gemm = True
+    qkv = rng.normal(size=(Bt, T, 3 * C)).astype(f32)
+    dout = rng.normal(size=(Bt, T, C)).astype(f32)
+    out_want, att = ref.attention_forward(qkv, H)
+    dqkv_want = ref.attention_backward(dout, qkv, att, H)
+    qb, ob, ab = to_dev(dev, qkv), to_dev(dev, np.zeros((Bt, T, C), f32)), to_dev(dev, np.zeros((Bt, H, T, T), f32))
+    eng.ops.attention_forward(Bt, T, qb, ob, ab)
+    assert_close(from_dev(dev, ob, (Bt, T, C)), out_want, 1e-5, 1e-4, f"attention out {form}")
+    dq, datt = to_dev(dev, np.zeros((Bt, T, 3 * C), f32)), to_dev(dev, np.zeros((Bt, H, T, T), f32))
+    eng.ops.attention_backward(Bt, T, to_dev(dev, dout), qb, ab, datt, dq)
+    assert_close(from_dev(dev, dq, (Bt, T, 3 * C)), dqkv_want, 1e-5, 1e-4, f"attention backward {form}")
+    assert {key[8] for key in eng.ops.product_kernels if key[7]} == {1, 2, 3}  # batched: every causal mode
+    assert {key[-2] for key in eng.ops.product_kernels} == {id(mm)}

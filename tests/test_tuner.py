@@ -52,6 +52,10 @@ def test_candidates_fit_each_profile(name):
             assert tuner.fits(mm, lim), mm
     assert tuner.fits(dict(generic, TSM=256, WPTM=1), lim)  # 64 x 8 = 512 work-items: over 256, or fine at 1024
     assert tuner.fits(dict(generic, TSK=64, PREF=1), tuner.Limits(1024, (1024, 1024), 32768))  # 69632 bytes
+    warp = [mm for mm in kept if mm.get("WARP")]
+    assert warp, "no warp-tiled candidate fits"
+    assert tuner.fits(tuner._warp_row(16, 16, 8, 4, 4), lim)  # 16 work-items: not a whole warp
+    assert tuner.fits(tuner._warp_row(64, 48, 8, 4, 4), lim)  # 48 columns: not whole warp tiles of 32
 
 
 def test_tuned_kernel_needs_no_fp64_half_or_subgroups():
@@ -90,6 +94,15 @@ def test_profile_kernels_match_float64(bench, i):
         assert bench.check(mm, ta, tb, S) == "", (mm, ta, tb, S)
 
 
+@pytest.mark.parametrize("i", range(sum(1 for mm in tuner.CANDIDATES if mm.get("WARP"))))
+def test_warp_candidates_match_float64(bench, i):
+    """Each warp-tiled candidate of the tuner, in every layout and split-K, matches float64 numpy both at odd sizes
+    (one-float loads) and at multiples of 4 with a whole 128 x 128 tile inside (float4 loads and stores)."""
+    mm = [mm for mm in tuner.CANDIDATES if mm.get("WARP")][i]
+    for ta, tb, S in ((0, 1, 1), (0, 0, 1), (1, 0, 1), (1, 1, 1), (1, 0, 2)):
+        assert bench.check(mm, ta, tb, S) == "", (mm, ta, tb, S)
+
+
 def test_tune_picks_deterministically_rejects_wrong_and_shows_progress(dev, capfd):
     """A candidate that computes wrong sums (CAUSAL=2 stops k early) is rejected before it is timed; equal times
     go to the earlier candidate and the unsplit product; the same timings give the same record; progress and the
@@ -122,12 +135,15 @@ def test_tune_picks_deterministically_rejects_wrong_and_shows_progress(dev, capf
 
 
 def _record(dev, split=2):
-    """A record for CFG at batch 4 x 80 without timing: the 64 x 32 tiles (float4 loads) for every product but the
-    weight gradients (32 x 32 tiles, float4 loads, split `split` ways), as a file would hold it."""
-    cands = [tuner._row(32, 32, 16, 4, 4, 0, 0, 1), tuner._row(64, 32, 16, 4, 4, 1, 1, 1)]
+    """A record for CFG at batch 4 x 80 without timing, as a file would hold it: the weight gradients on 32 x 32
+    tiles (float4 loads) split `split` ways, dx = dy @ W on 64 x 32 tiles (float4 loads), the forward products and
+    the big tiles (attention's batched products) on the warp-tiled form."""
+    cands = [tuner._row(32, 32, 16, 4, 4, 0, 0, 1), tuner._row(64, 32, 16, 4, 4, 1, 1, 1),
+             tuner._warp_row(32, 32, 8, 4, 4)]
     products = tuner.model_products(CFG, 4, 80)
-    shapes = [dict(product=list(p), tiles=0 if p[3] else 1, split=split if p[3] else 1, ms=1.0) for p, _ in products]
-    return dict(schema=tuner.SCHEMA, candidates=cands, matmul=1, matmul_small=0, products=shapes, rejected={},
+    shapes = [dict(product=list(p), tiles=0 if p[3] else 2 if p[4] else 1, split=split if p[3] else 1, ms=1.0)
+              for p, _ in products]
+    return dict(schema=tuner.SCHEMA, candidates=cands, matmul=2, matmul_small=0, products=shapes, rejected={},
                 stopped_at=None, seconds=0.0, step_ms={})
 
 

@@ -49,14 +49,25 @@ FINALISTS = 4  # candidates of each proxy that go on to every product
 SPLITS = (2, 4, 8)  # split-K counts tried on the weight gradients (K = B*T deep)
 SPLIT_MIN_CHUNK = 128  # shallower chunks are not tried
 BUDGET_S = 45.0  # the first round stops taking candidates past this (a slow device still gets a record)
-CHECK = (67, 45, 83)  # the float64 check's odd sizes: no tile divides them (K grows for split-K's check)
-CHECK_MAX = (67, 45, 2 * 32 * max(SPLITS) + 3, 0, 0)
+# the float64 check's sizes (K grows for split-K's check): odd ones, no tile divides them, the operands unaligned
+# (one-float loads everywhere); then multiples of 4, one 128 x 128 tile inside and edges beyond it, so the float4
+# loads and stores of the inner tiles (VEC, the warp-tiled form) are checked too
+CHECKS = ((67, 45, 83), (196, 172, 84))
+CHECK_MAX = (196, 172, 2 * 32 * max(SPLITS) + 4, 0, 0)
 CHECK_TOL = 1e-4  # max |err| / max |ref| of an fp32 product of 83 terms (about 1e-6 when right)
 
 
 def _row(TSM, TSN, TSK, WPTM, WPTN, LDSV, PREF, VEC=0) -> dict:
     row = dict(kernel="matmul", TSM=TSM, TSN=TSN, TSK=TSK, WPTM=WPTM, WPTN=WPTN, LDSV=LDSV, PREF=PREF)
     return dict(row, VEC=1) if VEC else row
+
+
+def _warp_row(TSM, TSN, TSK, WPTM, WPTN) -> dict:
+    """kernels/matmul_warp.cl's form (WARP=1): always float4 local reads (LDSV) and two local buffers (PREF)."""
+    return dict(_row(TSM, TSN, TSK, WPTM, WPTN, 1, 1), WARP=1)
+
+
+WARP_LANES_N = 8  # matmul_warp.cl's default WARPN: a warp's 32 work-items as 8 along n by 4 along m
 
 
 def _vec_ok(mm: dict) -> bool:
@@ -66,12 +77,17 @@ def _vec_ok(mm: dict) -> bool:
 
 
 def _candidates() -> list[dict]:
-    """The table's rows first (NVIDIA's hand-tuned ones are starting points like any other), then a grid: six tile
-    shapes of 64 to 256 work-items, depths 8 and 16, double-buffered, the local tiles read as float4, the global
-    loads as float4 (VEC, where each work-item loads whole float4) or not, and a narrow 64 x 32 tile for small
-    outputs. Duplicates are dropped, the first kept (25 in all)."""
+    """The table's rows first (NVIDIA's hand-tuned ones are starting points like any other), then the warp-tiled
+    form (kernels/matmul_warp.cl: CUTLASS's 128 x 128 x 8 with 8 x 8 a work-item, and the tile shapes that won on
+    the H100 at M6 and L, 64 x 64 x 8 with 4 x 4 and 128 x 64 x 8 with 8 x 4, at depths 8 and 16), then a grid: six
+    tile shapes of 64 to 256 work-items, depths 8 and 16, double-buffered, the local tiles read as float4, the
+    global loads as float4 (VEC, where each work-item loads whole float4) or not, and a narrow 64 x 32 tile for
+    small outputs. Duplicates are dropped, the first kept (31 in all)."""
     seeds = [tuning._NVIDIA, tuning._NVIDIA_NARROW, tuning._GPU, tuning._GPU_SMALL, tuning._NVIDIA_SMALL]
     out = [_row(s["TSM"], s["TSN"], s["TSK"], s["WPTM"], s["WPTN"], s.get("LDSV", 0), s.get("PREF", 0)) for s in seeds]
+    for tsm, tsn, wm, wn in ((128, 128, 8, 8), (128, 64, 8, 4), (64, 64, 4, 4)):
+        for tsk in (8, 16):
+            out.append(_warp_row(tsm, tsn, tsk, wm, wn))
     for tsm, tsn, wm, wn in ((128, 128, 8, 8), (128, 64, 8, 4), (64, 128, 4, 8), (64, 64, 4, 4), (64, 64, 8, 8),
                              (128, 64, 8, 8)):
         for tsk in (8, 16):
@@ -101,7 +117,8 @@ class Limits:
 
 
 def local_bytes(mm: dict) -> int:
-    """The local memory kernels/matmul.cl's `matmul` declares for the tiles `mm` (As, Bs with +4 padding)."""
+    """The local memory kernels/matmul.cl's `matmul` declares for the tiles `mm` (As, Bs with +4 padding; the
+    warp-tiled form's likewise, always two buffers)."""
     return (2 if mm.get("PREF") else 1) * mm["TSK"] * (mm["TSM"] + 4 + mm["TSN"] + 4) * 4
 
 
@@ -114,6 +131,11 @@ def fits(mm: dict, lim: Limits) -> str:
     if mm.get("VEC") and not _vec_ok(mm):
         return "float4 global loads need whole float4 of each tile per work-item"
     rn, rm = mm["TSN"] // mm["WPTN"], mm["TSM"] // mm["WPTM"]
+    if mm.get("WARP"):
+        lanes_n = mm.get("WARPN", WARP_LANES_N)
+        if (mm["WPTM"] % 4 or mm["WPTN"] % 4 or mm["TSK"] % 4 or 32 % lanes_n or (rn * rm) % 32
+                or mm["TSM"] % (mm["WPTM"] * 32 // lanes_n) or mm["TSN"] % (mm["WPTN"] * lanes_n)):
+            return "the warp-tiled form needs whole warps of 32 work-items, whole warp tiles and multiples of 4"
     if rn * rm > lim.max_group or rn > lim.max_dims[0] or rm > lim.max_dims[1]:
         return f"{rn} x {rm} work-items exceed the device's work-group limit {lim.max_group}"
     if local_bytes(mm) > lim.local_mem:
@@ -213,13 +235,20 @@ class _Bench:
                                            np.float32(1.0), None)
 
     def check(self, mm: dict, ta: int, tb: int, S: int) -> str:
-        """"" where the tiles `mm` in layout (ta, tb) (split S ways) match float64 numpy at CHECK's odd sizes."""
+        """"" where the tiles `mm` in layout (ta, tb) (split S ways) match float64 numpy at CHECKS' sizes."""
         key = (id(mm), ta, tb, S)
         if key in self.checked:
             return ""
-        M, N, K = CHECK
-        if S > 1:
-            K = S * 2 * mm["TSK"] + 3  # S chunks, the last one partial
+        for M, N, K in CHECKS:
+            if S > 1:
+                K = S * 2 * mm["TSK"] + (3 if K % 2 else 4)  # S chunks, the last one partial
+            why = self._check(mm, ta, tb, S, M, N, K)
+            if why:
+                return why
+        self.checked.add(key)
+        return ""
+
+    def _check(self, mm: dict, ta: int, tb: int, S: int, M: int, N: int, K: int) -> str:
         rng = np.random.default_rng(1)
         a = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
         b = rng.standard_normal((N, K) if tb else (K, N)).astype(np.float32)
@@ -232,8 +261,7 @@ class _Bench:
         ref = (a.T if ta else a).astype(np.float64) @ (b.T if tb else b).astype(np.float64)
         err = float(np.abs(out.reshape(M, N) - ref).max() / np.abs(ref).max())
         if not err <= CHECK_TOL:
-            return f"disagrees with float64 numpy (max rel err {err:.2e})"
-        self.checked.add(key)
+            return f"disagrees with float64 numpy at {M}x{N}x{K} (max rel err {err:.2e})"
         return ""
 
     def time(self, mm: dict, prod: Product, S: int, reps: int = 2) -> float:
@@ -431,6 +459,8 @@ def tuned_for(dev: Device, cfg: ModelConfig, batch_size: int, seq_len: int, retu
 
 
 def _describe_tiles(mm: dict) -> str:
+    if mm.get("WARP"):
+        return f"{mm['TSM']}x{mm['TSN']}x{mm['TSK']} {mm['WPTM']}x{mm['WPTN']} warp-tiled"
     return (f"{mm['TSM']}x{mm['TSN']}x{mm['TSK']} {mm['WPTM']}x{mm['WPTN']}{' float4' if mm.get('LDSV') else ''}"
             f"{' float4-loads' if mm.get('VEC') else ''}{' double-buffered' if mm.get('PREF') else ''}")
 
