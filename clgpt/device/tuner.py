@@ -1,14 +1,15 @@
 """The device tuner: the portable GEMM's tiles (kernels/matmul.cl `matmul`) measured on the user's own device.
 
 No one can hand-tune tiles for every GPU, so on a device it has not seen clgpt times a bounded set of candidate
-tile configurations (CANDIDATES: NVIDIA's hand-tuned rows and the generic row first, then a grid of tile shapes,
-depths, vector reads of the local tiles and double buffering) at the products one training step of the model runs
+tile configurations (CANDIDATES: NVIDIA's hand-tuned rows and the generic row first, then the warp-tiled form of
+kernels/matmul_warp.cl, then a grid of tile shapes, depths, vector reads of the local tiles and double buffering)
+at the products one training step of the model runs
 (model_products: C x 3C, C x C, C x 4C, 4C x C, V x C forward, their dx = dy @ W and dW = dy.T @ x with K = B*T),
 within the device's limits (work-group size, local memory: fits). Each candidate is built and checked against a
-float64 numpy product (odd sizes, every layout it will run) before it is timed; one that fails to build, launch or
+float64 numpy product (odd sizes, and sizes with an aligned tile inside; every layout it will run) before it is timed; one that fails to build, launch or
 agree is dropped. The fastest wins, ties going to the earlier candidate, so the same timings give the same record.
 
-Two rounds keep it short (about 70 builds, on up to 8 threads; bench/generic_gpu.py times it at shape L): every
+Two rounds keep it short (about 80 builds, on up to 8 threads; bench/generic_gpu.py times it at shape L): every
 candidate on two proxy products (the step's largest, and the weight gradient with the fewest outputs), then the
 best FINALISTS of each on every product of the step, split-K depths included for the weight gradients. The record (`tune`) holds the big
 tiles (the least total time over the step: batched attention and any other product take them), the small ones
@@ -17,7 +18,7 @@ looks a product up there first. Tiles never change a sum's order (each output su
 so the record, like the device, decides the bytes: a pinned tuning file repeats a run exactly.
 
 Records are cached in $XDG_CACHE_HOME/clgpt/tuning (default ~/.cache), one file per device name, driver version
-and matmul.cl source hash, holding one record per model shape. `resolve` applies the stages' `tuning` setting:
+and matmul.cl source hash (matmul_warp.cl inlined), holding one record per model shape. `resolve` applies the stages' `tuning` setting:
 auto (tune GPUs on first use, then read the cache; CPUs keep their register-blocked row), off (the table's row)
 or a path to a saved file (pinned: used as written on any device whose row runs the local-memory kernel).
 """
