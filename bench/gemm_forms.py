@@ -13,7 +13,8 @@ per product and form (best of each round, median over rounds) with the ratio to 
 product time (times its count) of each form and of the best form per product (what the tuner can reach) against
 torch's. --forms: warp (default: the warp-tiled candidates and the tiled forms the tuner picked on the H100, the
 generic and NVIDIA rows), all (every tuner candidate that fits), or candidate descriptions such as
-"128x128x8 8x8 warp-tiled". --tiny: a CPU check of this script (PoCL, torch on the CPU, small products).
+"128x128x8 8x8 warp-tiled". On NVIDIA's OpenCL it also prints each form's registers and spills (ptxas) and
+its PTX's fma, local-memory and barrier counts. --tiny: a CPU check of this script (PoCL, torch on the CPU).
 """
 
 from __future__ import annotations
@@ -60,6 +61,24 @@ def pick_forms(which: list[str], dev):
     if missing:
         sys.exit(f"--forms: no fitting candidate named {missing[0]!r}; candidates: {'; '.join(named)}")
     return [(w, named[w]) for w in which]
+
+
+def compiler_report(dev, name: str, mm: dict) -> str:
+    """On NVIDIA's OpenCL: what ptxas reported for the form's NN build (registers, spills) and its PTX's count of
+    fma, vector local loads, local-memory (spill) accesses and barriers; elsewhere ''."""
+    import pyopencl as cl
+    from clgpt.ops import matmul_defines
+
+    if "nvidia" not in dev.device.platform.name.lower():
+        return ""
+    prg = dev.program("matmul", ("-cl-nv-verbose",), TA=0, TB=0, BIAS=0, RESID=0, ACCUM=0, EPI=0,
+                      **matmul_defines(mm))
+    log = prg.get_build_info(dev.device, cl.program_build_info.LOG)
+    regs = " | ".join(x.strip() for x in log.splitlines() if "registers" in x or "spill" in x)
+    ptx = prg.binaries[0].decode(errors="replace")
+    counts = {k: ptx.count(k) for k in ("fma.rn.f32", "mul.f32", "ld.shared.v4.f32", "ld.shared.f32", "st.local",
+                                        "ld.local", "bar.sync", "ld.global.nc.v4", "ld.global.v4")}
+    return f"{name}: ptxas {regs[:240]}; ptx " + ", ".join(f"{k} {v}" for k, v in counts.items())
 
 
 def torch_time(torch, prod, reps: int, device: str) -> float:
@@ -127,6 +146,10 @@ def main(argv=None) -> int:
         if not why:
             good.append((name, mm))
     print(f"built and checked {len(forms)} forms in {time.perf_counter() - t0:.1f} s", flush=True)
+    for name, mm in good:
+        rep = compiler_report(dev, name, mm)
+        if rep:
+            print(rep, flush=True)
     times = {("torch", i): [] for i in range(len(prods))}
     times.update({(name, i): [] for name, _ in good for i in range(len(prods))})
     for r in range(args.reps):
