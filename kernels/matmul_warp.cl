@@ -302,15 +302,15 @@ void matmul(const int M, const int N, const int K,
                 continue;
             }
 #endif
-            const float cs[4] = {c.x, c.y, c.z, c.w};
 #pragma unroll
             for (int q = 0; q < 4; q++) {
-                if (gn + q >= N) break;
+                if (gn + q < N) {
 #if SPLITK
-                o[q] = cs[q];
+                    o[q] = acc[i][4 * j + q];
 #else
-                o[q] = epilogue(cs[q], gm, gn + q, ldc, Cm, bias, R, E, alpha);
+                    o[q] = epilogue(acc[i][4 * j + q], gm, gn + q, ldc, Cm, bias, R, E, alpha);
 #endif
+                }
             }
         }
     }
