@@ -24,6 +24,7 @@ usage: bash bench/gpu.sh SUBCOMMAND [ARG]   (settings from the environment; file
   muon         Muon's step cost, then AdamW against Muon on the char GPU recipe; SEEDS (3), BUDGET (420 s)
   mpi [one]    1 vs 2 GPUs over MPI at S6 and L (nvidia-h200-x2); one: both ranks share one GPU
   generic      the generic GPU row (CLGPT_LAUNCH=gpu) with the device tuner vs PyTorch eager fp32, GEMM vs cuBLAS
+  generic-bf16 the generic GPU row, tuned: fp32 against bf16 storage, training at L and the 4096^2 GEMM
 EOF
 }
 
@@ -421,6 +422,15 @@ cmd_generic() {
   setup
   timeout 560 python3 bench/generic_gpu.py --shapes ${SHAPES:-M6 L} --reps ${REPS:-2} 2>&1 | grep -v Warn \
     | tee "$O/generic.txt"
+}
+
+# generic-bf16: bench/generic_gpu.py --bf16 (issue 43): the generic row, tuned, fp32 against bf16 storage
+# (kernels/matmul.cl A16, B16) in training at L and in the 4096^2 GEMM, alternated; about 4 minutes. REPS (3),
+# SHAPES (L).
+cmd_generic_bf16() {
+  setup
+  timeout 560 python3 bench/generic_gpu.py --bf16 --shapes ${SHAPES:-L} --reps ${REPS:-3} 2>&1 | grep -v Warn \
+    | tee "$O/generic_bf16.txt"
 }
 
 sub=${1:-}

@@ -101,7 +101,7 @@ class PortableGemm(Part):
         return mm, groups
 
     def kernel(self, mm, ta, tb, bias, resid, accum, epi, split=0, batch=0, causal=0, init=0, store16=0):
-        key = (ta, tb, bias, resid, accum, epi, split, batch, causal, id(mm), init, store16)
+        key = (ta, tb, bias, resid, accum, epi, split, batch, causal, store16, id(mm), init)
         kern = self.product_kernels.get(key)
         if kern is None:
             extra = {}
