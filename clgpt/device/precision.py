@@ -90,7 +90,7 @@ def auto_reason(device, kn: knobs.Knobs) -> str:
         return "bf16 (tensor cores)"
     pair = (kn.gemm_tuning or {}).get("bf16_storage")
     if not pair or pair.get("bf16_ms") is None:
-        return "fp32 (no tensor cores; bf16 storage not measured on this device)"
+        return "fp32 (no tensor cores, and no tuner record timing bf16 storage: the tuner runs on GPUs)"
     which = "bf16 (bf16 storage)" if storage_faster(kn.gemm_tuning) else "fp32"
     return (f"{which}: the tuner timed a step's products at {pair['fp32_ms']:.2f} ms in fp32, "
             f"{pair['bf16_ms']:.2f} ms on bf16 storage")
