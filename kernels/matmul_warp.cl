@@ -1,6 +1,6 @@
 // The warp-tiled form of matmul (-D WARP=1: kernels/matmul.cl builds this body as its `matmul`), after CLBlast's
 // xgemm and CUTLASS's SIMT SGEMM: the same contract, arguments and options as matmul.cl's tiled form
-// (TA, TB, BIAS, RESID, ACCUM, EPI, ROUND, SPLITK, BATCH, CAUSAL, GROUP: see matmul.cl), any sizes.
+// (TA, TB, BIAS, RESID, ACCUM, EPI, ROUND, A16, B16, SPLITK, BATCH, CAUSAL, GROUP: see matmul.cl), any sizes.
 //   C (M,N) = epi(alpha * op(A) (M,K) @ op(B) (K,N) [+ bias] [+ R] [+ C])
 // Tiles TSM x TSN x TSK a work-group of (TSN/WPTN) x (TSM/WPTM) work-items, WPTM x WPTN outputs each:
 // - warp tiles: work-items 32 at a time (a warp; the layout is right for any width, its bank pattern is NVIDIA's and
@@ -17,6 +17,7 @@
 //   a product on every device (no reliance on the compiler contracting a * b + acc).
 // - the outputs of a lane come in runs of 4 columns: stored as float4 where aligned (the epilogue per element
 //   otherwise, and always for EPI 3).
+// Included by matmul.cl (which defines a_t, b_t: float, or ushort with A16 / B16 for bf16 storage).
 // -D: TSM, TSN, TSK, WPTM, WPTN (multiples of 4), WARPN (8 default, 32 / WARPN lanes along m) with
 // TSM % (WPTM * 32 / WARPN) == 0 and TSN % (WPTN * WARPN) == 0 (clgpt/device/tuner.py's fits checks it).
 #include "epilogue.cl"
@@ -106,15 +107,32 @@
 #define W_B_DN(i) (i)
 #endif
 
+// An operand's four consecutive elements at p, 16-byte aligned (8 for bf16 storage), as the local tile holds them;
+// and one element (W_A_IN, W_B_IN). A16, B16 (bf16 storage, matmul.cl's a_t, b_t): ushort values widened to fp32,
+// the same values ROUND=1 makes of the fp32 operands, so the same products bit for bit.
 inline float4 w_round4(const float4 v)
 {
     return (float4)(ROUND_OP(v.x), ROUND_OP(v.y), ROUND_OP(v.z), ROUND_OP(v.w));
 }
+#if A16
+#define W_A_LD4(p) as_float4(convert_uint4(*(__global const ushort4*)(p)) << 16)
+#define W_A_IN(x) as_float((uint)(x) << 16)
+#else
+#define W_A_LD4(p) w_round4(*(__global const float4*)(p))
+#define W_A_IN(x) ROUND_OP(x)
+#endif
+#if B16
+#define W_B_LD4(p) as_float4(convert_uint4(*(__global const ushort4*)(p)) << 16)
+#define W_B_IN(x) as_float((uint)(x) << 16)
+#else
+#define W_B_LD4(p) w_round4(*(__global const float4*)(p))
+#define W_B_IN(x) ROUND_OP(x)
+#endif
 
 __kernel __attribute__((reqd_work_group_size(W_RTSN, W_RTSM, 1)))
 void matmul(const int M, const int N, const int K,
-            __global const float* restrict A, const int lda,
-            __global const float* restrict B, const int ldb,
+            __global const a_t* restrict A, const int lda,
+            __global const b_t* restrict B, const int ldb,
             __global float* Cm, const int ldc,
             __global const float* restrict bias,
             __global const float* R,
@@ -154,24 +172,24 @@ void matmul(const int M, const int N, const int K,
         W_B_SLOT(tid + s * W_NT, k, n);
         ib[s] = W_B_IDX(n0 + n, kbeg + k);
     }
-    // tiles wholly inside the operands, both 16-byte aligned with row strides a multiple of 4 floats and the K
-    // range starting at a multiple of 4, load as float4
+    // tiles wholly inside the operands, both 16-byte aligned with row strides a multiple of 4 elements and the K
+    // range starting at a multiple of 4, load 4 elements at a time
     const int inner = m0 + TSM <= mend && n0 + TSN <= N && lda % 4 == 0 && ldb % 4 == 0 && kbeg % 4 == 0
         && ((((ulong)A) | ((ulong)B)) & 15) == 0;
 
 #define W_LOAD(k0)                                                                                          \
     if (inner && (k0) + TSK <= kend) {                                                                      \
         for (int s = 0; s < W_LA4; s++)                                                                     \
-            if (W_NA4 % W_NT == 0 || tid + s * W_NT < W_NA4) ra[s] = w_round4(*(__global const float4*)(A + ia[s])); \
+            if (W_NA4 % W_NT == 0 || tid + s * W_NT < W_NA4) ra[s] = W_A_LD4(A + ia[s]); \
         for (int s = 0; s < W_LB4; s++)                                                                     \
-            if (W_NB4 % W_NT == 0 || tid + s * W_NT < W_NB4) rb[s] = w_round4(*(__global const float4*)(B + ib[s])); \
+            if (W_NB4 % W_NT == 0 || tid + s * W_NT < W_NB4) rb[s] = W_B_LD4(B + ib[s]); \
     } else {                                                                                                \
         for (int s = 0; s < W_LA4; s++) {                                                                   \
             W_A_SLOT(tid + s * W_NT, k, m);                                                                 \
             float v[4];                                                                                     \
             for (int i = 0; i < 4; i++) {                                                                   \
                 const int gk = (k0) + k + W_A_DK(i), gm = m0 + m + W_A_DM(i);                               \
-                v[i] = (tid + s * W_NT < W_NA4 && gm < mend && gk < kend) ? ROUND_OP(A[W_A_IDX(gm, gk)]) : 0.0f; \
+                v[i] = (tid + s * W_NT < W_NA4 && gm < mend && gk < kend) ? W_A_IN(A[W_A_IDX(gm, gk)]) : 0.0f; \
             }                                                                                               \
             ra[s] = (float4)(v[0], v[1], v[2], v[3]);                                                       \
         }                                                                                                   \
@@ -180,7 +198,7 @@ void matmul(const int M, const int N, const int K,
             float v[4];                                                                                     \
             for (int i = 0; i < 4; i++) {                                                                   \
                 const int gk = (k0) + k + W_B_DK(i), gn = n0 + n + W_B_DN(i);                               \
-                v[i] = (tid + s * W_NT < W_NB4 && gn < N && gk < kend) ? ROUND_OP(B[W_B_IDX(gn, gk)]) : 0.0f; \
+                v[i] = (tid + s * W_NT < W_NB4 && gn < N && gk < kend) ? W_B_IN(B[W_B_IDX(gn, gk)]) : 0.0f; \
             }                                                                                               \
             rb[s] = (float4)(v[0], v[1], v[2], v[3]);                                                       \
         }                                                                                                   \

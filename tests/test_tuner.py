@@ -251,3 +251,41 @@ def test_tune_device_command_writes_a_file_a_stage_can_pin(dev, tmp_path, monkey
     assert len(list((tmp_path / "cache" / "clgpt" / "tuning").glob("*.json"))) == 1
     rec, line = tuner.resolve(str(out), dev, CFG, 4, 80, tuning.launch_config(dev.device, Knobs(launch="gpu")))
     assert rec["matmul"] == 0 and len(rec["products"]) == len(tuner.model_products(CFG, 4, 80))
+
+
+def test_bf16_storage_pair_decides_precision_auto(dev):
+    """The tuner times each product of the step on its chosen tiles in fp32 and on bf16 storage (the copies' making
+    included), after checking the bf16-storage forms against float64 of rounded operands; `precision: auto` on the
+    generic GPU row takes bf16 only where that pair's bf16 sum is the smaller, and a CPU row (no record) keeps fp32."""
+    from clgpt.device import precision
+    from clgpt.models.gpt2 import GPT2Engine as Engine
+
+    products = [((64, 48, 32, 0, 1), 3), ((48, 32, 2048, 1, 0), 1)]
+    cands = [tuner._row(32, 32, 16, 4, 4, 0, 0), tuner._row(64, 64, 16, 8, 8, 1, 1)]
+    seen = []
+
+    def faster16(mm, prod, S):
+        seen.append((bool(mm.get("A16")), prod))
+        return 0.5e-3 if mm.get("A16") else 1e-3
+
+    rec = tuner.tune(dev, products, cands=cands, measure=faster16, progress=False)
+    pair = rec["bf16_storage"]
+    assert pair == dict(fp32_ms=4.0, bf16_ms=2.0), pair  # 3 + 1 runs a step, 1 and 0.5 ms each
+    assert {(s, p) for s in (False, True) for p, _ in products} <= set(seen)
+    kn = Knobs(launch="gpu", gemm_tuning=rec)
+    assert precision.resolve("auto", dev.device, kn) == "bf16" and "bf16 storage" in precision.auto_reason(dev.device, kn)
+    slower = tuner.tune(dev, products, cands=cands, measure=lambda mm, p, S: 2e-3 if mm.get("A16") else 1e-3,
+                        progress=False)
+    assert precision.resolve("auto", dev.device, Knobs(launch="gpu", gemm_tuning=slower)) == "fp32"
+    assert precision.resolve("auto", dev.device, Knobs(launch="cpu")) == "fp32"
+    assert "ms on bf16 storage" in tuner.describe(rec)
+    cfg_rec = dict(_record(dev), bf16_storage=dict(fp32_ms=2.0, bf16_ms=1.0))
+    eng = Engine(CFG, tuner_params(), batch_size=4, seq_len=80, precision="auto",
+                 knobs=Knobs(launch="gpu", gemm_tuning=cfg_rec))
+    assert eng.precision == "bf16" and eng.ops.facts.bf16_storage
+
+
+def tuner_params():
+    from clgpt.model import init_params
+
+    return init_params(CFG, 0)
