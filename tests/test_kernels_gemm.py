@@ -10,7 +10,7 @@ from clgpt.device.knobs import Knobs
 from clgpt.models import reference as ref
 from clgpt.ops import MATMUL_TILES, matmul_defines, matmul_launch
 
-from conftest import assert_close, from_dev, to_dev
+from conftest import assert_close, empty, from_dev, to_dev
 from opcheck import FD, _gpu_engine, check_op
 
 i32, f32 = np.int32, np.float32
@@ -236,3 +236,47 @@ def test_warp_form_split_k_and_batched_attention(dev, form):
     assert_close(from_dev(dev, dq, (Bt, T, 3 * C)), dqkv_want, 1e-5, 1e-4, f"attention backward {form}")
     assert {key[8] for key in eng.ops.product_kernels if key[7]} == {1, 2, 3}  # batched: every causal mode
     assert {key[-2] for key in eng.ops.product_kernels} == {id(mm)}
+
+
+def _bf16_store(x, ld):
+    """numpy's bf16 copy of x (rows, cols) as rows of `ld` uint16 (the top halves of the rounded floats; zeros past
+    cols): what kernels/matmul.cl reads with A16 / B16."""
+    bits = (ref.round_bf16(x).view(np.uint32) >> 16).astype(np.uint16)
+    out = np.zeros((x.shape[0], ld), np.uint16)
+    out[:, : x.shape[1]] = bits
+    return out
+
+
+# ---------------- bf16 storage ----------------
+# A16, B16: each layout; inner tiles on VEC's float4 loads beside ragged edges; split-K; the tiled form, and the
+# warp-tiled one (kernels/matmul_warp.cl: four-element loads wherever a tile lies inside)
+@pytest.mark.parametrize("ta,tb", [(0, 1), (0, 0), (1, 0)])
+@pytest.mark.parametrize("M,N,K,vec,split,warp", [(37, 53, 70, 0, 0, 0), (67, 45, 131, 1, 0, 0), (40, 36, 200, 1, 3, 0),
+                                                  (67, 45, 131, 0, 0, 1), (40, 36, 200, 0, 3, 1)])
+def test_bf16_storage_gives_round1_bits(dev, ta, tb, M, N, K, vec, split, warp):
+    """A product on bf16-stored operands (numpy's copies, rows padded to 32) has the same bits as ROUND=1's on the
+    fp32 operands, and is within fp32 sums of float64 of the rounded operands."""
+    A = rng.normal(size=(K, M) if ta else (M, K)).astype(f32)
+    B = rng.normal(size=(N, K) if tb else (K, N)).astype(f32)
+    tiles = dict(TSM=32, TSN=32, TSK=8, WPTM=4, WPTN=4, LDSV=1, PREF=1, **(dict(WARP=1) if warp else dict(VEC=vec)))
+    (gx, gy), lsize = matmul_launch(dict(tiles, kernel="matmul"), M, N)
+    S = max(split, 1)
+    kc = -(-(-(-K // S)) // 8) * 8  # S chunks of whole TSK tiles (split-K's)
+    extra = (i32(kc), i32(1), *(i32(0),) * 9) if split else ()
+
+    def product(a, lda, b, ldb, **store):
+        opts = dict(TA=ta, TB=tb, BIAS=0, RESID=0, ACCUM=0, EPI=0, ROUND=1, SPLITK=int(bool(split)), **tiles, **store)
+        C = empty(dev, S * M * N)
+        dev.kernel("matmul", "matmul", **opts)(dev.queue, (gx, gy, S), (*lsize, 1), i32(M), i32(N), i32(K),
+                                               to_dev(dev, a), i32(lda), to_dev(dev, b), i32(ldb), C, i32(N), None,
+                                               None, f32(1.0), None, *extra)
+        return from_dev(dev, C, (S, M, N))  # split-K: the raw sums of each chunk
+
+    want = product(A, A.shape[1], B, B.shape[1])
+    lda, ldb = -(-A.shape[1] // 32) * 32, -(-B.shape[1] // 32) * 32
+    got = product(_bf16_store(A, lda), lda, _bf16_store(B, ldb), ldb, A16=1, B16=1)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), "bf16 storage differs from ROUND=1"
+    rA = ref.round_bf16(A.T if ta else A).astype(np.float64)
+    rB = ref.round_bf16(B.T if tb else B).astype(np.float64)
+    err = np.abs(got.sum(axis=0, dtype=np.float64) - rA @ rB) / (np.abs(rA) @ np.abs(rB))
+    assert err.max() <= 1e-5, f"bf16 storage ta={ta} tb={tb} {M}x{N}x{K}: {err.max():.2e} x |A||B| from float64"

@@ -3,11 +3,11 @@
 No one can hand-tune tiles for every GPU, so on a device it has not seen clgpt times a bounded set of candidate
 tile configurations (CANDIDATES: NVIDIA's hand-tuned rows and the generic row first, then the warp-tiled form of
 kernels/matmul_warp.cl, then a grid of tile shapes, depths, vector reads of the local tiles and double buffering)
-at the products one training step of the model runs
-(model_products: C x 3C, C x C, C x 4C, 4C x C, V x C forward, their dx = dy @ W and dW = dy.T @ x with K = B*T),
-within the device's limits (work-group size, local memory: fits). Each candidate is built and checked against a
-float64 numpy product (odd sizes, and sizes with an aligned tile inside; every layout it will run) before it is timed; one that fails to build, launch or
-agree is dropped. The fastest wins, ties going to the earlier candidate, so the same timings give the same record.
+at the products one training step of the model runs (model_products: C x 3C, C x C, C x 4C, 4C x C, V x C forward,
+their dx = dy @ W and dW = dy.T @ x with K = B*T), within the device's limits (work-group size, local memory: fits).
+Each candidate is built and checked against a float64 numpy product (odd sizes, and sizes with an aligned tile
+inside; every layout it will run) before it is timed; one that fails to build, launch or agree is dropped. The
+fastest wins, ties going to the earlier candidate, so the same timings give the same record.
 
 Two rounds keep it short (about 80 builds, on up to 8 threads; bench/generic_gpu.py times it at shape L): every
 candidate on two proxy products (the step's largest, and the weight gradient with the fewest outputs), then the
