@@ -11,6 +11,13 @@ PyTorch CUDA eager fp32 (TF32 off, SDPA, fused AdamW), in one run:
     timed through the tuner's launches, against torch.matmul (TF32 off), alternated.
 --tiny runs the same steps on a CPU in a few minutes (PoCL, PyTorch on the CPU, a one-layer model, two candidate
 tiles): a check of this script, not a figure.
+
+    python3 bench/generic_gpu.py --bf16 [--shapes L] [--reps 3]               (bash bench/gpu.sh generic-bf16)
+
+bf16 storage on the generic row instead (kernels/matmul.cl A16, B16: the products on bf16 copies of their operands):
+(a) as above, with the tuner's own fp32 / bf16-storage pair and what `precision: auto` makes of it; (e) training
+tokens/s alternated per shape, fp32 then bf16 on the same tuning file, and their ratio; (f) the GEMM alone at
+--gemm^2 on the tuner's pick, fp32 then bf16 storage (the two copies' making included), alternated.
 """
 
 from __future__ import annotations
@@ -68,12 +75,47 @@ def gemm_only(args) -> None:
     pick = rec["candidates"][rec["products"][0]["tiles"]]
     bench = tuner._Bench(dev, [prod])
     generic = dict(tuning._GPU)
-    for name, mm in (("generic", generic), ("tuned", pick)):
-        assert bench.check(mm, 0, 0, 1) == "", f"{name} tiles disagree with float64"
-    for name, mm in (("generic", generic), ("tuned", pick)):
-        t = bench.time(mm, prod, 1, reps=args.gemm_reps)
-        print(f"gemm {name} {n}^2 fp32 {tuner._describe_tiles(mm)}: {2 * n**3 / t / 1e9:.1f} GFLOP/s", flush=True)
+    sides = [("tuned", pick, "fp32"), ("tuned", tuner.stored16(pick), "bf16-storage")] if args.bf16 else \
+        [("generic", generic, "fp32"), ("tuned", pick, "fp32")]
+    for name, mm, how in sides:
+        assert bench.check(mm, 0, 0, 1) == "", f"{name} {how} tiles disagree with float64"
+    best = [float("inf")] * len(sides)
+    for _ in range(args.gemm_reps):  # alternated: one timed run of each side a round, the best kept
+        for j, (name, mm, how) in enumerate(sides):
+            best[j] = min(best[j], bench.time(mm, prod, 1, reps=1))
+    for (name, mm, how), t in zip(sides, best):
+        print(f"gemm {name} {n}^2 {how} {tuner._describe_tiles(mm)}: {2 * n**3 / t / 1e9:.1f} GFLOP/s", flush=True)
     print(f"gemm tuning took {rec['seconds']:.1f} s", flush=True)
+
+
+def storage(args, env, files, dev, limit) -> int:
+    """--bf16: (e) training fp32 against bf16 storage on the tuner's file, alternated; (f) the GEMM alone."""
+    py = sys.executable
+    results = {s: {"fp32": [], "bf16": []} for s in args.shapes}
+    print("== (e) training on the generic row, tuned, alternated: fp32, bf16 storage", flush=True)
+    for r in range(args.reps):
+        for s in args.shapes:
+            sa, steps = SHAPES[s].split(), str(STEPS[s])
+            for prec in ("fp32", "bf16"):
+                out, wall = run([py, "-m", "clgpt", "bench", *sa, "--steps", steps, "--gemm", "0", "--precision", prec,
+                                 "--tuning", files[s], *dev], env, 240)
+                results[s][prec].append(figure(r"tokens/s=([\d.]+)", out))
+                print(f"round {r + 1} {s} {prec}: {results[s][prec][-1]:,.0f} tokens/s ({wall:.0f} s)", flush=True)
+    print(f"== (f) GEMM {args.gemm}^2 on the tuner's pick, alternated: fp32, bf16 storage (copies included)", flush=True)
+    gemm = {"fp32": [], "bf16-storage": []}
+    for r in range(args.reps):
+        out, _ = run([py, "bench/generic_gpu.py", "--gemm-only", "--bf16", "--gemm", str(args.gemm), "--gemm-reps",
+                      str(args.gemm_reps), *dev, *limit], env, 240)
+        for side in gemm:
+            gemm[side].append(figure(rf"gemm tuned \d+\^2 {side} [^:]*: ([\d.]+) GFLOP/s", out))
+        print(out.strip(), flush=True)
+    print("== summary (medians; goal: bf16 storage at L >= 1.3x the generic row's fp32)")
+    for s in args.shapes:
+        f, b = (statistics.median(results[s][k]) for k in ("fp32", "bf16"))
+        print(f"{s}: fp32 {f:,.0f} tokens/s, bf16 storage {b:,.0f} ({b / f:.2f}x)")
+    f, b = (statistics.median(gemm[k]) for k in ("fp32", "bf16-storage"))
+    print(f"GEMM {args.gemm}^2: fp32 {f:,.0f} GFLOP/s, bf16 storage {b:,.0f} ({b / f:.2f}x)")
+    return 0
 
 
 def main(argv=None) -> int:
@@ -86,6 +128,7 @@ def main(argv=None) -> int:
     ap.add_argument("--torch-device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--max-candidates", type=int, default=0, help="tune among the first N candidates (0: all)")
     ap.add_argument("--tiny", action="store_true", help="a CPU check of this script: shape T, PoCL, torch on CPU")
+    ap.add_argument("--bf16", action="store_true", help="fp32 against bf16 storage on the generic row (e, f)")
     ap.add_argument("--gemm-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.tiny:
@@ -108,6 +151,12 @@ def main(argv=None) -> int:
         tuned = figure(r"tuned in ([\d.]+) s", out)
         print(f"{s}: tuner {tuned:.1f} s (command {wall:.1f} s with startup); "
               + re.search(r"tuned in [\d.]+ s: (.*)", out).group(1), flush=True)
+    if args.bf16:
+        for s in args.shapes:  # what precision: auto makes of the tuner's pair on this device
+            out, _ = run([py, "-m", "clgpt", "bench", *SHAPES[s].split(), "--steps", "1", "--gemm", "0",
+                          "--precision", "auto", "--tuning", files[s], *dev], env, 240)
+            print(f"{s}: " + re.search(r"precision auto: (.*)", out).group(1), flush=True)
+        return storage(args, env, files, dev, limit)
     results = {s: {"tuned": [], "torch": [], "generic": []} for s in args.shapes}
     print(f"== (b, d) training fp32, alternated: clgpt tuned, PyTorch {args.torch_device} eager, clgpt generic "
           "untuned (round 1)", flush=True)

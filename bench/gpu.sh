@@ -25,6 +25,8 @@ usage: bash bench/gpu.sh SUBCOMMAND [ARG]   (settings from the environment; file
   mpi [one]    1 vs 2 GPUs over MPI at S6 and L (nvidia-h200-x2); one: both ranks share one GPU
   generic      the generic GPU row (CLGPT_LAUNCH=gpu) with the device tuner vs PyTorch eager fp32, GEMM vs cuBLAS
   flash-portable  bench/flash_portable.py: portable flash attention vs the batched form and SDPA fp32; SHAPES, REPS
+  gemm-forms   the portable GEMM forms one by one (warp-tiled and tiled) vs cuBLAS at 4096^2 and the M6 / L products
+  generic-bf16 the generic GPU row, tuned: fp32 against bf16 storage, training at L and the 4096^2 GEMM
 EOF
 }
 
@@ -433,6 +435,25 @@ cmd_flash_portable() {
   setup
   timeout 500 python3 bench/flash_portable.py --shapes ${SHAPES:-L S} --reps ${REPS:-10} 2>&1 | grep -v Warn \
     | tee "$O/flash_portable.txt"
+}
+
+# gemm-forms: bench/gemm_forms.py (issue 43): each portable GEMM form (kernels/matmul_warp.cl's warp-tiled candidates,
+# the tiled ones the tuner picked before, the generic and NVIDIA rows) checked against float64, then timed against
+# torch.matmul fp32 (TF32 off) at 4096^2 and at every product of an M6 and an L training step, alternated by rounds;
+# about 2 minutes. REPS (3), SHAPES (M6 L), FORMS (warp; all: every candidate that fits).
+cmd_gemm_forms() {
+  setup
+  timeout 500 python3 bench/gemm_forms.py --shapes ${SHAPES:-M6 L} --reps ${REPS:-3} --forms ${FORMS:-warp} 2>&1 \
+    | grep -v Warn | tee "$O/gemm_forms.txt"
+}
+
+# generic-bf16: bench/generic_gpu.py --bf16 (issue 43): the generic row, tuned, fp32 against bf16 storage
+# (kernels/matmul.cl A16, B16) in training at L and in the 4096^2 GEMM, alternated; about 4 minutes. REPS (3),
+# SHAPES (L).
+cmd_generic_bf16() {
+  setup
+  timeout 560 python3 bench/generic_gpu.py --bf16 --shapes ${SHAPES:-L} --reps ${REPS:-3} 2>&1 | grep -v Warn \
+    | tee "$O/generic_bf16.txt"
 }
 
 sub=${1:-}

@@ -234,6 +234,10 @@ def run_bench(args) -> None:
     eng = make_engine(cfg, params, batch_size=B, seq_len=T, device=dev, precision=getattr(args, "precision", "fp32"),
                       dropout=dropout, attention=getattr(args, "attention", "auto"), knobs=kn)
     t_init = time.perf_counter() - t0
+    if getattr(args, "precision", "fp32") == "auto":
+        from clgpt.device.precision import auto_reason
+
+        print(f"precision auto: {auto_reason(dev.device, kn)}")
 
     rng = np.random.default_rng(0)
     batches = [(rng.integers(0, V, size=(B, T), dtype=np.int32), rng.integers(0, V, size=(B, T), dtype=np.int32))

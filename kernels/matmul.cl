@@ -12,10 +12,15 @@
 // dW += dy.T @ x is TA=1,TB=0 with ACCUM=1. Every output sums over k in order: deterministic.
 // ROUND (precision.cl): 0 fp32; 1 bf16, 2 tf32 operands (rounded as loaded, fp32 sums): the portable form of
 // the tensor-core kernels in matmul_mma.cl, for every device.
+// A16, B16 (matmul; bf16 storage): A (B) holds bf16 values as ushort, the top 16 bits of each float (a copy
+// kernels/matmul_bf16.cl's to_bf16 wrote, rounded to nearest even by precision.cl's bf16_bits, as ROUND 1 rounds),
+// lda (ldb) counted in ushorts; widened to fp32 in the tile loads. Half the bytes each tile moves from global
+// memory, and the same products bit for bit as ROUND=1 on the fp32 operands (widening a rounded value is exact).
 // -D: TA, TB (0/1), BIAS, RESID, ACCUM (0/1), EPI (0/1/2/3); matmul: tile TSM x TSN x TSK, each work-item
 // WPTM x WPTN outputs, LDSV=1 reads the local tiles as float4 (WPTM, WPTN multiples of 4), VEC=1 loads whole
 // tiles from global memory as float4 along each operand's contiguous axis (see VEC below);
 // matmul_rb: RM rows x NV vectors of VW (8 or 16) columns per work-item.
+// WARP=1 builds `matmul` from kernels/matmul_warp.cl instead: warp tiles, float4 operand reads, one barrier a tile.
 // Sizes need not be multiples of the tiles.
 #ifndef TA
 #define TA 0
@@ -25,6 +30,9 @@
 #endif
 #ifndef LDSV
 #define LDSV 0
+#endif
+#ifndef WARP
+#define WARP 0
 #endif
 #ifndef TSM
 #define TSM 32
@@ -46,6 +54,32 @@
 #define NTHREADS (RTSM * RTSN)
 #include "epilogue.cl"
 #include "precision.cl"
+#ifndef A16
+#define A16 0
+#endif
+#ifndef B16
+#define B16 0
+#endif
+// an operand element as loaded (a_t, b_t) -> the fp32 the local tile holds (A_IN, B_IN; *_IN4 four of them)
+#if A16
+typedef ushort a_t;
+#define A_IN(x) as_float((uint)(x) << 16)
+#define A_IN4(p) as_float4(convert_uint4(vload4(0, p)) << 16)
+#else
+typedef float a_t;
+#define A_IN(x) ROUND_OP(x)
+#define A_IN4(p) round_op4(vload4(0, p))
+#endif
+#if B16
+typedef ushort b_t;
+#define B_IN(x) as_float((uint)(x) << 16)
+#define B_IN4(p) as_float4(convert_uint4(vload4(0, p)) << 16)
+#else
+typedef float b_t;
+#define B_IN(x) ROUND_OP(x)
+#define B_IN4(p) round_op4(vload4(0, p))
+#endif
+inline float4 round_op4(const float4 v) { return (float4)(ROUND_OP(v.x), ROUND_OP(v.y), ROUND_OP(v.z), ROUND_OP(v.w)); }
 
 // Tile loads: element e (0 .. TSK*TSM-1) of the A tile at k0 -> (k, m), coalesced along A's rows in memory.
 #if TA == 0
@@ -113,10 +147,13 @@
 #define EXTRA_ARGS
 #endif
 
+#if WARP  // the warp-tiled form (float4 operands, warp tiles, fma): its own file, the same contract
+#include "matmul_warp.cl"
+#else
 __kernel __attribute__((reqd_work_group_size(RTSN, RTSM, 1)))
 void matmul(const int M, const int N, const int K,
-            __global const float* restrict A, const int lda,
-            __global const float* restrict B, const int ldb,
+            __global const a_t* restrict A, const int lda,
+            __global const b_t* restrict B, const int ldb,
             __global float* Cm, const int ldc,
             __global const float* restrict bias,
             __global const float* R,
@@ -146,13 +183,13 @@ void matmul(const int M, const int N, const int K,
         const int e = tid + i * NTHREADS;                                               \
         A_KM(e, k, m);                                                                  \
         const int gm = m0 + m, gk = (k0) + k;                                           \
-        ra[i] = (e < TSK * TSM && gm < mend && gk < kend) ? ROUND_OP(A_AT(gm, gk)) : 0.0f;\
+        ra[i] = (e < TSK * TSM && gm < mend && gk < kend) ? A_IN(A_AT(gm, gk)) : 0.0f;    \
     }                                                                                   \
     for (int i = 0; i < LB; i++) {                                                      \
         const int e = tid + i * NTHREADS;                                               \
         B_KN(e, k, n);                                                                  \
         const int gn = n0 + n, gk = (k0) + k;                                           \
-        rb[i] = (e < TSK * TSN && gn < N && gk < kend) ? ROUND_OP(B_AT(gn, gk)) : 0.0f;\
+        rb[i] = (e < TSK * TSN && gn < N && gk < kend) ? B_IN(B_AT(gn, gk)) : 0.0f;    \
     }
 #define STORE_TILE_S(buf)                                                               \
     for (int i = 0; i < LA; i++) {                                                      \
@@ -184,15 +221,13 @@ void matmul(const int M, const int N, const int K,
 #define LOAD_TILE_V(k0)                                                                 \
     for (int i = 0; i < LA / 4; i++) {                                                  \
         A_V(tid + i * NTHREADS, k, m);                                                  \
-        const float4 v = vload4(0, &A_AT(m0 + m, (k0) + k));                            \
-        ra[4 * i] = ROUND_OP(v.x); ra[4 * i + 1] = ROUND_OP(v.y);                       \
-        ra[4 * i + 2] = ROUND_OP(v.z); ra[4 * i + 3] = ROUND_OP(v.w);                   \
+        const float4 v = A_IN4(&A_AT(m0 + m, (k0) + k));                                \
+        ra[4 * i] = v.x; ra[4 * i + 1] = v.y; ra[4 * i + 2] = v.z; ra[4 * i + 3] = v.w;  \
     }                                                                                   \
     for (int i = 0; i < LB / 4; i++) {                                                  \
         B_V(tid + i * NTHREADS, k, n);                                                  \
-        const float4 v = vload4(0, &B_AT(n0 + n, (k0) + k));                            \
-        rb[4 * i] = ROUND_OP(v.x); rb[4 * i + 1] = ROUND_OP(v.y);                       \
-        rb[4 * i + 2] = ROUND_OP(v.z); rb[4 * i + 3] = ROUND_OP(v.w);                   \
+        const float4 v = B_IN4(&B_AT(n0 + n, (k0) + k));                                \
+        rb[4 * i] = v.x; rb[4 * i + 1] = v.y; rb[4 * i + 2] = v.z; rb[4 * i + 3] = v.w;  \
     }
 #define STORE_TILE_V(buf)                                                               \
     for (int i = 0; i < LA / 4; i++) {                                                  \
@@ -281,6 +316,8 @@ void matmul(const int M, const int N, const int K,
         }
     }
 }
+
+#endif  // WARP
 
 // Cm (MN) = alpha * sum_{z < S} P[z*MN + i] (in order of z) [+ Cm]: the second stage of a split-K matmul.
 __kernel void splitk_reduce(const int MN, const int S, const int accum, const float alpha,

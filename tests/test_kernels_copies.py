@@ -86,3 +86,21 @@ def test_copy_ld_v8(dev, K, N, pad):
     got = from_dev(dev, out, (K, ldo))
     assert np.array_equal(got[:, :N], x)
     assert np.all(got[:, N:] == -7.0)
+
+
+def test_to_bf16_plain_copy(dev):
+    """kernels/matmul_bf16.cl's to_bf16 as the portable GEMM builds it for bf16 storage (BF16_COPY_OPTIONS: the
+    program's tensor-core GEMM in its portable emulation, so it builds on any device): numpy's nearest-even bf16
+    bits of every value, ties of both signs included, and zeros in the padding to multiples of 32."""
+    from clgpt.device.precision import BF16_COPY_OPTIONS
+    from clgpt.models import reference as ref
+
+    R, K, Rp, Kp = 37, 45, 64, 64
+    x = rng.normal(size=(R, K)).astype(f32)
+    x.reshape(-1)[:4] = np.array([0x3F808000, 0x3F818000, 0xBF808000, 0x3F808001], np.uint32).view(f32)
+    out = empty(dev, Rp * Kp, np.uint16)
+    dev.kernel("matmul_bf16", "to_bf16", **BF16_COPY_OPTIONS)(dev.queue, (Kp // 8, Rp), (4, 32), i32(R), i32(K),
+                                                               to_dev(dev, x), i32(K), out, i32(Kp))
+    want = np.zeros((Rp, Kp), np.uint16)
+    want[:R, :K] = ref.round_bf16(x).view(np.uint32) >> 16
+    assert np.array_equal(from_dev(dev, out, (Rp, Kp), np.uint16), want)

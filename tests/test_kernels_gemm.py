@@ -10,7 +10,7 @@ from clgpt.device.knobs import Knobs
 from clgpt.models import reference as ref
 from clgpt.ops import MATMUL_TILES, matmul_defines, matmul_launch
 
-from conftest import assert_close, from_dev, to_dev
+from conftest import assert_close, empty, from_dev, to_dev
 from opcheck import FD, _gpu_engine, check_op
 
 i32, f32 = np.int32, np.float32
@@ -27,6 +27,11 @@ MATMUL_FORMS = {
     # float4 global loads of whole aligned tiles (VEC, the tuner's candidates), plain and double-buffered
     "tiled_vec": dict(kernel="matmul", TSM=32, TSN=32, TSK=8, WPTM=4, WPTN=4, LDSV=1, VEC=1),
     "tiled_vec_pref": dict(kernel="matmul", TSM=32, TSN=32, TSK=16, WPTM=4, WPTN=4, LDSV=0, PREF=1, VEC=1),
+    # the warp-tiled form (kernels/matmul_warp.cl): one warp; 64 work-items of 8x8 with 4 float4 per tile each; 256
+    # work-items with fewer float4 in a tile than work-items (the last loads guarded)
+    "warp": dict(kernel="matmul", TSM=16, TSN=32, TSK=8, WPTM=4, WPTN=4, LDSV=1, PREF=1, WARP=1),
+    "warp_88": dict(kernel="matmul", TSM=64, TSN=64, TSK=16, WPTM=8, WPTN=8, LDSV=1, PREF=1, WARP=1),
+    "warp_part": dict(kernel="matmul", TSM=64, TSN=64, TSK=8, WPTM=4, WPTN=4, LDSV=1, PREF=1, WARP=1),
     "rb": dict(kernel="matmul_rb", RM=6, NV=2, lsize=(1, 4)),
     "rb_pf": dict(kernel="matmul_rb", RM=6, NV=2, PREFETCH=1, lsize=(1, 4)),
     "rb16": dict(kernel="matmul_rb", RM=6, NV=4, VW=16, PREFETCH=1, lsize=(1, 1)),  # the CPU row's
@@ -34,19 +39,22 @@ MATMUL_FORMS = {
 }
 
 
-@pytest.mark.parametrize("form", sorted(MATMUL_FORMS))
-@pytest.mark.parametrize("ta,tb", [(0, 1), (0, 0), (1, 0)])
+LAYOUTS = [(0, 1), (0, 0), (1, 0)]  # y = x W.T, dx = dy W, dW = dy.T x
+
+
+@pytest.mark.parametrize("form", sorted(f for f in MATMUL_FORMS if f != "warp"))  # warp: the tests below
+@pytest.mark.parametrize("ta,tb", LAYOUTS)
 @pytest.mark.parametrize("M,N,K", [(37, 53, 29), (64, 32, 16), (1, 7, 3), (70, 65, 130)])
 def test_matmul(dev, form, ta, tb, M, N, K):
     _check_matmul(dev, MATMUL_FORMS[form], form, ta, tb, M, N, K)
 
 
-@pytest.mark.parametrize("form", ["tiled_vec", "tiled_vec_pref"])
-@pytest.mark.parametrize("ta,tb", [(0, 1), (0, 0), (1, 0)])
+@pytest.mark.parametrize("form,ta,tb", [(f, ta, tb) for f in ("tiled_vec", "tiled_vec_pref") for ta, tb in LAYOUTS]
+                         + [(f, ta, tb) for f in ("warp", "warp_88", "warp_part") for ta, tb in LAYOUTS + [(1, 1)]])
 @pytest.mark.parametrize("M,N,K", [(70, 68, 132), (96, 64, 44)])
 def test_matmul_vec_mixed_tiles(dev, form, ta, tb, M, N, K):
-    """VEC: aligned operands whose inner tiles load as float4 while the edge tiles (m, n or k) take the one-float
-    loads, in one launch."""
+    """VEC and the warp-tiled form: aligned operands whose inner tiles load as float4 while the edge tiles (m, n
+    or k) take the one-float loads, in one launch; the outputs stored as float4 inside, one by one at the edge."""
     _check_matmul(dev, MATMUL_FORMS[form], form, ta, tb, M, N, K)
 
 
@@ -190,3 +198,85 @@ def test_engine_matmul_ld_pad(dev, ta, tb, M, N, K):
         outs.append(from_dev(dev, cbuf, (M, N)))
         assert_close(outs[-1], want, 1e-4, 1e-4, f"ld_pad={pad} ta={ta} tb={tb} {M}x{N}x{K}")
     assert np.array_equal(outs[0], outs[1]), "padded op(B) changed the result"
+
+
+@pytest.mark.parametrize("form", ["warp", "warp_part"])
+def test_warp_form_split_k_and_batched_attention(dev, form):
+    """The warp-tiled form as a GPU row's only tiles: a deep product split along K (the parts summed in order, the
+    same bits twice) and the batched causal attention products (BATCH with CAUSAL 1, 2 and 3) against float64."""
+    eng = _gpu_engine("gpu", B=2, T=70, C=16, H=2)
+    mm = MATMUL_FORMS[form]
+    eng.ops.facts.mm = mm
+    eng.ops.launch.update(matmul=mm, matmul_small=mm)
+    M, N, K = 40, 36, 1100
+    assert eng.ops.split_plan(M, N, K)[1] > 1
+    A, B = rng.normal(size=(K, M)).astype(f32), rng.normal(size=(K, N)).astype(f32)
+    C0 = rng.normal(size=(M, N)).astype(f32)
+    want = 0.5 * A.T.astype(np.float64) @ B + C0
+    outs = []
+    for _ in range(2):
+        cbuf = to_dev(dev, C0)
+        eng.matmul(M, N, K, to_dev(dev, A), to_dev(dev, B), cbuf, ta=1, accum=True, alpha=0.5)
+        outs.append(from_dev(dev, cbuf, (M, N)))
+    assert_close(outs[0], want, 1e-4, 1e-4, f"split-K {form}")
+    assert np.array_equal(outs[0], outs[1])
+    assert {key[-2] for key in eng.ops.product_kernels} == {id(mm)}
+
+    Bt, T, C, H = 2, 70, 16, 2
+    eng.ops.facts.attn_gemm = True
+    qkv = rng.normal(size=(Bt, T, 3 * C)).astype(f32)
+    dout = rng.normal(size=(Bt, T, C)).astype(f32)
+    out_want, att = ref.attention_forward(qkv, H)
+    dqkv_want = ref.attention_backward(dout, qkv, att, H)
+    qb, ob, ab = to_dev(dev, qkv), to_dev(dev, np.zeros((Bt, T, C), f32)), to_dev(dev, np.zeros((Bt, H, T, T), f32))
+    eng.ops.attention_forward(Bt, T, qb, ob, ab)
+    assert_close(from_dev(dev, ob, (Bt, T, C)), out_want, 1e-5, 1e-4, f"attention out {form}")
+    dq, datt = to_dev(dev, np.zeros((Bt, T, 3 * C), f32)), to_dev(dev, np.zeros((Bt, H, T, T), f32))
+    eng.ops.attention_backward(Bt, T, to_dev(dev, dout), qb, ab, datt, dq)
+    assert_close(from_dev(dev, dq, (Bt, T, 3 * C)), dqkv_want, 1e-5, 1e-4, f"attention backward {form}")
+    assert {key[8] for key in eng.ops.product_kernels if key[7]} == {1, 2, 3}  # batched: every causal mode
+    assert {key[-2] for key in eng.ops.product_kernels} == {id(mm)}
+
+
+def _bf16_store(x, ld):
+    """numpy's bf16 copy of x (rows, cols) as rows of `ld` uint16 (the top halves of the rounded floats; zeros past
+    cols): what kernels/matmul.cl reads with A16 / B16."""
+    bits = (ref.round_bf16(x).view(np.uint32) >> 16).astype(np.uint16)
+    out = np.zeros((x.shape[0], ld), np.uint16)
+    out[:, : x.shape[1]] = bits
+    return out
+
+
+# ---------------- bf16 storage ----------------
+# A16, B16: each layout; inner tiles on VEC's float4 loads beside ragged edges; split-K; the tiled form, and the
+# warp-tiled one (kernels/matmul_warp.cl: four-element loads wherever a tile lies inside)
+@pytest.mark.parametrize("ta,tb", [(0, 1), (0, 0), (1, 0)])
+@pytest.mark.parametrize("M,N,K,vec,split,warp", [(37, 53, 70, 0, 0, 0), (67, 45, 131, 1, 0, 0), (40, 36, 200, 1, 3, 0),
+                                                  (67, 45, 131, 0, 0, 1), (40, 36, 200, 0, 3, 1)])
+def test_bf16_storage_gives_round1_bits(dev, ta, tb, M, N, K, vec, split, warp):
+    """A product on bf16-stored operands (numpy's copies, rows padded to 32) has the same bits as ROUND=1's on the
+    fp32 operands, and is within fp32 sums of float64 of the rounded operands."""
+    A = rng.normal(size=(K, M) if ta else (M, K)).astype(f32)
+    B = rng.normal(size=(N, K) if tb else (K, N)).astype(f32)
+    tiles = dict(TSM=32, TSN=32, TSK=8, WPTM=4, WPTN=4, LDSV=1, PREF=1, **(dict(WARP=1) if warp else dict(VEC=vec)))
+    (gx, gy), lsize = matmul_launch(dict(tiles, kernel="matmul"), M, N)
+    S = max(split, 1)
+    kc = -(-(-(-K // S)) // 8) * 8  # S chunks of whole TSK tiles (split-K's)
+    extra = (i32(kc), i32(1), *(i32(0),) * 9) if split else ()
+
+    def product(a, lda, b, ldb, **store):
+        opts = dict(TA=ta, TB=tb, BIAS=0, RESID=0, ACCUM=0, EPI=0, ROUND=1, SPLITK=int(bool(split)), **tiles, **store)
+        C = empty(dev, S * M * N)
+        dev.kernel("matmul", "matmul", **opts)(dev.queue, (gx, gy, S), (*lsize, 1), i32(M), i32(N), i32(K),
+                                               to_dev(dev, a), i32(lda), to_dev(dev, b), i32(ldb), C, i32(N), None,
+                                               None, f32(1.0), None, *extra)
+        return from_dev(dev, C, (S, M, N))  # split-K: the raw sums of each chunk
+
+    want = product(A, A.shape[1], B, B.shape[1])
+    lda, ldb = -(-A.shape[1] // 32) * 32, -(-B.shape[1] // 32) * 32
+    got = product(_bf16_store(A, lda), lda, _bf16_store(B, ldb), ldb, A16=1, B16=1)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), "bf16 storage differs from ROUND=1"
+    rA = ref.round_bf16(A.T if ta else A).astype(np.float64)
+    rB = ref.round_bf16(B.T if tb else B).astype(np.float64)
+    err = np.abs(got.sum(axis=0, dtype=np.float64) - rA @ rB) / (np.abs(rA) @ np.abs(rB))
+    assert err.max() <= 1e-5, f"bf16 storage ta={ta} tb={tb} {M}x{N}x{K}: {err.max():.2e} x |A||B| from float64"

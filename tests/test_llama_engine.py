@@ -338,7 +338,9 @@ def grouped_layout(counts, RM):
 
 
 @pytest.mark.parametrize("mm", [dict(TSM=16, TSN=8, TSK=4, WPTM=4, WPTN=4, LDSV=1, PREF=1),
-                                dict(TSM=8, TSN=8, TSK=8, WPTM=2, WPTN=2)], ids=["ldsv_pref", "plain"])
+                                dict(TSM=8, TSN=8, TSK=8, WPTM=2, WPTN=2),
+                                dict(TSM=16, TSN=32, TSK=8, WPTM=4, WPTN=4, LDSV=1, PREF=1, WARP=1)],
+                         ids=["ldsv_pref", "plain", "warp"])
 @pytest.mark.parametrize("tb", [0, 1])
 def test_grouped_matmul_tiled_rows(launch, mm, tb):
     """The tiled `matmul` with GROUP 1 (GPUs): each expert's packed rows times op(B_e), B_e read in place from
@@ -362,13 +364,15 @@ def test_grouped_matmul_tiled_rows(launch, mm, tb):
         want={"C": want}, defines=dict(GROUP=1, NGROUPS=E, TA=0, TB=tb, ACCUM=1, **mm), lsize=lsize)
 
 
+@pytest.mark.parametrize("mm", [dict(TSM=8, TSN=8, TSK=4, WPTM=2, WPTN=2),
+                                dict(TSM=16, TSN=32, TSK=4, WPTM=4, WPTN=4, LDSV=1, PREF=1, WARP=1)],
+                         ids=["plain", "warp"])
 @pytest.mark.parametrize("ta", [0, 1])
 @pytest.mark.parametrize("kc", [0, 5], ids=["whole", "split"])
-def test_grouped_matmul_tiled_k(launch, ta, kc):
+def test_grouped_matmul_tiled_k(launch, ta, kc, mm):
     """The tiled `matmul` with GROUP 2 (GPUs): each expert's weight gradient over its K = counts[e] rows; split:
     chunks of kc rows (raw sums, empty chunks skipped), then splitk_reduce_grouped adds them in order."""
     from clgpt.ops import matmul_launch
-    mm = dict(TSM=8, TSN=8, TSK=4, WPTM=2, WPTN=2)
     E, C, F = 4, 13, 19
     counts = GROUPED_COUNTS
     offs, R = grouped_layout(counts, 8)

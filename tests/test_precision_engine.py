@@ -156,3 +156,69 @@ def test_llama_engine_on_tensor_cores_against_float64(dev, shape):
         err = np.abs(grads[name] - g).max() / max(np.abs(g).max(), 1e-12)
         assert err < 0.2, f"grad {name}: relative error {err:.2e}"
     assert loss2 == loss and all(np.array_equal(grads[n], grads2[n]) for n in grads)
+
+
+def _storage_run(cfg, storage: bool, steps=2):
+    """Steps of a bf16 engine on the generic GPU row with bf16 storage on or off (fp32 operands rounded as they
+    load) -> (losses, grads, params, per step the buffers copied and the operands the products read)."""
+    from collections import Counter
+
+    from clgpt.models.factory import make_engine
+
+    eng = make_engine(cfg, init_params(cfg, 5), batch_size=2, seq_len=cfg.n_ctx, precision="bf16",
+                      dropout=0.1 if cfg.arch == "gpt2" else 0.0, knobs=Knobs(launch="gpu"))
+    ops = eng.ops
+    assert ops.gemm == "portable" and ops.facts.bf16_storage
+    ops.facts.bf16_storage = storage
+    copied, reads = Counter(), [0]
+    to_bf16, plain_copy = ops.backend.to_bf16, ops.backend.copies.plain_copy
+
+    def count_copy(slot, X, *a, **k):
+        copied[X.int_ptr] += 1
+        return to_bf16(slot, X, *a, **k)
+
+    def count_read(*a, **k):
+        reads[0] += 1
+        return plain_copy(*a, **k)
+    ops.backend.to_bf16, ops.backend.copies.plain_copy = count_copy, count_read
+    r = np.random.default_rng(8)
+    out, counts = [], []
+    for step in range(steps):
+        tok, tgt = (r.integers(0, cfg.vocab_size, size=(2, cfg.n_ctx)).astype(np.int32) for _ in range(2))
+        copied.clear()
+        reads[0] = 0
+        loss = eng.forward(tok, tgt, dropout_seed=1234 + step)
+        eng.zero_grad()
+        eng.backward()
+        out.append((loss, eng.get_grads()))
+        counts.append((dict(copied), reads[0]))
+        eng.step(3e-3)
+    weights = {b.int_ptr for b in eng.p.values()}
+    return out, eng.get_params(), counts, weights
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama_gqa", "moe"])
+def test_gpu_row_bf16_storage_same_bits_half_the_bytes(dev, arch):
+    """precision bf16 on the generic GPU row (no tensor cores): the products on bf16 copies of their operands give
+    the loss, gradients and updated weights of the products rounding fp32 operands as they load, bit for bit;
+    each weight is copied once a step (it serves the forward's and the backward's products), and fewer copies are
+    made than operands read."""
+    cfg = {"gpt2": ModelConfig(vocab_size=23, n_ctx=8, n_embd=16, n_head=2, n_layer=2, n_ff=32),
+           "llama_gqa": ModelConfig(arch="llama", vocab_size=23, n_ctx=8, n_embd=16, n_head=4, n_head_kv=2,
+                                    n_layer=2, n_ff=24, tied=False),
+           "moe": ModelConfig(arch="llama", vocab_size=23, n_ctx=8, n_embd=16, n_head=2, n_head_kv=1, n_layer=1,
+                              n_ff=24, n_expert=4, n_expert_used=2, tied=False)}[arch]
+    stored, p_stored, counts, weights = _storage_run(cfg, True)
+    loaded, p_loaded, off_counts, _ = _storage_run(cfg, False)
+    assert all(c == ({}, 0) for c in off_counts)  # off: no copies at all
+    for (l1, g1), (l2, g2) in zip(stored, loaded):
+        assert l1 == l2, f"{arch}: loss {l1} vs {l2}"
+        for n in g2:
+            assert np.array_equal(g1[n], g2[n]), f"{arch}: grad {n} differs with bf16 storage"
+    for n in p_loaded:
+        assert np.array_equal(p_stored[n], p_loaded[n]), f"{arch}: {n} differs after the steps"
+    for copied, reads in counts:
+        assert reads > 0 and sum(copied.values()) < reads, (copied, reads)
+        twice = [h for h in weights if copied.get(h, 0) > 1]
+        assert not twice, f"{arch}: {len(twice)} weights copied more than once a step"
+        assert any(h in copied for h in weights)

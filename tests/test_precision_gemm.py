@@ -58,3 +58,4 @@ def test_matmul_precision_against_float64(dev, form, precision, ta, tb, M, N, K)
     err = assert_scaled(C, opA @ opB, scale, GIVEN_TOL[precision], what + " vs given operands")
     if K >= 48:  # the rounding really happened: fp32 operands would be within 1e-6
         assert err > 1e-5, f"{what}: error {err:.1e} is fp32's; operands were not rounded"
+

@@ -52,6 +52,10 @@ def test_candidates_fit_each_profile(name):
             assert tuner.fits(mm, lim), mm
     assert tuner.fits(dict(generic, TSM=256, WPTM=1), lim)  # 64 x 8 = 512 work-items: over 256, or fine at 1024
     assert tuner.fits(dict(generic, TSK=64, PREF=1), tuner.Limits(1024, (1024, 1024), 32768))  # 69632 bytes
+    warp = [mm for mm in kept if mm.get("WARP")]
+    assert warp, "no warp-tiled candidate fits"
+    assert tuner.fits(tuner._warp_row(16, 16, 8, 4, 4), lim)  # 16 work-items: not a whole warp
+    assert tuner.fits(tuner._warp_row(64, 48, 8, 4, 4), lim)  # 48 columns: not whole warp tiles of 32
 
 
 def test_tuned_kernel_needs_no_fp64_half_or_subgroups():
@@ -90,6 +94,15 @@ def test_profile_kernels_match_float64(bench, i):
         assert bench.check(mm, ta, tb, S) == "", (mm, ta, tb, S)
 
 
+@pytest.mark.parametrize("i", range(sum(1 for mm in tuner.CANDIDATES if mm.get("WARP"))))
+def test_warp_candidates_match_float64(bench, i):
+    """Each warp-tiled candidate of the tuner, in every layout and split-K, matches float64 numpy both at odd sizes
+    (one-float loads) and at multiples of 4 with a whole 128 x 128 tile inside (float4 loads and stores)."""
+    mm = [mm for mm in tuner.CANDIDATES if mm.get("WARP")][i]
+    for ta, tb, S in ((0, 1, 1), (0, 0, 1), (1, 0, 1), (1, 1, 1), (1, 0, 2)):
+        assert bench.check(mm, ta, tb, S) == "", (mm, ta, tb, S)
+
+
 def test_tune_picks_deterministically_rejects_wrong_and_shows_progress(dev, capfd):
     """A candidate that computes wrong sums (CAUSAL=2 stops k early) is rejected before it is timed; equal times
     go to the earlier candidate and the unsplit product; the same timings give the same record; progress and the
@@ -122,12 +135,15 @@ def test_tune_picks_deterministically_rejects_wrong_and_shows_progress(dev, capf
 
 
 def _record(dev, split=2):
-    """A record for CFG at batch 4 x 80 without timing: the 64 x 32 tiles (float4 loads) for every product but the
-    weight gradients (32 x 32 tiles, float4 loads, split `split` ways), as a file would hold it."""
-    cands = [tuner._row(32, 32, 16, 4, 4, 0, 0, 1), tuner._row(64, 32, 16, 4, 4, 1, 1, 1)]
+    """A record for CFG at batch 4 x 80 without timing, as a file would hold it: the weight gradients on 32 x 32
+    tiles (float4 loads) split `split` ways, dx = dy @ W on 64 x 32 tiles (float4 loads), the forward products and
+    the big tiles (attention's batched products) on the warp-tiled form."""
+    cands = [tuner._row(32, 32, 16, 4, 4, 0, 0, 1), tuner._row(64, 32, 16, 4, 4, 1, 1, 1),
+             tuner._warp_row(32, 32, 8, 4, 4)]
     products = tuner.model_products(CFG, 4, 80)
-    shapes = [dict(product=list(p), tiles=0 if p[3] else 1, split=split if p[3] else 1, ms=1.0) for p, _ in products]
-    return dict(schema=tuner.SCHEMA, candidates=cands, matmul=1, matmul_small=0, products=shapes, rejected={},
+    shapes = [dict(product=list(p), tiles=0 if p[3] else 2 if p[4] else 1, split=split if p[3] else 1, ms=1.0)
+              for p, _ in products]
+    return dict(schema=tuner.SCHEMA, candidates=cands, matmul=2, matmul_small=0, products=shapes, rejected={},
                 stopped_at=None, seconds=0.0, step_ms={})
 
 
@@ -294,3 +310,41 @@ def test_flash_tiles_setting_auto_off_pinned_and_cached(dev, tmp_path, monkeypat
     path.write_text(json.dumps(bad))
     with pytest.raises(ClgptError, match="names no tiles for forward, dq, dkv"):
         tuner_flash.resolve(str(path), dev, CFG, 4, T, gpu_row)
+
+
+def test_bf16_storage_pair_decides_precision_auto(dev):
+    """The tuner times each product of the step on its chosen tiles in fp32 and on bf16 storage (the copies' making
+    included), after checking the bf16-storage forms against float64 of rounded operands; `precision: auto` on the
+    generic GPU row takes bf16 only where that pair's bf16 sum is the smaller, and a CPU row (no record) keeps fp32."""
+    from clgpt.device import precision
+    from clgpt.models.gpt2 import GPT2Engine as Engine
+
+    products = [((64, 48, 32, 0, 1), 3), ((48, 32, 2048, 1, 0), 1)]
+    cands = [tuner._row(32, 32, 16, 4, 4, 0, 0), tuner._row(64, 64, 16, 8, 8, 1, 1)]
+    seen = []
+
+    def faster16(mm, prod, S):
+        seen.append((bool(mm.get("A16")), prod))
+        return 0.5e-3 if mm.get("A16") else 1e-3
+
+    rec = tuner.tune(dev, products, cands=cands, measure=faster16, progress=False)
+    pair = rec["bf16_storage"]
+    assert pair == dict(fp32_ms=4.0, bf16_ms=2.0), pair  # 3 + 1 runs a step, 1 and 0.5 ms each
+    assert {(s, p) for s in (False, True) for p, _ in products} <= set(seen)
+    kn = Knobs(launch="gpu", gemm_tuning=rec)
+    assert precision.resolve("auto", dev.device, kn) == "bf16" and "bf16 storage" in precision.auto_reason(dev.device, kn)
+    slower = tuner.tune(dev, products, cands=cands, measure=lambda mm, p, S: 2e-3 if mm.get("A16") else 1e-3,
+                        progress=False)
+    assert precision.resolve("auto", dev.device, Knobs(launch="gpu", gemm_tuning=slower)) == "fp32"
+    assert precision.resolve("auto", dev.device, Knobs(launch="cpu")) == "fp32"
+    assert "ms on bf16 storage" in tuner.describe(rec)
+    cfg_rec = dict(_record(dev), bf16_storage=dict(fp32_ms=2.0, bf16_ms=1.0))
+    eng = Engine(CFG, tuner_params(), batch_size=4, seq_len=80, precision="auto",
+                 knobs=Knobs(launch="gpu", gemm_tuning=cfg_rec))
+    assert eng.precision == "bf16" and eng.ops.facts.bf16_storage
+
+
+def tuner_params():
+    from clgpt.model import init_params
+
+    return init_params(CFG, 0)

@@ -6,7 +6,8 @@ takes effect; callers read once per constructor or function, not per launch. Uns
 value read() cannot use is a one-line ClgptError naming the variable and what to set.
 
     variable=values (default)                 what it is for
-    CLGPT_LAUNCH=cpu|nvidia|gpu (device)      take that clgpt.device.tuning row on any device (GPU paths on PoCL)
+    CLGPT_LAUNCH=cpu|nvidia|gpu (device)      take that clgpt.device.tuning row on any device (GPU paths on PoCL);
+                                              cpu and gpu: no tensor cores (nothing NVIDIA-specific runs)
     CLGPT_MATMUL=key=value,... (tuning)       the matmul form and tiles, e.g. kernel=matmul,TSM=128,TSN=128,...
     CLGPT_MATMUL_KEEP_SMALL=0|1 (0)           1: keep the table's small and narrow tiles beside CLGPT_MATMUL's
     CLGPT_MMA=BM=..,BN=..,... (tuning)        the big tensor-core tiles (kernels/matmul_mma.cl)

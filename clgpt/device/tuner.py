@@ -1,14 +1,15 @@
 """The device tuner: the portable GEMM's tiles (kernels/matmul.cl `matmul`) measured on the user's own device.
 
 No one can hand-tune tiles for every GPU, so on a device it has not seen clgpt times a bounded set of candidate
-tile configurations (CANDIDATES: NVIDIA's hand-tuned rows and the generic row first, then a grid of tile shapes,
-depths, vector reads of the local tiles and double buffering) at the products one training step of the model runs
-(model_products: C x 3C, C x C, C x 4C, 4C x C, V x C forward, their dx = dy @ W and dW = dy.T @ x with K = B*T),
-within the device's limits (work-group size, local memory: fits). Each candidate is built and checked against a
-float64 numpy product (odd sizes, every layout it will run) before it is timed; one that fails to build, launch or
-agree is dropped. The fastest wins, ties going to the earlier candidate, so the same timings give the same record.
+tile configurations (CANDIDATES: NVIDIA's hand-tuned rows and the generic row first, then the warp-tiled form of
+kernels/matmul_warp.cl, then a grid of tile shapes, depths, vector reads of the local tiles and double buffering)
+at the products one training step of the model runs (model_products: C x 3C, C x C, C x 4C, 4C x C, V x C forward,
+their dx = dy @ W and dW = dy.T @ x with K = B*T), within the device's limits (work-group size, local memory: fits).
+Each candidate is built and checked against a float64 numpy product (odd sizes, and sizes with an aligned tile
+inside; every layout it will run) before it is timed; one that fails to build, launch or agree is dropped. The
+fastest wins, ties going to the earlier candidate, so the same timings give the same record.
 
-Two rounds keep it short (about 70 builds, on up to 8 threads; bench/generic_gpu.py times it at shape L): every
+Two rounds keep it short (about 80 builds, on up to 8 threads; bench/generic_gpu.py times it at shape L): every
 candidate on two proxy products (the step's largest, and the weight gradient with the fewest outputs), then the
 best FINALISTS of each on every product of the step, split-K depths included for the weight gradients. The record (`tune`) holds the big
 tiles (the least total time over the step: batched attention and any other product take them), the small ones
@@ -16,8 +17,15 @@ tiles (the least total time over the step: batched attention and any other produ
 looks a product up there first. Tiles never change a sum's order (each output sums k in order); split-K does,
 so the record, like the device, decides the bytes: a pinned tuning file repeats a run exactly.
 
+Then one timed pair (`bf16_storage`): each product of the step on its chosen tiles and split, in fp32 and on bf16
+storage (kernels/matmul.cl A16, B16 with ROUND=1: bf16 copies of both operands, each copy's making timed with it,
+so a copy counts once a product though a weight's or an activation's serves two), alternated, weighted by how often
+the step runs it; its checks against float64 of the rounded operands first. `precision: auto` takes bf16 on a GPU
+without tensor cores only where that pair's bf16 sum is the smaller (clgpt/device/precision.py).
+
 Records are cached in $XDG_CACHE_HOME/clgpt/tuning (default ~/.cache), one file per device name, driver version
-and matmul.cl source hash, holding one record per model shape. `resolve` applies the stages' `tuning` setting:
+and matmul.cl (matmul_warp.cl inlined; and matmul_bf16.cl, whose to_bf16 makes the copies) source hash, holding one
+record per model shape. `resolve` applies the stages' `tuning` setting:
 auto (tune GPUs on first use, then read the cache; CPUs keep their register-blocked row), off (the table's row)
 or a path to a saved file (pinned: used as written on any device whose row runs the local-memory kernel).
 """
@@ -41,6 +49,7 @@ from tqdm import tqdm
 from clgpt.atomic import atomic_path
 from clgpt.device import tuning
 from clgpt.device.opencl import KERNEL_DIR, Device, kernel_source
+from clgpt.device.precision import BF16_COPY_OPTIONS
 from clgpt.errors import ClgptError
 from clgpt.model import ModelConfig
 
@@ -49,14 +58,40 @@ FINALISTS = 4  # candidates of each proxy that go on to every product
 SPLITS = (2, 4, 8)  # split-K counts tried on the weight gradients (K = B*T deep)
 SPLIT_MIN_CHUNK = 128  # shallower chunks are not tried
 BUDGET_S = 45.0  # the first round stops taking candidates past this (a slow device still gets a record)
-CHECK = (67, 45, 83)  # the float64 check's odd sizes: no tile divides them (K grows for split-K's check)
-CHECK_MAX = (67, 45, 2 * 32 * max(SPLITS) + 3, 0, 0)
+# the float64 check's sizes (K grows for split-K's check): odd ones, no tile divides them, the operands unaligned
+# (one-float loads everywhere); then multiples of 4, one 128 x 128 tile inside and edges beyond it, so the float4
+# loads and stores of the inner tiles (VEC, the warp-tiled form) are checked too
+CHECKS = ((67, 45, 83), (196, 172, 84))
+CHECK_MAX = (196, 172, 2 * 32 * max(SPLITS) + 4, 0, 0)
 CHECK_TOL = 1e-4  # max |err| / max |ref| of an fp32 product of 83 terms (about 1e-6 when right)
 
 
 def _row(TSM, TSN, TSK, WPTM, WPTN, LDSV, PREF, VEC=0) -> dict:
     row = dict(kernel="matmul", TSM=TSM, TSN=TSN, TSK=TSK, WPTM=WPTM, WPTN=WPTN, LDSV=LDSV, PREF=PREF)
     return dict(row, VEC=1) if VEC else row
+
+
+def _warp_row(TSM, TSN, TSK, WPTM, WPTN) -> dict:
+    """kernels/matmul_warp.cl's form (WARP=1): always float4 local reads (LDSV) and two local buffers (PREF)."""
+    return dict(_row(TSM, TSN, TSK, WPTM, WPTN, 1, 1), WARP=1)
+
+
+WARP_LANES_N = 8  # matmul_warp.cl's default WARPN: a warp's 32 work-items as 8 along n by 4 along m
+
+
+def stored16(mm: dict) -> dict:
+    """The tiles `mm` on bf16 storage: bf16 copies of both operands (kernels/matmul.cl A16, B16), ROUND=1."""
+    return dict(mm, ROUND=1, A16=1, B16=1)
+
+
+def round_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 x rounded to bf16, nearest even (finite values: the check's normal operands)."""
+    u = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    return (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
+
+
+def _pad32(n: int) -> int:
+    return -(-n // 32) * 32
 
 
 def _vec_ok(mm: dict) -> bool:
@@ -66,12 +101,17 @@ def _vec_ok(mm: dict) -> bool:
 
 
 def _candidates() -> list[dict]:
-    """The table's rows first (NVIDIA's hand-tuned ones are starting points like any other), then a grid: six tile
-    shapes of 64 to 256 work-items, depths 8 and 16, double-buffered, the local tiles read as float4, the global
-    loads as float4 (VEC, where each work-item loads whole float4) or not, and a narrow 64 x 32 tile for small
-    outputs. Duplicates are dropped, the first kept (25 in all)."""
+    """The table's rows first (NVIDIA's hand-tuned ones are starting points like any other), then the warp-tiled
+    form (kernels/matmul_warp.cl: CUTLASS's 128 x 128 x 8 with 8 x 8 a work-item, and the tile shapes that won on
+    the H100 at M6 and L, 64 x 64 x 8 with 4 x 4 and 128 x 64 x 8 with 8 x 4, at depths 8 and 16), then a grid: six
+    tile shapes of 64 to 256 work-items, depths 8 and 16, double-buffered, the local tiles read as float4, the
+    global loads as float4 (VEC, where each work-item loads whole float4) or not, and a narrow 64 x 32 tile for
+    small outputs. Duplicates are dropped, the first kept (31 in all)."""
     seeds = [tuning._NVIDIA, tuning._NVIDIA_NARROW, tuning._GPU, tuning._GPU_SMALL, tuning._NVIDIA_SMALL]
     out = [_row(s["TSM"], s["TSN"], s["TSK"], s["WPTM"], s["WPTN"], s.get("LDSV", 0), s.get("PREF", 0)) for s in seeds]
+    for tsm, tsn, wm, wn in ((128, 128, 8, 8), (128, 64, 8, 4), (64, 64, 4, 4)):
+        for tsk in (8, 16):
+            out.append(_warp_row(tsm, tsn, tsk, wm, wn))
     for tsm, tsn, wm, wn in ((128, 128, 8, 8), (128, 64, 8, 4), (64, 128, 4, 8), (64, 64, 4, 4), (64, 64, 8, 8),
                              (128, 64, 8, 8)):
         for tsk in (8, 16):
@@ -101,7 +141,8 @@ class Limits:
 
 
 def local_bytes(mm: dict) -> int:
-    """The local memory kernels/matmul.cl's `matmul` declares for the tiles `mm` (As, Bs with +4 padding)."""
+    """The local memory kernels/matmul.cl's `matmul` declares for the tiles `mm` (As, Bs with +4 padding; the
+    warp-tiled form's likewise, always two buffers)."""
     return (2 if mm.get("PREF") else 1) * mm["TSK"] * (mm["TSM"] + 4 + mm["TSN"] + 4) * 4
 
 
@@ -114,6 +155,11 @@ def fits(mm: dict, lim: Limits) -> str:
     if mm.get("VEC") and not _vec_ok(mm):
         return "float4 global loads need whole float4 of each tile per work-item"
     rn, rm = mm["TSN"] // mm["WPTN"], mm["TSM"] // mm["WPTM"]
+    if mm.get("WARP"):
+        lanes_n = mm.get("WARPN", WARP_LANES_N)
+        if (mm["WPTM"] % 4 or mm["WPTN"] % 4 or mm["TSK"] % 4 or 32 % lanes_n or (rn * rm) % 32
+                or mm["TSM"] % (mm["WPTM"] * 32 // lanes_n) or mm["TSN"] % (mm["WPTN"] * lanes_n)):
+            return "the warp-tiled form needs whole warps of 32 work-items, whole warp tiles and multiples of 4"
     if rn * rm > lim.max_group or rn > lim.max_dims[0] or rm > lim.max_dims[1]:
         return f"{rn} x {rm} work-items exceed the device's work-group limit {lim.max_group}"
     if local_bytes(mm) > lim.local_mem:
@@ -173,6 +219,9 @@ class _Bench:
         self.C = cl.Buffer(dev.ctx, mf.READ_WRITE, 4 * max(m * n for m, n, *_ in products + [CHECK_MAX]))
         self.P = cl.Buffer(dev.ctx, mf.READ_WRITE, 4 * nc)
         self.checked: set = set()
+        # bf16 storage: the operands' copies (rows and columns padded to 32, as the engine's), made when first used
+        self.products = products + [CHECK_MAX]
+        self.A16 = self.B16 = None
 
     def kernel(self, mm: dict, ta: int, tb: int, split: bool) -> cl.Kernel:
         extra = dict(SPLITK=1) if split else {}
@@ -193,12 +242,33 @@ class _Bench:
             with ThreadPoolExecutor(workers) as pool:
                 list(pool.map(build, jobs))
 
+    def to_bf16(self, X, rows: int, cols: int, out) -> int:
+        """X (rows x cols) -> its bf16 copy in `out` as the portable GEMM makes it (clgpt/ops/gemm/portable.py);
+        -> the copy's row length."""
+        Rp, Cp = _pad32(rows), _pad32(cols)
+        i32 = np.int32
+        self.dev.kernel("matmul_bf16", "to_bf16", **BF16_COPY_OPTIONS)(
+            self.dev.queue, (Cp // 8, Rp), (4, 32), i32(rows), i32(cols), X, i32(cols), out, i32(Cp))
+        return Cp
+
     def launch(self, mm: dict, prod: Product, S: int, A=None, B=None, C=None) -> None:
+        """One product (split S ways); on bf16 storage (mm stored16) the copies of both operands made first."""
         M, N, K, ta, tb = prod
         A, B, C = A or self.A, B or self.B, C or self.C
         (gx, gy), lsize = _launch_size(mm, M, N)
         i32 = np.int32
-        args = [i32(M), i32(N), i32(K), A, i32(M if ta else K), B, i32(K if tb else N)]
+        lda, ldb = (M if ta else K), (K if tb else N)
+        if mm.get("A16"):
+            if self.A16 is None:
+                mf = cl.mem_flags
+                self.A16 = cl.Buffer(self.dev.ctx, mf.READ_WRITE, 2 * max(
+                    _pad32(k if ta else m) * _pad32(m if ta else k) for m, n, k, ta, tb in self.products))
+                self.B16 = cl.Buffer(self.dev.ctx, mf.READ_WRITE, 2 * max(
+                    _pad32(n if tb else k) * _pad32(k if tb else n) for m, n, k, ta, tb in self.products))
+            lda = self.to_bf16(A, *((K, M) if ta else (M, K)), self.A16)
+            ldb = self.to_bf16(B, *((N, K) if tb else (K, N)), self.B16)
+            A, B = self.A16, self.B16
+        args = [i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb)]
         if S > 1:
             kc = -(-K // S)
             kc = -(-kc // mm["TSK"]) * mm["TSK"]
@@ -213,13 +283,20 @@ class _Bench:
                                            np.float32(1.0), None)
 
     def check(self, mm: dict, ta: int, tb: int, S: int) -> str:
-        """"" where the tiles `mm` in layout (ta, tb) (split S ways) match float64 numpy at CHECK's odd sizes."""
+        """"" where the tiles `mm` in layout (ta, tb) (split S ways) match float64 numpy at CHECKS' sizes."""
         key = (id(mm), ta, tb, S)
         if key in self.checked:
             return ""
-        M, N, K = CHECK
-        if S > 1:
-            K = S * 2 * mm["TSK"] + 3  # S chunks, the last one partial
+        for M, N, K in CHECKS:
+            if S > 1:
+                K = S * 2 * mm["TSK"] + (3 if K % 2 else 4)  # S chunks, the last one partial
+            why = self._check(mm, ta, tb, S, M, N, K)
+            if why:
+                return why
+        self.checked.add(key)
+        return ""
+
+    def _check(self, mm: dict, ta: int, tb: int, S: int, M: int, N: int, K: int) -> str:
         rng = np.random.default_rng(1)
         a = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
         b = rng.standard_normal((N, K) if tb else (K, N)).astype(np.float32)
@@ -229,11 +306,12 @@ class _Bench:
         self.launch(mm, (M, N, K, ta, tb), S)
         out = np.empty(M * N, np.float32)
         cl.enqueue_copy(q, out, self.C, is_blocking=True)
+        if mm.get("ROUND") == 1:  # bf16 operands: exact products, fp32 sums
+            a, b = round_bf16(a), round_bf16(b)
         ref = (a.T if ta else a).astype(np.float64) @ (b.T if tb else b).astype(np.float64)
         err = float(np.abs(out.reshape(M, N) - ref).max() / np.abs(ref).max())
         if not err <= CHECK_TOL:
-            return f"disagrees with float64 numpy (max rel err {err:.2e})"
-        self.checked.add(key)
+            return f"disagrees with float64 numpy at {M}x{N}x{K} (max rel err {err:.2e})"
         return ""
 
     def time(self, mm: dict, prod: Product, S: int, reps: int = 2) -> float:
@@ -344,10 +422,37 @@ def tune(dev: Device, products: list[tuple[Product, int]], cands: list[dict] | N
         opts = [(t, i, S) for (i, q, S), t in times.items() if q == p and t < float("inf")]
         t, i, S = min(opts, key=lambda o: (o[0], o[2], o[1]))
         shapes.append(dict(product=list(p), tiles=i, split=S, ms=round(t * 1e3, 4)))
-    return dict(schema=SCHEMA, candidates=cands, matmul=big, matmul_small=small, products=shapes,
+    pair = _storage_pair(bench, cands, products, shapes, measure, progress)
+    return dict(schema=SCHEMA, candidates=cands, matmul=big, matmul_small=small, products=shapes, bf16_storage=pair,
                 rejected={str(i): why for i, why in sorted(rejected.items())},
                 stopped_at=stopped, seconds=round(time.perf_counter() - t0, 2),
                 step_ms={str(i): round(t * 1e3, 3) for i, t in sorted(total.items())})
+
+
+def _storage_pair(bench: _Bench, cands: list[dict], products: list[tuple[Product, int]], shapes: list[dict],
+                  measure, progress: bool) -> dict:
+    """A step's products on their chosen tiles and split, fp32 then bf16 storage, alternated -> dict(fp32_ms,
+    bf16_ms) summed over the step (bf16_ms None, and why, where a bf16-storage form failed its check)."""
+    picks = [(p, c, cands[s["tiles"]], s["split"]) for (p, c), s in zip(products, shapes)]
+    forms = {id(mm): stored16(mm) for _, _, mm, _ in picks}
+    bench.prebuild(list({(id(mm), p[3], p[4], S > 1): (forms[id(mm)], p[3], p[4], S > 1)
+                         for p, _, mm, S in picks}.values()))
+    try:
+        bench.dev.kernel("matmul_bf16", "to_bf16", **BF16_COPY_OPTIONS)
+        why = next((w for p, _, mm, S in picks for w in [bench.check(forms[id(mm)], p[3], p[4], S)] if w), "")
+    except (cl.Error, ClgptError) as e:
+        why = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    t32 = t16 = 0.0
+    if not why:
+        bar = tqdm(total=2 * len(picks), desc="tuning GEMM (bf16 storage)", unit="run", file=sys.stderr,
+                   disable=not progress, dynamic_ncols=True)
+        for p, c, mm, S in picks:
+            t32 += c * float(measure(mm, p, S))
+            t16 += c * float(measure(forms[id(mm)], p, S))
+            bar.update(2)
+        bar.close()
+        return dict(fp32_ms=round(t32 * 1e3, 4), bf16_ms=round(t16 * 1e3, 4))
+    return dict(fp32_ms=None, bf16_ms=None, why=why)
 
 
 def check_record(record, where: str) -> dict:
@@ -367,8 +472,9 @@ def check_record(record, where: str) -> dict:
 
 # ---- the cache ----
 def source_hash() -> str:
-    """sha256 of kernels/matmul.cl as built (includes inlined), the candidate list and SCHEMA."""
-    text = kernel_source(KERNEL_DIR / "matmul.cl") + json.dumps(CANDIDATES) + str(SCHEMA)
+    """sha256 of kernels/matmul.cl and matmul_bf16.cl as built (includes inlined), the candidates and SCHEMA."""
+    text = (kernel_source(KERNEL_DIR / "matmul.cl") + kernel_source(KERNEL_DIR / "matmul_bf16.cl")
+            + json.dumps(CANDIDATES) + str(SCHEMA))
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -431,6 +537,8 @@ def tuned_for(dev: Device, cfg: ModelConfig, batch_size: int, seq_len: int, retu
 
 
 def _describe_tiles(mm: dict) -> str:
+    if mm.get("WARP"):
+        return f"{mm['TSM']}x{mm['TSN']}x{mm['TSK']} {mm['WPTM']}x{mm['WPTN']} warp-tiled"
     return (f"{mm['TSM']}x{mm['TSN']}x{mm['TSK']} {mm['WPTM']}x{mm['WPTN']}{' float4' if mm.get('LDSV') else ''}"
             f"{' float4-loads' if mm.get('VEC') else ''}{' double-buffered' if mm.get('PREF') else ''}")
 
@@ -440,8 +548,13 @@ def describe(record: dict) -> str:
     tiles = _describe_tiles
     cands = record["candidates"]
     splits = sum(1 for s in record["products"] if s["split"] > 1)
+    pair = record.get("bf16_storage") or {}
+    if pair.get("bf16_ms") is not None:
+        stored = f"; a step's products {pair['fp32_ms']:.2f} ms fp32, {pair['bf16_ms']:.2f} ms on bf16 storage"
+    else:
+        stored = f"; bf16 storage not measured ({pair.get('why', 'an older record')})"
     return (f"big tiles {tiles(cands[record['matmul']])}, small {tiles(cands[record['matmul_small']])}, "
-            f"{len(record['products'])} product shapes ({splits} split along K)")
+            f"{len(record['products'])} product shapes ({splits} split along K){stored}")
 
 
 def resolve(setting: str, dev: Device, cfg: ModelConfig, batch_size: int, seq_len: int, launch_row: dict,

@@ -8,7 +8,8 @@ CLGPT_MATMUL overrides the matmul choice for experiments, e.g.
 CLGPT_MMA and CLGPT_MMA_SMALL override the big and small tensor-core tiles, e.g. `CLGPT_MMA=BM=128,BN=128,WM=2,WN=2`.
 CLGPT_BF16 and CLGPT_BF16_SMALL do so for the bf16 GEMM (kernels/matmul_bf16.cl), e.g.
 `CLGPT_BF16=BM=128,BN=256,WM=2,WN=4,STAGES=2`; CLGPT_BF16=off sends bf16 to matmul_mma.cl instead.
-CLGPT_LAUNCH=cpu|nvidia|gpu takes that table row whatever the device (tests run the GPU paths on PoCL).
+CLGPT_LAUNCH=cpu|nvidia|gpu takes that table row whatever the device (tests run the GPU paths on PoCL); the cpu and
+gpu rows run no tensor cores (clgpt.device.precision.matrix_path), so on an NVIDIA GPU `gpu` is the generic path.
 clgpt/device/knobs.py lists these knobs with the others.
 """
 

@@ -2,7 +2,8 @@
 a `stable` buffer's copy until the next forward (forget_copies), a `reuse` block's buffer's inside its block, a
 copy its producer wrote (TILED_OUT, LN_TILED, RMS_TILED, SWIGLU_TILED, OUT_TILED), and a GELU' deferred into a
 gradient's copy. Every GEMM backend owns one (clgpt/ops/gemm/): the wgmma backend's makes copies through its
-bf16 GEMM's to_bf16; the others' keep the book of reuse blocks alone.
+bf16 GEMM's to_bf16; the portable backend's makes plain (row-major) copies for its bf16 storage by the same
+book (plain_copy); the others' keep the book of reuse blocks alone.
 
 Launches kernels/matmul_bf16.cl (to_bf16 TILED, with COLSUM: the column sums bias_backward takes; with GELU_GRAD:
 dg * gelu'(E)) and kernels/gelu.cl (gelu_backward, where a deferred GELU' is applied in place).
@@ -85,6 +86,25 @@ class TiledCopies(Part):
             book.colsums = (key, Rp // 64, part)
             return book.keep(key, (out, Rp, Cp))
         return self.bf16.to_bf16(slot, X, rows, cols, Rp, Cp, tiled=True), Rp, Cp
+
+    def plain_copy(self, slot, X, rows, cols):
+        """-> (copy, Cp): the bf16 copy of X (rows x cols, row-major) as rows of Cp ushorts (cols rounded up to 32,
+        rows to 32, zeros past them; the portable GEMM's bf16 storage, made by its to_bf16), kept as tiled_copy keeps
+        its copies: a stable buffer's until forget_copies (a device buffer of its own per shape), the reuse block's
+        buffer's inside its block (scratch slot 2); others go to scratch `slot`."""
+        book = self.book
+        key = (X.int_ptr, rows, cols)
+        hit = book.hit(key)
+        if hit is None:
+            Rp, Cp = ceil_to(rows, 32), ceil_to(cols, 32)
+            if book.is_stable(X):
+                out = self.kept_buf(X, Rp * Cp * 2, what=(rows, cols))
+                hit = book.keep(key, (self.bf16.to_bf16(None, X, rows, cols, Rp, Cp, out=out), Rp, Cp))
+            elif book.is_reusing(X):
+                hit = book.keep(key, (self.bf16.to_bf16(2, X, rows, cols, Rp, Cp), Rp, Cp))
+            else:
+                hit = (self.bf16.to_bf16(slot, X, rows, cols, Rp, Cp), Rp, Cp)
+        return hit[0], hit[2]
 
     def kept_buf(self, X, nbytes, what=None):
         """The device buffer that holds stable buffer X's tiled copy (or another copy made of X, named `what`),

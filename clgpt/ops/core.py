@@ -57,6 +57,10 @@ class Facts:
             self.bf16 = (self.launch["matmul_bf16"], self.launch["matmul_bf16_small"])
         if self.gemm == "wgmma":
             self.wgmma = (self.launch["matmul_wgmma"], self.launch["matmul_wgmma_narrow"])
+        # bf16 on the portable tiled GEMM (no tensor cores): the products read bf16 copies of their operands (bf16
+        # storage, clgpt/ops/gemm/portable.py), the same bits as rounding fp32 operands as they load (tests turn
+        # it off here to compare)
+        self.bf16_storage = self.round == 1 and self.gemm == "portable" and self.mm["kernel"] == "matmul"
         # the bf16 kernels' build options (MMA_EMULATE on PoCL for tests, else how smem_probe found a local
         # pointer becomes a shared-window address)
         self.bf16_options = dict(caps.bf16_options) if self.bf16 is not None else {}

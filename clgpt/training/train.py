@@ -46,6 +46,7 @@ from clgpt.data import (  # noqa: F401  (batching lives in clgpt.data; the names
 )
 from clgpt.errors import ClgptError
 from clgpt.device.peaks import peak_flops
+from clgpt.device.precision import auto_reason
 from clgpt.model import ModelConfig, flops_per_token
 from clgpt.models.lora import lora_spec
 from clgpt.models.lora_engine import LoraEngine
@@ -416,6 +417,8 @@ def _run_stage(stage, encoded, s, ckpt_out, log_csv, dist, *, model, init_ckpt, 
     eng = make_engine(cfg, inp.params, batch_size=-(-B // dist.size), seq_len=T, device=dev, dropout=s["dropout"],
                       precision=s["precision"], optimizer=not lora, attention=s["attention"],
                       muon=_muon_on(s) and not lora, knobs=kn)
+    if s["precision"] == "auto":  # bf16 with tensor cores, or where the tuner timed bf16 storage faster
+        say(f"{stage}: precision auto: {auto_reason(dev.device, kn)}")
     # model FLOPs utilisation beside tokens/s (nanochat's): None where clgpt.device.peaks knows no peak
     peak = peak_flops(dev.name, eng.precision)
     mfu_of = (lambda tok_s: "") if peak is None else (  # noqa: E731

@@ -2,14 +2,20 @@
 grouped and batched products where no tensor-core form runs), split-K with splitk_reduce; the tile choice
 (`tiles`, `split_plan`, `matmul_launch`, `matmul_defines`) every portable form shares.
 
+bf16 storage (Facts.bf16_storage: precision bf16 on the tiled form): the products read bf16 copies of their
+operands (kernels/matmul.cl A16, B16), made by kernels/matmul_bf16.cl's to_bf16 and kept as the copy book says
+(clgpt/ops/copies.py plain_copy: a weight's or a saved activation's once a forward, a gradient's once for both of
+its products), the same bits as ROUND=1 on the fp32 operands; batched products (attention) keep fp32 storage.
+
 Launches kernels/matmul.cl (matmul; splitk_reduce for split-K, which every backend's split-K launches through
-clgpt/ops/core.py's run_split_k).
+clgpt/ops/core.py's run_split_k) and kernels/matmul_bf16.cl (to_bf16, bf16 storage only).
 """
 
 from __future__ import annotations
 
 from clgpt.ops.copies import TiledCopies
 from clgpt.ops.core import Facts, Part, ceil_to, f32, i32, run_split_k
+from clgpt.device.precision import BF16_COPY_OPTIONS
 from clgpt.device.tuning import SMALL_GROUPS, SPLIT_MIN_K, SPLIT_MIN_TOTAL_K, SPLIT_SMALL_GROUPS
 
 # Default tiles of the local-memory matmul: TSM x TSN outputs per work-group, TSK deep, WPTM x WPTN outputs
@@ -55,8 +61,19 @@ class PortableGemm(Part):
     def __init__(self, f: Facts):
         super().__init__(f)
         self.rb = None  # the register-blocked backend, where the device's row runs matmul_rb (its tiles)
-        self.copies = TiledCopies(f, None)  # no tiled copies here: the book of reuse blocks alone
+        self.copies = TiledCopies(f, self)  # no tiled copies here: the book, and bf16 storage's plain copies
         self.k["splitk_reduce"] = self.dev.kernel("matmul", "splitk_reduce")
+
+    def to_bf16(self, slot, X, rows, cols, Rp, Cp, out=None):
+        """-> the bf16 copy (Rp x Cp, zero-padded, rows Cp ushorts apart) of X (rows x cols, row-major); into
+        `out`, else scratch `slot`. Rp and Cp multiples of 32."""
+        if out is None:
+            out = self.launcher.slot(slot, Rp * Cp * 2)
+        kern = self.k.get("to_bf16_plain")
+        if kern is None:
+            kern = self.k["to_bf16_plain"] = self.dev.kernel("matmul_bf16", "to_bf16", **BF16_COPY_OPTIONS)
+        self.launcher.launch(kern, (Cp // 8, Rp), (4, 32), (i32(rows), i32(cols), X, i32(cols), out, i32(Cp)))
+        return out
 
     def on_wgmma(self, M, N, K, epi=0) -> bool:
         """Whether a product of this size runs on wgmma: never here."""
@@ -83,8 +100,8 @@ class PortableGemm(Part):
             return narrow, -(-M // narrow["TSM"]) * -(-N // narrow["TSN"]) * nz
         return mm, groups
 
-    def kernel(self, mm, ta, tb, bias, resid, accum, epi, split=0, batch=0, causal=0, init=0):
-        key = (ta, tb, bias, resid, accum, epi, split, batch, causal, id(mm), init)
+    def kernel(self, mm, ta, tb, bias, resid, accum, epi, split=0, batch=0, causal=0, init=0, store16=0):
+        key = (ta, tb, bias, resid, accum, epi, split, batch, causal, store16, id(mm), init)
         kern = self.product_kernels.get(key)
         if kern is None:
             extra = {}
@@ -96,6 +113,8 @@ class PortableGemm(Part):
                 extra.update(BATCH=1, CAUSAL=causal)
             if self.f.round:  # tf32/bf16 operands (fp32 builds keep their options, so their binaries, unchanged)
                 extra["ROUND"] = self.f.round
+            if store16:  # both operands bf16 copies (bf16 storage)
+                extra.update(A16=1, B16=1)
             kern = self.product_kernels[key] = self.dev.kernel(
                 "matmul", mm["kernel"], TA=ta, TB=tb, BIAS=int(bias), RESID=int(resid), ACCUM=int(accum), EPI=epi,
                 **extra, **matmul_defines(mm))
@@ -145,14 +164,18 @@ class PortableGemm(Part):
         mm = tuned[0] if tuned else self.tiles(M, N)[0]
         ldb = K if tb else N
         lda = M if ta else K
+        store16 = int(self.f.bf16_storage and mm["kernel"] == "matmul" and K > 0)
+        if store16:  # bf16 copies of op(A), op(B) in their fp32 layouts, rows lda / ldb ushorts apart
+            A, lda = self.copies.plain_copy(0, A, *((K, M) if ta else (M, K)))
+            B, ldb = self.copies.plain_copy(1, B, *((N, K) if tb else (K, N)))
         if mm["kernel"] == "matmul" and bias is None and resid is None and epi == 0 and K > 0:
             mm, S, kc = self.split_plan(M, N, K) if tuned is None else self.tuned_split(mm, K, tuned[1])
             if S > 1:
-                run_split_k(self.launcher, self.kernel(mm, ta, tb, False, False, False, 0, split=1),
+                run_split_k(self.launcher, self.kernel(mm, ta, tb, False, False, False, 0, split=1, store16=store16),
                             *matmul_launch(mm, M, N), M, N, S, (i32(K), A, i32(lda), B, i32(ldb)),
                             (i32(kc), i32(1), *(i32(0),) * 9), accum, alpha, Cm)
                 return
-        kern = self.kernel(mm, ta, tb, bias is not None, resid is not None, bool(accum), epi)
+        kern = self.kernel(mm, ta, tb, bias is not None, resid is not None, bool(accum), epi, store16=store16)
         gsize, lsize = matmul_launch(mm, M, N)
         self.launcher.launch(kern, gsize, lsize, (i32(M), i32(N), i32(K), A, i32(lda), B, i32(ldb), Cm, i32(ldc or N),
                                           bias, resid, f32(alpha), E))
