@@ -42,7 +42,9 @@ MATMUL_FORMS = {
 LAYOUTS = [(0, 1), (0, 0), (1, 0)]  # y = x W.T, dx = dy W, dW = dy.T x
 
 
-@pytest.mark.parametrize("form", sorted(f for f in MATMUL_FORMS if f != "warp"))  # warp: the tests below
+# the warp-tiled form's forms here only as warp_part (its guarded partial loads at every size): each warp form's
+# build takes seconds per compiler, and test_matmul_vec_mixed_tiles runs all three at ragged and aligned sizes
+@pytest.mark.parametrize("form", sorted(f for f in MATMUL_FORMS if f not in ("warp", "warp_88")))
 @pytest.mark.parametrize("ta,tb", LAYOUTS)
 @pytest.mark.parametrize("M,N,K", [(37, 53, 29), (64, 32, 16), (1, 7, 3), (70, 65, 130)])
 def test_matmul(dev, form, ta, tb, M, N, K):
@@ -50,7 +52,8 @@ def test_matmul(dev, form, ta, tb, M, N, K):
 
 
 @pytest.mark.parametrize("form,ta,tb", [(f, ta, tb) for f in ("tiled_vec", "tiled_vec_pref") for ta, tb in LAYOUTS]
-                         + [(f, ta, tb) for f in ("warp", "warp_88", "warp_part") for ta, tb in LAYOUTS + [(1, 1)]])
+                         + [("warp", ta, tb) for ta, tb in LAYOUTS + [(1, 1)]]
+                         + [(f, ta, tb) for f in ("warp_88", "warp_part") for ta, tb in ((0, 1), (1, 1))])
 @pytest.mark.parametrize("M,N,K", [(70, 68, 132), (96, 64, 44)])
 def test_matmul_vec_mixed_tiles(dev, form, ta, tb, M, N, K):
     """VEC and the warp-tiled form: aligned operands whose inner tiles load as float4 while the edge tiles (m, n
@@ -131,7 +134,7 @@ def test_rb_tiles_for_ragged_widths(dev):
         assert N % (16 * ops.rb_tiles(N)["NV"]) == N % 16, N
 
 
-@pytest.mark.parametrize("form", sorted(MATMUL_FORMS))
+@pytest.mark.parametrize("form", sorted(f for f in MATMUL_FORMS if f not in ("warp_88", "warp_part")))
 @pytest.mark.parametrize("M,N,K", [(37, 53, 29), (13, 64, 16)])
 def test_matmul_swiglu_backward_epilogue(dev, form, M, N, K):
     """EPI 3 (llama's dense feed-forward backward): dact = dy @ W, and from h = gate | up (M, 2N) the
