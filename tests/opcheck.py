@@ -81,6 +81,16 @@ def fd_grad(forward, inputs: dict, dout, name, n, eps) -> tuple[np.ndarray, np.n
     return idx, out
 
 
+def assert_directional_fd(f, x, grad, rel, rng, n=3, eps=1e-4):
+    """grad (d f / d x, from a kernel) along n random directions v equals central differences of the float64 f:
+    |grad . v - (f(x + eps v) - f(x - eps v)) / 2 eps| < rel |that difference|."""
+    for _ in range(n):
+        v = rng.normal(size=x.shape)
+        fd = (f(x + eps * v) - f(x - eps * v)) / (2 * eps)
+        got = float((grad.astype(np.float64) * v).sum())
+        assert abs(got - fd) < rel * abs(fd), f"directional derivative {got} vs finite differences {fd}"
+
+
 def check_op(dev, file, name, gsize, args, want, defines=None, lsize=None, atol=1e-5, rtol=1e-5,
              fd: FD | None = None, scaled=True) -> dict:
     """Launch the kernel, compare each output `want` names with its float64 reference (tolerances relative to

@@ -24,7 +24,7 @@ from clgpt.models import reference as ref
 from clgpt.models.dropout import scale_mask
 from clgpt.models.gpt2 import GPT2Engine
 from clgpt.ops import FLASH_LONG_T, FLASH_MIN_GROUPS
-from opcheck import bf16_pattern, tiled_index
+from opcheck import assert_directional_fd, bf16_pattern, tiled_index
 
 # one set of widths for every test here: PoCL compiles the emulated kernels once (about a minute)
 B, T, C, H = 2, 70, 32, 2  # T: two 64-row blocks, the second partial
@@ -110,12 +110,7 @@ def test_flash_backward_against_finite_differences(dev):
     qkv, R = r.normal(size=(B, T, 3 * C)), r.normal(size=(B, T, C))
     _, dqkv, _ = _run(dev, qkv.astype(f32), R.astype(f32))
     f = lambda x: float((ref.attention_forward(x, H)[0] * R).sum())  # noqa: E731
-    for _ in range(3):
-        v = r.normal(size=qkv.shape)
-        eps = 1e-4
-        fd = (f(qkv + eps * v) - f(qkv - eps * v)) / (2 * eps)
-        got = float((dqkv.astype(np.float64) * v).sum())
-        assert abs(got - fd) < 0.02 * abs(fd), f"directional derivative {got} vs finite differences {fd}"
+    assert_directional_fd(f, qkv, dqkv, 0.02, r)
 
 
 def _engine(flash, arch="gpt2", heads=H, batch=B, seq=T):

@@ -17,6 +17,7 @@ from clgpt.device.tuner_flash import (DEFAULT, Run, build_first, candidates, che
                                       reference)
 from clgpt.models import reference as ref
 from clgpt.models.dropout import scale_mask
+from opcheck import assert_directional_fd
 
 TOL = 1e-5
 OTHER = dict(forward=(32, 16, 8), dq=(128, 32, 2), dkv=(32, 64, 4))  # other row, step and row-split shapes
@@ -89,12 +90,7 @@ def test_flash_portable_backward_against_finite_differences(dev):
     qkv, R = r.normal(size=(B, T, 3 * H * D)), r.normal(size=(B, T, H * D))
     _, dqkv, _ = _run(dev, qkv, R, H, DEFAULT)
     f = lambda x: float((ref.attention_forward(x, H)[0] * R).sum())  # noqa: E731
-    for _ in range(3):
-        v = r.normal(size=qkv.shape)
-        eps = 1e-4
-        fd = (f(qkv + eps * v) - f(qkv - eps * v)) / (2 * eps)
-        got = float((dqkv.astype(np.float64) * v).sum())
-        assert abs(got - fd) < 1e-4 * abs(fd), f"directional derivative {got} vs finite differences {fd}"
+    assert_directional_fd(f, qkv, dqkv, 1e-4, r)
 
 
 def test_tuner_check_rejects_wrong_tiles_and_takes_right_ones(dev):
