@@ -17,40 +17,12 @@
 //   a product on every device (no reliance on the compiler contracting a * b + acc).
 // - the outputs of a lane come in runs of 4 columns: stored as float4 where aligned (the epilogue per element
 //   otherwise, and always for EPI 3).
-// Included by matmul.cl (which defines a_t, b_t: float, or ushort with A16 / B16 for bf16 storage).
+// Included by matmul.cl, which includes epilogue.cl and precision.cl and defines the options' defaults (tiles,
+// layouts, BATCH, CAUSAL) and a_t, b_t (float, or ushort with A16 / B16 for bf16 storage) before it.
 // -D: TSM, TSN, TSK, WPTM, WPTN (multiples of 4), WARPN (8 default, 32 / WARPN lanes along m) with
 // TSM % (WPTM * 32 / WARPN) == 0 and TSN % (WPTN * WARPN) == 0 (clgpt/device/tuner.py's fits checks it).
-#include "epilogue.cl"
-#include "precision.cl"
-#ifndef TSM
-#define TSM 128
-#endif
-#ifndef TSN
-#define TSN 128
-#endif
-#ifndef TSK
-#define TSK 8
-#endif
-#ifndef WPTM
-#define WPTM 8
-#endif
-#ifndef WPTN
-#define WPTN 8
-#endif
 #ifndef WARPN
 #define WARPN 8
-#endif
-#ifndef TA
-#define TA 0
-#endif
-#ifndef TB
-#define TB 0
-#endif
-#ifndef BATCH
-#define BATCH 0
-#endif
-#ifndef CAUSAL
-#define CAUSAL 0
 #endif
 #define W_RTSM (TSM / WPTM)
 #define W_RTSN (TSN / WPTN)
