@@ -295,10 +295,13 @@ def with_tuning(setting: str, dev, cfg, B: int, T: int, kn: knobs.Knobs) -> knob
 
     from clgpt.device import tuner, tuner_flash
     from clgpt.device.tuning import launch_config
+    from clgpt.ops import attention_seconds
 
     row = launch_config(dev.device, kn)
     record, line = tuner.resolve(setting, dev, cfg, B, T, row)
-    tiles, flash_line = tuner_flash.resolve(setting, dev, cfg, B, T, row)
+    batched = replace(kn, gemm_tuning=record)
+    tiles, flash_line = tuner_flash.resolve(setting, dev, cfg, B, T, row,
+                                            time_batched=lambda: attention_seconds(dev, cfg, B, T, batched))
     print(line + "\n" + flash_line)
     sys.stdout.flush()
     return replace(kn, gemm_tuning=record, flash_tuning=tiles)
@@ -310,9 +313,13 @@ def run_tune_device(args) -> None:
     write them there as well."""
     from pathlib import Path
 
+    from dataclasses import replace
+
     from clgpt.device import tuner, tuner_flash
     from clgpt.device.opencl import get_device
+    from clgpt.device.tuning import launch_config
     from clgpt.model import ModelConfig
+    from clgpt.ops import attention_seconds
 
     cfg = ModelConfig(arch=args.arch, vocab_size=args.vocab, n_ctx=args.ctx, n_embd=args.embd, n_head=args.heads,
                       n_layer=args.layers, n_ff=args.ffn,
@@ -329,13 +336,17 @@ def run_tune_device(args) -> None:
     paths = [tuner.cache_file(dev.device)] + ([Path(args.out)] if args.out else [])
     for path in paths:
         tuner.save(path, dev.device, key, record)
+    kn = replace(knobs.read(), gemm_tuning=record)
+    weigh = tuner_flash.wanted(dev.device, launch_config(dev.device, kn), args.ctx) and not tuner_flash.scores_too_big(
+        dev.device, cfg, args.batch, args.ctx)
+    batched = (lambda: attention_seconds(dev, cfg, args.batch, args.ctx, kn)) if weigh else None
     flash = tuner_flash.tune(dev, args.batch, cfg.n_head, args.ctx, cfg.head_dim,
-                             max_candidates=args.max_candidates or None)
+                             max_candidates=args.max_candidates or None, batched=batched)
     for path in paths:
         tuner.save(path, dev.device, tuner_flash.record_key(args.batch, cfg.n_head, args.ctx, cfg.head_dim), flash)
     for why in sorted(set(record["rejected"].values()) | set(flash["rejected"].values())):
         print(f"rejected: {why}")
     print(f"tuned in {record['seconds'] + flash['seconds']:.1f} s: {tuner.describe(record)}; flash attention "
-          f"{tuner_flash.describe(flash['tiles'])}")
+          f"{tuner_flash.describe({**flash['tiles'], 'form': flash['form']})}")
     print("written: " + ", ".join(str(p) for p in paths))
 

@@ -284,6 +284,37 @@ def test_flash_tune_rejects_wrong_tiles_and_picks_the_fastest_deterministically(
     assert len(said) == 3 and said[0].startswith("flash attention forward: tiles (32, 16, 4)")
 
 
+def test_flash_record_weighs_the_batched_form_and_auto_follows_it(dev):
+    """Given the batched form's time, the record's form is the faster of the two (flash on a tie), else flash; Ops on
+    the generic row at T >= MIN_T takes portable flash attention with no record or a flash one, the batched form
+    with a batched one; attention_seconds times both forms; scores that would fill over a quarter of the device's
+    memory are kept from the weighing."""
+    from types import SimpleNamespace
+
+    from clgpt.ops import Ops, attention_seconds
+
+    cands = {k: [(32, 16, 4)] for k in tuner_flash.DEFAULT}
+    for batched_s, form in ((2.0, "batched"), (3.0, "flash"), (4.0, "flash")):  # flash: 3 kernels of 1 s
+        rec = tuner_flash.tune(dev, 2, 2, 40, 8, progress=lambda m: None, cands=cands,
+                               measure=lambda kernel, tiles: 1.0, batched=lambda: batched_s)
+        assert (rec["form"], rec["flash_ms"], rec["batched_ms"]) == (form, 3000.0, batched_s * 1e3), rec
+    rec = tuner_flash.tune(dev, 2, 2, 40, 8, progress=lambda m: None, cands=cands, measure=lambda k, t: 1.0)
+    assert rec["form"] == "flash" and "batched_ms" not in rec
+    T = tuner_flash.MIN_T
+    cfg = ModelConfig(vocab_size=37, n_ctx=T, n_embd=16, n_head=2, n_layer=1, n_ff=32)
+    tiles = tuner_flash.check_record(rec, "test")
+    for tuned, flash in ((None, True), (tiles, True), ({**tiles, "form": "batched"}, False)):
+        ops = Ops(dev, cfg, T, "fp32", batch_size=1, knobs=Knobs(launch="gpu", flash_tuning=tuned))
+        assert ops.flash_portable is flash, tuned
+    small = ModelConfig(vocab_size=37, n_ctx=48, n_embd=16, n_head=2, n_layer=1, n_ff=32)
+    assert all(attention_seconds(dev, small, 2, 48, Knobs(launch="gpu"), form) > 0 for form in ("batched", "flash"))
+    L = ModelConfig(vocab_size=8192, n_ctx=512, n_embd=768, n_head=12, n_layer=12, n_ff=3072)  # 2.4 GB of scores
+    assert tuner_flash.scores_too_big(SimpleNamespace(global_mem_size=8 << 30), L, 16, 512)
+    assert not tuner_flash.scores_too_big(SimpleNamespace(global_mem_size=80 << 30), L, 16, 512)
+    with pytest.raises(ClgptError, match="form 'fast' is neither flash nor batched"):
+        tuner_flash.check_record({**rec, "form": "fast"}, "file.json")
+
+
 def test_flash_tiles_setting_auto_off_pinned_and_cached(dev, tmp_path, monkeypatch):
     """off: the defaults; auto where the run would not take portable flash attention (a CPU device, T below
     MIN_T): not tuned; auto where it would: tuned once into the GEMM's cache file, then read; a pinned file: its
@@ -296,11 +327,13 @@ def test_flash_tiles_setting_auto_off_pinned_and_cached(dev, tmp_path, monkeypat
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(tuner_flash, "wanted", lambda device, row, t: t >= T)
     calls = []
-    monkeypatch.setattr(tuner_flash, "tune", lambda d, B, H, t, D, progress=print: calls.append(t) or dict(
-        tiles=dict(forward=[32, 16, 4], dq=[64, 16, 4], dkv=[32, 32, 4]), seconds=0.5))
+    monkeypatch.setattr(tuner_flash, "tune", lambda d, B, H, t, D, progress=print, batched=None: calls.append(t)
+                        or dict(tiles=dict(forward=[32, 16, 4], dq=[64, 16, 4], dkv=[32, 32, 4]), form="batched",
+                                seconds=0.5))
     first, line = tuner_flash.resolve("auto", dev, CFG, 4, T, gpu_row, say=lambda m: None)
     again, line2 = tuner_flash.resolve("auto", dev, CFG, 4, T, gpu_row)
-    assert first == again == dict(forward=(32, 16, 4), dq=(64, 16, 4), dkv=(32, 32, 4)) and calls == [T]
+    assert first == again == dict(forward=(32, 16, 4), dq=(64, 16, 4), dkv=(32, 32, 4), form="batched")
+    assert calls == [T] and line2.endswith("dkv 32x32x4; batched)")
     assert "tuned now" in line and "cached" in line2
     path = tuner.cache_file(dev.device)
     assert tuner_flash.resolve(str(path), dev, CFG, 4, T, gpu_row)[0] == first

@@ -34,6 +34,7 @@ gemm_tuning, flash_tuning: the training stages and `clgpt bench`, through the tu
     gemm_tuning=record (None)                 clgpt.device.tuner's record: the portable GEMM's tiles per product
                                               (the stages' and bench's `tuning` setting resolves it)
     flash_tuning=tiles (None)                 clgpt.device.tuner_flash's: portable flash attention's tiles a kernel
+                                              and the form `attention: auto` takes (flash | batched)
 
 The 0 | 1 switches read as the code always has: any value but empty or 0 is on. CLGPT_RANK_DIR
 (clgpt.training.dist, clgpt.training.launch) is not a knob but how the launcher and its ranks find their status

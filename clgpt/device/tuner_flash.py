@@ -44,6 +44,11 @@ CHECK_TOL = 1e-4  # max |err| / max |ref| (fp32 sums: about 1e-6 when right)
 # auto: the generic GPU row takes portable flash attention from this T (clgpt/ops/attention.py), where the batched
 # form's T x T buffers reach 200 MB a layer at shape L; bench/flash_portable.py times the two forms
 MIN_T = 512
+# The form `attention: auto` takes on that row once tuned: the record's, the faster at the model's shape where the
+# tuner timed both (on an H100 the batched form's products beat flash at T 512), flash where the batched form's
+# saved scores would fill over SCORES_SHARE of the device's memory, or where there is nothing to time it with
+FORMS = ("flash", "batched")
+SCORES_SHARE = 0.25
 BUDGET_S = 5.0  # a kernel's candidates past this are not timed (a slow device still gets a record)
 TIMED_REPS = 3
 
@@ -135,7 +140,11 @@ def check_record(record, where: str) -> dict:
     if not ok:
         raise ClgptError(f"{where}: its flash attention record names no tiles for {', '.join(DEFAULT)}; run "
                          "`clgpt tune-device` again or set tuning: auto")
-    return {k: tuple(int(v) for v in record["tiles"][k]) for k in DEFAULT}
+    form = record.get("form", "flash")
+    if form not in FORMS:
+        raise ClgptError(f"{where}: its flash attention record's form {form!r} is neither {' nor '.join(FORMS)}; "
+                         "run `clgpt tune-device` again or set tuning: auto")
+    return {**{k: tuple(int(v) for v in record["tiles"][k]) for k in DEFAULT}, "form": form}
 
 
 class Run:
@@ -230,10 +239,12 @@ def _try_build(run: Run, kernel: str, tiles) -> None:
 
 
 def tune(dev: Device, B: int, H: int, T: int, D: int, progress=print, budget_s: float = BUDGET_S,
-         max_candidates: int | None = None, cands: dict | None = None, measure=None) -> dict:
+         max_candidates: int | None = None, cands: dict | None = None, measure=None, batched=None) -> dict:
     """The flash attention record of `dev` at (B, H, T, D): each kernel's fastest candidate (of the first
     max_candidates that fit) that matches float64, ties to the earlier. progress(line) is told each kernel's choice;
-    cands {kernel: [tiles]} replaces the candidates, measure(kernel, tiles) -> seconds the timed launches (tests)."""
+    cands {kernel: [tiles]} replaces the candidates, measure(kernel, tiles) -> seconds the timed launches (tests).
+    batched() -> seconds of the batched form's forward and backward at the same shape: the record's `form` is then
+    the faster of the two (flash on a tie), else flash."""
     t0 = time.perf_counter()
     lim = dev.device.max_work_group_size, dev.device.local_mem_size
     default = default_tiles(dev, H, D)
@@ -243,7 +254,7 @@ def tune(dev: Device, B: int, H: int, T: int, D: int, progress=print, budget_s: 
     jobs = [(k, t) for k in DEFAULT for t in cands[k]]
     with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:  # the builds are most of a first run
         list(pool.map(lambda job: _try_build(run, *job), jobs))
-    tiles, ms, rejected = {}, {}, {}
+    tiles, ms, rejected, flash_s = {}, {}, {}, 0.0
     for kernel in ("forward", "dq", "dkv"):  # dq writes the delta dk/dv reads; the forward the lse both read
         start, best = time.perf_counter(), None
         for t in cands[kernel]:
@@ -261,14 +272,31 @@ def tune(dev: Device, B: int, H: int, T: int, D: int, progress=print, budget_s: 
             raise ClgptError(f"flash attention tuning on {dev.name}: no {kernel} tiles work "
                              f"({next(iter(rejected.values()))}); set attention: batched")
         tiles[kernel] = list(best[1])
+        flash_s += best[0]
         if kernel != "dkv":  # the next kernel reads what this one wrote with the chosen tiles
             run.launch(kernel, best[1])
         progress(f"flash attention {kernel}: tiles {best[1]} ({best[0] * 1e3:.3f} ms)")
-    return dict(tiles=tiles, ms=ms, rejected=rejected, seconds=round(time.perf_counter() - t0, 2))
+    rec = dict(tiles=tiles, ms=ms, rejected=rejected, form="flash")
+    if batched is not None:
+        batched_s = batched()
+        rec.update(form="flash" if flash_s <= batched_s else "batched", flash_ms=round(flash_s * 1e3, 4),
+                   batched_ms=round(batched_s * 1e3, 4))
+        progress(f"attention forward and backward: flash {flash_s * 1e3:.3f} ms, batched {batched_s * 1e3:.3f} ms: "
+                 f"{rec['form']}")
+    rec["seconds"] = round(time.perf_counter() - t0, 2)
+    return rec
 
 
 def describe(tiles: dict) -> str:
-    return ", ".join(f"{k} {'x'.join(map(str, tiles[k]))}" for k in DEFAULT)
+    """The tiles a kernel, and the form where the record names one: "forward 64x32x4, dq ..., dkv ...; batched"."""
+    return ", ".join(f"{k} {'x'.join(map(str, tiles[k]))}" for k in DEFAULT) + (
+        f"; {tiles['form']}" if "form" in tiles else "")
+
+
+def scores_too_big(device: cl.Device, cfg, batch_size: int, seq_len: int) -> bool:
+    """Whether the batched form's saved scores (a B x H x T x T buffer a layer) would fill over SCORES_SHARE of the
+    device's memory: flash then, untimed."""
+    return cfg.n_layer * batch_size * cfg.n_head * seq_len * seq_len * 4 > SCORES_SHARE * device.global_mem_size
 
 
 def wanted(device: cl.Device, launch_row: dict, T: int) -> bool:
@@ -279,10 +307,12 @@ def wanted(device: cl.Device, launch_row: dict, T: int) -> bool:
 
 
 def resolve(setting: str, dev: Device, cfg, batch_size: int, seq_len: int, launch_row: dict, say=print,
-            may_tune: bool = True) -> tuple[dict | None, str]:
-    """The stages' `tuning` setting -> (portable flash attention's tiles or None: the defaults, the log's line), as
-    clgpt.device.tuner.resolve does for the GEMM, in the same files. auto: tuned once where a run takes it
-    (wanted), then cached; off: the defaults; a path: its record, the defaults where it has none."""
+            may_tune: bool = True, time_batched=None) -> tuple[dict | None, str]:
+    """The stages' `tuning` setting -> (portable flash attention's tiles and form, or None: the defaults, the log's
+    line), as clgpt.device.tuner.resolve does for the GEMM, in the same files. auto: tuned once where a run takes
+    it (wanted), then cached; off: the defaults; a path: its record, the defaults where it has none.
+    time_batched() -> seconds of the batched form at this shape (clgpt.ops.attention_seconds, from the caller's
+    layer): tune weighs the flash kernels against it, unless the scores are too big to keep (scores_too_big)."""
     setting = (setting or "auto").strip()
     H, D = cfg.n_head, cfg.head_dim
     key = record_key(batch_size, H, seq_len, D)
@@ -304,7 +334,8 @@ def resolve(setting: str, dev: Device, cfg, batch_size: int, seq_len: int, launc
     if not may_tune:
         return None, "flash attention tiles: ranks read the cache only; run `clgpt tune-device` first (the defaults)"
     say(f"tuning flash attention on {dev.name} at B {batch_size}, H {H}, T {seq_len}, D {D} ...")
-    rec = tune(dev, batch_size, H, seq_len, D, progress=say)
+    batched = None if scores_too_big(dev.device, cfg, batch_size, seq_len) else time_batched
+    rec = tune(dev, batch_size, H, seq_len, D, progress=say, batched=batched)
     tuner.save(path, dev.device, key, rec)
     tiles = check_record(rec, str(path))
     return tiles, f"flash attention tiles: tuned now in {rec['seconds']:.1f} s: {path} ({describe(tiles)})"

@@ -131,3 +131,38 @@ class Ops:
         if self.cfg.n_expert:
             self.grouped.build()
         return self.k
+
+
+def attention_seconds(dev: Device, cfg: ModelConfig, B: int, T: int, knobs: Knobs, form: str = "batched",
+                      reps: int = 3) -> float:
+    """Seconds of one layer's attention, forward and backward, in `form` at (B, T) with cfg's heads (all of them
+    keys and values) on the knobs' row, fp32: the median of `reps` calls after an untimed one. Portable flash
+    attention's tuner weighs its kernels against the batched form's products and row kernels with it
+    (clgpt.device.tuner_flash.resolve)."""
+    import statistics
+    import time
+
+    import numpy as np
+    import pyopencl as cl
+
+    # GPT-2's q | k | v rows, as the tuner's own runs of the flash kernels (clgpt.device.tuner_flash.Run)
+    one = ModelConfig(vocab_size=64, n_ctx=T, n_embd=cfg.n_embd, n_head=cfg.n_head, n_layer=1, n_ff=4 * cfg.n_embd)
+    ops = Ops(dev, one, T, "fp32", batch_size=B, knobs=knobs, attention=form)
+    C, rng = cfg.n_embd, np.random.default_rng(0)
+    qkv_floats = B * T * 3 * C
+    qkv = cl.Buffer(dev.ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
+                    hostbuf=rng.standard_normal(qkv_floats).astype(np.float32))
+    dout = cl.Buffer(dev.ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
+                     hostbuf=rng.standard_normal(B * T * C).astype(np.float32))
+    out, dqkv = ops.buf(B * T * C), ops.buf(qkv_floats)
+    att, datt = ops.buf(ops.att_floats(B, T)), ops.buf(ops.att_floats(B, T))
+
+    def call() -> float:
+        t0 = time.perf_counter()
+        ops.attention_forward(B, T, qkv, out, att, None)
+        ops.attention_backward(B, T, dout, qkv, att, datt, dqkv, None, out=out)
+        dev.queue.finish()
+        return time.perf_counter() - t0
+
+    call()
+    return statistics.median(call() for _ in range(reps))

@@ -80,10 +80,13 @@ class Attention(Part):
     def _use_flash_portable(self, mode: str, T: int) -> bool:
         """Portable flash attention (kernels/flash_portable.cl: no T x T scores, fp32) where NVIDIA's does not run,
         on a GPU row (the CPU row keeps its one-launch forms). auto: on the generic row (the portable GEMM: no
-        tensor cores to make the batched products cheap) from T tuner_flash.MIN_T; flash: on any GPU row."""
+        tensor cores to make the batched products cheap) from T tuner_flash.MIN_T, unless the tuner's record
+        (knobs.flash_tuning) found the batched form faster at this shape; flash: on any GPU row."""
         if mode == "batched" or not self.f.rows or self.caps.attention_gemm_min_t is None:
             return False
-        return mode == "flash" or (self.f.gemm == "portable" and T >= tuner_flash.MIN_T)
+        tuned = self.f.knobs.flash_tuning or {}
+        return mode == "flash" or (self.f.gemm == "portable" and T >= tuner_flash.MIN_T
+                                   and tuned.get("form", "flash") == "flash")
 
     def _flash_portable_setup(self):
         """kernels/flash_portable.cl's three kernels with the tuner's tiles (knobs.flash_tuning), else (or where

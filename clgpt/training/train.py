@@ -198,13 +198,15 @@ def _tuned_knobs(setting: str, dev, cfg, batch_size: int, seq_len: int, stage: s
     stage take auto's records from the cache only: each timing its own could differ."""
     from clgpt.device import tuner, tuner_flash
     from clgpt.device.tuning import launch_config
+    from clgpt.ops import attention_seconds
 
     kn = read_knobs()
     row = launch_config(dev.device, kn)
     try:
         record, line = tuner.resolve(setting, dev, cfg, batch_size, seq_len, row, say=say, may_tune=ranks == 1)
-        tiles, flash_line = tuner_flash.resolve(setting, dev, cfg, batch_size, seq_len, row, say=say,
-                                                may_tune=ranks == 1)
+        tiles, flash_line = tuner_flash.resolve(
+            setting, dev, cfg, batch_size, seq_len, row, say=say, may_tune=ranks == 1,
+            time_batched=lambda: attention_seconds(dev, cfg, batch_size, seq_len, replace(kn, gemm_tuning=record)))
     except ClgptError as e:
         raise ClgptError(f"{stage}.tuning: {e}") from None
     say(f"{stage}: {line}")
