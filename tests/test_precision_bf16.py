@@ -332,3 +332,44 @@ def test_gate_up_pair_copy(dev):
     flat = np.zeros((Rp, Cp), np.uint16)
     flat[:, :C] = _bf16_pattern(np.concatenate([gate, up], axis=1).reshape(Rp, C))
     assert np.array_equal(out["O"][_tiled_index(Rp, Cp)], flat)
+
+
+def test_weight_copies_made_in_one_launch_bit_for_bit(dev, monkeypatch):
+    """Ops.weight_copies: the tiled copies of the weights whose products run on wgmma, made together by one
+    to_bf16_batch launch when a product first asks for one after forget_copies (once a forward), each the bytes
+    to_bf16 TILED makes of it alone (numpy's bf16 in the wgmma layout); a weight left off (its product not on
+    wgmma) gets its own launch as before."""
+    ops = _bf16_ops()
+    ops.k["to_bf16_tiled"] = dev.kernel("matmul_bf16", "to_bf16", TILED=1, **ops.bf16_options)
+    shapes = [(37, 100), (64, 64), (130, 45), (3, 200), (200, 8)]
+    offs, off = [], 0
+    for r, c in shapes:
+        offs.append(off)
+        off = -(-(off + r * c + 5) // ops.align) * ops.align  # gaps between them, as the store's padding
+    host = rng.normal(size=off).astype(f32)
+    flat = to_dev(dev, host)
+    views = [flat.get_sub_region(o * 4, r * c * 4) for o, (r, c) in zip(offs, shapes)]
+    ops.stable(*views)
+    monkeypatch.setattr(ops.backend, "on_wgmma", lambda M, N, K, epi=0: N * K > 600)  # (3, 200) stays off wgmma
+    ops.weight_copies(64, flat, [(v, o, r, c) for v, o, (r, c) in zip(views, offs, shapes)])
+    launches = []
+    real = ops.launcher.launch
+    monkeypatch.setattr(ops.launcher, "launch", lambda *a: (launches.append(a[0].function_name), real(*a)))
+    for forward in range(2):
+        ops.forget_copies()
+        for i in (2, 0, 3, 1, 4, 0):
+            (r, c), o = shapes[i], offs[i]
+            copy, Rp, Cp = ops.tiled_copy(i % 2, views[i], r, c)
+            assert (Rp, Cp) == (-(-r // 64) * 64, -(-c // 64) * 64)
+            got = np.empty(Rp * Cp, np.uint16)
+            cl.enqueue_copy(dev.queue, got, copy, is_blocking=True)
+            want = np.zeros((Rp, Cp), np.uint16)
+            want[:r, :c] = _bf16_pattern(host[o: o + r * c].reshape(r, c))
+            assert np.array_equal(got[_tiled_index(Rp, Cp)], want), f"copy of {shapes[i]}, forward {forward}"
+            if i == 3:
+                continue
+            alone = np.empty(Rp * Cp, np.uint16)
+            cl.enqueue_copy(dev.queue, alone, ops.to_bf16(0, views[i], r, c, Rp, Cp, tiled=True), is_blocking=True)
+            launches.pop()  # the reference copy's launch
+            assert np.array_equal(got, alone), f"{shapes[i]}: not to_bf16's bytes"
+        assert launches == ["to_bf16_batch", "to_bf16"] * (forward + 1)

@@ -37,6 +37,13 @@ class GPT2Engine(EngineBase):
         if self.dropout:  # a residual branch before its dropout (forward), its gradient after (backward)
             self.branch, self.dres = buf(N * C), buf(N * C)
 
+    def _product_weights(self):
+        C, F = self.cfg.n_embd, self.cfg.n_ff
+        return super()._product_weights() + [
+            (f"blk.{i}.{name}.weight", rows, cols) for i in range(self.cfg.n_layer)
+            for name, rows, cols in (("attn_qkv", 3 * C, C), ("attn_output", C, C), ("ffn_up", F, C),
+                                     ("ffn_down", C, F))]
+
     def _forward_body(self, Bp, Tp):
         cfg, ops, p = self.cfg, self.ops, self.p
         N, C, F = Bp * Tp, cfg.n_embd, cfg.n_ff

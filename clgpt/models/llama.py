@@ -68,6 +68,15 @@ class LlamaEngine(EngineBase):
                 views[pre + "ffn_gate+up"] = (pre + "ffn_gate.weight", pre + "ffn_up.weight")
         return views
 
+    def _product_weights(self):
+        cfg = self.cfg
+        C, F, Ckv = cfg.n_embd, cfg.n_ff, cfg.kv_heads * cfg.head_dim
+        block = [("attn_q+k+v", C + 2 * Ckv, C), ("attn_output.weight", C, C)]
+        if not cfg.n_expert:  # the experts' products make their own copies (clgpt/ops/grouped.py)
+            block += [("ffn_gate+up", 2 * F, C), ("ffn_down.weight", C, F)]
+        return super()._product_weights() + [(f"blk.{i}.{name}", rows, cols) for i in range(cfg.n_layer)
+                                             for name, rows, cols in block]
+
     def _alloc(self):
         self.ops.build_llama()
         cfg, B, T, buf = self.cfg, self.B, self.T, self.ops.buf

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
+import numpy as np
+import pyopencl as cl
+
 from clgpt.ops.copybook import CopyBook
 from clgpt.ops.core import Facts, Part, ceil_to, i32
 
@@ -26,6 +29,7 @@ class TiledCopies(Part):
         # wgmma reads one tiled copy of a matrix for a product and for its transposes (M- / N-major operands):
         # the book of which copies serve which products (clgpt/ops/copybook.py)
         self.book = CopyBook()
+        self._batch, self._batch_launch = {}, None  # batch: (handle, rows, cols) -> (copy, Rp, Cp); its launch
         if bf16 is not None and f.colsum_copies:  # reuse copies: bias_partial's sums too
             for name, extra in (("to_bf16_colsum", {}), ("to_bf16_colsum_gelu", dict(GELU_GRAD=1))):
                 self.k[name] = self.dev.kernel("matmul_bf16", "to_bf16", TILED=1, COLSUM=1, **extra,
@@ -65,6 +69,9 @@ class TiledCopies(Part):
             return hit
         Rp, Cp = ceil_to(rows, 64), ceil_to(cols, 64)
         if book.is_stable(X):
+            if key in self._batch:  # a weight: every weight's copy in one launch, once a forward
+                self._make_batch()
+                return book.hit(key)
             out = self.kept_buf(X, Rp * Cp * 2)
             return book.keep(key, (self.bf16.to_bf16(None, X, rows, cols, Rp, Cp, tiled=True, out=out), Rp, Cp))
         pre = book.take_premade(key)
@@ -85,6 +92,39 @@ class TiledCopies(Part):
             book.colsums = (key, Rp // 64, part)
             return book.keep(key, (out, Rp, Cp))
         return self.bf16.to_bf16(slot, X, rows, cols, Rp, Cp, tiled=True), Rp, Cp
+
+    def batch(self, flat, mats):
+        """Make the tiled copies of mats, [(X, offset, rows, cols)]: stable matrices X (the weights) at float
+        `offset` of the buffer `flat`, together, in one launch (to_bf16_batch) when a product first asks for any of
+        them after forget_copies: one launch a forward where each took its own, the same bytes."""
+        self._batch, self._batch_launch = {}, None
+        if self.bf16 is None or not mats:
+            return
+        rows_, copies, first, chunk = [], [], 0, 0
+        for X, off, rows, cols in mats:
+            Rp, Cp = ceil_to(rows, 64), ceil_to(cols, 64)
+            rows_.append((first, off, rows, cols, Rp, Cp, chunk))
+            copies.append(((X.int_ptr, rows, cols), chunk, Rp, Cp))
+            first, chunk = first + Rp * Cp // 8, chunk + Rp * Cp // 8
+        if max(first, chunk, max(m[1] + m[2] * m[3] for m in mats)) >= 2 ** 31:
+            return  # past the kernel's int offsets: a launch a matrix, as without a batch
+        tbuf = cl.Buffer(self.launcher.ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
+                         hostbuf=np.array(rows_, np.int32))
+        out = self.launcher.bytes_buf(chunk * 16)
+        for key, at, Rp, Cp in copies:
+            view = out.get_sub_region(at * 16, Rp * Cp * 2) if at else out
+            self._batch[key] = (view, Rp, Cp)
+        if "to_bf16_batch" not in self.k:
+            self.k["to_bf16_batch"] = self.dev.kernel("matmul_bf16", "to_bf16_batch", TILED=1, **self.f.bf16_options)
+        lsize = 256
+        self._batch_launch = (self.k["to_bf16_batch"], (ceil_to(first, lsize),), (lsize,),
+                              (i32(len(rows_)), i32(first), tbuf, flat, out))
+
+    def _make_batch(self):
+        """Every batched matrix's copy (batch), kept until forget_copies."""
+        self.launcher.launch(*self._batch_launch)
+        for key, entry in self._batch.items():
+            self.book.keep(key, entry)
 
     def kept_buf(self, X, nbytes, what=None):
         """The device buffer that holds stable buffer X's tiled copy (or another copy made of X, named `what`),
