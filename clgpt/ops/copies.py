@@ -78,6 +78,9 @@ class TiledCopies(Part):
         if pre is not None:  # written by the product that made X (TILED_OUT 2), with its column sums
             return pre
         if book.is_reusing(X):  # slot 2, with the column sums for bias_backward where the GPU has them
+            beside = book.take_beside(key)
+            if beside is not None:  # written by X's producer (no column sums: bias_backward makes its own)
+                return beside
             if not self.f.colsum_copies:
                 return book.keep(key, (self.bf16.to_bf16(2, X, rows, cols, Rp, Cp, tiled=True), Rp, Cp))
             out, part = self.launcher.slot(2, Rp * Cp * 2), self.launcher.grown("cparts", Rp // 64 * cols)
@@ -125,6 +128,17 @@ class TiledCopies(Part):
         self.launcher.launch(*self._batch_launch)
         for key, entry in self._batch.items():
             self.book.keep(key, entry)
+
+    def beside(self, X, rows, cols, wanted=True):
+        """The reuse block's copy (scratch slot 2) for X's producer to write beside X's fp32 values, where wanted,
+        the GPU reads tiled copies and rows, cols are multiples of 64: recorded for X's next reuse block; else None
+        (and any earlier one dropped: X is being written again)."""
+        if not wanted or not self.f.tiled_outputs or rows % 64 or cols % 64:
+            self.book.beside(X, None)
+            return None
+        copy = self.launcher.slot(2, rows * cols * 2)
+        self.book.beside(X, (copy, rows, cols))
+        return copy
 
     def kept_buf(self, X, nbytes, what=None):
         """The device buffer that holds stable buffer X's tiled copy (or another copy made of X, named `what`),

@@ -53,10 +53,13 @@ class Norms(Part):
         if f.ln_rows:  # GPUs, C % 128 == 0: 32 work-items a row, RW rows a group (as LayerNorm's)
             for kname in ("rmsnorm_forward_rows", "rmsnorm_backward_rows", "rmsnorm_param_final_rows"):
                 k[kname] = dev.kernel("rmsnorm", kname, C=C, EPS=float(cfg.norm_eps), RW=self.launch["ln_rw"])
-            if f.tiled_outputs:  # the output's tiled copy too
+            if f.tiled_outputs:  # the output's tiled copy too, and the backward's dx's
                 k["rmsnorm_forward_rows_tiled"] = dev.kernel("rmsnorm", "rmsnorm_forward_rows", C=C,
                                                              EPS=float(cfg.norm_eps), RW=self.launch["ln_rw"],
                                                              RMS_TILED=1)
+                k["rmsnorm_backward_rows_tiled"] = dev.kernel("rmsnorm", "rmsnorm_backward_rows", C=C,
+                                                              EPS=float(cfg.norm_eps), RW=self.launch["ln_rw"],
+                                                              DX_TILED=1)
         elif f.rows:
             for kname in ("rmsnorm_param_partial", "rmsnorm_param_final"):
                 k[kname] = dev.kernel("rmsnorm", kname, C=C, EPS=float(cfg.norm_eps))
@@ -116,13 +119,17 @@ class Norms(Part):
             return
         self.launcher.rows("rmsnorm_forward", -(-N // self.f.norm_rb), (i32(N), x, w, out, rstd))
 
-    def rmsnorm_backward(self, N, dout, x, rstd, w, dw, dx, accum):
+    def rmsnorm_backward(self, N, dout, x, rstd, w, dw, dx, accum, dx_copy=False):
+        """dx [+]= RMSNorm's input gradient, dw += its weight's. dx_copy: dx's next readers are the products of a
+        linear_backward (dx its dy): on GPUs that read tiled copies, dx's copy is written as dx is (DX_TILED)."""
         C = self.cfg.n_embd
+        copy = self.copies.beside(dx, N, C, dx_copy and self.f.ln_rows)
         if self.f.ln_rows:  # dx and each work-group's dw part in one pass, then their sum
             rw, rpi, P = self._row_parts(N)
             part = self.launcher.grown("cparts", P * C)
-            self.launcher.run("rmsnorm_backward_rows", (32, P * rw), i32(N), i32(rpi), i32(accum), dout, x, w, rstd, dx, part,
-                     lsize=(32, rw))
+            self.launcher.run("rmsnorm_backward_rows" + ("_tiled" if copy is not None else ""), (32, P * rw), i32(N),
+                              i32(rpi), i32(accum), dout, x, w, rstd, dx, part, *([copy] if copy is not None else []),
+                              lsize=(32, rw))
             self.launcher.run("rmsnorm_param_final_rows", (C // 4, 32), i32(P), part, dw, lsize=(8, 32))
             return
         if self.f.rows:
