@@ -14,6 +14,7 @@ of it; after twenty steps, loss 1e-4 and the gradient norm 1e-3 relative at each
 from __future__ import annotations
 
 import numpy as np
+import pyopencl as cl
 import pytest
 
 from clgpt.device.knobs import Knobs
@@ -231,3 +232,39 @@ def test_determinism_and_state_roundtrip(arch):
     a, b = engines[0].get_params(), fresh.get_params()
     for k in a:
         assert np.array_equal(a[k], b[k]), f"{k} differs after restoring the optimizer state"
+
+
+@pytest.mark.parametrize("case", ["gpt2_tied", "gpt2_untied", "llama_gqa", "moe"])
+def test_weight_copies_name_the_weights_the_products_read(case, monkeypatch):
+    """The weights an engine hands Ops.weight_copies (on wgmma their tiled copies are made together, one launch a
+    forward) are exactly those its products read in a forward and backward, each as the rows and columns the
+    products read it as, at the offset of the flat parameter buffer where its values lie."""
+    from clgpt.ops import Ops
+
+    cfg = CASES[case]
+    handed = []
+    monkeypatch.setattr(Ops, "weight_copies", lambda self, M, flat, mats: handed.append((M, flat, mats)))
+    eng = engine(cfg, noisy_params(cfg, std=NOISE[cfg.arch]), 2, cfg.n_ctx)
+    (M, flat, mats), = handed
+    assert M == 2 * cfg.n_ctx
+    read, backend = {}, eng.ops.backend
+    real = backend.matmul_epi
+
+    def recording(Mm, N, K, A, B, Cm, ta=0, tb=0, *a, **kw):
+        for X, shape in ((A, (K, Mm) if ta else (Mm, K)), (B, (N, K) if tb else (K, N))):
+            read.setdefault(X.int_ptr, set()).add(shape)
+        return real(Mm, N, K, A, B, Cm, ta, tb, *a, **kw)
+
+    monkeypatch.setattr(backend, "matmul_epi", recording)
+    tokens, targets, mask = batch(cfg, 2, cfg.n_ctx)
+    eng.forward(tokens, targets, mask)
+    eng.zero_grad()
+    eng.backward()
+    weights = {b.int_ptr for b in eng.p.values()}
+    assert {X.int_ptr: {(rows, cols)} for X, _, rows, cols in mats} == {h: s for h, s in read.items() if h in weights}
+    host = np.empty(flat.size // 4, np.float32)
+    cl.enqueue_copy(eng.queue, host, flat, is_blocking=True)
+    for X, off, rows, cols in mats:
+        values = np.empty(rows * cols, np.float32)
+        cl.enqueue_copy(eng.queue, values, X, is_blocking=True)
+        assert np.array_equal(host[off: off + rows * cols], values)

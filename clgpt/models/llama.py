@@ -72,7 +72,9 @@ class LlamaEngine(EngineBase):
         cfg = self.cfg
         C, F, Ckv = cfg.n_embd, cfg.n_ff, cfg.kv_heads * cfg.head_dim
         block = [("attn_q+k+v", C + 2 * Ckv, C), ("attn_output.weight", C, C)]
-        if not cfg.n_expert:  # the experts' products make their own copies (clgpt/ops/grouped.py)
+        if cfg.n_expert:  # the router; the experts' grouped products make their own copies (clgpt/ops/grouped.py)
+            block += [("ffn_gate_inp.weight", cfg.n_expert, C)]
+        else:
             block += [("ffn_gate+up", 2 * F, C), ("ffn_down.weight", C, F)]
         return super()._product_weights() + [(f"blk.{i}.{name}", rows, cols) for i in range(cfg.n_layer)
                                              for name, rows, cols in block]
