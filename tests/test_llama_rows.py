@@ -23,7 +23,6 @@ from clgpt.ops import Ops
 from conftest import assert_close
 from opcheck import FD, bf16_pattern, check_op, run_op, tiled_index
 from enginecheck import batch, max_rel, noisy_params
-from precisioncheck import emulated_knobs
 
 i32, f32 = np.int32, np.float32
 EPS, RW = 1e-5, 4
@@ -185,50 +184,6 @@ def test_ops_write_the_tiled_copies_of_stable_outputs(dev, monkeypatch, N):
             assert kept[1:] == (N, cols)
             copy = _from_dev(dev, kept[0], N * cols, np.uint16)
             assert np.array_equal(copy[tiled_index(N, cols)], bf16_pattern(got))
-
-
-@pytest.mark.parametrize("N,dx_copy", [(64, True), (128, False), (100, True)])
-def test_rmsnorm_backward_writes_dx_copy_for_the_products_after_it(dev, monkeypatch, N, dx_copy):
-    """rmsnorm_backward with dx_copy on a GPU row with tiled outputs (as on wgmma): the DX_TILED form writes dx bit
-    for bit as the plain form does (accumulating) and beside it dx's tiled copy, the bf16 of that dx, which dx's
-    next reuse block takes without a launch of its own; N off a multiple of 64, or dx_copy off: the plain form,
-    and the reuse block makes its copy. A later write of dx without a copy drops the one written before."""
-    C = 128
-    cfg = ModelConfig(arch="llama", vocab_size=16, n_ctx=8, n_embd=C, n_head=2, n_layer=1, n_ff=192)
-    ops = Ops(dev, cfg, 8, "bf16", knobs=emulated_knobs())  # the bf16 GEMM's copies, emulated
-    assert ops.facts.ln_rows
-    ops.facts.tiled_outputs = True  # what wgmma sets (sm_90a): no such device here
-    ops.build_llama()
-    ops.k["to_bf16_tiled"] = dev.kernel("matmul_bf16", "to_bf16", TILED=1, **ops.bf16_options)  # the reuse copy's
-    x, w, dout, dx0, _ = _rms_inputs(N, C)
-    rstd = (1.0 / np.sqrt((x.astype(np.float64) ** 2).mean(1) + EPS)).astype(f32)
-    args = [_to_dev(dev, a) for a in (dout, x, rstd, w)]
-    dx, plain_dx = _to_dev(dev, dx0), _to_dev(dev, dx0)
-    dw, plain_dw = _to_dev(dev, np.zeros(C, f32)), _to_dev(dev, np.zeros(C, f32))  # accumulated into
-    ops.rmsnorm_backward(N, args[0], args[1], args[2], args[3], plain_dw, plain_dx, 1)
-    names = _recorded(ops, monkeypatch)
-    ops.rmsnorm_backward(N, args[0], args[1], args[2], args[3], dw, dx, 1, dx_copy=dx_copy)
-    beside = dx_copy and N % 64 == 0
-    assert names[0] == "rmsnorm_backward_rows" + ("_tiled" if beside else "")
-    got = _from_dev(dev, dx, (N, C))
-    assert np.array_equal(got, _from_dev(dev, plain_dx, (N, C)))
-    assert np.array_equal(_from_dev(dev, dw, C), _from_dev(dev, plain_dw, C))
-    launches = []
-    real = ops.launcher.launch
-    monkeypatch.setattr(ops.launcher, "launch", lambda *a: (launches.append(a[0].function_name), real(*a)))
-    with ops.reuse(dx):
-        copy, Rp, Cp = ops.tiled_copy(0, dx, N, C)
-        assert ops.tiled_copy(1, dx, N, C)[0] is copy
-    assert launches == ([] if beside else ["to_bf16"])
-    host = _from_dev(dev, copy, Rp * Cp, np.uint16)
-    want = np.zeros((Rp, Cp), np.uint16)
-    want[:N] = bf16_pattern(got)
-    assert np.array_equal(host[tiled_index(Rp, Cp)], want)
-    ops.rmsnorm_backward(N, args[0], args[1], args[2], args[3], dw, dx, 1, dx_copy=dx_copy)
-    ops.rmsnorm_backward(N, args[0], args[1], args[2], args[3], dw, dx, 1)  # dx written again, no copy
-    with ops.reuse(dx):
-        ops.tiled_copy(0, dx, N, C)
-    assert launches.count("to_bf16") == (1 if beside else 2)
 
 
 @pytest.mark.parametrize("wgmma", [True, False])
