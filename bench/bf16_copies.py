@@ -3,8 +3,9 @@ each (as before): the same bits, fewer launches, and the step time of each, on a
 
     python bench/bf16_copies.py [--steps 10] [--pairs 3] [--shapes GPT2S GPT2S_L] [--check-only]
 
-"one a launch" is the same engine with the weights' batch cleared (TiledCopies.batch with none) and RMSNorm's
-backward asked for no dx copy: the launches every copy took before. Prints, per model:
+"one a launch" is the same engine with the weights' batch cleared (TiledCopies.batch with none) and the norms'
+backward asked for no dx copy: the launches every copy took before. gpt2-nobias (model.bias off) is the GPT-2 whose
+LayerNorm backward writes dx's copy. Prints, per model:
     check  <model>: losses of 3 steps and the parameters after them bit for bit alike (widths multiples of 64, every
            product on wgmma), to_bf16 launches a step each way
     shape  <shape>: kernel launches and to_bf16 / to_bf16_batch launches a step each way, then ms a step, alternated
@@ -29,6 +30,8 @@ from clgpt.models.factory import make_engine  # noqa: E402
 
 CHECKS = {
     "gpt2": dict(arch="gpt2", vocab_size=320, n_ctx=128, n_embd=128, n_ff=512, n_head=2, n_layer=2),
+    "gpt2-nobias": dict(arch="gpt2", vocab_size=320, n_ctx=128, n_embd=128, n_ff=512, n_head=2, n_layer=2,
+                        bias=False),
     "llama": dict(arch="llama", vocab_size=320, n_ctx=128, n_embd=128, n_ff=384, n_head=2, n_layer=2),
 }
 SHAPES = {  # bench/gpu_env.sh's
@@ -41,8 +44,9 @@ SHAPES = {  # bench/gpu_env.sh's
 def one_a_launch(eng):
     """eng making each copy with its own launch, as before the batch and the norm-written copies."""
     eng.ops.backend.copies.batch(None, [])
-    norm_backward = eng.ops.rmsnorm_backward
-    eng.ops.rmsnorm_backward = lambda *a, dx_copy=False, **kw: norm_backward(*a, **kw)
+    for name in ("rmsnorm_backward", "layernorm_backward"):
+        norm_backward = getattr(eng.ops, name)
+        setattr(eng.ops, name, lambda *a, _f=norm_backward, dx_copy=False, **kw: _f(*a, **kw))
     return eng
 
 
