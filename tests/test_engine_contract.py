@@ -13,6 +13,8 @@ of it; after twenty steps, loss 1e-4 and the gradient norm 1e-3 relative at each
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pyopencl as cl
 import pytest
@@ -268,3 +270,52 @@ def test_weight_copies_name_the_weights_the_products_read(case, monkeypatch):
         values = np.empty(rows * cols, np.float32)
         cl.enqueue_copy(eng.queue, values, X, is_blocking=True)
         assert np.array_equal(host[off: off + rows * cols], values)
+
+
+@pytest.mark.parametrize("cfg", [ModelConfig(vocab_size=64, n_ctx=64, n_embd=128, n_head=2, n_layer=2, n_ff=256,
+                                             bias=False),
+                                 _llama(vocab_size=64, n_ctx=64, n_embd=128, n_ff=192, n_head=2)],
+                         ids=["gpt2_nobias", "llama"])
+def test_wgmma_step_makes_fewer_copy_launches(dev, monkeypatch, cfg):
+    """A training step on the wgmma path (no sm_90a here: its kernels recorded, not built or run): the weights'
+    tiled copies take one to_bf16_batch launch instead of one to_bf16 each, and the norms' backward writes the
+    residual gradient's copies instead of the linear_backwards' reuse blocks (the final norm's and every block's
+    but layer 0's attention norm: two a layer): the step's to_bf16 launches fall by that many, and nothing else
+    changes but the kernels' forms."""
+    from types import SimpleNamespace
+
+    from clgpt.device import capabilities as capmod, sm90a
+    from precisioncheck import emulated_knobs
+
+    monkeypatch.setattr(sm90a, "supported", lambda device: True)
+    monkeypatch.setattr(capmod, "_cache", {})
+    monkeypatch.setattr(dev, "kernel", lambda stem, name, build_options=(), **d: SimpleNamespace(
+        function_name=name, tiled=bool(d.get("DX_TILED"))))
+    knobs = emulated_knobs(wgmma_min_mnk=0)
+    p = init_params(cfg, 0)
+    counts = {}
+    for mode in ("one a launch", "together"):
+        eng = engine(cfg, p, 2, cfg.n_ctx, knobs=knobs, device=dev, precision="bf16")
+        assert eng.ops.wgmma is not None and eng.ops.facts.colsum_copies
+        if mode == "one a launch":
+            eng.ops.backend.copies.batch(None, [])
+            for name in ("rmsnorm_backward", "layernorm_backward"):
+                monkeypatch.setattr(eng.ops, name, lambda *a, _f=getattr(eng.ops, name), dx_copy=False, **kw:
+                                    _f(*a, **kw))
+        names = Counter()
+        for meth in ("launch", "launch_plain"):
+            monkeypatch.setattr(eng.ops.launcher, meth, lambda kern, *a, **kw: names.update(
+                [kern.function_name + ("_dx_tiled" if kern.tiled else "")]))
+        tokens, targets, mask = batch(cfg, 2, cfg.n_ctx)
+        eng.forward(tokens, targets, mask)
+        eng.zero_grad()
+        eng.backward()
+        eng.step(1e-3)
+        counts[mode] = names
+    before, after = counts["one a launch"], counts["together"]
+    weights = 1 + 4 * cfg.n_layer
+    assert after["to_bf16_batch"] == 1 and before["to_bf16_batch"] == 0
+    assert before["to_bf16"] - after["to_bf16"] == weights + 2 * cfg.n_layer
+    norm = "layernorm" if cfg.arch == "gpt2" else "rmsnorm"
+    assert after[f"{norm}_backward_rows_dx_tiled"] == 2 * cfg.n_layer and not before[f"{norm}_backward_rows_dx_tiled"]
+    assert sum(after.values()) == sum(before.values()) - weights + 1 - 2 * cfg.n_layer
