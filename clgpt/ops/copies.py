@@ -1,10 +1,10 @@
 """The tiled bf16 operand copies wgmma reads, made as clgpt/ops/copybook.py's CopyBook says how long each serves:
 a `stable` buffer's copy until the next forward (forget_copies), a `reuse` block's buffer's inside its block, a
-copy its producer wrote (TILED_OUT, LN_TILED, RMS_TILED, SWIGLU_TILED, OUT_TILED), and a GELU' deferred into a
-gradient's copy. Every GEMM backend owns one (clgpt/ops/gemm/): the wgmma backend's makes copies through its
+copy its producer wrote (TILED_OUT, LN_TILED, RMS_TILED, SWIGLU_TILED, OUT_TILED; the norms' backward's dx beside
+its fp32 values, DX_TILED), the weights' copies made together (batch), and a GELU' deferred into a gradient's copy. Every GEMM backend owns one (clgpt/ops/gemm/): the wgmma backend's makes copies through its
 bf16 GEMM's to_bf16; the others' keep the book of reuse blocks alone.
 
-Launches kernels/matmul_bf16.cl (to_bf16 TILED, with COLSUM: the column sums bias_backward takes; with GELU_GRAD:
+Launches kernels/matmul_bf16.cl (to_bf16_batch; to_bf16 TILED, with COLSUM: the column sums bias_backward takes; with GELU_GRAD:
 dg * gelu'(E)) and kernels/gelu.cl (gelu_backward, where a deferred GELU' is applied in place).
 """
 
@@ -103,16 +103,16 @@ class TiledCopies(Part):
         self._batch, self._batch_launch = {}, None
         if self.bf16 is None or not mats:
             return
-        rows_, copies, first, chunk = [], [], 0, 0
+        table, copies, first, chunk = [], [], 0, 0  # table: kernels/matmul_bf16.cl to_bf16_batch's rows
         for X, off, rows, cols in mats:
             Rp, Cp = ceil_to(rows, 64), ceil_to(cols, 64)
-            rows_.append((first, off, rows, cols, Rp, Cp, chunk))
+            table.append((first, off, rows, cols, Rp, Cp, chunk))
             copies.append(((X.int_ptr, rows, cols), chunk, Rp, Cp))
             first, chunk = first + Rp * Cp // 8, chunk + Rp * Cp // 8
         if max(first, chunk, max(m[1] + m[2] * m[3] for m in mats)) >= 2 ** 31:
             return  # past the kernel's int offsets: a launch a matrix, as without a batch
         tbuf = cl.Buffer(self.launcher.ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
-                         hostbuf=np.array(rows_, np.int32))
+                         hostbuf=np.array(table, np.int32))
         out = self.launcher.bytes_buf(chunk * 16)
         for key, at, Rp, Cp in copies:
             view = out.get_sub_region(at * 16, Rp * Cp * 2) if at else out
@@ -121,7 +121,7 @@ class TiledCopies(Part):
             self.k["to_bf16_batch"] = self.dev.kernel("matmul_bf16", "to_bf16_batch", TILED=1, **self.f.bf16_options)
         lsize = 256
         self._batch_launch = (self.k["to_bf16_batch"], (ceil_to(first, lsize),), (lsize,),
-                              (i32(len(rows_)), i32(first), tbuf, flat, out))
+                              (i32(len(table)), i32(first), tbuf, flat, out))
 
     def _make_batch(self):
         """Every batched matrix's copy (batch), kept until forget_copies."""

@@ -10,7 +10,7 @@ copies.py launches those. This object decides nothing on a device and launches n
     kept        (buffer, rows, cols) -> (copy, Rp, Cp) while valid, and the device buffers that hold them
     premade     copies a product wrote instead of its fp32 output (TILED_OUT 2 / 3): buffer -> (copy, Rp, Cp,
                 column sums, row chunks), taken by that buffer's reuse block, an error if never read
-    beside      copies a producer wrote beside its fp32 output, for the reuse block that follows (RMSNorm's
+    beside      copies a producer wrote beside its fp32 output, for the reuse block that follows (the norms'
                 backward's dx, DX_TILED): buffer -> (copy, Rp, Cp), taken by that buffer's reuse block, dropped
                 when the buffer is written again without one
     gelu        a GELU' deferred from a backward product into its gradient's reuse copy (Deferred)
