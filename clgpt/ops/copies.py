@@ -1,11 +1,13 @@
 """The tiled bf16 operand copies wgmma reads, made as clgpt/ops/copybook.py's CopyBook says how long each serves:
 a `stable` buffer's copy until the next forward (forget_copies), a `reuse` block's buffer's inside its block, a
-copy its producer wrote (TILED_OUT, LN_TILED, RMS_TILED, SWIGLU_TILED, OUT_TILED; the norms' backward's dx beside
-its fp32 values, DX_TILED), the weights' copies made together (batch), and a GELU' deferred into a gradient's copy. Every GEMM backend owns one (clgpt/ops/gemm/): the wgmma backend's makes copies through its
+copy its producer wrote (TILED_OUT, LN_TILED, RMS_TILED, SWIGLU_TILED, OUT_TILED; the norms' backward's dx
+beside its fp32 values, DX_TILED), the weights' copies made together (batch), and a GELU' deferred into a
+gradient's copy. Every GEMM backend owns one (clgpt/ops/gemm/): the wgmma backend's makes copies through its
 bf16 GEMM's to_bf16; the others' keep the book of reuse blocks alone.
 
-Launches kernels/matmul_bf16.cl (to_bf16_batch; to_bf16 TILED, with COLSUM: the column sums bias_backward takes; with GELU_GRAD:
-dg * gelu'(E)) and kernels/gelu.cl (gelu_backward, where a deferred GELU' is applied in place).
+Launches kernels/matmul_bf16.cl (to_bf16_batch; to_bf16 TILED, with COLSUM: the column sums bias_backward
+takes; with GELU_GRAD: dg * gelu'(E)) and kernels/gelu.cl (gelu_backward, where a deferred GELU' is applied in
+place).
 """
 
 from __future__ import annotations
