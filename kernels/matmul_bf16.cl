@@ -138,6 +138,31 @@ __kernel void to_bf16_pair(const int F, const int K, __global const float* restr
     for (int h = 0; h < 8; h++) v[h] = k + h < K ? p[h] : 0.0f;
     O[tiled_chunk(r, k, get_global_size(1))] = bf16x8(v);
 }
+
+// to_bf16_batch: the tiled copies of n matrices of one fp32 buffer S in one launch (the weights, once a forward:
+// one launch where each matrix took its own), each as to_bf16 TILED makes it, bit for bit. table: n rows of
+// (first work-item, S offset in floats, R, K, Rp, Kp, O offset in 16-byte chunks), by first work-item; work-item
+// i takes the last row whose first is <= i, then 8 k of one row as to_bf16 does. 1-D launch over the rows' work-
+// items (Rp Kp / 8 each, total), padded to the local size.
+__kernel void to_bf16_batch(const int n, const int total, __global const int* restrict table,
+                            __global const float* restrict S, __global uint4* O)
+{
+    const int i = get_global_id(0);
+    if (i >= total) return;
+    int lo = 0, hi = n - 1;  // the row: binary search over the first work-items
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (table[7 * mid] <= i) lo = mid; else hi = mid - 1;
+    }
+    __global const int* t = table + 7 * lo;
+    const int li = i - t[0], R = t[2], K = t[3], Rp = t[4], kc = t[5] >> 3;
+    const int r = li / kc, k = 8 * (li % kc);
+    __global const float* p = S + (size_t)t[1] + (size_t)r * K + k;
+    float v[8];
+#pragma unroll
+    for (int h = 0; h < 8; h++) v[h] = (r < R && k + h < K) ? p[h] : 0.0f;
+    O[(size_t)t[6] + tiled_chunk(r, k, Rp)] = bf16x8(v);
+}
 #endif
 
 // ---- PTX (or its emulation) ----

@@ -262,10 +262,21 @@ void rmsnorm_forward_rows(const int N, __global const float* x, __global const f
 // 2-D launch: global (32, ceil(N / (RW rpi)) * RW), local (32, RW). One barrier a row: the per-row partials
 // alternate between two local buffers (a buffer is written again only after the next row's barrier, which every
 // work-item reaches after reading it). Rows past N read the last row and add or store nothing.
+// DX_TILED 1 (N a multiple of 64): also dx's bf16 copy, of the values stored, in matmul_wgmma.cl's tiled layout
+// (Rp = N): the copy the products after it read (dx is the next residual branch's gradient), as RMS_TILED's.
+#ifndef DX_TILED
+#define DX_TILED 0
+#endif
+#if DX_TILED
+#include "precision.cl"
+#define DX_TILED_ARGS , __global uint2* dx16
+#else
+#define DX_TILED_ARGS
+#endif
 __kernel __attribute__((reqd_work_group_size(32, RW, 1)))
 void rmsnorm_backward_rows(const int N, const int rpi, const int accum, __global const float* dout,
                            __global const float* x, __global const float* w, __global const float* rstd,
-                           __global float* dx, __global float* part)
+                           __global float* dx, __global float* part DX_TILED_ARGS)
 {
     const int l = get_local_id(0), r = get_local_id(1), t = r * 32 + l, g = get_group_id(1);
     __local float red[2][RW * 32] __attribute__((aligned(16)));  // sum(dn * xhat) partials, two rows' worth
@@ -310,7 +321,13 @@ void rmsnorm_backward_rows(const int N, const int rpi, const int accum, __global
             for (int i = 0; i < ROW_NB; i++) {
                 const float4 xh = xv[i] * s;
                 const float4 gi = s * (dv[i] * wv[i] - xh * dot);
+#if DX_TILED
+                const float4 v = accum ? o[32 * i] + gi : gi;
+                o[32 * i] = v;
+                tiled_store4(dx16, n, 4 * l + 128 * i, N, v);
+#else
                 o[32 * i] = accum ? o[32 * i] + gi : gi;
+#endif
                 aw[i] += dv[i] * xh;
             }
         }

@@ -13,7 +13,10 @@ of it; after twenty steps, loss 1e-4 and the gradient norm 1e-3 relative at each
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
+import pyopencl as cl
 import pytest
 
 from clgpt.device.knobs import Knobs
@@ -296,3 +299,89 @@ def test_portable_flash_attention_at_bf16_rounds_as_the_batched_form():
     assert abs(res["flash"][0] - res["batched"][0]) < 1e-2 * abs(res["batched"][0])
     worst, where = max_rel(res["flash"][1], res["batched"][1])
     assert worst < 2 ** -7, f"grads: flash vs batched at bf16 {worst:.3e} in {where}"
+
+
+@pytest.mark.parametrize("case", ["gpt2_tied", "gpt2_untied", "llama_gqa", "moe"])
+def test_weight_copies_name_the_weights_the_products_read(case, monkeypatch):
+    """The weights an engine hands Ops.weight_copies (on wgmma their tiled copies are made together, one launch a
+    forward) are exactly those its products read in a forward and backward, each as the rows and columns the
+    products read it as, at the offset of the flat parameter buffer where its values lie."""
+    from clgpt.ops import Ops
+
+    cfg = CASES[case]
+    handed = []
+    monkeypatch.setattr(Ops, "weight_copies", lambda self, M, flat, mats: handed.append((M, flat, mats)))
+    eng = engine(cfg, noisy_params(cfg, std=NOISE[cfg.arch]), 2, cfg.n_ctx)
+    (M, flat, mats), = handed
+    assert M == 2 * cfg.n_ctx
+    read, backend = {}, eng.ops.backend
+    real = backend.matmul_epi
+
+    def recording(Mm, N, K, A, B, Cm, ta=0, tb=0, *a, **kw):
+        for X, shape in ((A, (K, Mm) if ta else (Mm, K)), (B, (N, K) if tb else (K, N))):
+            read.setdefault(X.int_ptr, set()).add(shape)
+        return real(Mm, N, K, A, B, Cm, ta, tb, *a, **kw)
+
+    monkeypatch.setattr(backend, "matmul_epi", recording)
+    tokens, targets, mask = batch(cfg, 2, cfg.n_ctx)
+    eng.forward(tokens, targets, mask)
+    eng.zero_grad()
+    eng.backward()
+    weights = {b.int_ptr for b in eng.p.values()}
+    assert {X.int_ptr: {(rows, cols)} for X, _, rows, cols in mats} == {h: s for h, s in read.items() if h in weights}
+    host = np.empty(flat.size // 4, np.float32)
+    cl.enqueue_copy(eng.queue, host, flat, is_blocking=True)
+    for X, off, rows, cols in mats:
+        values = np.empty(rows * cols, np.float32)
+        cl.enqueue_copy(eng.queue, values, X, is_blocking=True)
+        assert np.array_equal(host[off: off + rows * cols], values)
+
+
+@pytest.mark.parametrize("cfg", [ModelConfig(vocab_size=64, n_ctx=64, n_embd=128, n_head=2, n_layer=2, n_ff=256,
+                                             bias=False),
+                                 _llama(vocab_size=64, n_ctx=64, n_embd=128, n_ff=192, n_head=2)],
+                         ids=["gpt2_nobias", "llama"])
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the loss sums buffers no kernel wrote
+def test_wgmma_step_makes_fewer_copy_launches(dev, monkeypatch, cfg):
+    """A training step on the wgmma path (no sm_90a here: its kernels recorded, not built or run): the weights'
+    tiled copies take one to_bf16_batch launch instead of one to_bf16 each, and the norms' backward writes the
+    residual gradient's copies instead of the linear_backwards' reuse blocks (the final norm's and every block's
+    but layer 0's attention norm: two a layer): the step's to_bf16 launches fall by that many, and nothing else
+    changes but the kernels' forms."""
+    from types import SimpleNamespace
+
+    from clgpt.device import capabilities as capmod, sm90a
+    from precisioncheck import emulated_knobs
+
+    monkeypatch.setattr(sm90a, "supported", lambda device: True)
+    monkeypatch.setattr(capmod, "_cache", {})
+    monkeypatch.setattr(dev, "kernel", lambda stem, name, build_options=(), **d: SimpleNamespace(
+        function_name=name, tiled=bool(d.get("DX_TILED"))))
+    knobs = emulated_knobs(wgmma_min_mnk=0)
+    p = init_params(cfg, 0)
+    counts = {}
+    for mode in ("one a launch", "together"):
+        eng = engine(cfg, p, 2, cfg.n_ctx, knobs=knobs, device=dev, precision="bf16")
+        assert eng.ops.wgmma is not None and eng.ops.facts.colsum_copies
+        if mode == "one a launch":
+            eng.ops.backend.copies.batch(None, [])
+            for name in ("rmsnorm_backward", "layernorm_backward"):
+                monkeypatch.setattr(eng.ops, name, lambda *a, _f=getattr(eng.ops, name), dx_copy=False, **kw:
+                                    _f(*a, **kw))
+        names = Counter()
+        for meth in ("launch", "launch_plain"):
+            monkeypatch.setattr(eng.ops.launcher, meth, lambda kern, *a, **kw: names.update(
+                [kern.function_name + ("_dx_tiled" if kern.tiled else "")]))
+        tokens, targets, mask = batch(cfg, 2, cfg.n_ctx)
+        eng.forward(tokens, targets, mask)
+        eng.zero_grad()
+        eng.backward()
+        eng.step(1e-3)
+        counts[mode] = names
+    before, after = counts["one a launch"], counts["together"]
+    weights = 1 + 4 * cfg.n_layer
+    assert after["to_bf16_batch"] == 1 and before["to_bf16_batch"] == 0
+    assert before["to_bf16"] - after["to_bf16"] == weights + 2 * cfg.n_layer
+    norm = "layernorm" if cfg.arch == "gpt2" else "rmsnorm"
+    assert after[f"{norm}_backward_rows_dx_tiled"] == 2 * cfg.n_layer and not before[f"{norm}_backward_rows_dx_tiled"]
+    assert sum(after.values()) == sum(before.values()) - weights + 1 - 2 * cfg.n_layer

@@ -272,6 +272,73 @@ def test_layernorm_writes_its_tiled_copy(dev, N, C):
     assert np.array_equal(tiled["out16"][_tiled_index(N, C)], _bf16_pattern(plain["out"]))
 
 
+@pytest.mark.parametrize("arch,N,dx_copy", [("llama", 64, True), ("gpt2", 128, True), ("llama", 128, False),
+                                             ("gpt2", 100, True)])
+def test_norm_backward_writes_dx_copy_for_the_products_after_it(dev, monkeypatch, arch, N, dx_copy):
+    """rmsnorm_backward / layernorm_backward with dx_copy on a GPU row with tiled outputs (as on wgmma): the
+    DX_TILED form writes dx (accumulating) and the weight gradients bit for bit as the plain form does, and beside
+    dx its tiled copy, the bf16 of that dx, which dx's next reuse block takes without a launch of its own; N off a
+    multiple of 64, or dx_copy off: the plain form, and the reuse block makes its copy. A later write of dx without
+    a copy drops the one written before."""
+    from clgpt.model import ModelConfig
+    from clgpt.ops import Ops
+    from precisioncheck import emulated_knobs
+
+    C = 128
+    cfg = ModelConfig(arch=arch, vocab_size=16, n_ctx=8, n_embd=C, n_head=2, n_layer=1, n_ff=192)
+    ops = Ops(dev, cfg, 8, "bf16", knobs=emulated_knobs())  # the bf16 GEMM's copies, emulated
+    assert ops.facts.ln_rows
+    ops.facts.tiled_outputs = True  # what wgmma sets (sm_90a): no such device here
+    ops.build_llama() if arch == "llama" else ops.build_gpt2()
+    ops.k["to_bf16_tiled"] = dev.kernel("matmul_bf16", "to_bf16", TILED=1, **ops.bf16_options)  # the reuse copy's
+    x, dout, dx0 = (rng.normal(size=(N, C)).astype(f32) for _ in range(3))
+    w = rng.normal(size=C).astype(f32)
+    x64 = x.astype(np.float64)
+    mean = x64.mean(1)
+    rstd = 1.0 / np.sqrt(((x64 - mean[:, None]) ** 2).mean(1) + 1e-5 if arch == "gpt2" else (x64 ** 2).mean(1) + 1e-5)
+    stats = [to_dev(dev, a.astype(f32)) for a in ((rstd,) if arch == "llama" else (mean, rstd))]
+    ins = [to_dev(dev, a) for a in (dout, x)]
+    zeros = lambda: to_dev(dev, np.zeros(C, f32))  # noqa: E731  (dw, db accumulate)
+    grads = {k: [zeros() for _ in range(1 if arch == "llama" else 2)] for k in ("plain", "copy")}
+    dxs = {k: to_dev(dev, dx0) for k in grads}
+
+    def backward(kind, **kw):
+        if arch == "llama":
+            ops.rmsnorm_backward(N, *ins, *stats, to_dev(dev, w), *grads[kind], dxs[kind], 1, **kw)
+        else:
+            ops.layernorm_backward(N, *ins, *stats, to_dev(dev, w), *grads[kind], dxs[kind], 1, **kw)
+
+    backward("plain")
+    names = []
+    real = ops.launcher.launch
+    monkeypatch.setattr(ops.launcher, "launch", lambda *a: (names.append(a[0].function_name), real(*a)))
+    backward("copy", dx_copy=dx_copy)
+    beside = dx_copy and N % 64 == 0
+    norm = "rmsnorm" if arch == "llama" else "layernorm"
+    assert names[0] == f"{norm}_backward_rows"
+    assert (ops.copies.beside_copies.get(dxs["copy"].int_ptr) is not None) is beside
+    got = from_dev(dev, dxs["copy"], (N, C))
+    assert np.array_equal(got, from_dev(dev, dxs["plain"], (N, C)))
+    for a, b in zip(grads["plain"], grads["copy"]):
+        assert np.array_equal(from_dev(dev, a, C), from_dev(dev, b, C))
+    names.clear()
+    dx = dxs["copy"]
+    with ops.reuse(dx):
+        copy, Rp, Cp = ops.tiled_copy(0, dx, N, C)
+        assert ops.tiled_copy(1, dx, N, C)[0] is copy
+    assert names == ([] if beside else ["to_bf16"])
+    host = np.empty(Rp * Cp, np.uint16)
+    cl.enqueue_copy(dev.queue, host, copy, is_blocking=True)
+    want = np.zeros((Rp, Cp), np.uint16)
+    want[:N] = _bf16_pattern(got)
+    assert np.array_equal(host[_tiled_index(Rp, Cp)], want)
+    backward("copy", dx_copy=dx_copy)
+    backward("copy")  # dx written again, no copy
+    with ops.reuse(dx):
+        ops.tiled_copy(0, dx, N, C)
+    assert names.count("to_bf16") == (1 if beside else 2)
+
+
 def test_expert_operands_written_as_tiled_copies(dev):
     """On wgmma the experts' operands go straight to their tiled bf16 copies (moe.cl MOE_TILED, swiglu.cl
     EXPERTS_TILED): each copy holds what to_bf16 TILED would make of the fp32 output of the plain kernel, at the
@@ -332,3 +399,44 @@ def test_gate_up_pair_copy(dev):
     flat = np.zeros((Rp, Cp), np.uint16)
     flat[:, :C] = _bf16_pattern(np.concatenate([gate, up], axis=1).reshape(Rp, C))
     assert np.array_equal(out["O"][_tiled_index(Rp, Cp)], flat)
+
+
+def test_weight_copies_made_in_one_launch_bit_for_bit(dev, monkeypatch):
+    """Ops.weight_copies: the tiled copies of the weights whose products run on wgmma, made together by one
+    to_bf16_batch launch when a product first asks for one after forget_copies (once a forward), each the bytes
+    to_bf16 TILED makes of it alone (numpy's bf16 in the wgmma layout); a weight left off (its product not on
+    wgmma) gets its own launch as before."""
+    ops = _bf16_ops()
+    ops.k["to_bf16_tiled"] = dev.kernel("matmul_bf16", "to_bf16", TILED=1, **ops.bf16_options)
+    shapes = [(37, 100), (64, 64), (130, 45), (3, 200), (200, 8)]
+    offs, off = [], 0
+    for r, c in shapes:
+        offs.append(off)
+        off = -(-(off + r * c + 5) // ops.align) * ops.align  # gaps between them, as the store's padding
+    host = rng.normal(size=off).astype(f32)
+    flat = to_dev(dev, host)
+    views = [flat.get_sub_region(o * 4, r * c * 4) for o, (r, c) in zip(offs, shapes)]
+    ops.stable(*views)
+    monkeypatch.setattr(ops.backend, "on_wgmma", lambda M, N, K, epi=0: N * K > 600)  # (3, 200) stays off wgmma
+    ops.weight_copies(64, flat, [(v, o, r, c) for v, o, (r, c) in zip(views, offs, shapes)])
+    launches = []
+    real = ops.launcher.launch
+    monkeypatch.setattr(ops.launcher, "launch", lambda *a: (launches.append(a[0].function_name), real(*a)))
+    for forward in range(2):
+        ops.forget_copies()
+        for i in (2, 0, 3, 1, 4, 0):
+            (r, c), o = shapes[i], offs[i]
+            copy, Rp, Cp = ops.tiled_copy(i % 2, views[i], r, c)
+            assert (Rp, Cp) == (-(-r // 64) * 64, -(-c // 64) * 64)
+            got = np.empty(Rp * Cp, np.uint16)
+            cl.enqueue_copy(dev.queue, got, copy, is_blocking=True)
+            want = np.zeros((Rp, Cp), np.uint16)
+            want[:r, :c] = _bf16_pattern(host[o: o + r * c].reshape(r, c))
+            assert np.array_equal(got[_tiled_index(Rp, Cp)], want), f"copy of {shapes[i]}, forward {forward}"
+            if i == 3:
+                continue
+            alone = np.empty(Rp * Cp, np.uint16)
+            cl.enqueue_copy(dev.queue, alone, ops.to_bf16(0, views[i], r, c, Rp, Cp, tiled=True), is_blocking=True)
+            launches.pop()  # the reference copy's launch
+            assert np.array_equal(got, alone), f"{shapes[i]}: not to_bf16's bytes"
+        assert launches == ["to_bf16_batch", "to_bf16"] * (forward + 1)

@@ -60,6 +60,8 @@ class EngineBase:
         self._alloc()
         # written once a forward, read until its backward ends: the launchers may keep derived copies of them
         self.ops.stable(*(a[k] for a in self.acts for k in self.saved if k in a))
+        self.ops.weight_copies(self.B * self.T, self.store.flat_p, [(self.p[n], self.store.offset(n), rows, cols)
+                                                                    for n, rows, cols in self._product_weights()])
         self._fwd = None  # (B', T', sum(mask), dropout) of the last forward with targets
         self.set_params(params)
         self.set_optimizer_state(None)
@@ -86,6 +88,11 @@ class EngineBase:
 
     def _alloc(self):
         raise NotImplementedError
+
+    def _product_weights(self) -> list[tuple[str, int, int]]:
+        """(tensor or packed view, rows, cols) of every weight the products read as it lies: the output
+        projection's here, the blocks' in each architecture."""
+        return [("token_embd.weight" if self.cfg.tied else "output.weight", self.cfg.vocab_size, self.cfg.n_embd)]
 
     def _forward_body(self, Bp: int, Tp: int):
         """Embedding, blocks and final norm: leaves rms/layer-normed x in self.lnf (N,C)."""

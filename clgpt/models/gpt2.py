@@ -37,6 +37,13 @@ class GPT2Engine(EngineBase):
         if self.dropout:  # a residual branch before its dropout (forward), its gradient after (backward)
             self.branch, self.dres = buf(N * C), buf(N * C)
 
+    def _product_weights(self):
+        C, F = self.cfg.n_embd, self.cfg.n_ff
+        return super()._product_weights() + [
+            (f"blk.{i}.{name}.weight", rows, cols) for i in range(self.cfg.n_layer)
+            for name, rows, cols in (("attn_qkv", 3 * C, C), ("attn_output", C, C), ("ffn_up", F, C),
+                                     ("ffn_down", C, F))]
+
     def _forward_body(self, Bp, Tp):
         cfg, ops, p = self.cfg, self.ops, self.p
         N, C, F = Bp * Tp, cfg.n_embd, cfg.n_ff
@@ -78,8 +85,12 @@ class GPT2Engine(EngineBase):
         cfg, ops, p, g = self.cfg, self.ops, self.p, self.g
         N, C, F = Bp * Tp, cfg.n_embd, cfg.n_ff
         dx, dln = self.dx, self.dln
+        # dx_copy: dx's next readers are a linear_backward's products and no bias gradient (whose column sums come
+        # with the copy the products' reuse block makes), nor dropout, between
+        copy = not self._drop and not cfg.bias
         ops.layernorm_backward(N, dln, self.x_out, self.lnf_mean, self.lnf_rstd, p["output_norm.weight"],
-                               g["output_norm.weight"], g["output_norm.bias"], dx, accum=0)
+                               g["output_norm.weight"], g["output_norm.bias"], dx, accum=0,
+                               dx_copy=copy and cfg.n_layer > 0)
         for i in reversed(range(cfg.n_layer)):
             pre, a = f"blk.{i}.", self.acts[i]
             # ffn: x_out = x_mid + drop(g @ Wdown.T + b)
@@ -91,7 +102,7 @@ class GPT2Engine(EngineBase):
             ops.linear_backward(N, F, C, self.dh, a["ln2"], p[pre + "ffn_up.weight"], g[pre + "ffn_up.weight"], dln,
                                 db("ffn_up"))
             ops.layernorm_backward(N, dln, a["x_mid"], a["ln2_mean"], a["ln2_rstd"], p[pre + "ffn_norm.weight"],
-                                   g[pre + "ffn_norm.weight"], g[pre + "ffn_norm.bias"], dx, accum=1)
+                                   g[pre + "ffn_norm.weight"], g[pre + "ffn_norm.bias"], dx, accum=1, dx_copy=copy)
             # attention: x_mid = x + drop(atty @ Wo.T + b)
             dy = self._branch_grad(N, C, i, "attn_res")
             ops.linear_backward(N, C, C, dy, a["atty"], p[pre + "attn_output.weight"], g[pre + "attn_output.weight"],
@@ -102,7 +113,8 @@ class GPT2Engine(EngineBase):
             ops.linear_backward(N, 3 * C, C, self.dqkv, a["ln1"], p[pre + "attn_qkv.weight"],
                                 g[pre + "attn_qkv.weight"], dln, db("attn_qkv"))
             ops.layernorm_backward(N, dln, a["x"], a["ln1_mean"], a["ln1_rstd"], p[pre + "attn_norm.weight"],
-                                   g[pre + "attn_norm.weight"], g[pre + "attn_norm.bias"], dx, accum=1)
+                                   g[pre + "attn_norm.weight"], g[pre + "attn_norm.bias"], dx, accum=1,
+                                   dx_copy=copy and i > 0)
             self._layer_done(i)  # blk.i.* gradients final: data-parallel ranks may sum them now
         if self._drop:
             ops.dropout_backward(N * C, *self._dropped(-1, "embd"), dx)

@@ -68,6 +68,17 @@ class LlamaEngine(EngineBase):
                 views[pre + "ffn_gate+up"] = (pre + "ffn_gate.weight", pre + "ffn_up.weight")
         return views
 
+    def _product_weights(self):
+        cfg = self.cfg
+        C, F, Ckv = cfg.n_embd, cfg.n_ff, cfg.kv_heads * cfg.head_dim
+        block = [("attn_q+k+v", C + 2 * Ckv, C), ("attn_output.weight", C, C)]
+        if cfg.n_expert:  # the router; the experts' grouped products make their own copies (clgpt/ops/grouped.py)
+            block += [("ffn_gate_inp.weight", cfg.n_expert, C)]
+        else:
+            block += [("ffn_gate+up", 2 * F, C), ("ffn_down.weight", C, F)]
+        return super()._product_weights() + [(f"blk.{i}.{name}", rows, cols) for i in range(cfg.n_layer)
+                                             for name, rows, cols in block]
+
     def _alloc(self):
         self.ops.build_llama()
         cfg, B, T, buf = self.cfg, self.B, self.T, self.ops.buf
@@ -208,7 +219,10 @@ class LlamaEngine(EngineBase):
         N, C, F = Bp * Tp, cfg.n_embd, cfg.n_ff
         Ckv = cfg.kv_heads * cfg.head_dim
         dx, dln = self.dx, self.dln
-        ops.rmsnorm_backward(N, dln, self.x_out, self.rf, p["output_norm.weight"], g["output_norm.weight"], dx, 0)
+        # dx_copy: where dx's next readers are a linear_backward's products (no dropout between; dense blocks)
+        dense = not self._drop and not cfg.n_expert
+        ops.rmsnorm_backward(N, dln, self.x_out, self.rf, p["output_norm.weight"], g["output_norm.weight"], dx, 0,
+                             dx_copy=dense and cfg.n_layer > 0)
         for i in reversed(range(cfg.n_layer)):
             pre, a = f"blk.{i}.", self.acts[i]
             dy = self._branch_grad(N, C, i, "ffn_res")
@@ -221,7 +235,7 @@ class LlamaEngine(EngineBase):
                 ops.linear_backward(N, 2 * F, C, self.dhgu, a["ln2"], p[pre + "ffn_gate+up"], g[pre + "ffn_gate+up"],
                                     dln)
             ops.rmsnorm_backward(N, dln, a["x_mid"], a["r2"], p[pre + "ffn_norm.weight"], g[pre + "ffn_norm.weight"],
-                                 dx, 1)
+                                 dx, 1, dx_copy=not self._drop)
             # attention: x_mid = x + drop(atty @ Wo.T)
             dy = self._branch_grad(N, C, i, "attn_res")
             ops.linear_backward(N, C, C, dy, a["atty"], p[pre + "attn_output.weight"], g[pre + "attn_output.weight"],
@@ -233,7 +247,7 @@ class LlamaEngine(EngineBase):
                                    rope=(dh, self.rope_cos, self.rope_sin), products_only=True)
             ops.linear_backward(N, C + 2 * Ckv, C, dh, a["ln1"], p[pre + "attn_q+k+v"], g[pre + "attn_q+k+v"], dln)
             ops.rmsnorm_backward(N, dln, a["x"], a["r1"], p[pre + "attn_norm.weight"], g[pre + "attn_norm.weight"],
-                                 dx, 1)
+                                 dx, 1, dx_copy=dense and i > 0)
             self._layer_done(i)  # blk.i.* gradients final: data-parallel ranks may sum them now
         if self._drop:
             ops.dropout_backward(N * C, *self._dropped(-1, "embd"), dx)

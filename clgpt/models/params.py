@@ -89,6 +89,10 @@ class ParamStore:
             sub = lambda b: b.get_sub_region(self.n_muon * F32, max(1, self.n_flat - self.n_muon) * F32)  # noqa: E731
             self._adamw_bufs = tuple(sub(b) for b in (self.flat_p, self.flat_g, self.flat_m, self.flat_v))
 
+    def offset(self, name: str) -> int:
+        """Where tensor or packed view `name` starts in the flat buffers, in floats."""
+        return self.offsets[self.packed[name][0] if name in self.packed else name]
+
     def _views(self, flat: cl.Buffer) -> dict[str, cl.Buffer]:
         base = max(1, self.ops.dev.device.mem_base_addr_align // 8)  # bytes a sub-buffer's offset must divide by
         size = lambda n: int(np.prod(self.shapes[n])) * F32  # noqa: E731

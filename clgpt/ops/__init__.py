@@ -119,6 +119,11 @@ class Ops:
         self.moe_router_forward, self.moe_router_backward = gr.moe_router_forward, gr.moe_router_backward
         self.moe_weight_backward = gr.moe_weight_backward
 
+    def weight_copies(self, M, flat, mats):
+        """The weights' tiled copies made together (TiledCopies.batch): mats [(X, offset, rows, cols)], X at float
+        offset of `flat`, read by products of M rows; only those whose products run on wgmma."""
+        self.backend.copies.batch(flat, [m for m in mats if self.backend.on_wgmma(M, m[2], m[3])])
+
     def build_gpt2(self):
         """GPT-2's own kernels: LayerNorm (with its GPU row forms), the position embedding's gradient."""
         self.layers.build_gpt2()

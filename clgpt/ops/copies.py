@@ -1,17 +1,22 @@
 """The tiled bf16 operand copies wgmma reads, made as clgpt/ops/copybook.py's CopyBook says how long each serves:
 a `stable` buffer's copy until the next forward (forget_copies), a `reuse` block's buffer's inside its block, a
-copy its producer wrote (TILED_OUT, LN_TILED, RMS_TILED, SWIGLU_TILED, OUT_TILED), and a GELU' deferred into a
+copy its producer wrote (TILED_OUT, LN_TILED, RMS_TILED, SWIGLU_TILED, OUT_TILED; the norms' backward's dx
+beside its fp32 values, DX_TILED), the weights' copies made together (batch), and a GELU' deferred into a
 gradient's copy. Every GEMM backend owns one (clgpt/ops/gemm/): the wgmma backend's makes copies through its
 bf16 GEMM's to_bf16; the portable backend's makes plain (row-major) copies for its bf16 storage by the same
 book (plain_copy); the others' keep the book of reuse blocks alone.
 
-Launches kernels/matmul_bf16.cl (to_bf16 TILED, with COLSUM: the column sums bias_backward takes; with GELU_GRAD:
-dg * gelu'(E)) and kernels/gelu.cl (gelu_backward, where a deferred GELU' is applied in place).
+Launches kernels/matmul_bf16.cl (to_bf16_batch; to_bf16 TILED, with COLSUM: the column sums bias_backward
+takes; with GELU_GRAD: dg * gelu'(E)) and kernels/gelu.cl (gelu_backward, where a deferred GELU' is applied in
+place).
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
+
+import numpy as np
+import pyopencl as cl
 
 from clgpt.ops.copybook import CopyBook
 from clgpt.ops.core import Facts, Part, ceil_to, i32
@@ -27,6 +32,7 @@ class TiledCopies(Part):
         # wgmma reads one tiled copy of a matrix for a product and for its transposes (M- / N-major operands):
         # the book of which copies serve which products (clgpt/ops/copybook.py)
         self.book = CopyBook()
+        self._batch, self._batch_launch = {}, None  # batch: (handle, rows, cols) -> (copy, Rp, Cp); its launch
         if bf16 is not None and f.colsum_copies:  # reuse copies: bias_partial's sums too
             for name, extra in (("to_bf16_colsum", {}), ("to_bf16_colsum_gelu", dict(GELU_GRAD=1))):
                 self.k[name] = self.dev.kernel("matmul_bf16", "to_bf16", TILED=1, COLSUM=1, **extra,
@@ -66,12 +72,18 @@ class TiledCopies(Part):
             return hit
         Rp, Cp = ceil_to(rows, 64), ceil_to(cols, 64)
         if book.is_stable(X):
+            if key in self._batch:  # a weight: every weight's copy in one launch, once a forward
+                self._make_batch()
+                return book.hit(key)
             out = self.kept_buf(X, Rp * Cp * 2)
             return book.keep(key, (self.bf16.to_bf16(None, X, rows, cols, Rp, Cp, tiled=True, out=out), Rp, Cp))
         pre = book.take_premade(key)
         if pre is not None:  # written by the product that made X (TILED_OUT 2), with its column sums
             return pre
         if book.is_reusing(X):  # slot 2, with the column sums for bias_backward where the GPU has them
+            beside = book.take_beside(key)
+            if beside is not None:  # written by X's producer (no column sums: bias_backward makes its own)
+                return beside
             if not self.f.colsum_copies:
                 return book.keep(key, (self.bf16.to_bf16(2, X, rows, cols, Rp, Cp, tiled=True), Rp, Cp))
             out, part = self.launcher.slot(2, Rp * Cp * 2), self.launcher.grown("cparts", Rp // 64 * cols)
@@ -105,6 +117,51 @@ class TiledCopies(Part):
             else:
                 hit = (self.bf16.to_bf16(slot, X, rows, cols, Rp, Cp), Rp, Cp)
         return hit[0], hit[2]
+
+
+    def batch(self, flat, mats):
+        """Make the tiled copies of mats, [(X, offset, rows, cols)]: stable matrices X (the weights) at float
+        `offset` of the buffer `flat`, together, in one launch (to_bf16_batch) when a product first asks for any of
+        them after forget_copies: one launch a forward where each took its own, the same bytes."""
+        self._batch, self._batch_launch = {}, None
+        if self.bf16 is None or not mats:
+            return
+        table, copies, first, chunk = [], [], 0, 0  # table: kernels/matmul_bf16.cl to_bf16_batch's rows
+        for X, off, rows, cols in mats:
+            Rp, Cp = ceil_to(rows, 64), ceil_to(cols, 64)
+            table.append((first, off, rows, cols, Rp, Cp, chunk))
+            copies.append(((X.int_ptr, rows, cols), chunk, Rp, Cp))
+            first, chunk = first + Rp * Cp // 8, chunk + Rp * Cp // 8
+        if max(first, chunk, max(m[1] + m[2] * m[3] for m in mats)) >= 2 ** 31:
+            return  # past the kernel's int offsets: a launch a matrix, as without a batch
+        tbuf = cl.Buffer(self.launcher.ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
+                         hostbuf=np.array(table, np.int32))
+        out = self.launcher.bytes_buf(chunk * 16)
+        for key, at, Rp, Cp in copies:
+            view = out.get_sub_region(at * 16, Rp * Cp * 2) if at else out
+            self._batch[key] = (view, Rp, Cp)
+        if "to_bf16_batch" not in self.k:
+            self.k["to_bf16_batch"] = self.dev.kernel("matmul_bf16", "to_bf16_batch", TILED=1, **self.f.bf16_options)
+        lsize = 256
+        self._batch_launch = (self.k["to_bf16_batch"], (ceil_to(first, lsize),), (lsize,),
+                              (i32(len(table)), i32(first), tbuf, flat, out))
+
+    def _make_batch(self):
+        """Every batched matrix's copy (batch), kept until forget_copies."""
+        self.launcher.launch(*self._batch_launch)
+        for key, entry in self._batch.items():
+            self.book.keep(key, entry)
+
+    def beside(self, X, rows, cols, wanted=True):
+        """The reuse block's copy (scratch slot 2) for X's producer to write beside X's fp32 values, where wanted,
+        the GPU reads tiled copies and rows, cols are multiples of 64: recorded for X's next reuse block; else None
+        (and any earlier one dropped: X is being written again)."""
+        if not wanted or not self.f.tiled_outputs or rows % 64 or cols % 64:
+            self.book.beside(X, None)
+            return None
+        copy = self.launcher.slot(2, rows * cols * 2)
+        self.book.beside(X, (copy, rows, cols))
+        return copy
 
     def kept_buf(self, X, nbytes, what=None):
         """The device buffer that holds stable buffer X's tiled copy (or another copy made of X, named `what`),

@@ -10,6 +10,9 @@ copies.py launches those. This object decides nothing on a device and launches n
     kept        (buffer, rows, cols) -> (copy, Rp, Cp) while valid, and the device buffers that hold them
     premade     copies a product wrote instead of its fp32 output (TILED_OUT 2 / 3): buffer -> (copy, Rp, Cp,
                 column sums, row chunks), taken by that buffer's reuse block, an error if never read
+    beside      copies a producer wrote beside its fp32 output, for the reuse block that follows (the norms'
+                backward's dx, DX_TILED): buffer -> (copy, Rp, Cp), taken by that buffer's reuse block, dropped
+                when the buffer is written again without one
     gelu        a GELU' deferred from a backward product into its gradient's reuse copy (Deferred)
     colsums     (key, row chunks, buffer): the column sums the reuse copy's kernel also wrote (bias_backward)
 """
@@ -33,6 +36,7 @@ class CopyBook:
         self.reusing = None  # the reuse block's buffer's handle
         self.kept, self.kept_bufs = {}, {}
         self.premade = {}
+        self.beside_copies = {}  # handle -> (copy, Rp, Cp)
         self.gelu = {}  # handle -> Deferred
         self.colsums = None
 
@@ -49,6 +53,7 @@ class CopyBook:
         unsettled = [g for g in self.gelu.values() if not g.copied]
         self.kept.clear()
         self.premade.clear()
+        self.beside_copies.clear()
         self.gelu.clear()
         return unsettled
 
@@ -62,6 +67,7 @@ class CopyBook:
         applies it to buf's fp32 values), else None. A copy buf's producer wrote that nothing read is an error."""
         h = buf.int_ptr
         self.reusing, self.colsums = None, None
+        self.beside_copies.pop(h, None)
         if self.premade.pop(h, None) is not None:
             raise ClgptError("internal: a gradient written only as its tiled copy was never read")
         for key in [k for k in self.kept if k[0] == h]:
@@ -95,6 +101,21 @@ class CopyBook:
             raise ClgptError("internal: a gradient written only as its tiled copy was read otherwise")
         self.colsums = (key, pre[4], pre[3])
         return self.keep(key, pre[:3])
+
+    def beside(self, X, entry):
+        """X's producer wrote entry = (copy, Rp, Cp) beside X's fp32 values (None: it wrote X without one)."""
+        if entry is None:
+            self.beside_copies.pop(X.int_ptr, None)
+        else:
+            self.beside_copies[X.int_ptr] = entry
+
+    def take_beside(self, key):
+        """The copy written beside key = (handle, rows, cols)'s fp32 values, kept from now on inside its reuse
+        block; None where there is none (or it has other rows and columns)."""
+        entry = self.beside_copies.pop(key[0], None)
+        if entry is None or entry[1:] != key[1:] or key[0] != self.reusing:
+            return None
+        return self.keep(key, entry)
 
     def check_fp32(self, X):
         """X is about to be read as fp32: an error where X was written only as its tiled copy."""

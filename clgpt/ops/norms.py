@@ -36,10 +36,13 @@ class Norms(Part):
             if f.ln_rows:  # 32 work-items a row, RW rows a group
                 for kname in ("layernorm_forward_rows", "layernorm_backward_rows", "layernorm_param_final_rows"):
                     k[kname] = dev.kernel("layernorm", kname, C=C, EPS=float(cfg.norm_eps), RW=self.launch["ln_rw"])
-                if f.tiled_outputs:  # the output's tiled copy too
+                if f.tiled_outputs:  # the output's tiled copy too, and the backward's dx's
                     k["layernorm_forward_rows_tiled"] = dev.kernel("layernorm", "layernorm_forward_rows", C=C,
                                                                    EPS=float(cfg.norm_eps), RW=self.launch["ln_rw"],
                                                                    LN_TILED=1)
+                    k["layernorm_backward_rows_tiled"] = dev.kernel("layernorm", "layernorm_backward_rows", C=C,
+                                                                    EPS=float(cfg.norm_eps), RW=self.launch["ln_rw"],
+                                                                    DX_TILED=1)
 
     def build_llama(self):
         """RMSNorm's kernels, with its GPU row forms."""
@@ -53,10 +56,13 @@ class Norms(Part):
         if f.ln_rows:  # GPUs, C % 128 == 0: 32 work-items a row, RW rows a group (as LayerNorm's)
             for kname in ("rmsnorm_forward_rows", "rmsnorm_backward_rows", "rmsnorm_param_final_rows"):
                 k[kname] = dev.kernel("rmsnorm", kname, C=C, EPS=float(cfg.norm_eps), RW=self.launch["ln_rw"])
-            if f.tiled_outputs:  # the output's tiled copy too
+            if f.tiled_outputs:  # the output's tiled copy too, and the backward's dx's
                 k["rmsnorm_forward_rows_tiled"] = dev.kernel("rmsnorm", "rmsnorm_forward_rows", C=C,
                                                              EPS=float(cfg.norm_eps), RW=self.launch["ln_rw"],
                                                              RMS_TILED=1)
+                k["rmsnorm_backward_rows_tiled"] = dev.kernel("rmsnorm", "rmsnorm_backward_rows", C=C,
+                                                              EPS=float(cfg.norm_eps), RW=self.launch["ln_rw"],
+                                                              DX_TILED=1)
         elif f.rows:
             for kname in ("rmsnorm_param_partial", "rmsnorm_param_final"):
                 k[kname] = dev.kernel("rmsnorm", kname, C=C, EPS=float(cfg.norm_eps))
@@ -75,13 +81,16 @@ class Norms(Part):
             return
         self.launcher.rows("layernorm_forward", -(-N // self.f.norm_rb), (i32(N), x, w, b, out, mean, rstd))
 
-    def layernorm_backward(self, N, dout, x, mean, rstd, w, dw, db, dx, accum):
+    def layernorm_backward(self, N, dout, x, mean, rstd, w, dw, db, dx, accum, dx_copy=False):
+        """dx [+]= LayerNorm's input gradient, dw, db += its weight's and bias's. dx_copy: as rmsnorm_backward's."""
         C = self.cfg.n_embd
+        copy = self.copies.beside(dx, N, C, dx_copy and self.f.ln_rows)
         if self.f.ln_rows:  # dx and each work-group's dw, db part in one pass, then their sum
             rw, rpi, P = self._row_parts(N)
             part = self.launcher.grown("cparts", 2 * P * C)
-            self.launcher.run("layernorm_backward_rows", (32, P * rw), i32(N), i32(rpi), i32(accum), dout, x, w, mean, rstd,
-                     dx, part, lsize=(32, rw))
+            self.launcher.run("layernorm_backward_rows" + ("_tiled" if copy is not None else ""), (32, P * rw),
+                              i32(N), i32(rpi), i32(accum), dout, x, w, mean, rstd, dx, part,
+                              *([copy] if copy is not None else []), lsize=(32, rw))
             self.launcher.run("layernorm_param_final_rows", (C // 2, 32), i32(P), part, dw, db, lsize=(8, 32))
             return
         if self.f.rows:
@@ -116,13 +125,17 @@ class Norms(Part):
             return
         self.launcher.rows("rmsnorm_forward", -(-N // self.f.norm_rb), (i32(N), x, w, out, rstd))
 
-    def rmsnorm_backward(self, N, dout, x, rstd, w, dw, dx, accum):
+    def rmsnorm_backward(self, N, dout, x, rstd, w, dw, dx, accum, dx_copy=False):
+        """dx [+]= RMSNorm's input gradient, dw += its weight's. dx_copy: dx's next readers are the products of a
+        linear_backward (dx its dy): on GPUs that read tiled copies, dx's copy is written as dx is (DX_TILED)."""
         C = self.cfg.n_embd
+        copy = self.copies.beside(dx, N, C, dx_copy and self.f.ln_rows)
         if self.f.ln_rows:  # dx and each work-group's dw part in one pass, then their sum
             rw, rpi, P = self._row_parts(N)
             part = self.launcher.grown("cparts", P * C)
-            self.launcher.run("rmsnorm_backward_rows", (32, P * rw), i32(N), i32(rpi), i32(accum), dout, x, w, rstd, dx, part,
-                     lsize=(32, rw))
+            self.launcher.run("rmsnorm_backward_rows" + ("_tiled" if copy is not None else ""), (32, P * rw), i32(N),
+                              i32(rpi), i32(accum), dout, x, w, rstd, dx, part, *([copy] if copy is not None else []),
+                              lsize=(32, rw))
             self.launcher.run("rmsnorm_param_final_rows", (C // 4, 32), i32(P), part, dw, lsize=(8, 32))
             return
         if self.f.rows:
