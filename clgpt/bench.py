@@ -300,7 +300,7 @@ def with_tuning(setting: str, dev, cfg, B: int, T: int, kn: knobs.Knobs) -> knob
     row = launch_config(dev.device, kn)
     record, line = tuner.resolve(setting, dev, cfg, B, T, row)
     batched = replace(kn, gemm_tuning=record)
-    tiles, flash_line = tuner_flash.resolve(setting, dev, cfg, B, T, row,
+    tiles, flash_line = tuner_flash.resolve(setting, dev, cfg, B, T, row, kn,
                                             time_batched=lambda: attention_seconds(dev, cfg, B, T, batched))
     print(line + "\n" + flash_line)
     sys.stdout.flush()
@@ -336,10 +336,11 @@ def run_tune_device(args) -> None:
     paths = [tuner.cache_file(dev.device)] + ([Path(args.out)] if args.out else [])
     for path in paths:
         tuner.save(path, dev.device, key, record)
-    kn = replace(knobs.read(), gemm_tuning=record)
-    weigh = tuner_flash.wanted(dev.device, launch_config(dev.device, kn), args.ctx) and not tuner_flash.scores_too_big(
-        dev.device, cfg, args.batch, args.ctx)
-    batched = (lambda: attention_seconds(dev, cfg, args.batch, args.ctx, kn)) if weigh else None
+    kn = knobs.read()
+    weigh = tuner_flash.wanted(dev.device, launch_config(dev.device, kn), args.ctx, kn) and not tuner_flash.scores_too_big(
+        dev.device, cfg, args.batch, args.ctx)  # the row as the stages see it, before the record
+    tuned = replace(kn, gemm_tuning=record)
+    batched = (lambda: attention_seconds(dev, cfg, args.batch, args.ctx, tuned)) if weigh else None
     flash = tuner_flash.tune(dev, args.batch, cfg.n_head, args.ctx, cfg.head_dim,
                              max_candidates=args.max_candidates or None, batched=batched)
     for path in paths:

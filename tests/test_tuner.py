@@ -291,6 +291,8 @@ def test_flash_record_weighs_the_batched_form_and_auto_follows_it(dev):
     memory are kept from the weighing."""
     from types import SimpleNamespace
 
+    import pyopencl as cl
+
     from clgpt.ops import Ops, attention_seconds
 
     cands = {k: [(32, 16, 4)] for k in tuner_flash.DEFAULT}
@@ -308,6 +310,9 @@ def test_flash_record_weighs_the_batched_form_and_auto_follows_it(dev):
         assert ops.flash_portable is flash, tuned
     small = ModelConfig(vocab_size=37, n_ctx=48, n_embd=16, n_head=2, n_layer=1, n_ff=32)
     assert all(attention_seconds(dev, small, 2, 48, Knobs(launch="gpu"), form) > 0 for form in ("batched", "flash"))
+    gpu, row = SimpleNamespace(type=cl.device_type.GPU), tuning.launch_config(dev.device, Knobs(launch="gpu"))
+    assert tuner_flash.wanted(gpu, row, T, Knobs(launch="gpu")) and not tuner_flash.wanted(gpu, row, T - 1, Knobs(launch="gpu"))
+    assert not tuner_flash.wanted(gpu, row, T, Knobs(launch="gpu", mma_emulate=True))  # tensor cores: not its row
     L = ModelConfig(vocab_size=8192, n_ctx=512, n_embd=768, n_head=12, n_layer=12, n_ff=3072)  # 2.4 GB of scores
     assert tuner_flash.scores_too_big(SimpleNamespace(global_mem_size=8 << 30), L, 16, 512)
     assert not tuner_flash.scores_too_big(SimpleNamespace(global_mem_size=80 << 30), L, 16, 512)
@@ -319,30 +324,31 @@ def test_flash_tiles_setting_auto_off_pinned_and_cached(dev, tmp_path, monkeypat
     """off: the defaults; auto where the run would not take portable flash attention (a CPU device, T below
     MIN_T): not tuned; auto where it would: tuned once into the GEMM's cache file, then read; a pinned file: its
     record (none for this shape: the defaults); a broken record: a one-line error naming the file."""
-    gpu_row = tuning.launch_config(dev.device, Knobs(launch="gpu"))
+    GPU = Knobs(launch="gpu")
+    gpu_row = tuning.launch_config(dev.device, GPU)
     T = tuner_flash.MIN_T
-    assert tuner_flash.resolve("off", dev, CFG, 4, T, gpu_row)[0] is None
-    tiles, line = tuner_flash.resolve("auto", dev, CFG, 4, T - 1, gpu_row)
+    assert tuner_flash.resolve("off", dev, CFG, 4, T, gpu_row, GPU)[0] is None
+    tiles, line = tuner_flash.resolve("auto", dev, CFG, 4, T - 1, gpu_row, GPU)
     assert tiles is None and "the defaults" in line
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setattr(tuner_flash, "wanted", lambda device, row, t: t >= T)
+    monkeypatch.setattr(tuner_flash, "wanted", lambda device, row, t, kn: t >= T)
     calls = []
     monkeypatch.setattr(tuner_flash, "tune", lambda d, B, H, t, D, progress=print, batched=None: calls.append(t)
                         or dict(tiles=dict(forward=[32, 16, 4], dq=[64, 16, 4], dkv=[32, 32, 4]), form="batched",
                                 seconds=0.5))
-    first, line = tuner_flash.resolve("auto", dev, CFG, 4, T, gpu_row, say=lambda m: None)
-    again, line2 = tuner_flash.resolve("auto", dev, CFG, 4, T, gpu_row)
+    first, line = tuner_flash.resolve("auto", dev, CFG, 4, T, gpu_row, GPU, say=lambda m: None)
+    again, line2 = tuner_flash.resolve("auto", dev, CFG, 4, T, gpu_row, GPU)
     assert first == again == dict(forward=(32, 16, 4), dq=(64, 16, 4), dkv=(32, 32, 4), form="batched")
     assert calls == [T] and line2.endswith("dkv 32x32x4; batched)")
     assert "tuned now" in line and "cached" in line2
     path = tuner.cache_file(dev.device)
-    assert tuner_flash.resolve(str(path), dev, CFG, 4, T, gpu_row)[0] == first
-    assert tuner_flash.resolve(str(path), dev, CFG, 2, T, gpu_row)[0] is None
+    assert tuner_flash.resolve(str(path), dev, CFG, 4, T, gpu_row, GPU)[0] == first
+    assert tuner_flash.resolve(str(path), dev, CFG, 2, T, gpu_row, GPU)[0] is None
     bad = json.loads(path.read_text())
     next(iter(bad["records"].values()))["tiles"].pop("dq")
     path.write_text(json.dumps(bad))
     with pytest.raises(ClgptError, match="names no tiles for forward, dq, dkv"):
-        tuner_flash.resolve(str(path), dev, CFG, 4, T, gpu_row)
+        tuner_flash.resolve(str(path), dev, CFG, 4, T, gpu_row, GPU)
 
 
 def test_bf16_storage_pair_decides_precision_auto(dev):

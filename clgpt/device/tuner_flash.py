@@ -27,6 +27,8 @@ import numpy as np
 import pyopencl as cl
 
 from clgpt.device import tuner
+from clgpt.device.knobs import Knobs
+from clgpt.device.precision import matrix_path
 from clgpt.device.opencl import KERNEL_DIR, Device, kernel_source
 from clgpt.errors import ClgptError
 
@@ -299,15 +301,16 @@ def scores_too_big(device: cl.Device, cfg, batch_size: int, seq_len: int) -> boo
     return cfg.n_layer * batch_size * cfg.n_head * seq_len * seq_len * 4 > SCORES_SHARE * device.global_mem_size
 
 
-def wanted(device: cl.Device, launch_row: dict, T: int) -> bool:
+def wanted(device: cl.Device, launch_row: dict, T: int, kn: Knobs) -> bool:
     """Whether a run on this row takes portable flash attention at T on its own (attention: auto): a GPU whose
-    row has the local-memory GEMM and no tensor cores (the generic row), T at least MIN_T."""
+    row has the local-memory GEMM and no tensor cores under the knobs (the generic row), T at least MIN_T. (Every
+    row names tensor-core tiles, used only where the matrix path says so.)"""
     return bool(device.type & cl.device_type.GPU) and launch_row.get("matmul", {}).get("kernel") == "matmul" \
-        and "matmul_mma" not in launch_row and T >= MIN_T
+        and matrix_path(device, kn) is None and T >= MIN_T
 
 
-def resolve(setting: str, dev: Device, cfg, batch_size: int, seq_len: int, launch_row: dict, say=print,
-            may_tune: bool = True, time_batched=None) -> tuple[dict | None, str]:
+def resolve(setting: str, dev: Device, cfg, batch_size: int, seq_len: int, launch_row: dict, kn: Knobs,
+            say=print, may_tune: bool = True, time_batched=None) -> tuple[dict | None, str]:
     """The stages' `tuning` setting -> (portable flash attention's tiles and form, or None: the defaults, the log's
     line), as clgpt.device.tuner.resolve does for the GEMM, in the same files. auto: tuned once where a run takes
     it (wanted), then cached; off: the defaults; a path: its record, the defaults where it has none.
@@ -324,7 +327,7 @@ def resolve(setting: str, dev: Device, cfg, batch_size: int, seq_len: int, launc
             return None, f"flash attention tiles: pinned file {setting} has none for this shape (the defaults)"
         tiles = check_record(rec, setting)
         return tiles, f"flash attention tiles: pinned file {setting} ({describe(tiles)})"
-    if not wanted(dev.device, launch_row, seq_len):
+    if not wanted(dev.device, launch_row, seq_len, kn):
         return None, f"flash attention tiles: the defaults (tuned only on a GPU's generic row, T >= {MIN_T})"
     path = tuner.cache_file(dev.device)
     rec = tuner.read_file(path)["records"].get(key) if path.exists() else None

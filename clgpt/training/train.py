@@ -205,7 +205,7 @@ def _tuned_knobs(setting: str, dev, cfg, batch_size: int, seq_len: int, stage: s
     try:
         record, line = tuner.resolve(setting, dev, cfg, batch_size, seq_len, row, say=say, may_tune=ranks == 1)
         tiles, flash_line = tuner_flash.resolve(
-            setting, dev, cfg, batch_size, seq_len, row, say=say, may_tune=ranks == 1,
+            setting, dev, cfg, batch_size, seq_len, row, kn, say=say, may_tune=ranks == 1,
             time_batched=lambda: attention_seconds(dev, cfg, batch_size, seq_len, replace(kn, gemm_tuning=record)))
     except ClgptError as e:
         raise ClgptError(f"{stage}.tuning: {e}") from None
