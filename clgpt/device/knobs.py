@@ -18,6 +18,8 @@ value read() cannot use is a one-line ClgptError naming the variable and what to
     CLGPT_WGMMA_NARROW=BM=..,... (tuning)     the narrow wgmma tiles
     CLGPT_FLASH=FWD_MT=..,... (attention)     flash attention's tiles (clgpt/ops/attention.py FLASH_TILES)
     CLGPT_PRESET=0|1 (tuning)                 launch through cl.Kernels whose arguments were set once
+    CLGPT_SUBGROUP=off|8|16|32|64 (device)    the GPU row kernels' reductions: off, the local-memory forms; a size,
+                                              sub-groups of it (one the device offers); unset: the device's choice
     CLGPT_MMA_EMULATE=0|1 (0)                 1: the tensor-core path on any device, mma emulated (tests on PoCL)
     CLGPT_NV_VERBOSE=any (unset)              NVIDIA's compiler reports registers and spills in the build log
     CLGPT_SM90A_VERBOSE=any (unset)           ptxas prints registers, spills and wgmma warnings of sm_90a rebuilds
@@ -48,6 +50,7 @@ from dataclasses import dataclass
 
 from clgpt.errors import ClgptError
 
+SUBGROUP_VAR = "CLGPT_SUBGROUP"  # named again where the device refuses its size (clgpt.device.capabilities)
 OFF = "off"  # a tile knob's value that turns its GEMM off (CLGPT_BF16, CLGPT_WGMMA)
 FLASH_KEYS = ("FWD_MT", "KS", "DQ_MT", "KQ", "QK", "FWD_NREG", "DQ_NREG", "DKV_NREG")  # clgpt/ops/attention.py FLASH_TILES
 
@@ -66,6 +69,7 @@ class Knobs:
     wgmma_narrow: dict | None = None
     flash: dict | None = None  # clgpt.ops.attention's FLASH_TILES, overridden
     preset: int | None = None  # 0 | 1 overrides the row's `preset`
+    subgroup: int | None = None  # None: the device's choice (clgpt.device.capabilities); 0: local memory; n: size n
     # clgpt.device.precision, clgpt.ops: which GEMM path and how its copies are made
     mma_emulate: bool = False
     wgmma_min_mnk: int | None = None  # None: clgpt.device.tuning.WGMMA_MIN_MNK; passed in, never read from a variable
@@ -140,6 +144,7 @@ def read(env: Mapping[str, str] | None = None) -> Knobs:
         _choice("CLGPT_LAUNCH", launch, ("cpu", "nvidia", "gpu"))
     matmul = env.get("CLGPT_MATMUL", "").strip()
     preset = env.get("CLGPT_PRESET", "")
+    subgroup = env.get(SUBGROUP_VAR, "").strip().lower()
     return Knobs(
         launch=launch,
         matmul=parse_tiles("CLGPT_MATMUL", matmul) if matmul else None,
@@ -152,6 +157,8 @@ def read(env: Mapping[str, str] | None = None) -> Knobs:
         wgmma_narrow=_tiles(env, "CLGPT_WGMMA_NARROW"),
         flash=_flash(env),
         preset=int(preset) if preset in ("0", "1") else None,
+        subgroup=None if not subgroup else 0 if subgroup == OFF else _int(
+            SUBGROUP_VAR, subgroup, "off or a sub-group size the device offers, e.g. 16"),
         mma_emulate=_on(env.get("CLGPT_MMA_EMULATE")),
         nv_verbose=bool(env.get("CLGPT_NV_VERBOSE")),
         sm90a_verbose=bool(env.get("CLGPT_SM90A_VERBOSE")),
