@@ -84,9 +84,10 @@ class Capabilities:
     subgroup_sizes: tuple = ()
     subgroup_fixed: bool = False
     # the row kernels' reductions through sub-groups (-D SUBGROUP), of size `subgroup` (0: the compiler's); False:
-    # the local-memory forms. The 32-wide norm row slices take them where a fixed size divides 32 (Facts)
+    # the local-memory forms. `row_subgroup`: the norms' 32-wide row slices' fixed size (dividing 32), 0: local memory
     subgroup_reduce: bool = False
     subgroup: int = 0
+    row_subgroup: int = 0
 
     def gemm_backend(self, round_mode: int) -> str:
         """The GEMM for operands rounded as clgpt.device.precision.ROUND's round_mode: portable (kernels/matmul.cl),
@@ -202,10 +203,23 @@ def _probe_size(device, n: int) -> list:
 
 def _subgroup_fields(device, kn: Knobs, rows: int) -> dict:
     """The record's sub-group fields: a GPU row's choice among the sizes the device offers (the largest dividing
-    32, so that the norms' row slices take it too; else the largest), or what CLGPT_SUBGROUP asks."""
+    32, so that the norms' row slices take it too; else the largest), what the row tuner's record says
+    (clgpt.device.tuner_rows: kn.rows_tuning), or what CLGPT_SUBGROUP asks."""
     if not rows:  # the CPU row has its own forms and no work-group reductions
         return {}
     sizes, fixed = subgroup_sizes(device)
+    tuned = kn.rows_tuning or {}
+    if kn.subgroup is None and tuned and sizes:
+        wg, row = (tuned.get(f) and tuned[f]["sg"] for f in ("rows", "norm"))
+        known = lambda sg: sg in sizes if fixed else sg == "auto"  # noqa: E731 - a record of another device: ignored
+        out = dict(subgroup_sizes=sizes, subgroup_fixed=fixed)
+        if wg is not None and wg != "local" and known(wg):
+            out.update(subgroup_reduce=True, subgroup=0 if wg == "auto" else wg)
+        if row is not None and row != "local" and fixed and known(row):
+            out.update(row_subgroup=row)
+        elif row is None and out.get("subgroup") and 32 % out["subgroup"] == 0:  # no row slices timed: as the rest
+            out.update(row_subgroup=out["subgroup"])
+        return out
     if kn.subgroup == 0 or (not sizes and kn.subgroup is None):
         return dict(subgroup_sizes=sizes, subgroup_fixed=fixed)
     if kn.subgroup is not None:
@@ -216,7 +230,8 @@ def _subgroup_fields(device, kn: Knobs, rows: int) -> dict:
         size = kn.subgroup
     else:
         size = max([n for n in sizes if 32 % n == 0] or sizes) if fixed else sizes[0]
-    return dict(subgroup_sizes=sizes, subgroup_fixed=fixed, subgroup_reduce=True, subgroup=size if fixed else 0)
+    return dict(subgroup_sizes=sizes, subgroup_fixed=fixed, subgroup_reduce=True, subgroup=size if fixed else 0,
+                row_subgroup=size if fixed and 32 % size == 0 else 0)
 
 
 def smem_address(device) -> dict:

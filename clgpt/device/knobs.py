@@ -29,13 +29,15 @@ value read() cannot use is a one-line ClgptError naming the variable and what to
 
 Three fields no variable sets, since they change which kernel computes a product; the code that wants them passes
 Knobs(...) in (wgmma_min_mnk: bench/gpu_tc.py check and bench/gpu_engine_check.py: 0, every bf16 product on wgmma;
-gemm_tuning, flash_tuning: the training stages and `clgpt bench`, through the tuners' resolve):
+gemm_tuning, flash_tuning, rows_tuning: the training stages and `clgpt bench`, through the tuners' resolve):
 
     field=values (default)                    what it is for
     wgmma_min_mnk=integer (None: 2**30)       smaller products (M*N*K) stay on mma.sync; None: clgpt.device.tuning's
     gemm_tuning=record (None)                 clgpt.device.tuner's record: the portable GEMM's tiles per product
                                               (the stages' and bench's `tuning` setting resolves it)
     flash_tuning=tiles (None)                 clgpt.device.tuner_flash's: portable flash attention's tiles a kernel
+    rows_tuning=record (None)                 clgpt.device.tuner_rows's: the row kernels' work-group sizes and
+                                              sub-group reductions (CLGPT_SUBGROUP, where set, wins)
 
 The 0 | 1 switches read as the code always has: any value but empty or 0 is on. CLGPT_RANK_DIR
 (clgpt.training.dist, clgpt.training.launch) is not a knob but how the launcher and its ranks find their status
@@ -75,6 +77,7 @@ class Knobs:
     wgmma_min_mnk: int | None = None  # None: clgpt.device.tuning.WGMMA_MIN_MNK; passed in, never read from a variable
     gemm_tuning: dict | None = None  # a clgpt.device.tuner record; passed in (the `tuning` setting), never a variable
     flash_tuning: dict | None = None  # portable flash attention's tiles (clgpt.device.tuner_flash); passed in likewise
+    rows_tuning: dict | None = None  # the row kernels' forms (clgpt.device.tuner_rows); passed in likewise
     # diagnostics
     nv_verbose: bool = False
     sm90a_verbose: bool = False
