@@ -337,7 +337,7 @@ def run_tune_device(args) -> None:
     rows = tuner_rows.tune(dev, cfg, args.batch, args.ctx)
     for path in paths:
         tuner.save(path, dev.device, tuner_rows.record_key(cfg, args.batch, args.ctx), rows)
-    for why in sorted(set(record["rejected"].values()) | set(flash["rejected"].values()) | set(rows["rejected"].values())):
+    for why in sorted({*record["rejected"].values(), *flash["rejected"].values(), *rows["rejected"].values()}):
         print(f"rejected: {why}")
     print(f"tuned in {record['seconds'] + flash['seconds'] + rows['seconds']:.1f} s: {tuner.describe(record)}; flash "
           f"attention {tuner_flash.describe(flash['tiles'])}; {tuner_rows.describe(rows)}")

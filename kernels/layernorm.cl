@@ -299,7 +299,8 @@ __kernel void layernorm_param_final(const int R, __global const float* part, __g
 
 // out, mean, rstd as layernorm_forward_wg. 2-D launch: global (32, ceil(N / RW) * RW), local (32, RW); row
 // get_group_id(1) * RW + get_local_id(1). Two passes over the registers (mean, then sum (x - mean)^2) with a
-// local array each: two barriers in all. Rows past N read the last row and store nothing.
+// local array each: two barriers in all (none with SUBGROUP 32: norm_rows.cl). Rows past N read the last row and
+// store nothing.
 // LN_TILED 1 (N a multiple of 64): also out's bf16 copy in matmul_wgmma.cl's tiled layout (precision.cl
 // tiled_chunk, Rp = N), the copy the products read (Ops keeps it: no second pass over out to make it).
 #ifndef LN_TILED

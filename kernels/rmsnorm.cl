@@ -210,8 +210,8 @@ __kernel void rmsnorm_param_final(const int R, __global const float* part, __glo
 #include "norm_rows.cl"
 
 // out, rstd as rmsnorm_forward_wg. 2-D launch: global (32, ceil(N / RW) * RW), local (32, RW); row
-// get_group_id(1) * RW + get_local_id(1). One pass over the registers (sum x^2), one barrier. Rows past N read
-// the last row and store nothing.
+// get_group_id(1) * RW + get_local_id(1). One pass over the registers (sum x^2), one barrier (none with SUBGROUP
+// 32: norm_rows.cl). Rows past N read the last row and store nothing.
 // RMS_TILED 1 (N a multiple of 64): also out's bf16 copy in matmul_wgmma.cl's tiled layout (precision.cl
 // tiled_chunk, Rp = N), the copy the products read, as layernorm.cl's LN_TILED (no second pass over out).
 #ifndef RMS_TILED

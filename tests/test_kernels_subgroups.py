@@ -6,7 +6,7 @@ capabilities record and the CLGPT_SUBGROUP knob.
 
 The cases are what each runtime offers, found when the module is collected; where none offers sub-groups the one
 case "none" checks that none does. Work-groups of 128 (the GPU row's) hold several sub-groups (the local-memory
-step); a work-group of the sub-group's size is one (no barrier). Tolerances as tests/test_kernels_norms.py's:
+step); a work-group of 32 or 64 at those sizes is one (no barrier). Tolerances as tests/test_kernels_norms.py's:
 outputs 1e-5 of the reference's largest magnitude, gradients 1e-4."""
 
 from __future__ import annotations
@@ -68,8 +68,9 @@ def test_every_implementation_offering_subgroups_gives_sizes():
 
 
 def _lws(n):
-    """Work-group sizes to check a size-n sub-group form at: 128 (several sub-groups) and n (one)."""
-    return (128,) if n in (0, 128) else (128, n)
+    """Work-group sizes to check a size-n sub-group form at: 128 (several sub-groups) and, for the sizes a row
+    tuner's work-group can be (32, 64), n (one sub-group: no barrier)."""
+    return (128, n) if n in (32, 64) else (128,)
 
 
 def _same_again(dev, file, name, gsize, args, kw, lsize, first, keys):

@@ -76,7 +76,8 @@ def test_a_record_sets_the_row_forms_and_the_engine_matches_float64(impl, tmp_pa
     got, line = tuner_rows.resolve(str(path), dev, CFG, B, T, row)
     assert got == rec and line.startswith(f"row kernels: pinned file {path}")
     assert tuner_rows.resolve("off", dev, CFG, B, T, row)[0] is None
-    assert tuner_rows.resolve("auto", dev, CFG, B, T, row)[1] == "row kernels: the table's forms (tuned only on a GPU row)"
+    assert tuner_rows.resolve("auto", dev, CFG, B, T, row)[1] == \
+        "row kernels: the table's forms (tuned only on a GPU row)"
     kn = Knobs(launch="gpu", rows_tuning=got)
     caps = capabilities(dev.device, kn)
     sg = want["rows"]["sg"]

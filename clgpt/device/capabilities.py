@@ -167,7 +167,8 @@ def subgroup_sizes(device) -> tuple[tuple, bool]:
         sizes, fixed = (), False
         if subgroup_extension(device):
             fixed = "cl_intel_required_subgroup_size" in device.extensions.split()
-            sizes = tuple(n for n in SUBGROUP_SIZES if _probe_size(device, n)) if fixed else tuple(_probe_size(device, 0))
+            sizes = tuple(n for n in SUBGROUP_SIZES if _probe_size(device, n)) if fixed else \
+                tuple(_probe_size(device, 0))
         _sizes_cache[key] = (sizes, fixed)
     return _sizes_cache[key]
 
@@ -194,7 +195,8 @@ def _probe_size(device, n: int) -> list:
             return []
         t = np.arange(128)
         sums = (t // size * size) * size + size * (size - 1) // 2  # the sum of t over t's sub-group
-        if not (np.array_equal(out[:128], size | (t // size) << 8 | (t % size) << 16) and np.array_equal(out[128:], sums)):
+        ids = size | (t // size) << 8 | (t % size) << 16
+        if not (np.array_equal(out[:128], ids) and np.array_equal(out[128:], sums)):
             return []
         if 32 % size:  # the row slices will not take it: no need for the (32, 4) check
             break

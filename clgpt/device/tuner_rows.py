@@ -70,7 +70,8 @@ class Run:
                          w=r.standard_normal(C).astype(np.float32), b=r.standard_normal(C).astype(np.float32),
                          dout=r.standard_normal((N, C)).astype(np.float32),
                          logits=(r.standard_normal((N, V)) * 4).astype(np.float32),
-                         targets=r.integers(0, V, N).astype(np.int32), att=(r.standard_normal((R, T)) * 3).astype(np.float32))
+                         targets=r.integers(0, V, N).astype(np.int32),
+                         att=(r.standard_normal((R, T)) * 3).astype(np.float32))
         mf = cl.mem_flags
         self.buf = {k: cl.Buffer(dev.ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=a) for k, a in self.host.items()}
         for name, n in (("out", N * C), ("dx", N * C), ("mean", N), ("rstd", N), ("losses", N), ("lse", N),
