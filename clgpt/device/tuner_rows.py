@@ -66,12 +66,9 @@ class Run:
     def __init__(self, dev: Device, arch: str, N: int, C: int, V: int, R: int, T: int, seed: int = 0):
         self.dev, self.arch, self.N, self.C, self.V, self.R, self.T = dev, arch, N, C, V, R, T
         r = np.random.default_rng(seed)
-        self.host = dict(x=r.standard_normal((N, C)).astype(np.float32) * 2 + 0.5,
-                         w=r.standard_normal(C).astype(np.float32), b=r.standard_normal(C).astype(np.float32),
-                         dout=r.standard_normal((N, C)).astype(np.float32),
-                         logits=(r.standard_normal((N, V)) * 4).astype(np.float32),
-                         targets=r.integers(0, V, N).astype(np.int32),
-                         att=(r.standard_normal((R, T)) * 3).astype(np.float32))
+        normal = lambda shape, s=1.0: r.standard_normal(shape, np.float32) * np.float32(s)  # noqa: E731
+        self.host = dict(x=normal((N, C), 2) + np.float32(0.5), w=normal(C), b=normal(C), dout=normal((N, C)),
+                         logits=normal((N, V), 4), targets=r.integers(0, V, N).astype(np.int32), att=normal((R, T), 3))
         mf = cl.mem_flags
         self.buf = {k: cl.Buffer(dev.ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=a) for k, a in self.host.items()}
         for name, n in (("out", N * C), ("dx", N * C), ("mean", N), ("rstd", N), ("losses", N), ("lse", N),
