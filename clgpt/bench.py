@@ -289,11 +289,11 @@ def run_bench(args) -> None:
 
 
 def with_tuning(setting: str, dev, cfg, B: int, T: int, kn: knobs.Knobs) -> knobs.Knobs:
-    """`kn` with the GEMM tuning record and portable flash attention's tiles the `tuning` setting gives
-    (clgpt.device.tuner.resolve, clgpt.device.tuner_flash.resolve), their lines printed."""
+    """`kn` with the GEMM tuning record, portable flash attention's tiles and the row kernels' forms the `tuning`
+    setting gives (clgpt.device.tuner.resolve, tuner_flash.resolve, tuner_rows.resolve), their lines printed."""
     from dataclasses import replace
 
-    from clgpt.device import tuner, tuner_flash
+    from clgpt.device import tuner, tuner_flash, tuner_rows
     from clgpt.device.tuning import launch_config
     from clgpt.ops import attention_seconds
 
@@ -302,20 +302,21 @@ def with_tuning(setting: str, dev, cfg, B: int, T: int, kn: knobs.Knobs) -> knob
     batched = replace(kn, gemm_tuning=record)
     tiles, flash_line = tuner_flash.resolve(setting, dev, cfg, B, T, row, kn,
                                             time_batched=lambda: attention_seconds(dev, cfg, B, T, batched))
-    print(line + "\n" + flash_line)
+    rows, rows_line = tuner_rows.resolve(setting, dev, cfg, B, T, row, kn)
+    print(line + "\n" + flash_line + "\n" + rows_line)
     sys.stdout.flush()
-    return replace(kn, gemm_tuning=record, flash_tuning=tiles)
+    return replace(kn, gemm_tuning=record, flash_tuning=tiles, rows_tuning=rows)
 
 
 def run_tune_device(args) -> None:
-    """`clgpt tune-device`: measure the portable GEMM's tiles and portable flash attention's on the device for one
-    model and batch (always, even where the cache has them, and on a CPU too), cache the records and, with --out,
+    """`clgpt tune-device`: measure the portable GEMM's tiles, portable flash attention's and the row kernels'
+    forms on the device for one model and batch (always, even where the cache has them, and on a CPU too), cache the records and, with --out,
     write them there as well."""
     from pathlib import Path
 
     from dataclasses import replace
 
-    from clgpt.device import tuner, tuner_flash
+    from clgpt.device import tuner, tuner_flash, tuner_rows
     from clgpt.device.opencl import get_device
     from clgpt.device.tuning import launch_config
     from clgpt.model import ModelConfig
@@ -345,9 +346,12 @@ def run_tune_device(args) -> None:
                              max_candidates=args.max_candidates or None, batched=batched)
     for path in paths:
         tuner.save(path, dev.device, tuner_flash.record_key(args.batch, cfg.n_head, args.ctx, cfg.head_dim), flash)
-    for why in sorted(set(record["rejected"].values()) | set(flash["rejected"].values())):
+    rows = tuner_rows.tune(dev, cfg, args.batch, args.ctx)
+    for path in paths:
+        tuner.save(path, dev.device, tuner_rows.record_key(cfg, args.batch, args.ctx), rows)
+    for why in sorted({*record["rejected"].values(), *flash["rejected"].values(), *rows["rejected"].values()}):
         print(f"rejected: {why}")
-    print(f"tuned in {record['seconds'] + flash['seconds']:.1f} s: {tuner.describe(record)}; flash attention "
-          f"{tuner_flash.describe({**flash['tiles'], 'form': flash['form']})}")
+    print(f"tuned in {record['seconds'] + flash['seconds'] + rows['seconds']:.1f} s: {tuner.describe(record)}; flash "
+          f"attention {tuner_flash.describe({**flash['tiles'], 'form': flash['form']})}; {tuner_rows.describe(rows)}")
     print("written: " + ", ".join(str(p) for p in paths))
 

@@ -96,7 +96,7 @@ __kernel void adamw_v8(const int n, const int n_decay, __global float* p, __glob
 // grad_norm_final_wg (one work-group): out as grad_norm_final, the partials summed strided, then the tree.
 #ifdef LW
 #include "reduce.cl"
-__kernel __attribute__((reqd_work_group_size(LW, 1, 1)))
+__kernel __attribute__((reqd_work_group_size(LW, 1, 1))) SG_KERNEL
 void grad_norm_partial_wg(const int n, __global const float* g, __global float* partials)
 {
     __local float red[LW];
@@ -106,7 +106,7 @@ void grad_norm_partial_wg(const int n, __global const float* g, __global float* 
     if (get_local_id(0) == 0) partials[get_group_id(0)] = s;
 }
 
-__kernel __attribute__((reqd_work_group_size(LW, 1, 1)))
+__kernel __attribute__((reqd_work_group_size(LW, 1, 1))) SG_KERNEL
 void grad_norm_final_wg(const int n_parts, const float clip, __global const float* partials, __global float* out)
 {
     __local float red[LW];

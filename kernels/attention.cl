@@ -128,7 +128,7 @@ __kernel void attention_backward_key(const int B, const int T, __global const fl
 //   attention_dsoftmax: datt[r, t2] = att * (dp - sum_t2 att * dp)  (datt holds dp = dout . v), 0 for t2 > t
 #include "reduce.cl"
 
-__kernel __attribute__((reqd_work_group_size(LW, 1, 1)))
+__kernel __attribute__((reqd_work_group_size(LW, 1, 1))) SG_KERNEL
 void attention_softmax(const int T, __global float* att)
 {
     const int r = get_group_id(0), l = get_local_id(0), t = r % T;
@@ -147,7 +147,7 @@ void attention_softmax(const int T, __global float* att)
     for (int j = l; j < T; j += LW) row[j] = j <= t ? row[j] * inv : 0.0f;
 }
 
-__kernel __attribute__((reqd_work_group_size(LW, 1, 1)))
+__kernel __attribute__((reqd_work_group_size(LW, 1, 1))) SG_KERNEL
 void attention_dsoftmax(const int T, __global const float* att, __global float* datt)
 {
     const int r = get_group_id(0), l = get_local_id(0), t = r % T;

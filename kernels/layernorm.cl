@@ -213,7 +213,7 @@ __kernel void layernorm_param_backward(const int N, __global const float* dout, 
 // ---- GPUs: one work-group of LW work-items per row, fixed-order tree reductions (deterministic) ----
 #include "reduce.cl"
 
-__kernel __attribute__((reqd_work_group_size(LW, 1, 1)))
+__kernel __attribute__((reqd_work_group_size(LW, 1, 1))) SG_KERNEL
 void layernorm_forward_wg(const int N, __global const float* x, __global const float* w,
                           __global const float* b, __global float* out,
                           __global float* mean, __global float* rstd)
@@ -233,7 +233,7 @@ void layernorm_forward_wg(const int N, __global const float* x, __global const f
     if (l == 0) { mean[n] = m; rstd[n] = s; }
 }
 
-__kernel __attribute__((reqd_work_group_size(LW, 1, 1)))
+__kernel __attribute__((reqd_work_group_size(LW, 1, 1))) SG_KERNEL
 void layernorm_backward_wg(const int N, const int accum, __global const float* dout,
                            __global const float* x, __global const float* w,
                            __global const float* mean, __global const float* rstd,
@@ -299,7 +299,8 @@ __kernel void layernorm_param_final(const int R, __global const float* part, __g
 
 // out, mean, rstd as layernorm_forward_wg. 2-D launch: global (32, ceil(N / RW) * RW), local (32, RW); row
 // get_group_id(1) * RW + get_local_id(1). Two passes over the registers (mean, then sum (x - mean)^2) with a
-// local array each: two barriers in all. Rows past N read the last row and store nothing.
+// local array each: two barriers in all (none with SUBGROUP 32: norm_rows.cl). Rows past N read the last row and
+// store nothing.
 // LN_TILED 1 (N a multiple of 64): also out's bf16 copy in matmul_wgmma.cl's tiled layout (precision.cl
 // tiled_chunk, Rp = N), the copy the products read (Ops keeps it: no second pass over out to make it).
 #ifndef LN_TILED
@@ -311,7 +312,7 @@ __kernel void layernorm_param_final(const int R, __global const float* part, __g
 #else
 #define LN_TILED_ARGS
 #endif
-__kernel __attribute__((reqd_work_group_size(32, RW, 1)))
+__kernel __attribute__((reqd_work_group_size(32, RW, 1))) ROW_KERNEL
 void layernorm_forward_rows(const int N, __global const float* x, __global const float* w,
                             __global const float* b, __global float* out,
                             __global float* mean, __global float* rstd LN_TILED_ARGS)
@@ -326,18 +327,20 @@ void layernorm_forward_rows(const int N, __global const float* x, __global const
         v[i] = xr[32 * i];
         s += v[i].x; s += v[i].y; s += v[i].z; s += v[i].w;
     }
-    ps[r * 32 + l] = s;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    const float m = row_sum32(ps + r * 32) / C;
+    const float sp = row_part(s);
+    ROW_PUT(ps + r * 32, l, sp);
+    ROW_BARRIER();
+    const float m = ROW_SUM(ps + r * 32, sp) / C;
     float q = 0.0f;
 #pragma unroll
     for (int i = 0; i < ROW_NB; i++) {
         const float4 d = v[i] - m;
         q += d.x * d.x; q += d.y * d.y; q += d.z * d.z; q += d.w * d.w;
     }
-    pv[r * 32 + l] = q;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    const float sd = 1.0f / sqrt(row_sum32(pv + r * 32) / C + EPS);
+    const float qp = row_part(q);
+    ROW_PUT(pv + r * 32, l, qp);
+    ROW_BARRIER();
+    const float sd = 1.0f / sqrt(ROW_SUM(pv + r * 32, qp) / C + EPS);
     if (n >= N) return;
     __global float4* o = (__global float4*)(out + (size_t)n * C) + l;
     __global const float4* w4 = (__global const float4*)w + l;
@@ -373,7 +376,7 @@ void layernorm_forward_rows(const int N, __global const float* x, __global const
 #else
 #define DX_TILED_ARGS
 #endif
-__kernel __attribute__((reqd_work_group_size(32, RW, 1)))
+__kernel __attribute__((reqd_work_group_size(32, RW, 1))) ROW_KERNEL
 void layernorm_backward_rows(const int N, const int rpi, const int accum, __global const float* dout,
                              __global const float* x, __global const float* w,
                              __global const float* mean, __global const float* rstd,
@@ -405,8 +408,9 @@ void layernorm_backward_rows(const int N, const int rpi, const int accum, __glob
         }
         __local float* rs = red[2 * (k & 1)];
         __local float* rx = red[2 * (k & 1) + 1];
-        rs[t] = ps;
-        rx[t] = px;
+        const float sps = row_part(ps), spx = row_part(px);
+        ROW_PUT(rs + r * 32, l, sps);
+        ROW_PUT(rx + r * 32, l, spx);
         float4 xn[ROW_NB], dnn[ROW_NB];  // the slot's next row, loading while this one's sums are made
         float mn = m, sn = s;
         if (k + 1 < rpi) {
@@ -419,8 +423,8 @@ void layernorm_backward_rows(const int N, const int rpi, const int accum, __glob
                 dnn[i] = d4[(size_t)nn * (C / 4) + 32 * i];
             }
         }
-        barrier(CLK_LOCAL_MEM_FENCE);
-        const float ds = row_sum32(rs + r * 32) / C, dxs = row_sum32(rx + r * 32) / C;
+        ROW_BARRIER();
+        const float ds = ROW_SUM(rs + r * 32, sps) / C, dxs = ROW_SUM(rx + r * 32, spx) / C;
         if (n < N) {
             __global float4* o = (__global float4*)dx + (size_t)n * (C / 4) + l;
 #pragma unroll

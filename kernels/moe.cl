@@ -281,7 +281,7 @@ __kernel void moe_weight_backward(const int N, __global const float* dout, __glo
 #ifdef LW
 // moe_weight_backward with one work-group of LW work-items per assignment a (GPUs: coalesced rows), the
 // channel sums in wg_sum's fixed tree order.
-__kernel __attribute__((reqd_work_group_size(LW, 1, 1)))
+__kernel __attribute__((reqd_work_group_size(LW, 1, 1))) SG_KERNEL
 void moe_weight_backward_wg(const int N, __global const float* dout, __global const int* pos,
                             __global const float* ye, __global float* dw)
 {

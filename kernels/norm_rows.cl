@@ -5,6 +5,14 @@
 // A row's sum: each work-item sums its values in order (i, then .x .y .z .w), writes that partial to local
 // memory, one barrier, then every work-item of the row sums the 32 partials itself in order 0..31 (broadcast
 // reads): the same bits in all 32, no second barrier, no tree.
+// With -D SUBGROUP (a sub-group size that divides 32, fixed at build time by cl_intel_required_subgroup_size:
+// clgpt/device/capabilities.py's `subgroup`), a row's 32 work-items are 32 / SUBGROUP whole sub-groups (local ids
+// in order, dimension 0 first: the capabilities probe checks the device forms them so), each summing its values in
+// registers (sub_group_reduce_add: an order fixed by the device and the build). SUBGROUP 32: that is the row's
+// sum, no local memory and no barrier; 8 or 16: each sub-group's first work-item writes its sum, one barrier,
+// then the 32 / SUBGROUP sums in order. A kernel reduces a row's partial v as
+//     const float sp = row_part(v); ROW_PUT(p, l, sp); ROW_BARRIER(); ... ROW_SUM(p, sp)
+// with p the row's 32 local floats (16-byte aligned) and l its local id 0..31; ROW_KERNEL before its `void`.
 // The weight gradients (dw, and LayerNorm's db): each work-group's sums over its rows, one part a work-group
 // (slot_sums_to_part), then the parts added by a *_param_final_rows kernel (parts_sum). Fixed orders
 // throughout: deterministic.
@@ -15,6 +23,17 @@
 #error "the row-slice kernels (RW) need C % 128 == 0 and C <= 2048"
 #endif
 #define ROW_NB (C / 128)  // float4s of a row a work-item holds
+
+#if defined(SUBGROUP) && SUBGROUP > 0
+#if 32 % SUBGROUP != 0
+#error "the row-slice kernels' sub-group form needs a sub-group size that divides 32"
+#endif
+#define ROW_SG SUBGROUP
+#define ROW_KERNEL __attribute__((intel_reqd_sub_group_size(SUBGROUP)))
+#else
+#define ROW_SG 0
+#define ROW_KERNEL
+#endif
 
 // p: one row's 32 partials (__local, 16-byte aligned) -> their sum in order 0..31
 inline float row_sum32(__local const float* p)
@@ -27,6 +46,36 @@ inline float row_sum32(__local const float* p)
     }
     return s;
 }
+
+#if ROW_SG
+#if defined(cl_khr_subgroups)
+#pragma OPENCL EXTENSION cl_khr_subgroups : enable
+#endif
+inline float row_part(const float v) { return sub_group_reduce_add(v); }
+#else
+inline float row_part(const float v) { return v; }
+#endif
+#if ROW_SG == 32
+#define ROW_PUT(p, l, v)
+#define ROW_BARRIER()
+#define ROW_SUM(p, v) (v)
+#elif ROW_SG
+// p: one row's 32 / ROW_SG sub-group sums -> their sum in order
+inline float row_sum_sg(__local const float* p)
+{
+    float s = p[0];
+#pragma unroll
+    for (int j = 1; j < 32 / ROW_SG; j++) s += p[j];
+    return s;
+}
+#define ROW_PUT(p, l, v) if ((l) % ROW_SG == 0) (p)[(l) / ROW_SG] = (v)
+#define ROW_BARRIER() barrier(CLK_LOCAL_MEM_FENCE)
+#define ROW_SUM(p, v) row_sum_sg(p)
+#else
+#define ROW_PUT(p, l, v) (p)[l] = (v)
+#define ROW_BARRIER() barrier(CLK_LOCAL_MEM_FENCE)
+#define ROW_SUM(p, v) row_sum32(p)
+#endif
 
 // Column block i (columns 128i .. 128i + 127) of the work-group's part: NS (1 or 2) sums a column, work-item
 // t = r * 32 + l holding row-slot r's float4 column l of the first (a0) and second (a1) in registers. They go

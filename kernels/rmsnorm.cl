@@ -146,7 +146,7 @@ __kernel void rmsnorm_param_backward(const int N, __global const float* dout, __
 #ifdef LW
 #include "reduce.cl"
 
-__kernel __attribute__((reqd_work_group_size(LW, 1, 1)))
+__kernel __attribute__((reqd_work_group_size(LW, 1, 1))) SG_KERNEL
 void rmsnorm_forward_wg(const int N, __global const float* x, __global const float* w, __global float* out,
                         __global float* rstd)
 {
@@ -162,7 +162,7 @@ void rmsnorm_forward_wg(const int N, __global const float* x, __global const flo
     if (l == 0) rstd[n] = s;
 }
 
-__kernel __attribute__((reqd_work_group_size(LW, 1, 1)))
+__kernel __attribute__((reqd_work_group_size(LW, 1, 1))) SG_KERNEL
 void rmsnorm_backward_wg(const int N, const int accum, __global const float* dout, __global const float* x,
                          __global const float* w, __global const float* rstd, __global float* dx)
 {
@@ -210,8 +210,8 @@ __kernel void rmsnorm_param_final(const int R, __global const float* part, __glo
 #include "norm_rows.cl"
 
 // out, rstd as rmsnorm_forward_wg. 2-D launch: global (32, ceil(N / RW) * RW), local (32, RW); row
-// get_group_id(1) * RW + get_local_id(1). One pass over the registers (sum x^2), one barrier. Rows past N read
-// the last row and store nothing.
+// get_group_id(1) * RW + get_local_id(1). One pass over the registers (sum x^2), one barrier (none with SUBGROUP
+// 32: norm_rows.cl). Rows past N read the last row and store nothing.
 // RMS_TILED 1 (N a multiple of 64): also out's bf16 copy in matmul_wgmma.cl's tiled layout (precision.cl
 // tiled_chunk, Rp = N), the copy the products read, as layernorm.cl's LN_TILED (no second pass over out).
 #ifndef RMS_TILED
@@ -223,7 +223,7 @@ __kernel void rmsnorm_param_final(const int R, __global const float* part, __glo
 #else
 #define RMS_TILED_ARGS
 #endif
-__kernel __attribute__((reqd_work_group_size(32, RW, 1)))
+__kernel __attribute__((reqd_work_group_size(32, RW, 1))) ROW_KERNEL
 void rmsnorm_forward_rows(const int N, __global const float* x, __global const float* w, __global float* out,
                           __global float* rstd RMS_TILED_ARGS)
 {
@@ -237,9 +237,10 @@ void rmsnorm_forward_rows(const int N, __global const float* x, __global const f
         v[i] = xr[32 * i];
         q += v[i].x * v[i].x; q += v[i].y * v[i].y; q += v[i].z * v[i].z; q += v[i].w * v[i].w;
     }
-    pq[r * 32 + l] = q;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    const float s = 1.0f / sqrt(row_sum32(pq + r * 32) / C + EPS);
+    const float qp = row_part(q);
+    ROW_PUT(pq + r * 32, l, qp);
+    ROW_BARRIER();
+    const float s = 1.0f / sqrt(ROW_SUM(pq + r * 32, qp) / C + EPS);
     if (n >= N) return;
     __global float4* o = (__global float4*)(out + (size_t)n * C) + l;
     __global const float4* w4 = (__global const float4*)w + l;
@@ -273,7 +274,7 @@ void rmsnorm_forward_rows(const int N, __global const float* x, __global const f
 #else
 #define DX_TILED_ARGS
 #endif
-__kernel __attribute__((reqd_work_group_size(32, RW, 1)))
+__kernel __attribute__((reqd_work_group_size(32, RW, 1))) ROW_KERNEL
 void rmsnorm_backward_rows(const int N, const int rpi, const int accum, __global const float* dout,
                            __global const float* x, __global const float* w, __global const float* rstd,
                            __global float* dx, __global float* part DX_TILED_ARGS)
@@ -301,7 +302,8 @@ void rmsnorm_backward_rows(const int N, const int rpi, const int accum, __global
             px += dnx.x; px += dnx.y; px += dnx.z; px += dnx.w;
         }
         __local float* rx = red[k & 1];
-        rx[t] = px;
+        const float spx = row_part(px);
+        ROW_PUT(rx + r * 32, l, spx);
         float4 xn[ROW_NB], dnn[ROW_NB];  // the slot's next row, loading while this one's sum is made
         float sn = s;
         if (k + 1 < rpi) {
@@ -313,8 +315,8 @@ void rmsnorm_backward_rows(const int N, const int rpi, const int accum, __global
                 dnn[i] = d4[(size_t)nn * (C / 4) + 32 * i];
             }
         }
-        barrier(CLK_LOCAL_MEM_FENCE);
-        const float dot = row_sum32(rx + r * 32) / C;
+        ROW_BARRIER();
+        const float dot = ROW_SUM(rx + r * 32, spx) / C;
         if (n < N) {
             __global float4* o = (__global float4*)dx + (size_t)n * (C / 4) + l;
 #pragma unroll

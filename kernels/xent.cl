@@ -69,7 +69,7 @@ __kernel void xent_backward_tiled(const int N, const float s, __global const flo
 // 0); then the group's max M and the sum of each item's s * exp(m - M).
 #include "reduce.cl"
 
-__kernel __attribute__((reqd_work_group_size(LW, 1, 1)))
+__kernel __attribute__((reqd_work_group_size(LW, 1, 1))) SG_KERNEL
 void xent_forward_wg(const int N, __global const float* logits, __global const int* targets,
                      __global const float* mask, __global float* losses, __global float* lse)
 {

@@ -15,7 +15,7 @@ from clgpt.device.knobs import OFF, Knobs
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTOCOL = {"CLGPT_RANK_DIR"}  # how clgpt.training.launch and its ranks find their status folder, not a knob
-PASSED_IN = {"wgmma_min_mnk", "gemm_tuning", "flash_tuning"}  # fields that change results: code passes them in, no variable sets them
+PASSED_IN = {"wgmma_min_mnk", "gemm_tuning", "flash_tuning", "rows_tuning"}  # fields that change results: code passes them in, no variable sets them
 
 
 def var(field: dataclasses.Field) -> str:
@@ -48,6 +48,8 @@ def test_read_takes_os_environ_when_called(monkeypatch):
     ("CLGPT_WGMMA_NARROW", "BM=128,BN=64,STAGES=3,PIPE=1", "wgmma_narrow", dict(BM=128, BN=64, STAGES=3, PIPE=1)),
     ("CLGPT_FLASH", "FWD_MT=2,KS=32", "flash", dict(FWD_MT=2, KS=32)),
     ("CLGPT_PRESET", "0", "preset", 0),
+    ("CLGPT_SUBGROUP", "off", "subgroup", 0),
+    ("CLGPT_SUBGROUP", "16", "subgroup", 16),
     ("CLGPT_MMA_EMULATE", "1", "mma_emulate", True),
     ("CLGPT_NV_VERBOSE", "1", "nv_verbose", True),
     ("CLGPT_SM90A_VERBOSE", "1", "sm90a_verbose", True),
@@ -86,6 +88,7 @@ def test_no_variable_sets_a_field_code_passes_in():
     ("CLGPT_MMA", "BM=wide", "CLGPT_MMA='BM=wide': 'BM' needs an integer"),
     ("CLGPT_MATMUL", "off", "CLGPT_MATMUL='off': 'off' needs an integer"),
     ("CLGPT_FLASH", "BM=64", "CLGPT_FLASH: unknown BM; set FWD_MT, KS"),
+    ("CLGPT_SUBGROUP", "wide", "CLGPT_SUBGROUP='wide': set it to off or a sub-group size the device offers"),
 ])
 def test_a_value_that_cannot_be_used_is_a_one_line_error_naming_the_variable(variable, value, message):
     with pytest.raises(ClgptError, match=re.escape(message)) as err:

@@ -25,10 +25,10 @@ OPS_DIR = ROOT / "clgpt" / "ops"
 # the ceilings: lower one when a change brings its figure down, never raise one
 CEILING = dict(multi_base=0, cross_self=0, enqueues=0, private_reach=0)
 # files that enqueue on a queue of their own: the device's probes where the device is made, the device tuners'
-# timing harnesses (candidate tiles timed apart from any model, before an Ops exists: the GEMM's, flash
-# attention's), and the profile's stand-in kernel, which the launcher itself calls
+# timing harnesses (candidates timed apart from any model, before an Ops exists: the GEMM's, flash attention's, the
+# row kernels'), and the profile's stand-in kernel, which the launcher itself calls
 ENQUEUE_OK = {"clgpt/device/opencl.py", "clgpt/device/capabilities.py", "clgpt/device/tuner.py",
-              "clgpt/device/tuner_flash.py", "clgpt/bench.py"}
+              "clgpt/device/tuner_flash.py", "clgpt/device/tuner_rows.py", "clgpt/bench.py"}
 
 
 def _parsed(paths):

@@ -8,6 +8,14 @@ tensor cores, GEMM tiles turned off), and off one probe run on the device: kerne
 how a local pointer becomes a shared-window address for cp.async / ldmatrix (NVIDIA; without one the bf16 GEMM
 and wgmma are off and bf16 products run on matmul_mma.cl).
 
+Sub-groups (cl_khr_subgroups, the OpenCL 3.0 feature __opencl_c_subgroups, cl_intel_subgroups), on the GPU rows
+only: which sizes the device builds (with cl_intel_required_subgroup_size each candidate size is built and run
+once, kernels/reduce.cl's subgroup_probe; without it, the one size its compiler picks) and whether it forms them of
+consecutive work-items with a reduce that adds them. The row kernels (kernels/reduce.cl's wg_reduce: softmax and
+its backward, cross-entropy, the one-work-group-a-row norms, the grad norm; norm_rows.cl: the 32-wide row slices)
+then reduce in sub-groups, a fixed size where the device lets the build fix it. NVIDIA's OpenCL and Mesa's
+llvmpipe offer none, PoCL 3 none on CPUs: they keep the local-memory forms, as the CPU row always does.
+
 The forms it picks among: kernels/layernorm.cl and rmsnorm.cl (a work-item, a work-group or a 32-wide slice a
 row), kernels/rope.cl and swiglu.cl (a work-item a pair, or 4 outputs, on GPUs), kernels/adamw.cl (float8 AdamW,
 work-group norm sums), kernels/transpose.cl and bias.cl (float8 transposes and column sums),
@@ -23,10 +31,11 @@ import numpy as np
 import pyopencl as cl
 
 from clgpt.device import sm90a
-from clgpt.device.knobs import Knobs
+from clgpt.device.knobs import SUBGROUP_VAR, Knobs
 from clgpt.device.opencl import get_device_for
 from clgpt.device.precision import matrix_path
 from clgpt.device.tuning import launch_config
+from clgpt.errors import ClgptError
 
 GEMM_BACKENDS = ("portable", "mma", "bf16", "wgmma")
 
@@ -70,6 +79,15 @@ class Capabilities:
     # the bf16 kernels' build options: MMA_EMULATE (no NVIDIA device), or SMEM_CVTA 0 / 1 (smem_probe); {} where
     # the bf16 GEMM is off
     bf16_options: dict
+    # sub-groups (GPU rows; see the module doc): the sizes the device builds and runs right, () where it offers none
+    # or the row takes none (CPU); `subgroup_fixed`: each size fixed at build time (cl_intel_required_subgroup_size)
+    subgroup_sizes: tuple = ()
+    subgroup_fixed: bool = False
+    # the row kernels' reductions through sub-groups (-D SUBGROUP), of size `subgroup` (0: the compiler's); False:
+    # the local-memory forms. `row_subgroup`: the norms' 32-wide row slices' fixed size (dividing 32), 0: local memory
+    subgroup_reduce: bool = False
+    subgroup: int = 0
+    row_subgroup: int = 0
 
     def gemm_backend(self, round_mode: int) -> str:
         """The GEMM for operands rounded as clgpt.device.precision.ROUND's round_mode: portable (kernels/matmul.cl),
@@ -116,7 +134,106 @@ def _read(device, kn: Knobs) -> Capabilities:
         attention_gemm_min_t=launch.get("attn_gemm_min_t", 0) if launch.get("attn_gemm") else None,
         split_k=bool(launch.get("split_k")), preset=bool(launch.get("preset", 0)),
         tensor_cores=tensor_cores, mma_emulated=emulated, bf16_gemm=bf16_gemm,
-        wgmma=wgmma, colsum_copies=wgmma and bool(rows) and launch.get("colsum_rows") == 64, bf16_options=bf16_options)
+        wgmma=wgmma, colsum_copies=wgmma and bool(rows) and launch.get("colsum_rows") == 64, bf16_options=bf16_options,
+        **_subgroup_fields(device, kn, rows))
+
+
+SUBGROUP_SIZES = (8, 16, 32, 64)  # the sizes tried where the build fixes one (cl_intel_required_subgroup_size)
+
+
+def subgroup_extension(device) -> str:
+    """The sub-group extension (or OpenCL 3.0 feature) the device offers, "" for none."""
+    ext = device.extensions.split()
+    for name in ("cl_khr_subgroups", "cl_intel_subgroups"):
+        if name in ext:
+            return name
+    try:
+        features = {f.name for f in device.opencl_c_features}
+    except (cl.Error, AttributeError):  # before OpenCL 3.0
+        features = set()
+    return "__opencl_c_subgroups" if "__opencl_c_subgroups" in features else ""
+
+
+_sizes_cache: dict[int, tuple[tuple, bool]] = {}
+
+
+def subgroup_sizes(device) -> tuple[tuple, bool]:
+    """(the sub-group sizes this device builds and runs right, each fixed at build time?), read once a device:
+    with cl_intel_required_subgroup_size every SUBGROUP_SIZES size that builds and passes kernels/reduce.cl's
+    subgroup_probe; without it, the size its compiler picks for the probe, where it passes; ((), False) without
+    sub-groups."""
+    key = device.int_ptr
+    if key not in _sizes_cache:
+        sizes, fixed = (), False
+        if subgroup_extension(device):
+            fixed = "cl_intel_required_subgroup_size" in device.extensions.split()
+            sizes = tuple(n for n in SUBGROUP_SIZES if _probe_size(device, n)) if fixed else \
+                tuple(_probe_size(device, 0))
+        _sizes_cache[key] = (sizes, fixed)
+    return _sizes_cache[key]
+
+
+def _probe_size(device, n: int) -> list:
+    """[the sub-group size] where kernels/reduce.cl's subgroup_probe built with SUBGROUP n (0: the compiler's
+    size) runs as the row kernels need, else []: consecutive ids and a reduce that adds, in a work-group of 128
+    (wg_reduce's) and, for a size dividing 32, of (32, 4) (the norms' row slices; Intel's CPU runtime makes
+    sub-groups of 32 there when asked for 64)."""
+    dev = get_device_for(device)
+    try:
+        kern = dev.kernel("reduce", "subgroup_probe", SUBGROUP=n, SUBGROUP_PROBE=1)
+    except ClgptError:  # a size the device cannot build
+        return []
+    size = 0
+    for lsize in ((128, 1), (32, 4)):
+        out = np.zeros(256, np.uint32)
+        d = cl.Buffer(dev.ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=out)
+        kern(dev.queue, lsize, lsize, d)
+        cl.enqueue_copy(dev.queue, out, d, is_blocking=True)
+        got = int(out[0] & 0xFF)
+        size = size or got
+        if got != size or size < 1 or (n and size != n) or 128 % size:
+            return []
+        t = np.arange(128)
+        sums = (t // size * size) * size + size * (size - 1) // 2  # the sum of t over t's sub-group
+        ids = size | (t // size) << 8 | (t % size) << 16
+        if not (np.array_equal(out[:128], ids) and np.array_equal(out[128:], sums)):
+            return []
+        if 32 % size:  # the row slices will not take it: no need for the (32, 4) check
+            break
+    return [size]
+
+
+def _subgroup_fields(device, kn: Knobs, rows: int) -> dict:
+    """The record's sub-group fields: a GPU row's choice among the sizes the device offers (the largest dividing
+    32, so that the norms' row slices take it too; else the largest), what the row tuner's record says
+    (clgpt.device.tuner_rows: kn.rows_tuning), or what CLGPT_SUBGROUP asks."""
+    if not rows:  # the CPU row has its own forms and no work-group reductions
+        return {}
+    sizes, fixed = subgroup_sizes(device)
+    tuned = kn.rows_tuning or {}
+    if kn.subgroup is None and tuned and sizes:
+        wg, row = (tuned.get(f) and tuned[f]["sg"] for f in ("rows", "norm"))
+        known = lambda sg: sg in sizes if fixed else sg == "auto"  # noqa: E731 - a record of another device: ignored
+        out = dict(subgroup_sizes=sizes, subgroup_fixed=fixed)
+        if wg is not None and wg != "local" and known(wg):
+            out.update(subgroup_reduce=True, subgroup=0 if wg == "auto" else wg)
+        if row is not None and row != "local" and fixed and known(row):
+            out.update(row_subgroup=row)
+        elif row is None and out.get("subgroup") and 32 % out["subgroup"] == 0:  # no row slices timed: as the rest
+            out.update(row_subgroup=out["subgroup"])
+        return out
+    if kn.subgroup == 0 or (not sizes and kn.subgroup is None):
+        return dict(subgroup_sizes=sizes, subgroup_fixed=fixed)
+    if kn.subgroup is not None:
+        if kn.subgroup not in sizes:
+            offered = f"sub-group sizes {', '.join(map(str, sizes))}" if sizes else "no sub-groups"
+            raise ClgptError(f"{SUBGROUP_VAR}={kn.subgroup}: {device.name.strip()} offers {offered}; set "
+                             f"{'one of them, ' * bool(sizes)}off, or unset it")
+        size = kn.subgroup
+    else:
+        size = max([n for n in sizes if 32 % n == 0] or sizes) if fixed else sizes[0]
+    return dict(subgroup_sizes=sizes, subgroup_fixed=fixed, subgroup_reduce=True, subgroup=size if fixed else 0,
+                row_subgroup=size if fixed and 32 % size == 0 else 0)
 
 
 def smem_address(device) -> dict:

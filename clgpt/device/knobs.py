@@ -18,6 +18,8 @@ value read() cannot use is a one-line ClgptError naming the variable and what to
     CLGPT_WGMMA_NARROW=BM=..,... (tuning)     the narrow wgmma tiles
     CLGPT_FLASH=FWD_MT=..,... (attention)     flash attention's tiles (clgpt/ops/attention.py FLASH_TILES)
     CLGPT_PRESET=0|1 (tuning)                 launch through cl.Kernels whose arguments were set once
+    CLGPT_SUBGROUP=off|8|16|32|64 (device)    the GPU row kernels' reductions: off, the local-memory forms; a size,
+                                              sub-groups of it (one the device offers); unset: the device's choice
     CLGPT_MMA_EMULATE=0|1 (0)                 1: the tensor-core path on any device, mma emulated (tests on PoCL)
     CLGPT_NV_VERBOSE=any (unset)              NVIDIA's compiler reports registers and spills in the build log
     CLGPT_SM90A_VERBOSE=any (unset)           ptxas prints registers, spills and wgmma warnings of sm_90a rebuilds
@@ -27,7 +29,7 @@ value read() cannot use is a one-line ClgptError naming the variable and what to
 
 Three fields no variable sets, since they change which kernel computes a product; the code that wants them passes
 Knobs(...) in (wgmma_min_mnk: bench/gpu_tc.py check and bench/gpu_engine_check.py: 0, every bf16 product on wgmma;
-gemm_tuning, flash_tuning: the training stages and `clgpt bench`, through the tuners' resolve):
+gemm_tuning, flash_tuning, rows_tuning: the training stages and `clgpt bench`, through the tuners' resolve):
 
     field=values (default)                    what it is for
     wgmma_min_mnk=integer (None: 2**30)       smaller products (M*N*K) stay on mma.sync; None: clgpt.device.tuning's
@@ -35,6 +37,8 @@ gemm_tuning, flash_tuning: the training stages and `clgpt bench`, through the tu
                                               (the stages' and bench's `tuning` setting resolves it)
     flash_tuning=tiles (None)                 clgpt.device.tuner_flash's: portable flash attention's tiles a kernel
                                               and the form `attention: auto` takes (flash | batched)
+    rows_tuning=record (None)                 clgpt.device.tuner_rows's: the row kernels' work-group sizes and
+                                              sub-group reductions (CLGPT_SUBGROUP, where set, wins)
 
 The 0 | 1 switches read as the code always has: any value but empty or 0 is on. CLGPT_RANK_DIR
 (clgpt.training.dist, clgpt.training.launch) is not a knob but how the launcher and its ranks find their status
@@ -49,6 +53,7 @@ from dataclasses import dataclass
 
 from clgpt.errors import ClgptError
 
+SUBGROUP_VAR = "CLGPT_SUBGROUP"  # named again where the device refuses its size (clgpt.device.capabilities)
 OFF = "off"  # a tile knob's value that turns its GEMM off (CLGPT_BF16, CLGPT_WGMMA)
 FLASH_KEYS = ("FWD_MT", "KS", "DQ_MT", "KQ", "QK", "FWD_NREG", "DQ_NREG", "DKV_NREG")  # clgpt/ops/attention.py FLASH_TILES
 
@@ -67,11 +72,13 @@ class Knobs:
     wgmma_narrow: dict | None = None
     flash: dict | None = None  # clgpt.ops.attention's FLASH_TILES, overridden
     preset: int | None = None  # 0 | 1 overrides the row's `preset`
+    subgroup: int | None = None  # None: the device's choice (clgpt.device.capabilities); 0: local memory; n: size n
     # clgpt.device.precision, clgpt.ops: which GEMM path and how its copies are made
     mma_emulate: bool = False
     wgmma_min_mnk: int | None = None  # None: clgpt.device.tuning.WGMMA_MIN_MNK; passed in, never read from a variable
     gemm_tuning: dict | None = None  # a clgpt.device.tuner record; passed in (the `tuning` setting), never a variable
     flash_tuning: dict | None = None  # portable flash attention's tiles (clgpt.device.tuner_flash); passed in likewise
+    rows_tuning: dict | None = None  # the row kernels' forms (clgpt.device.tuner_rows); passed in likewise
     # diagnostics
     nv_verbose: bool = False
     sm90a_verbose: bool = False
@@ -141,6 +148,7 @@ def read(env: Mapping[str, str] | None = None) -> Knobs:
         _choice("CLGPT_LAUNCH", launch, ("cpu", "nvidia", "gpu"))
     matmul = env.get("CLGPT_MATMUL", "").strip()
     preset = env.get("CLGPT_PRESET", "")
+    subgroup = env.get(SUBGROUP_VAR, "").strip().lower()
     return Knobs(
         launch=launch,
         matmul=parse_tiles("CLGPT_MATMUL", matmul) if matmul else None,
@@ -153,6 +161,8 @@ def read(env: Mapping[str, str] | None = None) -> Knobs:
         wgmma_narrow=_tiles(env, "CLGPT_WGMMA_NARROW"),
         flash=_flash(env),
         preset=int(preset) if preset in ("0", "1") else None,
+        subgroup=None if not subgroup else 0 if subgroup == OFF else _int(
+            SUBGROUP_VAR, subgroup, "off or a sub-group size the device offers, e.g. 16"),
         mma_emulate=_on(env.get("CLGPT_MMA_EMULATE")),
         nv_verbose=bool(env.get("CLGPT_NV_VERBOSE")),
         sm90a_verbose=bool(env.get("CLGPT_SM90A_VERBOSE")),

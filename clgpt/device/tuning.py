@@ -153,6 +153,10 @@ def launch_config(device: cl.Device, kn: knobs.Knobs) -> dict:
     if kn.gemm_tuning is not None and cfg["matmul"].get("kernel") == "matmul":  # the tuner's tiles replace the row's
         cfg.pop("matmul_narrow", None)
         cfg.update(launch_tables(kn.gemm_tuning))
+    rows = kn.rows_tuning or {}
+    if rows and cfg.get("rows"):  # the row tuner's work-group sizes replace the row's (clgpt.device.tuner_rows)
+        cfg["rows"] = int(rows["rows"]["rows"]) if rows.get("rows") else cfg["rows"]
+        cfg["ln_rw"] = int(rows["norm"]["ln_rw"]) if rows.get("norm") else cfg["ln_rw"]
     if kn.matmul is not None:
         cfg.pop("matmul_shapes", None)
         cfg["matmul"] = dict(kn.matmul)

@@ -53,7 +53,7 @@ class Attention(Part):
                     k[kname] = dev.kernel("attention", kname + "_u4", ROWS_RB=1, **kw)
         if f.rows:
             for kname in ("attention_softmax", "attention_dsoftmax"):
-                k[kname] = dev.kernel("attention", kname, C=C, H=H, D=D, SCALE=scale, VEC=0, LW=f.rows)
+                k[kname] = dev.kernel("attention", kname, C=C, H=H, D=D, SCALE=scale, VEC=0, LW=f.rows, **f.sg)
         self.flash = self._use_flash(mode, seq_len, batch_size)
         self.flash_portable = not self.flash and self._use_flash_portable(mode, seq_len)
         if self.flash_portable:

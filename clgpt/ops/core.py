@@ -71,6 +71,10 @@ class Facts:
         # the record's op forms where this model's widths allow them (see clgpt/device/capabilities.py)
         C, D = cfg.n_embd, cfg.head_dim
         self.rows = caps.group_rows  # GPUs: one work-group of `rows` work-items per row
+        # their reductions through sub-groups (kernels/reduce.cl, -D SUBGROUP) where the record says so, and the
+        # norms' 32-wide row slices' (kernels/norm_rows.cl: a fixed size dividing 32); {}: local memory
+        self.sg = dict(SUBGROUP=caps.subgroup) if caps.subgroup_reduce else {}
+        self.row_sg = dict(SUBGROUP=caps.row_subgroup) if caps.row_subgroup else {}
         self.ln_rows = caps.layernorm_rows and C % 128 == 0 and C <= 2048  # LayerNorm's and RMSNorm's
         self.attn_rb = caps.attention_rb and D % 16 == 0
         self.rope_vec = caps.rope_vec and D % 8 == 0

@@ -66,7 +66,7 @@ class Grouped(Part):
             for kname in ("moe_router_forward_rows", "moe_router_dw_partial", "moe_scatter_router_backward"):
                 k[kname] = dev.kernel("moe", kname, **moe, RW=self.router_rw)
         if self.caps.moe_weight_backward_groups:
-            k["moe_weight_backward_wg"] = dev.kernel("moe", "moe_weight_backward_wg", **moe, LW=64)
+            k["moe_weight_backward_wg"] = dev.kernel("moe", "moe_weight_backward_wg", **moe, LW=64, **self.f.sg)
 
     def grouped_local(self) -> bool:
         """Whether the grouped products run the local-memory tiled form (GPU rows of the tuning table)."""

@@ -30,14 +30,14 @@ class Layers(Part):
         if caps.xent_fused:  # CPUs: loss and unscaled gradient in one vectorised pass per row
             k["xent_fused"] = dev.kernel("xent", "xent_fused", V=cfg.vocab_size)
         if f.rows:
-            k["xent_forward_wg"] = dev.kernel("xent", "xent_forward_wg", V=cfg.vocab_size, LW=f.rows)
+            k["xent_forward_wg"] = dev.kernel("xent", "xent_forward_wg", V=cfg.vocab_size, LW=f.rows, **f.sg)
         if f.wgmma is not None:
             k["xent_backward_tiled"] = dev.kernel("xent", "xent_backward_tiled", V=cfg.vocab_size)
         for kname in ("grad_norm_partial", "grad_norm_final", "adamw"):
             k[kname] = dev.kernel("adamw", kname, STRIDED=int(launch["norm_parts"] > 256))
         if caps.grad_norm_groups:  # GPUs: the norm's sums as work-groups
             for kname in ("grad_norm_partial_wg", "grad_norm_final_wg"):
-                k[kname] = dev.kernel("adamw", kname, LW=f.rows)
+                k[kname] = dev.kernel("adamw", kname, LW=f.rows, **f.sg)
         if caps.adamw_v8:  # CPUs: float8 AdamW (kernels/adamw.cl)
             k["adamw_v8"] = dev.kernel("adamw", "adamw_v8", STRIDED=int(launch["norm_parts"] > 256))
         if caps.grad_norm_v8:  # chunked partial sums (not STRIDED): float8 chains

@@ -32,17 +32,18 @@ class Norms(Part):
         if f.rows:
             for kname in ("layernorm_forward_wg", "layernorm_backward_wg", "layernorm_param_partial",
                           "layernorm_param_final"):
-                k[kname] = dev.kernel("layernorm", kname, C=C, EPS=float(cfg.norm_eps), LW=f.rows)
+                k[kname] = dev.kernel("layernorm", kname, C=C, EPS=float(cfg.norm_eps), LW=f.rows, **f.sg)
             if f.ln_rows:  # 32 work-items a row, RW rows a group
                 for kname in ("layernorm_forward_rows", "layernorm_backward_rows", "layernorm_param_final_rows"):
-                    k[kname] = dev.kernel("layernorm", kname, C=C, EPS=float(cfg.norm_eps), RW=self.launch["ln_rw"])
+                    k[kname] = dev.kernel("layernorm", kname, C=C, EPS=float(cfg.norm_eps), RW=self.launch["ln_rw"],
+                                          **f.row_sg)
                 if f.tiled_outputs:  # the output's tiled copy too, and the backward's dx's
                     k["layernorm_forward_rows_tiled"] = dev.kernel("layernorm", "layernorm_forward_rows", C=C,
                                                                    EPS=float(cfg.norm_eps), RW=self.launch["ln_rw"],
-                                                                   LN_TILED=1)
+                                                                   LN_TILED=1, **f.row_sg)
                     k["layernorm_backward_rows_tiled"] = dev.kernel("layernorm", "layernorm_backward_rows", C=C,
                                                                     EPS=float(cfg.norm_eps), RW=self.launch["ln_rw"],
-                                                                    DX_TILED=1)
+                                                                    DX_TILED=1, **f.row_sg)
 
     def build_llama(self):
         """RMSNorm's kernels, with its GPU row forms."""
@@ -55,20 +56,21 @@ class Norms(Part):
                                   **({"RB": rb} if rb > 1 else {}), **({"CB": cb} if cb > 1 else {}))
         if f.ln_rows:  # GPUs, C % 128 == 0: 32 work-items a row, RW rows a group (as LayerNorm's)
             for kname in ("rmsnorm_forward_rows", "rmsnorm_backward_rows", "rmsnorm_param_final_rows"):
-                k[kname] = dev.kernel("rmsnorm", kname, C=C, EPS=float(cfg.norm_eps), RW=self.launch["ln_rw"])
+                k[kname] = dev.kernel("rmsnorm", kname, C=C, EPS=float(cfg.norm_eps), RW=self.launch["ln_rw"],
+                                      **f.row_sg)
             if f.tiled_outputs:  # the output's tiled copy too, and the backward's dx's
                 k["rmsnorm_forward_rows_tiled"] = dev.kernel("rmsnorm", "rmsnorm_forward_rows", C=C,
                                                              EPS=float(cfg.norm_eps), RW=self.launch["ln_rw"],
-                                                             RMS_TILED=1)
+                                                             RMS_TILED=1, **f.row_sg)
                 k["rmsnorm_backward_rows_tiled"] = dev.kernel("rmsnorm", "rmsnorm_backward_rows", C=C,
                                                               EPS=float(cfg.norm_eps), RW=self.launch["ln_rw"],
-                                                              DX_TILED=1)
+                                                              DX_TILED=1, **f.row_sg)
         elif f.rows:
             for kname in ("rmsnorm_param_partial", "rmsnorm_param_final"):
                 k[kname] = dev.kernel("rmsnorm", kname, C=C, EPS=float(cfg.norm_eps))
             # one work-group per row (as LayerNorm's): one work-item a row left most of a GPU idle
             for kname in ("rmsnorm_forward_wg", "rmsnorm_backward_wg"):
-                k[kname] = dev.kernel("rmsnorm", kname, C=C, EPS=float(cfg.norm_eps), LW=f.rows)
+                k[kname] = dev.kernel("rmsnorm", kname, C=C, EPS=float(cfg.norm_eps), LW=f.rows, **f.sg)
 
     def layernorm(self, N, x, w, b, out, mean, rstd):
         if self.f.ln_rows:  # GPUs, C % 128 == 0: a row a 32-work-item slice, RW a group

@@ -193,10 +193,11 @@ def _resume_key(stage: str, s: dict, inp: _Inputs, total: int) -> str:
 
 
 def _tuned_knobs(setting: str, dev, cfg, batch_size: int, seq_len: int, stage: str, say, ranks: int = 1) -> Knobs:
-    """The knobs with the `tuning` setting's GEMM record (clgpt.device.tuner.resolve) and portable flash
-    attention's tiles (clgpt.device.tuner_flash.resolve), their choices in the log. The ranks of a data-parallel
+    """The knobs with the `tuning` setting's GEMM record (clgpt.device.tuner.resolve), portable flash
+    attention's tiles (clgpt.device.tuner_flash.resolve) and the row kernels' forms (clgpt.device.tuner_rows.resolve),
+    their choices in the log. The ranks of a data-parallel
     stage take auto's records from the cache only: each timing its own could differ."""
-    from clgpt.device import tuner, tuner_flash
+    from clgpt.device import tuner, tuner_flash, tuner_rows
     from clgpt.device.tuning import launch_config
     from clgpt.ops import attention_seconds
 
@@ -207,11 +208,14 @@ def _tuned_knobs(setting: str, dev, cfg, batch_size: int, seq_len: int, stage: s
         tiles, flash_line = tuner_flash.resolve(
             setting, dev, cfg, batch_size, seq_len, row, kn, say=say, may_tune=ranks == 1,
             time_batched=lambda: attention_seconds(dev, cfg, batch_size, seq_len, replace(kn, gemm_tuning=record)))
+        rows, rows_line = tuner_rows.resolve(setting, dev, cfg, batch_size, seq_len, row, kn, say=say,
+                                             may_tune=ranks == 1)
     except ClgptError as e:
         raise ClgptError(f"{stage}.tuning: {e}") from None
     say(f"{stage}: {line}")
     say(f"{stage}: {flash_line}")
-    return replace(kn, gemm_tuning=record, flash_tuning=tiles)
+    say(f"{stage}: {rows_line}")
+    return replace(kn, gemm_tuning=record, flash_tuning=tiles, rows_tuning=rows)
 
 
 def _say(root: bool):
