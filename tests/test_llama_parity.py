@@ -76,9 +76,17 @@ def train_tiny(precision="fp32", **model):
     return tok, cfg, eng.get_params()
 
 
+_TRAINED = []  # (tok, cfg, params): trained once, on the first implementation
+
+
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory, opencl):  # trained on each implementation in turn
-    tok, cfg, params = train_tiny()
+def tiny(tmp_path_factory, opencl):
+    """The tiny model and its GGUF files. It is trained once, on the first implementation: each implementation's
+    engine is then checked on the same weights against llama.cpp (training itself is checked on every
+    implementation by tests/test_engine_contract.py; on rusticl this training took minutes)."""
+    if not _TRAINED:
+        _TRAINED.append(train_tiny())
+    tok, cfg, params = _TRAINED[0]
     d = tmp_path_factory.mktemp("llama")
     paths = {}
     for ftype in ("f32", "q8_0"):
