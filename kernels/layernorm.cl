@@ -365,17 +365,7 @@ void layernorm_forward_rows(const int N, __global const float* x, __global const
 // row: the per-row partials alternate between two local buffers (a buffer is written again only after the next
 // row's barrier, which every work-item reaches after reading it). Rows past N read the last row and add or
 // store nothing.
-// DX_TILED 1 (N a multiple of 64): also dx's bf16 copy, of the values stored, in matmul_wgmma.cl's tiled layout
-// (Rp = N): the copy the products after it read (dx is the next residual branch's gradient), as LN_TILED's.
-#ifndef DX_TILED
-#define DX_TILED 0
-#endif
-#if DX_TILED
-#include "precision.cl"
-#define DX_TILED_ARGS , __global uint2* dx16
-#else
-#define DX_TILED_ARGS
-#endif
+// DX_TILED 1 (N a multiple of 64): also dx's bf16 copy beside the values stored, as LN_TILED's (norm_rows.cl).
 __kernel __attribute__((reqd_work_group_size(32, RW, 1))) ROW_KERNEL
 void layernorm_backward_rows(const int N, const int rpi, const int accum, __global const float* dout,
                              __global const float* x, __global const float* w,

@@ -24,6 +24,19 @@
 #endif
 #define ROW_NB (C / 128)  // float4s of a row a work-item holds
 
+// The backward's DX_TILED 1 (N a multiple of 64): also dx's bf16 copy, of the values stored, in matmul_wgmma.cl's
+// tiled layout (Rp = N), the copy the products after it read (dx is the next residual branch's gradient); its
+// kernels take the copy's buffer as DX_TILED_ARGS.
+#ifndef DX_TILED
+#define DX_TILED 0
+#endif
+#if DX_TILED
+#include "precision.cl"
+#define DX_TILED_ARGS , __global uint2* dx16
+#else
+#define DX_TILED_ARGS
+#endif
+
 #if defined(SUBGROUP) && SUBGROUP > 0
 #if 32 % SUBGROUP != 0
 #error "the row-slice kernels' sub-group form needs a sub-group size that divides 32"

@@ -355,6 +355,7 @@ def test_wgmma_step_makes_fewer_copy_launches(dev, monkeypatch, cfg):
 
     monkeypatch.setattr(sm90a, "supported", lambda device: True)
     monkeypatch.setattr(capmod, "_cache", {})
+    monkeypatch.setattr(capmod, "subgroup_sizes", lambda device: ((), False))  # NVIDIA's: none, and no probe to build
     monkeypatch.setattr(dev, "kernel", lambda stem, name, build_options=(), **d: SimpleNamespace(
         function_name=name, tiled=bool(d.get("DX_TILED"))))
     knobs = emulated_knobs(wgmma_min_mnk=0)
