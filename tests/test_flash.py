@@ -239,6 +239,9 @@ def test_attention_backward_hands_dqkv_over_as_its_tiled_copy(dev, monkeypatch, 
 
     c, h, t = 64, 2, rows // 2
     cfg = ModelConfig(arch="llama", vocab_size=32, n_ctx=t, n_embd=c, n_head=h, n_layer=1, n_ff=64)
+    from clgpt.device import capabilities as capmod
+
+    monkeypatch.setattr(capmod, "subgroup_sizes", lambda device: ((), False))  # NVIDIA's: none, and no probe to build
     monkeypatch.setattr(dev, "kernel", lambda stem, name, build_options=(), **d: (name, d.get("DQKV_TILED", 0)))
     ops = Ops(dev, cfg, t, "bf16", batch_size=2, knobs=emulated_knobs(), attention="flash")
     assert ops.flash and ops.rope_fused
