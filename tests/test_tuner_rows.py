@@ -63,6 +63,9 @@ def test_tune_keeps_the_fastest_that_matches_float64_ties_to_the_first(impl):
     assert rec["norm"] == cands["norm"][0] and rec["rows"] == cands["rows"][0], rec
     assert sorted(rec["rejected"]) == ["norm 2 rows a work-group, sub-groups of 7",
                                        "rows 64 work-items a row, sub-groups of 7"], rec["rejected"]
+    rec = tuner_rows.tune(dev, CFG, B, T, progress=lambda line: None, cands=cands, budget_s=0.0,
+                          measure=lambda f, c: 1.0 if c == last[f] else 2.0)  # out of time after the first
+    assert rec["norm"] == cands["norm"][0] and rec["rows"] == cands["rows"][0] and len(rec["ms"]) == 2, rec
 
 
 @pytest.mark.parametrize("impl", IMPLS)

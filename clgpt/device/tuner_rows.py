@@ -36,6 +36,7 @@ LOCAL, AUTO = "local", "auto"
 LN_RW = (4, 2, 8)  # the table's 4 first
 ROWS = (128, 64, 256)  # the table's 128 first
 TIMED_REPS = 3
+BUDGET_S = 5.0  # a family's candidates past this are not timed (a slow device still gets a record)
 CHECK_TOL = 1e-5  # max |err| / max |ref| of a row's fp32 sums (about 1e-7 when right)
 FILES = ("reduce", "norm_rows", "layernorm", "rmsnorm", "attention", "xent")
 
@@ -168,10 +169,11 @@ def describe(record: dict) -> str:
     return "; ".join(describe_form(f, record.get(f)) for f in ("norm", "rows"))
 
 
-def tune(dev: Device, cfg, B: int, T: int, progress=print, cands: dict | None = None, measure=None) -> dict:
+def tune(dev: Device, cfg, B: int, T: int, progress=print, cands: dict | None = None, measure=None,
+         budget_s: float = BUDGET_S) -> dict:
     """The row kernels' record of `dev` for model `cfg` at batch B, context T: each family's fastest candidate that
-    matches float64, ties to the earlier (the table's first). cands replaces candidates(); measure(family, cand)
-    -> seconds replaces the timed launches (tests)."""
+    matches float64 (of those reached within budget_s of the family's start), ties to the earlier (the table's
+    first). cands replaces candidates(); measure(family, cand) -> seconds replaces the timed launches (tests)."""
     t0 = time.perf_counter()
     C, V, N, R = cfg.n_embd, cfg.vocab_size, B * T, B * cfg.n_head * T
     softmax = T < tuner_flash.MIN_T
@@ -195,8 +197,10 @@ def tune(dev: Device, cfg, B: int, T: int, progress=print, cands: dict | None = 
         list(pool.map(lambda job: _try_build(dev, cfg, *job), [(f, c) for f in cands for c in cands[f]]))
     record, ms, rejected = {}, {}, {}
     for family in ("norm", "rows"):
-        best = None
+        best, start = None, time.perf_counter()
         for cand in cands[family]:
+            if best is not None and time.perf_counter() - start > budget_s:
+                break
             name = describe_form(family, cand)
             why = check(dev, cfg.arch, C, V, family, cand)
             if why:
