@@ -289,23 +289,13 @@ def run_bench(args) -> None:
 
 
 def with_tuning(setting: str, dev, cfg, B: int, T: int, kn: knobs.Knobs) -> knobs.Knobs:
-    """`kn` with the GEMM tuning record, portable flash attention's tiles and the row kernels' forms the `tuning`
-    setting gives (clgpt.device.tuner.resolve, tuner_flash.resolve, tuner_rows.resolve), their lines printed."""
-    from dataclasses import replace
+    """`kn` with the records the `tuning` setting gives (clgpt.training.tuned), their lines printed."""
+    from clgpt.training.tuned import tuned_knobs
 
-    from clgpt.device import tuner, tuner_flash, tuner_rows
-    from clgpt.device.tuning import launch_config
-    from clgpt.ops import attention_seconds
-
-    row = launch_config(dev.device, kn)
-    record, line = tuner.resolve(setting, dev, cfg, B, T, row)
-    batched = replace(kn, gemm_tuning=record)
-    tiles, flash_line = tuner_flash.resolve(setting, dev, cfg, B, T, row, kn,
-                                            time_batched=lambda: attention_seconds(dev, cfg, B, T, batched))
-    rows, rows_line = tuner_rows.resolve(setting, dev, cfg, B, T, row, kn)
-    print(line + "\n" + flash_line + "\n" + rows_line)
+    kn, lines = tuned_knobs(setting, dev, cfg, B, T, kn)
+    print("\n".join(lines))
     sys.stdout.flush()
-    return replace(kn, gemm_tuning=record, flash_tuning=tiles, rows_tuning=rows)
+    return kn
 
 
 def run_tune_device(args) -> None:

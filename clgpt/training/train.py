@@ -22,7 +22,7 @@ import shutil
 import signal
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -51,6 +51,7 @@ from clgpt.model import ModelConfig, flops_per_token
 from clgpt.models.lora import lora_spec
 from clgpt.models.lora_engine import LoraEngine
 from clgpt.training.train_inputs import _Inputs, _pretrain_inputs, _sha256_file, _tune_inputs
+from clgpt.training.tuned import tuned_knobs
 
 # Settings and their defaults: schemas/config.schema.yaml (clgpt.config.section_settings). epochs > 0
 # replaces steps by ceil(epochs * rows / rows_per_step); mix_pretrain is the tune stage's share of rows
@@ -193,29 +194,15 @@ def _resume_key(stage: str, s: dict, inp: _Inputs, total: int) -> str:
 
 
 def _tuned_knobs(setting: str, dev, cfg, batch_size: int, seq_len: int, stage: str, say, ranks: int = 1) -> Knobs:
-    """The knobs with the `tuning` setting's GEMM record (clgpt.device.tuner.resolve), portable flash
-    attention's tiles (clgpt.device.tuner_flash.resolve) and the row kernels' forms (clgpt.device.tuner_rows.resolve),
-    their choices in the log. The ranks of a data-parallel
-    stage take auto's records from the cache only: each timing its own could differ."""
-    from clgpt.device import tuner, tuner_flash, tuner_rows
-    from clgpt.device.tuning import launch_config
-    from clgpt.ops import attention_seconds
-
-    kn = read_knobs()
-    row = launch_config(dev.device, kn)
+    """The knobs with the `tuning` setting's records (clgpt.training.tuned), their choices in the log. The ranks of
+    a data-parallel stage take auto's records from the cache only: each timing its own could differ."""
     try:
-        record, line = tuner.resolve(setting, dev, cfg, batch_size, seq_len, row, say=say, may_tune=ranks == 1)
-        tiles, flash_line = tuner_flash.resolve(
-            setting, dev, cfg, batch_size, seq_len, row, kn, say=say, may_tune=ranks == 1,
-            time_batched=lambda: attention_seconds(dev, cfg, batch_size, seq_len, replace(kn, gemm_tuning=record)))
-        rows, rows_line = tuner_rows.resolve(setting, dev, cfg, batch_size, seq_len, row, kn, say=say,
-                                             may_tune=ranks == 1)
+        kn, lines = tuned_knobs(setting, dev, cfg, batch_size, seq_len, read_knobs(), say=say, may_tune=ranks == 1)
     except ClgptError as e:
         raise ClgptError(f"{stage}.tuning: {e}") from None
-    say(f"{stage}: {line}")
-    say(f"{stage}: {flash_line}")
-    say(f"{stage}: {rows_line}")
-    return replace(kn, gemm_tuning=record, flash_tuning=tiles, rows_tuning=rows)
+    for line in lines:
+        say(f"{stage}: {line}")
+    return kn
 
 
 def _say(root: bool):

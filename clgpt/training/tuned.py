@@ -1,0 +1,27 @@
+"""The device tuners' records for one run, as the `tuning` setting gives them: the portable GEMM's tiles
+(clgpt.device.tuner), portable flash attention's tiles and form (clgpt.device.tuner_flash, which weighs its kernels
+against the batched form timed through clgpt.ops) and the row kernels' forms (clgpt.device.tuner_rows). The
+training stages and `clgpt bench` take their knobs from here."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from clgpt.device import tuner, tuner_flash, tuner_rows
+from clgpt.device.knobs import Knobs
+from clgpt.device.tuning import launch_config
+from clgpt.ops import attention_seconds
+
+
+def tuned_knobs(setting: str, dev, cfg, batch_size: int, seq_len: int, kn: Knobs, say=print,
+                may_tune: bool = True) -> tuple[Knobs, list[str]]:
+    """(`kn` with the records the `tuning` setting gives for this model and batch, the lines that say which, for
+    the log). may_tune False (the ranks of a data-parallel stage): auto reads the cache only."""
+    row = launch_config(dev.device, kn)
+    record, line = tuner.resolve(setting, dev, cfg, batch_size, seq_len, row, say=say, may_tune=may_tune)
+    weigh = replace(kn, gemm_tuning=record)  # the batched form on the tiles the run will take
+    tiles, flash_line = tuner_flash.resolve(
+        setting, dev, cfg, batch_size, seq_len, row, kn, say=say, may_tune=may_tune,
+        time_batched=lambda: attention_seconds(dev, cfg, batch_size, seq_len, weigh))
+    rows, rows_line = tuner_rows.resolve(setting, dev, cfg, batch_size, seq_len, row, kn, say=say, may_tune=may_tune)
+    return replace(kn, gemm_tuning=record, flash_tuning=tiles, rows_tuning=rows), [line, flash_line, rows_line]
