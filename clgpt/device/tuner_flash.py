@@ -309,6 +309,38 @@ def wanted(device: cl.Device, launch_row: dict, T: int, kn: Knobs) -> bool:
         and matrix_path(device, kn) is None and T >= MIN_T
 
 
+def resolve_beside(setting: str, dev: Device, key: str, what: str, fallback: str, unwanted: str, check,
+                   describe, tune, announce: str, say=print, may_tune: bool = True) -> tuple[dict | None, str]:
+    """The `tuning` setting -> (a record kept beside the GEMM's in its files, or None, the log's line "WHAT: ...") for
+    portable flash attention's tiles and the row kernels' forms (clgpt.device.tuner_rows), as
+    clgpt.device.tuner.resolve does for the GEMM. off: None; a path: its record under `key`, None where it has none;
+    auto: None with the reason `unwanted` where it is not "", else the cache's record, or (may_tune) tune() saved
+    into the cache after `announce` is said. check(record, where) -> what the run takes (or a one-line ClgptError
+    naming where), describe(that) -> its words; fallback: what None means ("the defaults")."""
+    if setting == "off":
+        return None, f"{what}: tuning off ({fallback})"
+    if setting != "auto":
+        rec = tuner.read_file(Path(setting))["records"].get(key)
+        if rec is None:
+            return None, f"{what}: pinned file {setting} has none for this shape ({fallback})"
+        got = check(rec, setting)
+        return got, f"{what}: pinned file {setting} ({describe(got)})"
+    if unwanted:
+        return None, f"{what}: {fallback} ({unwanted})"
+    path = tuner.cache_file(dev.device)
+    rec = tuner.read_file(path)["records"].get(key) if path.exists() else None
+    if rec is not None:
+        got = check(rec, str(path))
+        return got, f"{what}: cached: {path} ({describe(got)})"
+    if not may_tune:
+        return None, f"{what}: ranks read the cache only; run `clgpt tune-device` first ({fallback})"
+    say(announce)
+    rec = tune()
+    tuner.save(path, dev.device, key, rec)
+    got = check(rec, str(path))
+    return got, f"{what}: tuned now in {rec['seconds']:.1f} s: {path} ({describe(got)})"
+
+
 def resolve(setting: str, dev: Device, cfg, batch_size: int, seq_len: int, launch_row: dict, kn: Knobs,
             say=print, may_tune: bool = True, time_batched=None) -> tuple[dict | None, str]:
     """The stages' `tuning` setting -> (portable flash attention's tiles and form, or None: the defaults, the log's
@@ -316,29 +348,15 @@ def resolve(setting: str, dev: Device, cfg, batch_size: int, seq_len: int, launc
     it (wanted), then cached; off: the defaults; a path: its record, the defaults where it has none.
     time_batched() -> seconds of the batched form at this shape (clgpt.ops.attention_seconds, from the caller's
     layer): tune weighs the flash kernels against it, unless the scores are too big to keep (scores_too_big)."""
-    setting = (setting or "auto").strip()
     H, D = cfg.n_head, cfg.head_dim
-    key = record_key(batch_size, H, seq_len, D)
-    if setting == "off":
-        return None, "flash attention tiles: tuning off (the defaults)"
-    if setting != "auto":
-        rec = tuner.read_file(Path(setting))["records"].get(key)
-        if rec is None:
-            return None, f"flash attention tiles: pinned file {setting} has none for this shape (the defaults)"
-        tiles = check_record(rec, setting)
-        return tiles, f"flash attention tiles: pinned file {setting} ({describe(tiles)})"
-    if not wanted(dev.device, launch_row, seq_len, kn):
-        return None, f"flash attention tiles: the defaults (tuned only on a GPU's generic row, T >= {MIN_T})"
-    path = tuner.cache_file(dev.device)
-    rec = tuner.read_file(path)["records"].get(key) if path.exists() else None
-    if rec is not None:
-        tiles = check_record(rec, str(path))
-        return tiles, f"flash attention tiles: cached: {path} ({describe(tiles)})"
-    if not may_tune:
-        return None, "flash attention tiles: ranks read the cache only; run `clgpt tune-device` first (the defaults)"
-    say(f"tuning flash attention on {dev.name} at B {batch_size}, H {H}, T {seq_len}, D {D} ...")
-    batched = None if scores_too_big(dev.device, cfg, batch_size, seq_len) else time_batched
-    rec = tune(dev, batch_size, H, seq_len, D, progress=say, batched=batched)
-    tuner.save(path, dev.device, key, rec)
-    tiles = check_record(rec, str(path))
-    return tiles, f"flash attention tiles: tuned now in {rec['seconds']:.1f} s: {path} ({describe(tiles)})"
+    unwanted = "" if wanted(dev.device, launch_row, seq_len, kn) else \
+        f"tuned only on a GPU's generic row, T >= {MIN_T}"
+
+    def tuned() -> dict:
+        big = scores_too_big(dev.device, cfg, batch_size, seq_len)
+        return tune(dev, batch_size, H, seq_len, D, progress=say, batched=None if big else time_batched)
+
+    return resolve_beside(
+        (setting or "auto").strip(), dev, record_key(batch_size, H, seq_len, D), "flash attention tiles",
+        "the defaults", unwanted, check_record, describe, tuned,
+        f"tuning flash attention on {dev.name} at B {batch_size}, H {H}, T {seq_len}, D {D} ...", say, may_tune)

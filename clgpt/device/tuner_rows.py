@@ -20,7 +20,6 @@ import hashlib
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import pyopencl as cl
@@ -251,24 +250,8 @@ def resolve(setting: str, dev: Device, cfg, batch_size: int, seq_len: int, launc
             may_tune: bool = True) -> tuple[dict | None, str]:
     """The stages' `tuning` setting -> (the row kernels' record or None: the table's forms, the log's line), as
     clgpt.device.tuner_flash.resolve does for flash attention, in the same files."""
-    setting = (setting or "auto").strip()
-    key = record_key(cfg, batch_size, seq_len)
-    if setting == "off":
-        return None, "row kernels: tuning off (the table's forms)"
-    if setting != "auto":
-        rec = tuner.read_file(Path(setting))["records"].get(key)
-        if rec is None:
-            return None, f"row kernels: pinned file {setting} has none for this shape (the table's forms)"
-        return check_record(rec, setting), f"row kernels: pinned file {setting} ({describe(rec)})"
-    if not wanted(dev.device, launch_row, kn):
-        return None, "row kernels: the table's forms (tuned only on a GPU's generic row)"
-    path = tuner.cache_file(dev.device)
-    rec = tuner.read_file(path)["records"].get(key) if path.exists() else None
-    if rec is not None:
-        return check_record(rec, str(path)), f"row kernels: cached: {path} ({describe(rec)})"
-    if not may_tune:
-        return None, "row kernels: ranks read the cache only; run `clgpt tune-device` first (the table's forms)"
-    say(f"tuning the row kernels on {dev.name} at B {batch_size}, T {seq_len} ...")
-    rec = tune(dev, cfg, batch_size, seq_len, progress=say)
-    tuner.save(path, dev.device, key, rec)
-    return check_record(rec, str(path)), f"row kernels: tuned now in {rec['seconds']:.1f} s: {path} ({describe(rec)})"
+    unwanted = "" if wanted(dev.device, launch_row, kn) else "tuned only on a GPU's generic row"
+    return tuner_flash.resolve_beside(
+        (setting or "auto").strip(), dev, record_key(cfg, batch_size, seq_len), "row kernels", "the table's forms",
+        unwanted, check_record, describe, lambda: tune(dev, cfg, batch_size, seq_len, progress=say),
+        f"tuning the row kernels on {dev.name} at B {batch_size}, T {seq_len} ...", say, may_tune)
