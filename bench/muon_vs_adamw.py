@@ -93,6 +93,8 @@ def main() -> None:
     ap.add_argument("--runs", default="", help="folder of the runs' checkpoints and logs (default: a temporary one)")
     ap.add_argument("--budget-s", type=float, default=0.0, help="start no seed's pair that would end later than "
                     "this many seconds from the start (0: no limit)")
+    ap.add_argument("--warm", action="store_true", help="first a 2-step run of AdamW and of Muon, untimed, so that "
+                    "no timed run pays the kernels' builds (the first run of a call would otherwise)")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
@@ -135,6 +137,15 @@ def main() -> None:
     base["checkpoint_every"] = max(base["checkpoint_every"], base["steps"])  # no saves mid-run inside the timing
     opts = args.optimizers.split(",")
     runs_dir = Path(args.runs or tempfile.mkdtemp(prefix="muon_vs_adamw_"))
+    if args.warm:
+        for opt in ("adamw", "muon"):
+            s = dict(base, steps=2, eval_every=1, eval_tokens=base["batch_size"] * base["seq_len"], checkpoint_every=2,
+                     optimizer=opt)
+            spec = {"dir": str(runs_dir / f"warm-{opt}"), "settings": s, "model": cfg["model"],
+                    "device": cfg["device"], "encoded": targets[0], "heldout": targets[1], "tokenizer": targets[2]}
+            t = time.perf_counter()
+            subprocess.run([sys.executable, __file__, "--one", json.dumps(spec)], check=True)
+            print(f"warm {opt}: {time.perf_counter() - t:.1f} s", flush=True)
     rows, start, longest = [], time.perf_counter(), 0.0
     for k in range(args.seeds):
         t_pair = time.perf_counter()
@@ -171,7 +182,8 @@ def main() -> None:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()
             w.writerows(rows)
-    summarize(rows, opts, out)
+    if rows:  # --seeds 0 --warm only builds the kernels
+        summarize(rows, opts, out)
 
 
 def summarize(rows: list[dict], opts: list[str], out: Path) -> None:
