@@ -21,7 +21,7 @@ usage: bash bench/gpu.sh SUBCOMMAND [ARG]   (settings from the environment; file
   char         nanoGPT's character GPU recipe beside the pretrain stage, same time: held-out loss
   char-speed   the same recipe timed whole, nanoGPT's train.py then the pretrain stage; PRECISION (bf16)
   char-vocab   the character CPU recipe's held-out loss by vocabulary size, nanoGPT vs clgpt, fp32; SEEDS, FINAL=1
-  muon         Muon's step cost, then AdamW against Muon on the char GPU recipe; SEEDS (3), BUDGET (420 s)
+  muon         Muon's step cost, then AdamW against Muon on the char GPU recipe; SEEDS (3), BUDGET (420 s), MUON_LR
   mpi [one]    1 vs 2 GPUs over MPI at S6 and L (nvidia-h200-x2); one: both ranks share one GPU
   generic      the generic GPU row (CLGPT_LAUNCH=gpu) with the device tuner vs PyTorch eager fp32, GEMM vs cuBLAS
   flash-portable  bench/flash_portable.py: portable flash attention vs the batched form and SDPA fp32; SHAPES, REPS
@@ -375,7 +375,8 @@ PY
 # First the step's cost: bench/muon_step.py, Newton-Schulz on the device against float64 (--check), a training
 # step and the optimizer's part alone, AdamW and Muon in PAIRS (3) alternated pairs, the launches of each optimizer
 # step and its kernels' device times on a profiling queue (--profile) ($O/muon_step.txt, .json). Then
-# bench/muon_vs_adamw.py: SEEDS seeds each (3) from FIRST_SEED (the recipe's), alternated, held-out loss every
+# bench/muon_vs_adamw.py: the kernel cache warmed, then SEEDS seeds each (3) from FIRST_SEED (the recipe's), Muon's
+# learning rate MUON_LR (0.012, this recipe's best of those tried), alternated, held-out loss every
 # EVAL_EVERY steps (250), precision PRECISION (auto: bf16 on tensor cores), no pair started that would end past
 # BUDGET seconds (420: with the step bench the call stays near 8 minutes; a pair is 3-4 minutes), its CSV, plot and
 # summary (the time Muon needs to reach AdamW's best held-out loss, over AdamW's) under $O/muon. Seeds left out go in
@@ -392,8 +393,9 @@ cmd_muon() {
       --precision "${PRECISION:-auto}" --check --profile --json "$O/muon_step.json" 2>"$O/muon_step.log" \
       | tee "$O/muon_step.txt"
   fi
-  python3 bench/muon_vs_adamw.py --configfile configs/shakespeare_char_gpu.yaml --seeds "${SEEDS:-3}" \
+  python3 bench/muon_vs_adamw.py --configfile configs/shakespeare_char_gpu.yaml --seeds "${SEEDS:-3}" --warm \
     --first-seed "${FIRST_SEED:--1}" --eval-every "${EVAL_EVERY:-250}" --precision "${PRECISION:-auto}" \
+    --muon-lr "${MUON_LR:-0.012}" \
     --budget-s "${BUDGET:-420}" --out "$O/muon" 2>"$O/muon.log" | tee "$O/muon.txt"
 }
 
