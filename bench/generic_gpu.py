@@ -149,8 +149,9 @@ def main(argv=None) -> int:
         out, wall = run([py, "-m", "clgpt", "tune-device", *SHAPES[s].split(), *dev, *limit, "--out", files[s]],
                         env, 300)
         tuned = figure(r"tuned in ([\d.]+) s", out)
-        print(f"{s}: tuner {tuned:.1f} s (command {wall:.1f} s with startup); "
-              + re.search(r"tuned in [\d.]+ s: (.*)", out).group(1), flush=True)
+        print(f"{s}: tuner {tuned:.1f} s (command {wall:.1f} s with startup; "
+              + re.search(r"tuned in [\d.]+ s \((.*)\)", out).group(1) + "); "
+              + re.search(r"tuned: (.*)", out).group(1), flush=True)
     if args.bf16:
         for s in args.shapes:  # what precision: auto makes of the tuner's pair on this device
             out, _ = run([py, "-m", "clgpt", "bench", *SHAPES[s].split(), "--steps", "1", "--gemm", "0",

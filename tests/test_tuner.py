@@ -247,7 +247,7 @@ def test_tune_device_command_writes_a_file_a_stage_can_pin(dev, tmp_path, monkey
     shape = ["--vocab", "37", "--ctx", "80", "--embd", "16", "--heads", "2", "--layers", "1", "--ffn", "32"]
     assert main(["tune-device", *shape, "--batch", "4", "--max-candidates", "1", "--out", str(out)]) == 0
     text = capsys.readouterr().out
-    assert re.search(r"tuned in [\d.]+ s: big tiles", text) and str(out) in text
+    assert re.search(r"tuned in [\d.]+ s \(GEMM [\d.]+, .*\n.*tuned: big tiles", text) and str(out) in text
     assert len(list((tmp_path / "cache" / "clgpt" / "tuning").glob("*.json"))) == 1
     rec, line = tuner.resolve(str(out), dev, CFG, 4, 80, tuning.launch_config(dev.device, Knobs(launch="gpu")))
     assert rec["matmul"] == 0 and len(rec["products"]) == len(tuner.model_products(CFG, 4, 80))
