@@ -1,7 +1,7 @@
 """Writes the generated part of the tune data (`tune/chat.jsonl`) and the conversations of `heldout/tune.jsonl`
-from the single-turn dialogs (`tune/en.jsonl`, `ru.jsonl`, `talk.jsonl`, `facts.jsonl`), the system prompts of
-`system/pool.txt` (training) and `heldout/system.txt` (evaluation only). Deterministic (seeded); run it again
-after editing the dialogs or the prompts:
+from the single-turn dialogs (`tune/en.jsonl`, `ru.jsonl`, `talk.jsonl`, `facts.jsonl`), the corpus lines of
+`pretrain/`, the system prompts of `system/pool.txt` (training) and `heldout/system.txt` (evaluation only).
+Deterministic (seeded); run it again after editing the dialogs, the corpus or the prompts:
 
     python data/compose_chats.py
 
@@ -12,9 +12,16 @@ questions. Every reply is the reply of its single-turn dialog, so a model can an
 whatever came before it. The system prompts are drawn with their own random stream: editing the pool changes the
 system prompts and nothing else.
 
+It also asks about every corpus line: rules read a subject and a relation off the line ("Madrid is the capital of
+Spain." -> "Which city is the capital of Spain?", "Tell me about Madrid.") and answer in the tune dialogs' style
+(the capital as "The capital of Spain is Madrid.", a count by its clause, else the line; a hand-written reply
+that states the same fact is taken as it is, so a fact has one reply whatever the wording).
+
 The held-out file keeps its single-turn dialogs (`heldout/tune.jsonl` up to its first conversation: the first 16,
-then the everyday openers and paraphrases added after them) and gains conversations built on them; no held-out
-question is a tune question or a paraphrase the rules make of one (they are left out of the tune data).
+then the everyday openers and paraphrases added after them) and gains conversations built on them. No held-out
+question is asked in the tune data, case and punctuation aside: a paraphrase or a question on a corpus line that
+happens to be one is left out, and a hand-written dialog that asks one stops the script. The held-out facts are
+asked in the tune data in other words, so the held-out split measures new wordings of known facts.
 """
 
 import json
@@ -24,11 +31,11 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 # share of the two- and three-turn conversations that open with a system prompt (the rest have none)
-P_SYSTEM = {"tune": 3 / 4, "later": 1 / 3, "heldout": 1 / 3}
+P_SYSTEM = {"tune": 3 / 4, "packed": 1 / 3, "heldout": 1 / 3}
 N_PARAPHRASES = 2  # of each tune question: one asked in the composed conversations, one a conversation of its own
 # the held-out dialogs composed into conversations as they were before the openers were added (their first 16)
 N_HELDOUT_FIRST = 16
-CORPUS_LATER = 2  # every second question on a corpus line is also asked as a later turn
+PACKED = 3  # questions a conversation of the packed part asks
 
 # ---- paraphrase rules: (pattern on the question, replacement); English, then Russian --------------------
 REWRITES = {
@@ -432,14 +439,15 @@ def compose(by_lang: dict, system, rng: random.Random, repeats: int, p_system: f
     return out
 
 
-def later_turns(by_lang: dict, system, rng: random.Random, p_system: float, others: dict) -> list[dict]:
-    """For each pair of each language one conversation with it as the 2nd or the 3rd turn (in turn) after other
-    pairs of `others`; a share p_system of them open with a system prompt."""
+def packed(by_lang: dict, system, rng: random.Random, p_system: float) -> list[dict]:
+    """The pairs of each language shuffled and asked PACKED at a time, one conversation each; a share p_system
+    of them open with a system prompt."""
     out = []
     for lang, pairs in by_lang.items():
-        for i, pair in enumerate(pairs):
-            before = rng.sample([p for p in others[lang] if p != pair], 1 + i % 2)
-            out.append(conversation([*before, pair], system() if rng.random() < p_system else None))
+        pairs = list(pairs)
+        rng.shuffle(pairs)
+        for i in range(0, len(pairs), PACKED):
+            out.append(conversation(pairs[i: i + PACKED], system() if rng.random() < p_system else None))
     return out
 
 
@@ -468,36 +476,35 @@ def main() -> None:
     # any prompt with any language: clients put their (mostly English) default in front of every chat
     draw = random.Random(15)
     reword = lambda pair, r: pair if r == 0 or not reworded[pair[0]] else reworded[pair[0]][0]  # noqa: E731
-    # the small talk once (as itself), the first dialogs also once reworded
+    # the first dialogs also once reworded; the small talk once, as itself
     chats = compose(base, lambda: draw.choice(pool), random.Random(13), repeats=2, p_system=P_SYSTEM["tune"],
                     others=tune, reword=reword)
     chats += compose(by_language(read_pairs(HERE / "tune/talk.jsonl")),
                      lambda: draw.choice(pool), random.Random(19), repeats=1, p_system=P_SYSTEM["tune"], others=tune)
-    random.Random(13).shuffle(chats)
-    # the paraphrases no conversation above asks (the small talk's and the facts' all of them), each on its own
-    asked = {q for pairs in base.values() for q, _ in pairs}
-    alone = [conversation([p], None) for pairs in tune.values() for q, _ in pairs
-             for p in reworded[q][1 if q in asked else 0 :]]
-    # the questions the rules make of every corpus line, less those a tune dialog or a held-out dialog asks:
-    # each a conversation of its own; they and the fact questions, every CORPUS_LATER-th, also as a later turn
+    # the questions the rules make of every corpus line, less those a tune dialog or a held-out dialog asks
     written = {key(q) for pairs in tune.values() for q, _ in pairs}
     # (not the replies that answer yes or no, or speak of the model itself: they state no fact of a line)
     replies = [a for f in ("en", "ru", "facts") for _, a in read_pairs(HERE / f"tune/{f}.jsonl")
                if not a.startswith(("Yes,", "No,", "Да,", "Нет,", "I ", "Я ", "My ", "Меня "))]
     made = {lang: [(q, a) for q, a in pairs if key(q) not in written | heldout_keys]
             for lang, pairs in corpus_questions(HERE / "pretrain", replies).items()}
-    alone += [conversation([pair], None) for pairs in made.values() for pair in pairs]
+    # asked together, PACKED to a conversation (a conversation costs a training row however short it is):
+    # the paraphrases no conversation above asks (the small talk's and the facts' all of them), the fact
+    # questions, the made questions and one paraphrase of each (a lead-in, the casual form)
+    asked = {q for pairs in base.values() for q, _ in pairs}
     facts = by_language(read_pairs(HERE / "tune/facts.jsonl"))
-    chats += later_turns({lang: (facts[lang] + pairs)[::CORPUS_LATER] for lang, pairs in made.items()},
-                         lambda: draw.choice(pool), random.Random(20), P_SYSTEM["later"], tune)
-    random.Random(17).shuffle(alone)
+    together = {lang: [p for q, _ in tune[lang] for p in reworded[q][1 if q in asked else 0:]] + facts[lang] + pairs
+                + [(p, a) for q, a in pairs
+                   for p in rng.sample([p for p in paraphrases(q, lang) if key(p) not in heldout_keys | written], 1)]
+                for lang, pairs in made.items()}
+    chats += packed(together, lambda: draw.choice(pool), random.Random(17), P_SYSTEM["packed"])
     random.Random(13).shuffle(chats)
-    asked_heldout = [m["content"] for c in chats + alone for m in c["messages"]
+    asked_heldout = [m["content"] for c in chats for m in c["messages"]
                      if m["role"] == "user" and key(m["content"]) in heldout_keys]
     if asked_heldout:
         raise SystemExit(f"error: the tune data asks a held-out question: {asked_heldout[0]!r}; "
                          "the held-out split must stay unseen")
-    write_jsonl(HERE / "tune/chat.jsonl", chats + alone)
+    write_jsonl(HERE / "tune/chat.jsonl", chats)
     # the held-out file keeps its single-turn lines first, then gains the conversations built on them (the
     # first 16 as before the openers came, then the openers'); the held-out prompts come in turn, so each one
     # is there (the evaluation asks the tune questions after them)
