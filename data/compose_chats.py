@@ -6,16 +6,16 @@ Deterministic (seeded); run it again after editing the dialogs, the corpus or th
     python data/compose_chats.py
 
 `tune/chat.jsonl` holds, for each tune question: paraphrases of it made by the rules below (as a user would ask
-it: other words, a lead-in such as "Tell me,", lower case without the question mark), each a conversation of its
-own; and the question and one paraphrase after a system prompt and as the 2nd and 3rd turn after other
-questions. Every reply is the reply of its single-turn dialog, so a model can answer each turn word for word
-whatever came before it. The system prompts are drawn with their own random stream: editing the pool changes the
-system prompts and nothing else.
+it: other words, a lead-in such as "Tell me,", lower case without the question mark); and the question and one
+paraphrase after a system prompt and as the 2nd and 3rd turn after other questions. Every reply is the reply of
+its single-turn dialog, so a model can answer each turn word for word whatever came before it. The system prompts
+are drawn with their own random stream: editing the pool changes the system prompts and nothing else.
 
 It also asks about every corpus line: rules read a subject and a relation off the line ("Madrid is the capital of
 Spain." -> "Which city is the capital of Spain?", "Tell me about Madrid.") and answer in the tune dialogs' style
 (the capital as "The capital of Spain is Madrid.", a count by its clause, else the line; a hand-written reply
-that states the same fact is taken as it is, so a fact has one reply whatever the wording).
+that states the same fact is taken as it is, so a fact has one reply whatever the wording). These questions, a
+paraphrase of each, the fact questions and the spare paraphrases are asked three to a conversation.
 
 The held-out file keeps its single-turn dialogs (`heldout/tune.jsonl` up to its first conversation: the first 16,
 then the everyday openers and paraphrases added after them) and gains conversations built on them. No held-out
@@ -78,10 +78,12 @@ NUMBER = (r"(?:\d+|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelv
           r"one hundred|hundred)")
 # the verbs a line's subject does, in the corpus's words (for "What does X do?" and to find the subject)
 EN_DOES = ("travels", "turns", "shines", "freezes", "boils", "rusts", "travels", "forms", "attract", "pulls",
-           "floats", "make", "begin", "begins", "store", "pumps", "controls", "take", "carry", "breaks", "helps", "follows", "runs",
+           "floats", "make", "begin", "begins", "store", "pumps", "controls", "take", "carry", "breaks", "helps",
+           "follows", "runs",
            "connects", "predicts", "learns", "stores", "holds", "keeps", "hunt", "breathe", "means")
 EN_SPLIT = re.compile(r" (?:is|are|was|were|has|have|can|cannot|takes|contains|began|ended|reached|built|wrote|"
-                      r"created|described|won|often|usually|always|probably|plus|times|equals|" + "|".join(EN_DOES) + ") ")
+                      r"created|described|won|often|usually|always|probably|plus|times|equals|"
+                      + "|".join(EN_DOES) + ") ")
 NAME = re.compile(r"(?!The )[A-Z]\w+ [A-Z]\w+")  # a person's first and last name
 EN_PAST = dict(wrote="write", created="create", built="build", described="describe", reached="reach", won="win",
                made="make")
@@ -145,7 +147,8 @@ def en_line_questions(line: str, known: set[str]) -> list[tuple[str, str]]:
         subj, verb, what = m.groups()
         out += [(f"Who was the first {what}?", line), (f"Name the first {what}.", line),
                 (f"Do you know who was the first {what}?", line)]
-    m = re.match(r"^((?:[A-Z]\w+ )+?|The ancient \w+ |The Wright brothers )(wrote|created|built|described|reached|won|made) "
+    m = re.match(r"^((?:[A-Z]\w+ )+?|The ancient \w+ |The Wright brothers )"
+                 r"(wrote|created|built|described|reached|won|made) "
                  r"(.+?)(?: around \d+| in \d+|, in \d+)?$", body)
     if m:
         subj, verb, what = m.groups()
@@ -272,7 +275,8 @@ def ru_line_questions(line: str, known: set[str]) -> list[tuple[str, str]]:
             reply = f"{words[0]} {where} {num} {' '.join(phrase)}."
             out += [(f"Сколько {noun} {prep} {where}?", reply), (f"Сколько {prep} {where} {noun}?", reply),
                     (f"Скажи, сколько {noun} {prep} {where}?", reply)]
-    m = re.match(r"^(.+?) (первым полетел|первым ступил|написал|создал|основал|построили) (.+?)(?: в \d+ году| более .+)?$", body)
+    m = re.match(r"^(.+?) (первым полетел|первым ступил|написал|создал|основал|построили) "
+                 r"(.+?)(?: в \d+ году| более .+)?$", body)
     if m:
         subj, verb, what = m.groups()
         v = verb[:-1] if verb.endswith("ли") else verb
@@ -296,7 +300,8 @@ def ru_line_questions(line: str, known: set[str]) -> list[tuple[str, str]]:
     m = re.match(r"^(\S+) (нужны|нужен|нужна|нужно) (\S+), чтобы (.+)$", body)
     if m:
         subj, _, whom, _ = m.groups()
-        out += [(f"Зачем {whom} {subject_phrase(subj, known)}?", line), (f"Для чего {whom} {subject_phrase(subj, known)}?", line)]
+        s = subject_phrase(subj, known)
+        out += [(f"Зачем {whom} {s}?", line), (f"Для чего {whom} {s}?", line)]
     m = re.match(r"^(.+?) полезно (.+)$", body)
     if m:
         out += [(f"Полезно ли {m.group(1)[0].lower() + m.group(1)[1:]}?", line)]
