@@ -137,14 +137,18 @@ def main() -> None:
     base["checkpoint_every"] = max(base["checkpoint_every"], base["steps"])  # no saves mid-run inside the timing
     opts = args.optimizers.split(",")
     runs_dir = Path(args.runs or tempfile.mkdtemp(prefix="muon_vs_adamw_"))
+
+    def child(d: Path, settings: dict) -> None:
+        """One pretrain stage with `settings` in a process of its own (one_run), its files under d."""
+        spec = {"dir": str(d), "settings": settings, "model": cfg["model"], "device": cfg["device"],
+                "encoded": targets[0], "heldout": targets[1], "tokenizer": targets[2]}
+        subprocess.run([sys.executable, __file__, "--one", json.dumps(spec)], check=True)
+
     if args.warm:
         for opt in ("adamw", "muon"):
-            s = dict(base, steps=2, eval_every=1, eval_tokens=base["batch_size"] * base["seq_len"], checkpoint_every=2,
-                     optimizer=opt)
-            spec = {"dir": str(runs_dir / f"warm-{opt}"), "settings": s, "model": cfg["model"],
-                    "device": cfg["device"], "encoded": targets[0], "heldout": targets[1], "tokenizer": targets[2]}
             t = time.perf_counter()
-            subprocess.run([sys.executable, __file__, "--one", json.dumps(spec)], check=True)
+            child(runs_dir / f"warm-{opt}", dict(base, steps=2, eval_every=1, checkpoint_every=2, optimizer=opt,
+                                                 eval_tokens=base["batch_size"] * base["seq_len"]))
             print(f"warm {opt}: {time.perf_counter() - t:.1f} s", flush=True)
     rows, start, longest = [], time.perf_counter(), 0.0
     for k in range(args.seeds):
@@ -160,10 +164,8 @@ def main() -> None:
             d = runs_dir / f"{opt}-{s['seed']}"
             for name in ("model.ckpt", "log.csv", "model.ckpt.best"):
                 (d / name).unlink(missing_ok=True)
-            spec = {"dir": str(d), "settings": s, "model": cfg["model"], "device": cfg["device"],
-                    "encoded": targets[0], "heldout": targets[1], "tokenizer": targets[2]}
             t = time.perf_counter()
-            subprocess.run([sys.executable, __file__, "--one", json.dumps(spec)], check=True)
+            child(d, s)
             with open(d / "steps.csv", newline="") as f:
                 times = {int(r["step"]): r for r in csv.DictReader(f)}
             walls = [float(times[st]["wall_s"]) for st in sorted(times)]

@@ -331,15 +331,9 @@ def run_tune_device(args) -> None:
     weigh = tuner_flash.wanted(dev.device, launch_config(dev.device, kn), args.ctx, kn) and not tuner_flash.scores_too_big(
         dev.device, cfg, args.batch, args.ctx)  # the row as the stages see it, before the record
     tuned = replace(kn, gemm_tuning=record)
-    spent = {"batched": 0.0}
-
-    def batched() -> float:  # timed apart: the tuner's total is split by family below
-        t0 = time.perf_counter()
-        s = attention_seconds(dev, cfg, args.batch, args.ctx, tuned)
-        spent["batched"] = time.perf_counter() - t0
-        return s
+    batched = (lambda: attention_seconds(dev, cfg, args.batch, args.ctx, tuned)) if weigh else None
     flash = tuner_flash.tune(dev, args.batch, cfg.n_head, args.ctx, cfg.head_dim,
-                             max_candidates=args.max_candidates or None, batched=batched if weigh else None)
+                             max_candidates=args.max_candidates or None, batched=batched)
     for path in paths:
         tuner.save(path, dev.device, tuner_flash.record_key(args.batch, cfg.n_head, args.ctx, cfg.head_dim), flash)
     rows = tuner_rows.tune(dev, cfg, args.batch, args.ctx)
@@ -348,7 +342,8 @@ def run_tune_device(args) -> None:
     for why in sorted({*record["rejected"].values(), *flash["rejected"].values(), *rows["rejected"].values()}):
         print(f"rejected: {why}")
     print(f"tuned in {record['seconds'] + flash['seconds'] + rows['seconds']:.1f} s (GEMM {record['seconds']:.1f}, flash "
-          f"attention {flash['seconds']:.1f} with the batched form's {spent['batched']:.1f}, rows {rows['seconds']:.1f})")
+          f"attention {flash['seconds']:.1f} with the batched form's {flash.get('batched_seconds', 0.0):.1f}, rows "
+          f"{rows['seconds']:.1f})")
     print(f"tuned: {tuner.describe(record)}; flash "
           f"attention {tuner_flash.describe({**flash['tiles'], 'form': flash['form']})}; {tuner_rows.describe(rows)}")
     print("written: " + ", ".join(str(p) for p in paths))

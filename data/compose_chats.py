@@ -77,7 +77,7 @@ GREETING_LEAD_INS = {"en": ["Oh, {q}", "Well, {q}", "Hey, {q}"], "ru": ["Ну, {
 NUMBER = (r"(?:\d+|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|twenty four|thirty|sixty|"
           r"one hundred|hundred)")
 # the verbs a line's subject does, in the corpus's words (for "What does X do?" and to find the subject)
-EN_DOES = ("travels", "turns", "shines", "freezes", "boils", "rusts", "travels", "forms", "attract", "pulls",
+EN_DOES = ("travels", "turns", "shines", "freezes", "boils", "rusts", "forms", "attract", "pulls",
            "floats", "make", "begin", "begins", "store", "pumps", "controls", "take", "carry", "breaks", "helps",
            "follows", "runs",
            "connects", "predicts", "learns", "stores", "holds", "keeps", "hunt", "breathe", "means")
@@ -464,8 +464,9 @@ def main() -> None:
     pool, heldout_systems = read_prompts(HERE / "system/pool.txt"), read_prompts(HERE / "heldout/system.txt")
     if set(pool) & set(heldout_systems):
         raise SystemExit(f"error: heldout/system.txt repeats a prompt of system/pool.txt: {sorted(set(pool) & set(heldout_systems))[0]!r}")
-    base = by_language(read_pairs(HERE / "tune/en.jsonl") + read_pairs(HERE / "tune/ru.jsonl"))
-    tune = by_language([p for f in ("en", "ru", "talk", "facts") for p in read_pairs(HERE / f"tune/{f}.jsonl")])
+    dialogs = {f: read_pairs(HERE / f"tune/{f}.jsonl") for f in ("en", "ru", "talk", "facts")}
+    base = by_language(dialogs["en"] + dialogs["ru"])
+    tune = by_language([p for pairs in dialogs.values() for p in pairs])
     singles = [d for d in read_lines(HERE / "heldout/tune.jsonl") if "user" in d]
     heldout_keys = {key(d["user"]) for d in singles}
     clash = [q for pairs in tune.values() for q, _ in pairs if key(q) in heldout_keys]
@@ -484,12 +485,12 @@ def main() -> None:
     # the first dialogs also once reworded; the small talk once, as itself
     chats = compose(base, lambda: draw.choice(pool), random.Random(13), repeats=2, p_system=P_SYSTEM["tune"],
                     others=tune, reword=reword)
-    chats += compose(by_language(read_pairs(HERE / "tune/talk.jsonl")),
+    chats += compose(by_language(dialogs["talk"]),
                      lambda: draw.choice(pool), random.Random(19), repeats=1, p_system=P_SYSTEM["tune"], others=tune)
     # the questions the rules make of every corpus line, less those a tune dialog or a held-out dialog asks
     written = {key(q) for pairs in tune.values() for q, _ in pairs}
     # (not the replies that answer yes or no, or speak of the model itself: they state no fact of a line)
-    replies = [a for f in ("en", "ru", "facts") for _, a in read_pairs(HERE / f"tune/{f}.jsonl")
+    replies = [a for f in ("en", "ru", "facts") for _, a in dialogs[f]
                if not a.startswith(("Yes,", "No,", "Да,", "Нет,", "I ", "Я ", "My ", "Меня "))]
     made = {lang: [(q, a) for q, a in pairs if key(q) not in written | heldout_keys]
             for lang, pairs in corpus_questions(HERE / "pretrain", replies).items()}
@@ -497,7 +498,7 @@ def main() -> None:
     # the paraphrases no conversation above asks (the small talk's and the facts' all of them), the fact
     # questions, the made questions and one paraphrase of each (a lead-in, the casual form)
     asked = {q for pairs in base.values() for q, _ in pairs}
-    facts = by_language(read_pairs(HERE / "tune/facts.jsonl"))
+    facts = by_language(dialogs["facts"])
     together = {lang: [p for q, _ in tune[lang] for p in reworded[q][1 if q in asked else 0:]] + facts[lang] + pairs
                 + [(p, a) for q, a in pairs
                    for p in rng.sample([p for p in paraphrases(q, lang) if key(p) not in heldout_keys | written], 1)]

@@ -31,10 +31,7 @@ def prompts(name: str) -> list[str]:
 def test_compose_chats_writes_the_committed_conversations(tmp_path):
     copy = tmp_path / "data"
     shutil.copytree(DATA, copy)
-    spec = importlib.util.spec_from_file_location("compose_chats", copy / "compose_chats.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    mod.main()
+    _compose_module(copy).main()
     for f in ("tune/chat.jsonl", "heldout/tune.jsonl"):
         assert (copy / f).read_bytes() == (DATA / f).read_bytes(), f"{f}: run python data/compose_chats.py"
 
@@ -105,9 +102,7 @@ def test_heldout_questions_stay_apart_from_the_tune_data():
     assert any(rules["prompts"][q].get("act") == "greeting" for q in russian)
     # the tune data holds paraphrases of every hand-written tune question, made by compose_chats.py's rules
     # (those that happen to be a held-out question are left out: checked above)
-    spec = importlib.util.spec_from_file_location("compose_chats", DATA / "compose_chats.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _compose_module(DATA)
     lang = lambda q: "ru" if CYRILLIC & set(q.lower()) else "en"  # noqa: E731
     written = [d["messages"][0]["content"] for f in ("en", "ru") for d in read_dialogs([str(DATA / f"tune/{f}.jsonl")])]
     assert [q for q in written if not any(_key(p) in asked for p in mod.paraphrases(q, lang(q)))] == []
@@ -139,8 +134,8 @@ def test_every_corpus_line_is_asked_in_the_tune_data():
     asked = {m["content"]: d["messages"][i + 1]["content"] for d in read_dialogs(TUNE_FILES)
              for i, m in enumerate(d["messages"]) if m["role"] == "user"}
     made = mod.corpus_questions(DATA / "pretrain")
+    known = mod.known_words(DATA / "pretrain")
     for lang, rules in (("en", mod.en_line_questions), ("ru", mod.ru_line_questions)):
-        known = mod.known_words(DATA / "pretrain")
         for line in (DATA / f"pretrain/{lang}.txt").read_text(encoding="utf-8").splitlines():
             pairs = rules(line, known)
             assert pairs, f"no rule asks about {line!r}"

@@ -300,6 +300,7 @@ def test_flash_record_weighs_the_batched_form_and_auto_follows_it(dev):
         rec = tuner_flash.tune(dev, 2, 2, 40, 8, progress=lambda m: None, cands=cands,
                                measure=lambda kernel, tiles: 1.0, batched=lambda: batched_s)
         assert (rec["form"], rec["flash_ms"], rec["batched_ms"]) == (form, 3000.0, batched_s * 1e3), rec
+        assert 0 <= rec["batched_seconds"] <= rec["seconds"], rec
     rec = tuner_flash.tune(dev, 2, 2, 40, 8, progress=lambda m: None, cands=cands, measure=lambda k, t: 1.0)
     assert rec["form"] == "flash" and "batched_ms" not in rec
     T = tuner_flash.MIN_T
