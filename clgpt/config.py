@@ -357,7 +357,9 @@ def check_config(config: dict, where: _Where | None = None) -> None:
             f"{where(['tokenizer', 'vocab_size'])}: tokenizer.vocab_size={tok['vocab_size']} is below 260 "
             "(256 bytes + 4 special tokens)"
         )
-    for stage in ("pretrain", "tune"):
+    # a stage's shape is checked where the stage runs: without dialogs (corpus.tune empty) there is no tune stage,
+    # and the character recipes keep the default tune settings beside a shorter context
+    for stage in ("pretrain", "tune") if config["corpus"].get("tune") else ("pretrain",):
         if config[stage]["ranks"] > config[stage]["batch_size"]:
             raise ClgptError(
                 f"{where([stage, 'ranks'])}: {stage}.ranks={config[stage]['ranks']} is more than "

@@ -1,11 +1,15 @@
 """config.yaml validation: defaults, misspelt keys, out-of-range values, shapes that cannot work."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import yaml
 
-from clgpt.config import load_config, validate_config
+from clgpt.config import load_config, load_workflow_config, validate_config
 from clgpt.errors import ClgptError
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_default_config_validates_and_fills_defaults():
@@ -52,6 +56,9 @@ def test_n_ff_zero_is_the_architectures_usual_width(arch, n_embd, want):
         ({"model": {"arch": "gpt2", "n_ctx": 300}}, "model.n_ctx=300 is not a multiple of 256"),
         ({"tokenizer": {"vocab_size": 100}}, "tokenizer.vocab_size"),
         ({"pretrain": {"seq_len": 512}}, "pretrain.seq_len=512 is longer than model.n_ctx=256"),
+        ({"corpus": {"tune": "data/tune"}, "tune": {"seq_len": 512}}, "tune.seq_len=512 is longer than model.n_ctx=256"),
+        ({"corpus": {"tune": "data/tune"}, "tune": {"ranks": 3, "batch_size": 2}},
+         "tune.ranks=3 is more than tune.batch_size=2"),
         ({"model": {"n_embd": 48, "n_head": 4}, "export": {"type": "q8_0"}}, "model.n_embd=48 is not a multiple of 32"),
         ({"model": {"n_ff": 100}, "export": {"type": "q4_0"}}, "model.n_ff=100 is not a multiple of 32"),
     ],
@@ -61,6 +68,19 @@ def test_bad_config_names_the_key(override, message):
         validate_config(override)
     assert message in str(e.value)
     assert "\n" not in str(e.value)
+
+
+def test_a_stage_that_does_not_run_is_not_checked():
+    """Without dialogs there is no tune stage, so its settings (the defaults' included) may not fit the model."""
+    config = validate_config({"corpus": {"tune": None}, "tune": {"seq_len": 512, "ranks": 3, "batch_size": 2}})
+    assert config["tune"]["seq_len"] == 512
+
+
+@pytest.mark.parametrize("recipe", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))
+def test_recipe_configs_validate_beside_the_default_config(recipe):
+    """`snakemake --configfile configs/X.yaml` merges the recipe over config.yaml: every shipped recipe must pass."""
+    config = load_workflow_config(str(ROOT / "config.yaml"), [str(ROOT / "configs" / recipe)])
+    assert config["model"]["n_ctx"] >= config["pretrain"]["seq_len"]
 
 
 def test_bad_yaml_names_file_and_line(tmp_path):
