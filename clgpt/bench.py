@@ -307,6 +307,7 @@ def run_tune_device(args) -> None:
     from dataclasses import replace
 
     from clgpt.device import tuner, tuner_flash, tuner_rows
+    from clgpt.device.builds import BuildsBeside
     from clgpt.device.opencl import get_device
     from clgpt.device.tuning import launch_config
     from clgpt.model import ModelConfig
@@ -322,7 +323,12 @@ def run_tune_device(args) -> None:
           f"{len(products)} product shapes, {len(tuner.candidates(tuner.Limits.of(dev.device)))} candidate tiles")
     sys.stdout.flush()
     cands = tuner.candidates(tuner.Limits.of(dev.device))[: args.max_candidates or None]
-    record = tuner.tune(dev, products, cands=cands, budget_s=args.budget)
+    beside = BuildsBeside(tuner_flash.build_jobs(dev, cfg.n_head, cfg.head_dim, args.max_candidates or None)
+                          + tuner_rows.build_jobs(dev, cfg))  # they build while the GEMM is timed
+    try:
+        record = tuner.tune(dev, products, cands=cands, budget_s=args.budget)
+    finally:
+        beside.join()
     key = tuner.model_key(products)
     paths = [tuner.cache_file(dev.device)] + ([Path(args.out)] if args.out else [])
     for path in paths:

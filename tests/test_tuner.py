@@ -388,3 +388,49 @@ def tuner_params():
     from clgpt.model import init_params
 
     return init_params(CFG, 0)
+
+
+def test_builds_beside_run_each_job_once_and_only_where_tuning_comes(dev, tmp_path, monkeypatch):
+    """The flash and row tuners' candidate builds go beside the GEMM's tuning only where `tuning: auto` is about to
+    tune them (wanted, not cached); each job runs once by join(), which surfaces an unexpected error; a host of
+    fewer than four cores builds nothing beside (its tuners build later)."""
+    import os
+    import threading
+
+    from clgpt.device import builds, tuner_rows
+    from clgpt.training import tuned
+
+    ran, lock = [], threading.Lock()
+
+    def job(i):
+        with lock:
+            ran.append(i)
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    beside = builds.BuildsBeside([lambda i=i: job(i) for i in range(20)])
+    beside.join()
+    beside.join()
+    assert sorted(ran) == list(range(20))
+    failing = builds.BuildsBeside([lambda: 1 / 0])
+    with pytest.raises(ZeroDivisionError):
+        failing.join()
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    ran.clear()
+    builds.BuildsBeside([lambda: job(0)]).join()
+    assert ran == []
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    GPU = Knobs(launch="gpu")
+    row, T = tuning.launch_config(dev.device, GPU), tuner_flash.MIN_T
+    monkeypatch.setattr(tuner_flash, "wanted", lambda device, r, t, kn: t >= T)
+    monkeypatch.setattr(tuner_rows, "wanted", lambda device, r, kn: True)
+    want = len(tuner_flash.build_jobs(dev, CFG.n_head, CFG.head_dim)) + len(tuner_rows.build_jobs(dev, CFG))
+    assert want >= 4
+    assert len(tuned._untuned_builds("auto", dev, CFG, 4, T, row, GPU)) == want
+    assert tuned._untuned_builds("off", dev, CFG, 4, T, row, GPU) == []
+    assert len(tuned._untuned_builds("auto", dev, CFG, 4, T - 1, row, GPU)) == want - len(
+        tuner_flash.build_jobs(dev, CFG.n_head, CFG.head_dim))  # flash not wanted below MIN_T
+    path = tuner.cache_file(dev.device)
+    for key in (tuner_flash.record_key(4, CFG.n_head, T, CFG.head_dim), tuner_rows.record_key(CFG, 4, T)):
+        tuner.save(path, dev.device, key, dict(seconds=0.0))
+    assert tuned._untuned_builds("auto", dev, CFG, 4, T, row, GPU) == []

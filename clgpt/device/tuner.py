@@ -38,7 +38,6 @@ import os
 import re
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +47,7 @@ from tqdm import tqdm
 
 from clgpt.atomic import atomic_path
 from clgpt.device import tuning
+from clgpt.device.builds import run_builds
 from clgpt.device.opencl import KERNEL_DIR, Device, kernel_source
 from clgpt.device.precision import BF16_COPY_OPTIONS
 from clgpt.errors import ClgptError
@@ -229,18 +229,14 @@ class _Bench:
                                **{k: v for k, v in mm.items() if k not in ("kernel", "lsize")})
 
     def prebuild(self, jobs: list[tuple[dict, int, int, bool]]) -> None:
-        """Build the kernels of `jobs` (tiles, ta, tb, split) on a few threads (pyopencl lets go of the
-        interpreter while a driver compiles): the builds, not the launches, are most of a first run. A build
-        that fails is left for the candidate's check to meet again and reject."""
+        """Build the kernels of `jobs` (tiles, ta, tb, split) on a few threads: the builds, not the launches,
+        are most of a first run. A build that fails is left for the candidate's check to meet again and reject."""
         def build(job):
             try:
                 self.kernel(*job)
             except (cl.Error, ClgptError):
                 pass
-        workers = min(8, os.cpu_count() or 1)
-        if workers > 1 and len(jobs) > 1:
-            with ThreadPoolExecutor(workers) as pool:
-                list(pool.map(build, jobs))
+        run_builds([lambda job=job: build(job) for job in jobs])
 
     def to_bf16(self, X, rows: int, cols: int, out) -> int:
         """X (rows x cols) -> its bf16 copy in `out` as the portable GEMM makes it (clgpt/ops/gemm/portable.py);

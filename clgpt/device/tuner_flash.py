@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pyopencl as cl
 
 from clgpt.device import tuner
+from clgpt.device.builds import run_builds
 from clgpt.device.knobs import Knobs
 from clgpt.device.precision import matrix_path
 from clgpt.device.opencl import KERNEL_DIR, Device, kernel_source
@@ -232,12 +231,20 @@ def check(dev: Device, H: int, D: int, kernel: str, tiles, default: dict) -> str
     return "" if err <= CHECK_TOL else f"disagrees with float64 numpy (max rel err {err:.2e})"
 
 
-def _try_build(run: Run, kernel: str, tiles) -> None:
+def _try_build(dev: Device, kernel: str, H: int, D: int, tiles) -> None:
     """Build one candidate's program, leaving a failure for its check to meet again and reject."""
     try:
-        run.kernel(kernel, tiles)
+        build(dev, kernel, H * D, H, D, tiles)
     except (cl.Error, ClgptError):
         pass
+
+
+def build_jobs(dev: Device, H: int, D: int, max_candidates: int | None = None, cands: dict | None = None) -> list:
+    """The builds `tune` needs first, as callables: every candidate's program (the kernels at this head count and
+    width, whatever B and T)."""
+    lim = dev.device.max_work_group_size, dev.device.local_mem_size
+    cands = cands or {k: candidates(k, D, *lim)[:max_candidates] for k in DEFAULT}
+    return [lambda k=k, t=t: _try_build(dev, k, H, D, t) for k in DEFAULT for t in cands[k]]
 
 
 def tune(dev: Device, B: int, H: int, T: int, D: int, progress=print, budget_s: float = BUDGET_S,
@@ -254,9 +261,7 @@ def tune(dev: Device, B: int, H: int, T: int, D: int, progress=print, budget_s: 
     run = Run(dev, B, H, T, D)
     measure = measure or run.time
     cands = cands or {k: candidates(k, D, *lim)[:max_candidates] for k in DEFAULT}
-    jobs = [(k, t) for k in DEFAULT for t in cands[k]]
-    with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:  # the builds are most of a first run
-        list(pool.map(lambda job: _try_build(run, *job), jobs))
+    run_builds(build_jobs(dev, H, D, cands=cands))  # the builds are most of a first run
     tiles, ms, rejected, flash_s = {}, {}, {}, 0.0
     for kernel in ("forward", "dq", "dkv"):  # dq writes the delta dk/dv reads; the forward the lse both read
         start, best = time.perf_counter(), None

@@ -17,14 +17,13 @@ run exactly. The record lives in the GEMM tuner's file under record_key: the sha
 from __future__ import annotations
 
 import hashlib
-import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pyopencl as cl
 
 from clgpt.device import tuner, tuner_flash
+from clgpt.device.builds import run_builds
 from clgpt.device.capabilities import subgroup_sizes
 from clgpt.device.knobs import Knobs
 from clgpt.device.precision import matrix_path
@@ -155,6 +154,12 @@ def _try_build(dev: Device, cfg, family: str, cand: dict) -> None:
         pass
 
 
+def build_jobs(dev: Device, cfg, cands: dict | None = None) -> list:
+    """The builds `tune` needs first, as callables: every candidate's programs."""
+    cands = cands or candidates(dev, cfg.n_embd)
+    return [lambda f=f, c=c: _try_build(dev, cfg, f, c) for f in cands for c in cands[f]]
+
+
 def describe_form(family: str, cand: dict | None) -> str:
     if cand is None:
         return f"{family}: the table's"
@@ -192,8 +197,7 @@ def tune(dev: Device, cfg, B: int, T: int, progress=print, cands: dict | None = 
 
     measure = measure or timed
     cands = cands or candidates(dev, C)
-    with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:  # the builds are most of a first run
-        list(pool.map(lambda job: _try_build(dev, cfg, *job), [(f, c) for f in cands for c in cands[f]]))
+    run_builds(build_jobs(dev, cfg, cands))  # the builds are most of a first run
     record, ms, rejected = {}, {}, {}
     for family in ("norm", "rows"):
         best, start = None, time.perf_counter()
