@@ -312,6 +312,7 @@ def run_tune_device(args) -> None:
     from clgpt.device.tuning import launch_config
     from clgpt.model import ModelConfig
     from clgpt.ops import attention_seconds
+    from clgpt.training.tuned import batched_programs
 
     cfg = ModelConfig(arch=args.arch, vocab_size=args.vocab, n_ctx=args.ctx, n_embd=args.embd, n_head=args.heads,
                       n_layer=args.layers, n_ff=args.ffn,
@@ -323,8 +324,12 @@ def run_tune_device(args) -> None:
           f"{len(products)} product shapes, {len(tuner.candidates(tuner.Limits.of(dev.device)))} candidate tiles")
     sys.stdout.flush()
     cands = tuner.candidates(tuner.Limits.of(dev.device))[: args.max_candidates or None]
-    beside = BuildsBeside(tuner_flash.build_jobs(dev, cfg.n_head, cfg.head_dim, args.max_candidates or None)
-                          + tuner_rows.build_jobs(dev, cfg))  # they build while the GEMM is timed
+    kn = knobs.read()
+    weigh = tuner_flash.wanted(dev.device, launch_config(dev.device, kn), args.ctx, kn) and not tuner_flash.scores_too_big(
+        dev.device, cfg, args.batch, args.ctx)  # the row as the stages see it, before the record
+    jobs = tuner_flash.build_jobs(dev, cfg.n_head, cfg.head_dim, args.max_candidates or None) + tuner_rows.build_jobs(
+        dev, cfg) + ([lambda: batched_programs(dev, cfg, args.batch, args.ctx, kn)] if weigh else [])
+    beside = BuildsBeside(jobs)  # they build while the GEMM is timed
     try:
         record = tuner.tune(dev, products, cands=cands, budget_s=args.budget)
     finally:
@@ -333,9 +338,6 @@ def run_tune_device(args) -> None:
     paths = [tuner.cache_file(dev.device)] + ([Path(args.out)] if args.out else [])
     for path in paths:
         tuner.save(path, dev.device, key, record)
-    kn = knobs.read()
-    weigh = tuner_flash.wanted(dev.device, launch_config(dev.device, kn), args.ctx, kn) and not tuner_flash.scores_too_big(
-        dev.device, cfg, args.batch, args.ctx)  # the row as the stages see it, before the record
     tuned = replace(kn, gemm_tuning=record)
     batched = (lambda: attention_seconds(dev, cfg, args.batch, args.ctx, tuned)) if weigh else None
     flash = tuner_flash.tune(dev, args.batch, cfg.n_head, args.ctx, cfg.head_dim,

@@ -138,6 +138,14 @@ class Ops:
         return self.k
 
 
+def attention_ops(dev: Device, cfg: ModelConfig, B: int, T: int, knobs: Knobs, form: str = "batched") -> "Ops":
+    """The Ops attention_seconds times with: one GPT-2 layer (q | k | v rows, as the tuner's own runs of the flash
+    kernels, clgpt.device.tuner_flash.Run) of cfg's width and heads. Made alone, it builds the programs that
+    timing will ask for first (the device's cache keeps them)."""
+    one = ModelConfig(vocab_size=64, n_ctx=T, n_embd=cfg.n_embd, n_head=cfg.n_head, n_layer=1, n_ff=4 * cfg.n_embd)
+    return Ops(dev, one, T, "fp32", batch_size=B, knobs=knobs, attention=form)
+
+
 def attention_seconds(dev: Device, cfg: ModelConfig, B: int, T: int, knobs: Knobs, form: str = "batched",
                       reps: int = 3) -> float:
     """Seconds of one layer's attention, forward and backward, in `form` at (B, T) with cfg's heads (all of them
@@ -150,9 +158,7 @@ def attention_seconds(dev: Device, cfg: ModelConfig, B: int, T: int, knobs: Knob
     import numpy as np
     import pyopencl as cl
 
-    # GPT-2's q | k | v rows, as the tuner's own runs of the flash kernels (clgpt.device.tuner_flash.Run)
-    one = ModelConfig(vocab_size=64, n_ctx=T, n_embd=cfg.n_embd, n_head=cfg.n_head, n_layer=1, n_ff=4 * cfg.n_embd)
-    ops = Ops(dev, one, T, "fp32", batch_size=B, knobs=knobs, attention=form)
+    ops = attention_ops(dev, cfg, B, T, knobs, form)
     C, rng = cfg.n_embd, np.random.default_rng(0)
     qkv_floats = B * T * 3 * C
     qkv = cl.Buffer(dev.ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
