@@ -14,6 +14,7 @@ from clgpt.model import ModelConfig, init_params, muon_matrices
 from clgpt.models import reference as ref
 from clgpt.models.factory import make_engine
 from clgpt.ops import Ops
+from clgpt.ops.gemm import mma as mma_gemm
 from clgpt.ops.muon import Muon, gram_splits, lr_scale
 from conftest import assert_close, from_dev, to_dev
 from opcheck import check_op, run_op
@@ -154,14 +155,16 @@ BATCHED_FORMS = {  # the device's GEMM forms that orthogonalise a shape's matric
 
 @pytest.mark.parametrize("form", list(BATCHED_FORMS))
 @pytest.mark.parametrize("rows, cols", [(72, 40), (40, 72), (512, 48), (48, 512)])
-def test_newton_schulz_batched_products_match_float64(dev, form, rows, cols):
+def test_newton_schulz_batched_products_match_float64(dev, form, rows, cols, monkeypatch):
     """The GPU forms (local-memory tiles; tensor cores, emulated) take the batched products: each matrix of the
     stack against float64, to its precision's tolerance. 512 deep, the Gram product runs as 2 chunks of K
     (gram_splits); its 40 or 48 wide output is more than one tile of the tests' 32 (a tile above the diagonal
     skipped, its entries mirrored from below)."""
     knobs, precision, tol = BATCHED_FORMS[form]
     cfg = ModelConfig(vocab_size=32, n_ctx=8, n_embd=16, n_head=2, n_layer=1, n_ff=32)
-    mu = Muon(Ops(dev, cfg, 8, precision, knobs=knobs()))
+    monkeypatch.setattr(mma_gemm, "MMA_SMALL_GROUPS", 1)  # other products this size take the big tiles
+    ops = Ops(dev, cfg, 8, precision, knobs=knobs())
+    mu = Muon(ops)
     assert mu.batched and gram_splits(max(rows, cols)) == (2 if max(rows, cols) == 512 else 1)
     n = rows * cols
     offs = [64, 64 + n + 128, 3 * n + 320]
@@ -172,6 +175,8 @@ def test_newton_schulz_batched_products_match_float64(dev, form, rows, cols):
     for g, off in enumerate(offs):
         want = ref.newton_schulz(u[off: off + n].reshape(rows, cols))
         assert_close(got[g].reshape(rows, cols), want, tol, 1e-3, f"{form} Newton-Schulz {rows}x{cols}, matrix {g}")
+    if ops.mma is not None:  # on tensor cores every product took the small tiles (the big ones: 2 x 2 tiles here)
+        assert {key[11] for key in ops.product_kernels if key[0] == "mma" and key[9]} == {id(ops.mma[1])}
 
 
 # ---- whole steps: the store's Muon step against the reference ----

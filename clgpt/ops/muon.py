@@ -19,8 +19,8 @@ parts again by each work-group of the copy (muon_scale_parts); the Gram product 
 the diagonal alone (causal 1: A is symmetric), its K cut into gram_splits chunks that run as more of the batch;
 muon_gram_poly sums the chunks in order into A, mirrored, and P = b A + a I; the A A product adds c A A into P
 (accum). Still 2 + 4 ns_steps + 1 launches a shape. The batched products take the precision path of the batched GEMM:
-the local-memory kernel (fp32 or tf32/bf16-rounded operands), or the mma kernel on fp32 operands rounded to
-tf32/bf16 where the device has tensor cores (there is no batched form on bf16 operand copies or wgmma: the
+the local-memory kernel (fp32 or tf32/bf16-rounded operands), or the mma kernel (on its small tiles) on fp32
+operands rounded to tf32/bf16 where the device has tensor cores (there is no batched form on bf16 operand copies or wgmma: the
 rounding is the same, bf16 operands and fp32 sums).
 Where the device's GEMM is the CPU form (matmul_rb, which has no batched form) the products stay one matrix at a
 time through ops.matmul on the stack's sub-buffers: the batched local-memory kernel ran the CPU recipe's Muon
@@ -29,6 +29,7 @@ step 10x slower there, and a CPU's launches cost little next to its products.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -77,6 +78,9 @@ class Muon:
                    "muon_gram_poly", "muon_update")}
         # batched products where the device's GEMM has a batched form: the local-memory kernel, or tensor cores
         self.batched = ops.mm["kernel"] == "matmul" or ops.mma is not None
+        # on tensor cores the products take the small tiles: at K = 384 a 128 x 128 tile runs 12 steps of 32 and
+        # starves the tensor cores; 64 x 64 gave the H100 2.70 ms of kernels a step against 2.97 (char GPU recipe)
+        self.bmm = functools.partial(ops.bmm, small=True) if ops.mma is not None else ops.bmm
         self._bufs, self._offs = {}, {}
 
     def _buf(self, key, n):
@@ -177,7 +181,7 @@ class Muon:
         matrix; one muon_gram_poly over all the r's matrices, summing each one's parts in order, mirrored, into A
         and P = b A + a I; one A A product adding c A A to P (accum); then X' = P X a shape."""
         a, b, c = coeffs
-        bmm, by_r = self.ops.bmm, {}
+        bmm, by_r = self.bmm, {}
         for (rows, cols), offs in shapes.items():
             by_r.setdefault(min(rows, cols), []).append(((rows, cols), offs))
         groups = []

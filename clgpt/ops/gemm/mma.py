@@ -83,9 +83,10 @@ class MmaGemm(Part):
                                           bias, resid, f32(alpha), E))
 
     def bmm(self, M, N, K, nz, hb, A, lda, a_off, B, ldb, b_off, Cm, ldc, c_off, ta=0, tb=0, alpha=1.0, causal=0,
-            mm=None, accum=False):
-        """Batched matmul (as PortableGemm.bmm) on the batched mma kernel; `mm` is the portable form's (unused)."""
-        mm = self.tiles(M, N, nz)
+            mm=None, accum=False, small=False):
+        """Batched matmul (as PortableGemm.bmm) on the batched mma kernel; `mm` is the portable form's (unused).
+        small: the small tiles whatever the size (Muon's Newton-Schulz products, clgpt/ops/muon.py)."""
+        mm = self.f.mma[1] if small else self.tiles(M, N, nz)
         align4 = all(v % 4 == 0 for v in (lda, ldb, *a_off, *b_off))
         kern = self.kernel(mm, ta, tb, False, False, bool(accum), 0, align4, batch=1, causal=causal)
         (gx, gy), lsize = mma_launch(mm, M, N)
