@@ -312,7 +312,7 @@ def run_tune_device(args) -> None:
     from clgpt.device.tuning import launch_config
     from clgpt.model import ModelConfig
     from clgpt.ops import attention_seconds
-    from clgpt.training.tuned import batched_programs
+    from clgpt.training.tuned import candidate_builds
 
     cfg = ModelConfig(arch=args.arch, vocab_size=args.vocab, n_ctx=args.ctx, n_embd=args.embd, n_head=args.heads,
                       n_layer=args.layers, n_ff=args.ffn,
@@ -327,9 +327,8 @@ def run_tune_device(args) -> None:
     kn = knobs.read()
     weigh = tuner_flash.wanted(dev.device, launch_config(dev.device, kn), args.ctx, kn) and not tuner_flash.scores_too_big(
         dev.device, cfg, args.batch, args.ctx)  # the row as the stages see it, before the record
-    jobs = tuner_flash.build_jobs(dev, cfg.n_head, cfg.head_dim, args.max_candidates or None) + tuner_rows.build_jobs(
-        dev, cfg) + ([lambda: batched_programs(dev, cfg, args.batch, args.ctx, kn)] if weigh else [])
-    beside = BuildsBeside(jobs)  # they build while the GEMM is timed
+    beside = BuildsBeside(candidate_builds(dev, cfg, args.batch, args.ctx, kn, batched=weigh,
+                                           max_candidates=args.max_candidates or None))  # built while the GEMM is timed
     try:
         record = tuner.tune(dev, products, cands=cands, budget_s=args.budget)
     finally:

@@ -428,7 +428,7 @@ def test_builds_beside_run_each_job_once_and_only_where_tuning_comes(dev, tmp_pa
     assert flash >= 3 and rows >= 2
     jobs = tuned._untuned_builds("auto", dev, CFG, 4, T, row, GPU)
     assert len(jobs) == flash + rows + 1  # and the batched form's programs, which the flash tuner times against
-    jobs[-1]()  # builds them, leaving the timing's Ops nothing to build
+    jobs[flash]()  # the batched form's programs (after flash's candidates): built, leaving its Ops nothing to build
     assert tuned._untuned_builds("off", dev, CFG, 4, T, row, GPU) == []
     assert len(tuned._untuned_builds("auto", dev, CFG, 4, T - 1, row, GPU)) == rows  # no flash below MIN_T
     path = tuner.cache_file(dev.device)

@@ -239,11 +239,16 @@ def _try_build(dev: Device, kernel: str, H: int, D: int, tiles) -> None:
         pass
 
 
+def device_candidates(dev: Device, D: int, max_candidates: int | None = None) -> dict:
+    """{kernel: the first max_candidates of its candidates that fit dev at head width D}."""
+    lim = dev.device.max_work_group_size, dev.device.local_mem_size
+    return {k: candidates(k, D, *lim)[:max_candidates] for k in DEFAULT}
+
+
 def build_jobs(dev: Device, H: int, D: int, max_candidates: int | None = None, cands: dict | None = None) -> list:
     """The builds `tune` needs first, as callables: every candidate's program (the kernels at this head count and
     width, whatever B and T)."""
-    lim = dev.device.max_work_group_size, dev.device.local_mem_size
-    cands = cands or {k: candidates(k, D, *lim)[:max_candidates] for k in DEFAULT}
+    cands = cands or device_candidates(dev, D, max_candidates)
     return [lambda k=k, t=t: _try_build(dev, k, H, D, t) for k in DEFAULT for t in cands[k]]
 
 
@@ -256,11 +261,10 @@ def tune(dev: Device, B: int, H: int, T: int, D: int, progress=print, budget_s: 
     the faster of the two (flash on a tie), else flash; `batched_seconds` is what that timing took, builds
     included (part of `seconds`)."""
     t0 = time.perf_counter()
-    lim = dev.device.max_work_group_size, dev.device.local_mem_size
     default = default_tiles(dev, H, D)
     run = Run(dev, B, H, T, D)
     measure = measure or run.time
-    cands = cands or {k: candidates(k, D, *lim)[:max_candidates] for k in DEFAULT}
+    cands = cands or device_candidates(dev, D, max_candidates)
     run_builds(build_jobs(dev, H, D, cands=cands))  # the builds are most of a first run
     tiles, ms, rejected, flash_s = {}, {}, {}, 0.0
     for kernel in ("forward", "dq", "dkv"):  # dq writes the delta dk/dv reads; the forward the lse both read

@@ -46,22 +46,24 @@ def _untuned_builds(setting: str, dev, cfg, batch_size: int, seq_len: int, row: 
         records = tuner.read_file(path)["records"] if path.exists() else {}
     except ClgptError:  # resolve() says what is wrong with the file
         return []
-    jobs = []
-    H, D = cfg.n_head, cfg.head_dim
-    if tuner_flash.wanted(dev.device, row, seq_len, kn) and tuner_flash.record_key(batch_size, H, seq_len, D) \
-            not in records:
-        jobs += tuner_flash.build_jobs(dev, H, D)
-        if not tuner_flash.scores_too_big(dev.device, cfg, batch_size, seq_len):  # the batched form is timed too
-            jobs.append(lambda: batched_programs(dev, cfg, batch_size, seq_len, kn))
-    if tuner_rows.wanted(dev.device, row, kn) and tuner_rows.record_key(cfg, batch_size, seq_len) not in records:
-        jobs += tuner_rows.build_jobs(dev, cfg)
-    return jobs
+    flash = tuner_flash.wanted(dev.device, row, seq_len, kn) and \
+        tuner_flash.record_key(batch_size, cfg.n_head, seq_len, cfg.head_dim) not in records
+    return candidate_builds(dev, cfg, batch_size, seq_len, kn, flash=flash,
+                            batched=flash and not tuner_flash.scores_too_big(dev.device, cfg, batch_size, seq_len),
+                            rows=tuner_rows.wanted(dev.device, row, kn)
+                            and tuner_rows.record_key(cfg, batch_size, seq_len) not in records)
 
 
-def batched_programs(dev, cfg, batch_size: int, seq_len: int, kn: Knobs) -> None:
-    """Build the programs the batched form's timing asks for first (its Ops, made and dropped); a failure is left
-    for the timing itself to meet and report."""
-    try:
-        attention_ops(dev, cfg, batch_size, seq_len, kn)
-    except (cl.Error, ClgptError):
-        pass
+def candidate_builds(dev, cfg, batch_size: int, seq_len: int, kn: Knobs, flash: bool = True, batched: bool = False,
+                     rows: bool = True, max_candidates: int | None = None) -> list:
+    """The builds that need not wait for the GEMM's tiles, as callables: flash attention's candidates (the first
+    max_candidates of each kernel), the programs the batched form's timing asks for first (its Ops, made and
+    dropped) and the row kernels' candidates. A failure is left to the check or timing that meets it again."""
+    def batched_programs():
+        try:
+            attention_ops(dev, cfg, batch_size, seq_len, kn)
+        except (cl.Error, ClgptError):
+            pass
+
+    return ((tuner_flash.build_jobs(dev, cfg.n_head, cfg.head_dim, max_candidates) if flash else [])
+            + ([batched_programs] if batched else []) + (tuner_rows.build_jobs(dev, cfg) if rows else []))
