@@ -18,6 +18,10 @@
 // a2 (g, 2t+8..), a3 (g+8, 2t+8..); b0 (k 2t.., n g), b1 (k 2t+8.., n g); c (g, 2t..2t+1), (g+8, 2t..).
 // ldmatrix.x4 gives lane l of matrix q the pair (row l/4, cols 2(l%4)..) of the 8x8 matrix whose row
 // addresses lanes 8q..8q+7 supply.
+// BATCH (as matmul.cl's, work-group z along dimension 2: A, B, Cm and R moved by o + (z / HB) sb + (z % HB) sh,
+// in elements) with CAUSAL 1 (the tiles on or below the diagonal alone); OUT16: Cm is bf16, each output
+// alpha acc [+ R] rounded as to_bf16 rounds (N and ldc even): Muon's Newton-Schulz stacks (clgpt/ops/muon.py),
+// whose next products read the copy.
 // -D: BM BN WM WN STAGES AKC BKC; BIAS RESID ACCUM EPI SPLITK as matmul.cl; MMA_EMULATE (PoCL tests: the same
 // data movement with cp.async, ldmatrix and mma.sync done by work-group exchanges, bit-exact sums in
 // k order); SMEM_CVTA (1: the local pointer's integer value is a generic address: convert it).
@@ -47,6 +51,26 @@
 #endif
 #ifndef SMEM_CVTA
 #define SMEM_CVTA 0
+#endif
+#ifndef BATCH
+#define BATCH 0
+#endif
+#ifndef CAUSAL
+#define CAUSAL 0
+#endif
+#ifndef OUT16
+#define OUT16 0
+#endif
+#if BATCH
+#define BATCH_ARGS , const int HB, const int oA, const int sAb, const int sAh, const int oB, const int sBb, \
+    const int sBh, const int oC, const int sCb, const int sCh
+#else
+#define BATCH_ARGS
+#endif
+#if OUT16
+#define OUT_T ushort
+#else
+#define OUT_T float
 #endif
 #include "epilogue.cl"
 #include "precision.cl"
@@ -231,9 +255,9 @@ inline void ldsm_x4(uint* r, const uint addr, __local uint* smem, __local uint* 
 __kernel __attribute__((reqd_work_group_size(NTH, 1, 1)))
 void matmul_bf16(const int M, const int N, const int Kp,
                  __global const ushort* restrict A, const int lda, __global const ushort* restrict B, const int ldb,
-                 __global float* Cm, const int ldc,
+                 __global OUT_T* Cm, const int ldc,
                  __global const float* restrict bias, __global const float* R,
-                 const float alpha, __global float* E SPLIT_ARGS)
+                 const float alpha, __global float* E SPLIT_ARGS BATCH_ARGS)
 {
     __local uint4 smem[STAGES * STAGE_BYTES / 16];
 #if MMA_EMULATE
@@ -248,6 +272,21 @@ void matmul_bf16(const int M, const int N, const int Kp,
     const int n0 = get_group_id(0) * BN, m0 = get_group_id(1) * BM;
     int kbeg = 0, kend = Kp;
     SPLIT_RANGE(kbeg, kend, Kp)
+#if BATCH
+    {
+        const int z = get_group_id(2), zb = z / HB, zh = z % HB;
+        const size_t oc = oC + (size_t)zb * sCb + (size_t)zh * sCh;
+        A += oA + (size_t)zb * sAb + (size_t)zh * sAh;
+        B += oB + (size_t)zb * sBb + (size_t)zh * sBh;
+        Cm += oc;
+#if RESID
+        R += oc;
+#endif
+    }
+#endif
+#if CAUSAL == 1
+    if (n0 > m0 + BM - 1) return;
+#endif
     const int nk = (kend - kbeg) / BK;
 #if MMA_EMULATE
     const uint sbase = 0;
@@ -317,7 +356,9 @@ void matmul_bf16(const int M, const int N, const int Kp,
 
     // Outputs: each work-item holds column pairs (2t, 2t+1) of rows g and g + 8 of every 16 x 8 mma tile;
     // with an even ldc (8-byte aligned pairs) they are read and written as float2.
+#if !OUT16
     const int pairs = (ldc & 1) == 0;
+#endif
 #pragma unroll
     for (int i = 0; i < MT; i++) {
 #pragma unroll
@@ -328,7 +369,15 @@ void matmul_bf16(const int M, const int N, const int Kp,
                 const int gm = m0 + wm * WTM + 16 * i + g + 8 * h;
                 if (gm >= M || gn >= N) continue;
                 const float2 v = (float2)(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+#if OUT16
+                float2 c = alpha * v;
+#if RESID
+                c += *(__global const float2*)(R + (size_t)gm * ldc + gn);
+#endif
+                *(__global uint*)(Cm + (size_t)gm * ldc + gn) = bf16x2(c.x, c.y);
+#else
                 store_pair(v, gm, gn, N, ldc, pairs, Cm, bias, R, E, alpha);
+#endif
             }
         }
     }

@@ -24,7 +24,20 @@
 //                    diagonal alone: A is symmetric); P[g rr + e] = b A + a I, to which the A A product then adds
 //                    c A A (ACCUM); work-groups of GP_TILE x GP_TILE entries (below)
 //   muon_update:     p[offs[g] + j] = p[offs[g] + j] * decay - lr_adj * o[g*ld + j]  (decay = 1 - lr wd; o: NS's)
+// -D OUT16 1 (the batched form on the bf16 GEMM): muon_scale_parts writes the stack, muon_gram_poly A, as bf16
+// (rounded as kernels/precision.cl's bf16_bits: the rounding the products' operands get anyway).
 // Fixed orders of summation: deterministic.
+#ifndef OUT16
+#define OUT16 0
+#endif
+#if OUT16
+#include "precision.cl"
+#define STACK_T ushort
+#define STACK_V(x) ((ushort)bf16_bits(x))
+#else
+#define STACK_T float
+#define STACK_V(x) (x)
+#endif
 
 __kernel void muon_momentum(const int n, const float mu, const int nesterov, __global const float* grad,
                             __global float* buf, __global float* u, __global const float* norm)
@@ -85,7 +98,7 @@ void muon_norm_parts(const int n, const int chunk, __global const int* offs, __g
 
 __kernel __attribute__((reqd_work_group_size(NORM_LOCAL, 1, 1)))
 void muon_scale_parts(const int n, const int ld, const int parts, const float eps, __global const int* offs,
-                      __global const float* x, __global const float* part, __global float* y)
+                      __global const float* x, __global const float* part, __global STACK_T* y)
 {
     __local float s[NORM_LOCAL];
     const int i = get_local_id(0), g = get_group_id(1), step = get_global_size(0);
@@ -95,8 +108,8 @@ void muon_scale_parts(const int n, const int ld, const int parts, const float ep
     tree_sum(s, i);
     const float scale = 1.0f / fmax(sqrt(s[0]), eps);
     __global const float* xg = x + offs[g];
-    __global float* yg = y + (long)g * ld;
-    for (int j = get_global_id(0); j < n; j += step) yg[j] = xg[j] * scale;
+    __global STACK_T* yg = y + (long)g * ld;
+    for (int j = get_global_id(0); j < n; j += step) yg[j] = STACK_V(xg[j] * scale);
 }
 
 __kernel void muon_scale(const int n, const int ld, __global const int* offs, __global const float* x,
@@ -123,7 +136,7 @@ __kernel void muon_poly(const int total, const int r, const int ld, const float 
 // through local memory, so that the upper half's mirror reads stay coalesced.
 __kernel __attribute__((reqd_work_group_size(GP_TILE, GP_TILE, 1)))
 void muon_gram_poly(const int r, const int rr, const int smax, __global const int* splits, const float a,
-                    const float b, __global const float* part, __global float* A, __global float* P)
+                    const float b, __global const float* part, __global STACK_T* A, __global float* P)
 {
     __local float t[GP_TILE][GP_TILE + 1];
     const int x = get_local_id(0), y = get_local_id(1);
@@ -140,7 +153,7 @@ void muon_gram_poly(const int r, const int rr, const int smax, __global const in
     const int i = ti * GP_TILE + y, j = tj * GP_TILE + x;
     if (i >= r || j >= r) return;
     const float e = (ti > tj || (ti == tj && y >= x)) ? t[y][x] : t[x][y];  // (i, j), else its mirror (j, i)
-    A[(long)g * rr + i * r + j] = e;
+    A[(long)g * rr + i * r + j] = STACK_V(e);
     P[(long)g * rr + i * r + j] = b * e + (i == j ? a : 0.0f);
 }
 

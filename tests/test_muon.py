@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from clgpt.device.knobs import Knobs
+from clgpt.device.knobs import OFF, Knobs
 from clgpt.model import ModelConfig, init_params, muon_matrices
 from clgpt.models import reference as ref
 from clgpt.models.factory import make_engine
@@ -177,6 +177,32 @@ def test_newton_schulz_batched_products_match_float64(dev, form, rows, cols, mon
         assert_close(got[g].reshape(rows, cols), want, tol, 1e-3, f"{form} Newton-Schulz {rows}x{cols}, matrix {g}")
     if ops.mma is not None:  # on tensor cores every product took the small tiles (the big ones: 2 x 2 tiles here)
         assert {key[11] for key in ops.product_kernels if key[0] == "mma" and key[9]} == {id(ops.mma[1])}
+
+
+@pytest.mark.parametrize("rows, cols", [(96, 64), (32, 512)])
+def test_newton_schulz_on_bf16_stacks_matches_float64_and_the_mma_form(dev, rows, cols):
+    """Where the bf16 GEMM is on and a shape fits its tiles (emulated here, 32 x 32), the stacks are kept in bf16
+    and the products run on matmul_bf16: each matrix against float64 to bf16's tolerance, and bit for bit what
+    the mma kernel gives on fp32 stacks with the bf16 GEMM off (the same operands rounded the same way, the same
+    sums in the same order). Tall and wide; 512 deep, the Gram product runs as 2 chunks of K."""
+    cfg = ModelConfig(vocab_size=32, n_ctx=8, n_embd=16, n_head=2, n_layer=1, n_ff=32)
+    n = rows * cols
+    offs = [32, 32 + n + 96, 3 * n + 160]
+    u = rand(offs[-1] + n, 9, 0.1)
+    got = {}
+    for form, knobs in (("bf16", emulated_knobs()), ("mma", emulated_knobs(bf16=OFF))):
+        ops = Ops(dev, cfg, 8, "bf16", knobs=knobs)
+        mu = Muon(ops)
+        assert (mu.bf16 is not None) == (form == "bf16")
+        X = mu.orthogonalize(to_dev(dev, u), offs, rows, cols, 5)
+        ld = mu.stack_stride(rows, cols)
+        got[form] = from_dev(dev, X, len(offs) * ld).reshape(len(offs), ld)[:, :n]
+        batched = {key[0] for key in ops.product_kernels if key[0] in ("bf16", "mma") and key[9]}
+        assert batched == {form}, batched
+    for g, off in enumerate(offs):
+        want = ref.newton_schulz(u[off: off + n].reshape(rows, cols))
+        assert_close(got["bf16"][g].reshape(rows, cols), want, 4e-2, 1e-3, f"bf16 Newton-Schulz {rows}x{cols} {g}")
+    np.testing.assert_array_equal(got["bf16"], got["mma"])
 
 
 # ---- whole steps: the store's Muon step against the reference ----

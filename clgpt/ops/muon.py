@@ -19,9 +19,11 @@ parts again by each work-group of the copy (muon_scale_parts); the Gram product 
 the diagonal alone (causal 1: A is symmetric), its K cut into gram_splits chunks that run as more of the batch;
 muon_gram_poly sums the chunks in order into A, mirrored, and P = b A + a I; the A A product adds c A A into P
 (accum). Still 2 + 4 ns_steps + 1 launches a shape. The batched products take the precision path of the batched GEMM:
-the local-memory kernel (fp32 or tf32/bf16-rounded operands), or the mma kernel (on its small tiles) on fp32
-operands rounded to tf32/bf16 where the device has tensor cores (there is no batched form on bf16 operand copies or wgmma: the
-rounding is the same, bf16 operands and fp32 sums).
+the local-memory kernel (fp32 or tf32/bf16-rounded operands), the mma kernel (on its small tiles) on fp32 operands
+rounded to tf32/bf16 where the device has tensor cores, or, where it has the bf16 GEMM (kernels/matmul_bf16.cl)
+and the shapes fit its small tiles, that GEMM on stacks kept in bf16: the scaling, muon_gram_poly and each
+product but the last write bf16 (P + c A A from the A A product's epilogue), so the products read the operands
+the mma kernel would round them to, at half the bytes, through cp.async's pipeline. Same launches, same sums.
 Where the device's GEMM is the CPU form (matmul_rb, which has no batched form) the products stay one matrix at a
 time through ops.matmul on the stack's sub-buffers: the batched local-memory kernel ran the CPU recipe's Muon
 step 10x slower there, and a CPU's launches cost little next to its products.
@@ -81,6 +83,12 @@ class Muon:
         # on tensor cores the products take the small tiles: at K = 384 a 128 x 128 tile runs 12 steps of 32 and
         # starves the tensor cores; 64 x 64 gave the H100 2.70 ms of kernels a step against 2.97 (char GPU recipe)
         self.bmm = functools.partial(ops.bmm, small=True) if ops.mma is not None else ops.bmm
+        # where the device has the bf16 GEMM (cp.async, NVIDIA sm_80+) the stacks are kept in bf16 and the products
+        # run on it (Bf16Gemm.bmm_bf16): the same operands, rounded as the mma kernel rounds them, at half the
+        # bytes and with the loads in flight through the whole K
+        self.bf16 = ops.gemms.bf16
+        if self.bf16 is not None:
+            self.k16 = {name: ops.dev.kernel("muon", name, OUT16=1) for name in ("muon_scale_parts", "muon_gram_poly")}
         self._bufs, self._offs = {}, {}
 
     def _buf(self, key, n):
@@ -135,15 +143,16 @@ class Muon:
         """NS of the matrices U[o : o + rows*cols] as (rows, cols), o in offs -> their stack (orthogonalized's)."""
         return next(self.orthogonalized(U, {(rows, cols): offs}, ns_steps, eps, coeffs))[2]
 
-    def _scale(self, U, table, n, G, ld, eps, X):
-        """X (the stack, ld apart) = each matrix of U at `table`'s offsets over its norm (floored at eps)."""
+    def _scale(self, U, table, n, G, ld, eps, X, out16=False):
+        """X (the stack, ld apart) = each matrix of U at `table`'s offsets over its norm (floored at eps); in bf16
+        where out16."""
         if self.batched:  # a GPU: the squares summed by hundreds of work-groups, their parts by each scaling one
             parts = -(-n // NORM_CHUNK)
             part = self._buf("norm_parts", G * parts)
             self.launcher.launch(self.k["muon_norm_parts"], (parts * NORM_LOCAL, G), (NORM_LOCAL, 1),
                                  (i32(n), i32(NORM_CHUNK), table, U, part))
             items = -(-n // (SCALE_PER_ITEM * NORM_LOCAL)) * NORM_LOCAL
-            self.launcher.launch(self.k["muon_scale_parts"], (items, G), (NORM_LOCAL, 1),
+            self.launcher.launch((self.k16 if out16 else self.k)["muon_scale_parts"], (items, G), (NORM_LOCAL, 1),
                                  (i32(n), i32(ld), i32(parts), f32(eps), table, U, part, X))
             return
         # the CPU form: a work-group a matrix, its chunks summed in order (PoCL runs the loops vectorised)
@@ -179,31 +188,42 @@ class Muon:
         diagonal (A is symmetric; causal 1 skips the rest), its K cut into S = gram_splits chunks that run as
         more of the batch (a shape's stack alone leaves most of a GPU idle on a deep K), into S raw parts a
         matrix; one muon_gram_poly over all the r's matrices, summing each one's parts in order, mirrored, into A
-        and P = b A + a I; one A A product adding c A A to P (accum); then X' = P X a shape."""
+        and P = b A + a I; one A A product adding c A A to P (accum); then X' = P X a shape.
+        On the bf16 GEMM (_bf16_fits) X, A and P + c A A are kept as bf16 stacks (X16, A16, P16) that the next
+        products read, the last X' in fp32: the same roundings as the products' own, so the same sums."""
         a, b, c = coeffs
-        bmm, by_r = self.bmm, {}
+        by_r, groups = {}, []
         for (rows, cols), offs in shapes.items():
             by_r.setdefault(min(rows, cols), []).append(((rows, cols), offs))
-        groups = []
         for r, members in by_r.items():
             rr = self._aligned(r * r)  # the stride of the (r, r) stacks A, P
             gt = sum(len(offs) for _, offs in members)
             smax = max(gram_splits(max(shape)) for shape, _ in members)
+            b16 = ns_steps > 0 and self._bf16_fits(r, [shape for shape, _ in members])
             plans, splits, g0 = [], [], 0
             for (rows, cols), offs in members:
                 n, G, ld = rows * cols, len(offs), self.stack_stride(rows, cols)
-                X, Xn = self._buf(("x0", rows, cols), G * ld), self._buf(("x1", rows, cols), G * ld)
-                self._scale(U, self._table(offs), n, G, ld, eps, X)
+                if b16:  # two bf16 stacks the iterations alternate, and the fp32 one the last writes
+                    X, Xn = (self._buf((key, rows, cols), G * ld // 2 + 1) for key in ("x16", "xn16"))
+                    out = self._buf(("x0", rows, cols), G * ld)
+                else:
+                    X, Xn = self._buf(("x0", rows, cols), G * ld), self._buf(("x1", rows, cols), G * ld)
+                    out = None
+                self._scale(U, self._table(offs), n, G, ld, eps, X, out16=b16)
                 S = gram_splits(max(rows, cols))
                 splits += [S] * G
-                plans.append(dict(shape=(rows, cols), offs=offs, G=G, ld=ld, S=S, g0=g0, X=X, Xn=Xn))
+                plans.append(dict(shape=(rows, cols), offs=offs, G=G, ld=ld, S=S, g0=g0, X=X, Xn=Xn, out=out))
                 g0 += G
-            groups.append(dict(r=r, rr=rr, gt=gt, smax=smax, plans=plans, splits=self._table(splits),
-                               A=self._buf(("gram", r), gt * rr), P=self._buf(("poly", r), gt * rr),
+            groups.append(dict(r=r, rr=rr, gt=gt, smax=smax, plans=plans, splits=self._table(splits), b16=b16,
+                               A=self._buf(("gram16" if b16 else "gram", r), gt * rr),
+                               P=self._buf(("poly", r), gt * rr),
+                               P16=self._buf(("poly16", r), gt * rr // 2 + 1) if b16 else None,
                                part=self._buf(("gram_parts", r), gt * smax * rr)))
-        for _ in range(ns_steps):
+        for it in range(ns_steps):
+            last = it == ns_steps - 1
             for q in groups:
-                r, rr, smax, A, P = q["r"], q["rr"], q["smax"], q["A"], q["P"]
+                r, rr, smax, A, P, b16 = q["r"], q["rr"], q["smax"], q["A"], q["P"], q["b16"]
+                bmm = self.bf16.bmm_bf16 if b16 else self.bmm
                 for w in q["plans"]:
                     (rows, cols), G, ld, S, X = w["shape"], w["G"], w["ld"], w["S"], w["X"]
                     tall, kc = rows > cols, max(rows, cols) // S
@@ -213,22 +233,41 @@ class Muon:
                     bmm(r, r, kc, G * S, S, X, cols, xo, X, cols, xo, q["part"], r, parts, ta=int(tall),
                         tb=int(not tall), causal=1)
                 side = -(-r // GP_TILE) * GP_TILE
-                self.launcher.launch(self.k["muon_gram_poly"], (side, side, q["gt"]), (GP_TILE, GP_TILE, 1),
+                self.launcher.launch((self.k16 if b16 else self.k)["muon_gram_poly"], (side, side, q["gt"]),
+                                     (GP_TILE, GP_TILE, 1),
                                      (i32(r), i32(rr), i32(smax), q["splits"], f32(a), f32(b), q["part"], A, P))
                 # A and P are symmetric, so op(B) = B^T reads them the same, k-contiguous (the GEMMs' faster loads)
-                bmm(r, r, r, q["gt"], 1, A, r, (0, rr, 0), A, r, (0, rr, 0), P, r, (0, rr, 0), tb=1, alpha=c,
-                    accum=True)
+                sq = (0, rr, 0)
+                if b16:  # P16 = P + c A A, the A A product's epilogue adding P and rounding
+                    P = q["P16"]
+                    bmm(r, r, r, q["gt"], 1, A, r, sq, A, r, sq, P, r, sq, tb=1, alpha=c, resid=q["P"], out16=True)
+                else:
+                    bmm(r, r, r, q["gt"], 1, A, r, sq, A, r, sq, P, r, sq, tb=1, alpha=c, accum=True)
                 for w in q["plans"]:
                     (rows, cols), G, ld, X, Xn = w["shape"], w["G"], w["ld"], w["X"], w["Xn"]
-                    po = (w["g0"] * rr, rr, 0)
+                    po, xs = (w["g0"] * rr, rr, 0), (0, ld, 0)
+                    kw = {}
+                    if b16:
+                        Xn = w["out"] if last else Xn
+                        kw = dict(out16=not last)
                     if rows > cols:
-                        bmm(rows, cols, r, G, 1, X, cols, (0, ld, 0), P, cols, po, Xn, cols, (0, ld, 0), tb=1)
+                        bmm(rows, cols, r, G, 1, X, cols, xs, P, cols, po, Xn, cols, xs, tb=1, **kw)
                     else:
-                        bmm(rows, cols, r, G, 1, P, r, po, X, cols, (0, ld, 0), Xn, cols, (0, ld, 0))
+                        bmm(rows, cols, r, G, 1, P, r, po, X, cols, xs, Xn, cols, xs, **kw)
                     w["X"], w["Xn"] = Xn, X
         for q in groups:
             for w in q["plans"]:
                 yield w["shape"], w["offs"], w["X"]
+
+    def _bf16_fits(self, r, shapes) -> bool:
+        """Whether the r group's products run on the bf16 GEMM: there is one, and every M, N is a multiple of its
+        small tile and every K of 32 (its stacks are not padded); else the batched mma or local-memory kernel."""
+        if self.bf16 is None:
+            return False
+        mm = self.ops.bf16[1]
+        dims = {r, *(d for shape in shapes for d in shape)}
+        ks = {r, *(max(shape) // gram_splits(max(shape)) for shape in shapes)}
+        return all(d % mm["BM"] == 0 and d % mm["BN"] == 0 for d in dims) and all(k % 32 == 0 for k in ks)
 
     def _aligned(self, n) -> int:
         """n rounded up to the sub-buffer alignment (the per-matrix products' sub-buffers start there)."""

@@ -55,8 +55,25 @@ class Bf16Gemm(Part):
         """Batched products: the batched mma kernel (MmaGemm.bmm)."""
         self.mma.bmm(*args, **kw)
 
-    def kernel(self, mm, akc, bkc, bias, resid, accum, epi, split=0):
-        key = ("bf16", akc, bkc, bias, resid, accum, epi, split, id(mm))
+    def bmm_bf16(self, M, N, K, nz, hb, A16, lda, a_off, B16, ldb, b_off, Cm, ldc, c_off, ta=0, tb=0, alpha=1.0,
+                 causal=0, resid=None, out16=False, small=True):
+        """Batched products on bf16 operand stacks (as MmaGemm.bmm's arguments: product z of nz at offsets o +
+        (z / hb) sb + (z % hb) sh, in elements), Cm = alpha op(A) op(B) [+ resid, at Cm's offsets], in bf16 where
+        out16. Muon's Newton-Schulz (clgpt/ops/muon.py), whose stacks need no padding: M, N multiples of the tile
+        (small: the small tiles), K of 32, offsets and lds of 8 (16-byte copies)."""
+        mm = self.f.bf16[1] if small else self.f.bf16[0]
+        if M % mm["BM"] or N % mm["BN"] or K % 32 or any(v % 8 for v in (lda, ldb, *a_off, *b_off)):
+            raise ClgptError(f"bmm_bf16 {M} x {N} x {K}: M, N multiples of {mm['BM']} x {mm['BN']}, K of 32, "
+                             "operand rows and offsets of 8")
+        kern = self.kernel(mm, not ta, bool(tb), False, resid is not None, False, 0, batch=1, causal=causal,
+                           out16=out16)
+        (gx, gy), lsize = mma_launch(mm, M, N)
+        self.launcher.launch(kern, (gx, gy, nz), lsize + (1,),
+                             (i32(M), i32(N), i32(K), A16, i32(lda), B16, i32(ldb), Cm, i32(ldc), None, resid,
+                              f32(alpha), None, i32(hb), *(i32(v) for v in (*a_off, *b_off, *c_off))))
+
+    def kernel(self, mm, akc, bkc, bias, resid, accum, epi, split=0, batch=0, causal=0, out16=False):
+        key = ("bf16", akc, bkc, bias, resid, accum, epi, split, id(mm), batch, causal, out16)
         kern = self.product_kernels.get(key)
         if kern is None:
             nth = mma_threads(mm)
@@ -65,6 +82,8 @@ class Bf16Gemm(Part):
                 raise ClgptError(f"bf16 tiles {mm}: BM, BN multiples of 32, BM of 16 WM, BN of 16 WN, "
                                  "(BM + BN) * 4 of the work-group's threads")
             extra = dict(SPLITK=1) if split else {}
+            if batch:
+                extra.update(BATCH=1, CAUSAL=causal, OUT16=int(out16))
             build = self.launcher.verbose_options(self.f.bf16_options)
             kern = self.product_kernels[key] = self.dev.kernel(
                 "matmul_bf16", "matmul_bf16", build_options=build, AKC=int(akc), BKC=int(bkc), BIAS=int(bias),
