@@ -87,9 +87,12 @@ class Muon:
         # run on it (Bf16Gemm.bmm_bf16): the same operands, rounded as the mma kernel rounds them, at half the
         # bytes and with the loads in flight through the whole K
         self.bf16 = ops.gemms.bf16
-        if self.bf16 is not None:
-            self.k16 = {name: ops.dev.kernel("muon", name, OUT16=1) for name in ("muon_scale_parts", "muon_gram_poly")}
         self._bufs, self._offs = {}, {}
+
+    @functools.cached_property
+    def k16(self) -> dict:
+        """The kernels of muon.cl that write bf16 stacks (OUT16), built the first time a shape runs on bf16."""
+        return {name: self.ops.dev.kernel("muon", name, OUT16=1) for name in ("muon_scale_parts", "muon_gram_poly")}
 
     def _buf(self, key, n):
         b = self._bufs.get(key)
@@ -260,14 +263,14 @@ class Muon:
                 yield w["shape"], w["offs"], w["X"]
 
     def _bf16_fits(self, r, shapes) -> bool:
-        """Whether the r group's products run on the bf16 GEMM: there is one, and every M, N is a multiple of its
-        small tile and every K of 32 (its stacks are not padded); else the batched mma or local-memory kernel."""
+        """Whether the r group's products (the Gram chunks, A A, P X) all run on the bf16 GEMM's stacks; else the
+        batched mma or local-memory kernel."""
         if self.bf16 is None:
             return False
-        mm = self.ops.bf16[1]
-        dims = {r, *(d for shape in shapes for d in shape)}
-        ks = {r, *(max(shape) // gram_splits(max(shape)) for shape in shapes)}
-        return all(d % mm["BM"] == 0 and d % mm["BN"] == 0 for d in dims) and all(k % 32 == 0 for k in ks)
+        products = [(r, r, r)]
+        for shape in shapes:
+            products += [(r, r, max(shape) // gram_splits(max(shape))), (*shape, r)]
+        return all(self.bf16.stacks_fit(*p) for p in products)
 
     def _aligned(self, n) -> int:
         """n rounded up to the sub-buffer alignment (the per-matrix products' sub-buffers start there)."""

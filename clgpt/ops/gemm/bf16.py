@@ -55,14 +55,20 @@ class Bf16Gemm(Part):
         """Batched products: the batched mma kernel (MmaGemm.bmm)."""
         self.mma.bmm(*args, **kw)
 
+    def stacks_fit(self, M, N, K) -> bool:
+        """Whether bmm_bf16 takes an M x N x K product: M, N multiples of the small tiles, K of 32 (its stacks are
+        not padded)."""
+        mm = self.f.bf16[1]
+        return M % mm["BM"] == 0 and N % mm["BN"] == 0 and K % 32 == 0
+
     def bmm_bf16(self, M, N, K, nz, hb, A16, lda, a_off, B16, ldb, b_off, Cm, ldc, c_off, ta=0, tb=0, alpha=1.0,
-                 causal=0, resid=None, out16=False, small=True):
+                 causal=0, resid=None, out16=False):
         """Batched products on bf16 operand stacks (as MmaGemm.bmm's arguments: product z of nz at offsets o +
-        (z / hb) sb + (z % hb) sh, in elements), Cm = alpha op(A) op(B) [+ resid, at Cm's offsets], in bf16 where
-        out16. Muon's Newton-Schulz (clgpt/ops/muon.py), whose stacks need no padding: M, N multiples of the tile
-        (small: the small tiles), K of 32, offsets and lds of 8 (16-byte copies)."""
-        mm = self.f.bf16[1] if small else self.f.bf16[0]
-        if M % mm["BM"] or N % mm["BN"] or K % 32 or any(v % 8 for v in (lda, ldb, *a_off, *b_off)):
+        (z / hb) sb + (z % hb) sh, in elements) on the small tiles, Cm = alpha op(A) op(B) [+ resid, at Cm's
+        offsets], in bf16 where out16. Muon's Newton-Schulz (clgpt/ops/muon.py): sizes that stacks_fit, operand
+        rows and offsets multiples of 8 (16-byte copies)."""
+        mm = self.f.bf16[1]
+        if not self.stacks_fit(M, N, K) or any(v % 8 for v in (lda, ldb, *a_off, *b_off)):
             raise ClgptError(f"bmm_bf16 {M} x {N} x {K}: M, N multiples of {mm['BM']} x {mm['BN']}, K of 32, "
                              "operand rows and offsets of 8")
         kern = self.kernel(mm, not ta, bool(tb), False, resid is not None, False, 0, batch=1, causal=causal,
