@@ -36,6 +36,9 @@ N_PARAPHRASES = 2  # of each tune question: one asked in the composed conversati
 # the held-out dialogs composed into conversations as they were before the openers were added (their first 16)
 N_HELDOUT_FIRST = 16
 PACKED = 3  # questions a conversation of the packed part asks
+# paraphrases of each question made of a corpus line, asked beside it (2 measured in bench/RESULTS.md, "Tune recipes
+# measured on the held-out openers": more held-out replies acceptable, fewer word for word)
+N_MADE_PARAPHRASES = 1
 
 # ---- paraphrase rules: (pattern on the question, replacement); English, then Russian --------------------
 REWRITES = {
@@ -387,6 +390,11 @@ def paraphrases(question: str, lang: str) -> list[str]:
     return list(dict.fromkeys(p for p in out if p != question))
 
 
+def sample(rng: random.Random, items: list, n: int) -> list:
+    """n of items (all of them where there are fewer), drawn with rng."""
+    return rng.sample(items, min(len(items), n))
+
+
 def key(text: str) -> str:
     """What two prompts share when they ask the same words: case and punctuation aside."""
     return " ".join(re.sub(r"[^\w\s]", " ", text.lower()).split())
@@ -496,12 +504,13 @@ def main() -> None:
             for lang, pairs in corpus_questions(HERE / "pretrain", replies).items()}
     # asked together, PACKED to a conversation (a conversation costs a training row however short it is):
     # the paraphrases no conversation above asks (the small talk's and the facts' all of them), the fact
-    # questions, the made questions and one paraphrase of each (a lead-in, the casual form)
+    # questions, the made questions and N_MADE_PARAPHRASES paraphrases of each (a lead-in, the casual form)
     asked = {q for pairs in base.values() for q, _ in pairs}
     facts = by_language(dialogs["facts"])
     together = {lang: [p for q, _ in tune[lang] for p in reworded[q][1 if q in asked else 0:]] + facts[lang] + pairs
                 + [(p, a) for q, a in pairs
-                   for p in rng.sample([p for p in paraphrases(q, lang) if key(p) not in heldout_keys | written], 1)]
+                   for p in sample(rng, [p for p in paraphrases(q, lang) if key(p) not in heldout_keys | written],
+                                   N_MADE_PARAPHRASES)]
                 for lang, pairs in made.items()}
     chats += packed(together, lambda: draw.choice(pool), random.Random(17), P_SYSTEM["packed"])
     random.Random(13).shuffle(chats)
