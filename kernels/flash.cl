@@ -228,6 +228,9 @@ inline void stage(const uint dst, __global const ushort* src, const int ld, cons
             }                                                                               \
         }                                                                                   \
     }
+// causal and length mask of (key, row) where the step is `masked` (warp-uniform), as selects: an element's
+// short-circuit test would branch once an element
+#define MASK_OK(masked, key, row) (!(masked) | (((key) <= (row)) & ((key) < T)))
 // dropout's keep of the probability (query row, key) of head z: the batched form's element (z, row, key)
 #define KEEP(row, key) dropout_keep(seed, site, (uint)(((size_t)z * T + (row)) * T + (key)), p)
 
@@ -335,20 +338,20 @@ void flash_forward(const int T, __global float* restrict out, __global float* at
             const int masked = k0 + KS - 1 > r0 || k0 + KS > T;
 #pragma unroll
             for (int i = 0; i < MT; i++) {
-                float mx[2] = {m[i][0], m[i][1]};
+                float mx[2] = {-INFINITY, -INFINITY};  // the step's largest raw score a row
 #pragma unroll
                 for (int j = 0; j < KS / 8; j++)
 #pragma unroll
                     for (int c = 0; c < 4; c++) {
                         const int row = r0 + 16 * i + g + 8 * (c >> 1), key = k0 + 8 * j + 2 * t + (c & 1);
-                        s[i][j][c] = !masked || (key <= row && key < T) ? s[i][j][c] * SL2 : -INFINITY;
+                        s[i][j][c] = MASK_OK(masked, key, row) ? s[i][j][c] : -INFINITY;
                         mx[c >> 1] = fmax(mx[c >> 1], s[i][j][c]);
                     }
 #pragma unroll
                 for (int u = 0; u < 2; u++) {
-                    mx[u] = QUAD_MAX(mx[u]);
-                    const float alpha = native_exp2(m[i][u] - mx[u]);
-                    m[i][u] = mx[u];
+                    const float mn = fmax(m[i][u], QUAD_MAX(mx[u]) * SL2);  // max(s) SL2 = max(s SL2): SL2 > 0
+                    const float alpha = native_exp2(m[i][u] - mn);
+                    m[i][u] = mn;
                     l[i][u] *= alpha;
 #pragma unroll
                     for (int j = 0; j < ND; j++) { o[i][j][2 * u] *= alpha; o[i][j][2 * u + 1] *= alpha; }
@@ -357,14 +360,18 @@ void flash_forward(const int T, __global float* restrict out, __global float* at
                 for (int j = 0; j < KS / 8; j++)
 #pragma unroll
                     for (int c = 0; c < 4; c++) {
-                        float e = native_exp2(s[i][j][c] - m[i][c >> 1]);
+                        const float e = native_exp2(fma(s[i][j][c], SL2, -m[i][c >> 1]));
                         l[i][c >> 1] += e;
-                        if (p > 0.0f) {
-                            const int row = r0 + 16 * i + g + 8 * (c >> 1), key = k0 + 8 * j + 2 * t + (c & 1);
-                            e = KEEP(row, key) ? e * keep : 0.0f;
-                        }
                         s[i][j][c] = e;
                     }
+                if (p > 0.0f)  // uniform: one branch a step, not one an element
+#pragma unroll
+                    for (int j = 0; j < KS / 8; j++)
+#pragma unroll
+                        for (int c = 0; c < 4; c++) {
+                            const int row = r0 + 16 * i + g + 8 * (c >> 1), key = k0 + 8 * j + 2 * t + (c & 1);
+                            s[i][j][c] = KEEP(row, key) ? s[i][j][c] * keep : 0.0f;
+                        }
             }
             PRODUCT_ACC(o, s, MT, KS / 16, Vs, hs * KS)
         }
@@ -415,9 +422,12 @@ void flash_backward_dq(const int T, __global const float* restrict dout, __globa
         for (int u = 0; u < 2; u++) {  // delta = rowsum(dout * out), fp32 from the fp32 buffers
             const int row = r0 + 16 * i + g + 8 * u;
             float sum = 0.0f;
-            if (row < T)
-                for (int d = t; d < D; d += 4)
-                    sum += dout[((size_t)b * T + row) * C + h * D + d] * out[((size_t)b * T + row) * C + h * D + d];
+            if (row < T)  // a quad reads 64 contiguous bytes of each a step (D % 16 == 0)
+                for (int d = 4 * t; d < D; d += 16) {
+                    const size_t at_ = ((size_t)b * T + row) * C + h * D + d;
+                    const float4 x = vload4(0, dout + at_), y = vload4(0, out + at_);
+                    sum += x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;
+                }
             dl[i][u] = QUAD_SUM(sum);
             L[i][u] = row < T ? att[(size_t)z * T + row] : 0.0f;
             if (row < T && t == 0) datt[(size_t)z * T + row] = dl[i][u];
@@ -448,20 +458,32 @@ void flash_backward_dq(const int T, __global const float* restrict dout, __globa
             PRODUCT_T(s, MT, KQ / 16, qa, Ks, KQ * hh)
             PRODUCT_T(dp, MT, KQ / 16, da, Vs, KQ * hh)
 #pragma unroll
-            for (int i = 0; i < MT; i++)
+            for (int i = 0; i < MT; i++) {
 #pragma unroll
                 for (int j = 0; j < KQ / 8; j++)
 #pragma unroll
-                    for (int c = 0; c < 4; c++) {  // ds = P (dP - delta), dP through the dropout mask
+                    for (int c = 0; c < 4; c++) {  // s -> P
                         const int row = r0 + 16 * i + g + 8 * (c >> 1);
                         const int key = kb * BC + KQ * hh + 8 * j + 2 * t + (c & 1);
-                        const float pr = !masked || (key <= row && row < T)
-                                             ? native_exp2(s[i][j][c] * SL2 - L[i][c >> 1]) : 0.0f;
-                        float dpv = dp[i][j][c];
-                        if (p > 0.0f)
-                            dpv = KEEP(row, key) ? dpv * keep : 0.0f;
-                        s[i][j][c] = pr * (dpv - dl[i][c >> 1]);
+                        const float e = native_exp2(fma(s[i][j][c], SL2, -L[i][c >> 1]));
+                        s[i][j][c] = MASK_OK(masked, key, row) & (row < T) ? e : 0.0f;
                     }
+                if (p > 0.0f)  // ds = P (dP - delta), dP through the dropout mask
+#pragma unroll
+                    for (int j = 0; j < KQ / 8; j++)
+#pragma unroll
+                        for (int c = 0; c < 4; c++) {
+                            const int row = r0 + 16 * i + g + 8 * (c >> 1);
+                            const int key = kb * BC + KQ * hh + 8 * j + 2 * t + (c & 1);
+                            const float dpv = KEEP(row, key) ? dp[i][j][c] * keep : 0.0f;
+                            s[i][j][c] = s[i][j][c] * (dpv - dl[i][c >> 1]);
+                        }
+                else
+#pragma unroll
+                    for (int j = 0; j < KQ / 8; j++)
+#pragma unroll
+                        for (int c = 0; c < 4; c++) s[i][j][c] = s[i][j][c] * (dp[i][j][c] - dl[i][c >> 1]);
+            }
             PRODUCT_ACC(dq, s, MT, KQ / 16, Ks, KQ * hh)
         }
     }
@@ -539,17 +561,28 @@ void flash_backward_dkv(const int T, __global const float* att, __global const f
 #pragma unroll
             for (int j = 0; j < QK / 8; j++)
 #pragma unroll
-                for (int c = 0; c < 4; c++) {  // st -> dropped P^T (for dv), dpt -> dS^T (for dk)
+                for (int c = 0; c < 4; c++) {  // st -> P^T
                     const int key = k0 + g + 8 * (c >> 1), qi = QK * sub + 8 * j + 2 * t + (c & 1);
                     const int row = qb * BC + qi;
-                    const float pr = !masked || (key <= row && row < T)
-                                         ? native_exp2(st_[0][j][c] * SL2 - Ls[qi]) : 0.0f;
-                    float kf = 1.0f;
-                    if (p > 0.0f)
-                        kf = KEEP(row, key) ? keep : 0.0f;
-                    st_[0][j][c] = pr * kf;
-                    dpt[0][j][c] = pr * (dpt[0][j][c] * kf - Dl[qi]);
+                    const float e = native_exp2(fma(st_[0][j][c], SL2, -Ls[qi]));
+                    st_[0][j][c] = MASK_OK(masked, key, row) & (row < T) ? e : 0.0f;
                 }
+            if (p > 0.0f)  // P^T dropped (for dv), dpt -> dS^T (for dk)
+#pragma unroll
+                for (int j = 0; j < QK / 8; j++)
+#pragma unroll
+                    for (int c = 0; c < 4; c++) {
+                        const int key = k0 + g + 8 * (c >> 1), qi = QK * sub + 8 * j + 2 * t + (c & 1);
+                        const float kf = KEEP(qb * BC + qi, key) ? keep : 0.0f, pr = st_[0][j][c];
+                        st_[0][j][c] = pr * kf;
+                        dpt[0][j][c] = pr * (dpt[0][j][c] * kf - Dl[qi]);
+                    }
+            else
+#pragma unroll
+                for (int j = 0; j < QK / 8; j++)
+#pragma unroll
+                    for (int c = 0; c < 4; c++)
+                        dpt[0][j][c] = st_[0][j][c] * (dpt[0][j][c] - Dl[QK * sub + 8 * j + 2 * t + (c & 1)]);
             PRODUCT_ACC(dv, st_, 1, QK / 16, Ds, QK * sub)
             PRODUCT_ACC(dk, dpt, 1, QK / 16, Qs, QK * sub)
         }
