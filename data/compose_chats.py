@@ -31,14 +31,14 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 # share of the two- and three-turn conversations that open with a system prompt (the rest have none)
-P_SYSTEM = {"tune": 3 / 4, "packed": 1 / 3, "heldout": 1 / 3}
+P_SYSTEM = {"tune": 3 / 4, "packed": 1 / 2, "heldout": 1 / 3}
 N_PARAPHRASES = 2  # of each tune question: one asked in the composed conversations, one a conversation of its own
 # the held-out dialogs composed into conversations as they were before the openers were added (their first 16)
 N_HELDOUT_FIRST = 16
 PACKED = 3  # questions a conversation of the packed part asks
-# paraphrases of each question made of a corpus line, asked beside it (2 measured in bench/RESULTS.md, "Tune recipes
-# measured on the held-out openers": more held-out replies acceptable, fewer word for word)
-N_MADE_PARAPHRASES = 1
+# paraphrases of each question made of a corpus line, asked beside it: two, with half the packed conversations after
+# a system prompt, carry more held-out wordings (bench/RESULTS.md, "Tune recipes measured on the held-out openers")
+N_MADE_PARAPHRASES = 2
 
 # ---- paraphrase rules: (pattern on the question, replacement); English, then Russian --------------------
 REWRITES = {
