@@ -486,7 +486,7 @@ def main() -> None:
     for lang, pairs in tune.items():
         for q, a in pairs:
             made = [p for p in paraphrases(q, lang) if key(p) not in heldout_keys]
-            reworded[q] = [(p, a) for p in rng.sample(made, min(len(made), N_PARAPHRASES))]
+            reworded[q] = [(p, a) for p in sample(rng, made, N_PARAPHRASES)]
     # any prompt with any language: clients put their (mostly English) default in front of every chat
     draw = random.Random(15)
     reword = lambda pair, r: pair if r == 0 or not reworded[pair[0]] else reworded[pair[0]][0]  # noqa: E731
