@@ -1,10 +1,22 @@
-// Fused softmax + cross-entropy with a per-token loss mask.  -D: V
+// Fused softmax + cross-entropy with a per-token loss mask.  -D: V; LS (optional, 0 < LS < 1: label smoothing)
 // logits (N,V), targets (N) int, mask (N).
 //   forward:  lse[n] = log sum_v exp(logits[n,v]);  losses[n] = mask[n] * (lse[n] - logits[n,target])
 //             (the host sums losses in order and divides by sum(mask))
 //   backward: dlogits[n,v] = s * mask[n] * (exp(logits[n,v] - lse[n]) - [v == target]),  s = scale / sum(mask)
+// With LS the target is (1 - LS) onehot + LS / V, as torch's cross_entropy(label_smoothing=LS):
+//   forward:  losses[n] = mask[n] * ((1 - LS) (lse[n] - logits[n,target]) + LS (lse[n] - sum_v logits[n,v] / V))
+//   backward: dlogits[n,v] = s * mask[n] * (exp(logits[n,v] - lse[n]) - (1 - LS) [v == target] - LS / V)
+// Without LS every kernel compiles to what it was before label smoothing existed (the #ifdef LS blocks vanish).
 #ifndef V
 #error "V must be defined"
+#endif
+
+// a live row's loss from its lse z, its target's logit lt and the sum of its logits sl (without LS unparenthesised:
+// that build is the source as it was, token for token)
+#ifdef LS
+#define XENT_LOSS(z, lt, sl) ((1.0f - LS) * ((z) - (lt)) + LS * ((z) - (sl) / V))
+#else
+#define XENT_LOSS(z, lt, sl) (z - lt)
 #endif
 
 __kernel void xent_forward(const int N, __global const float* logits, __global const int* targets,
@@ -14,20 +26,32 @@ __kernel void xent_forward(const int N, __global const float* logits, __global c
     if (n >= N) return;
     __global const float* l = logits + (size_t)n * V;
     float mx = -INFINITY;
+#ifdef LS
+    float sl = 0.0f;
+    for (int v = 0; v < V; v++) {
+        mx = fmax(mx, l[v]);
+        sl += l[v];
+    }
+#else
     for (int v = 0; v < V; v++) mx = fmax(mx, l[v]);
+#endif
     float s = 0.0f;
     for (int v = 0; v < V; v++) s += exp(l[v] - mx);
     const float z = mx + log(s);
     lse[n] = z;
     const int tgt = targets[n];
     const float mk = mask[n];
-    losses[n] = (mk != 0.0f && tgt >= 0 && tgt < V) ? mk * (z - l[tgt]) : 0.0f;
+    losses[n] = (mk != 0.0f && tgt >= 0 && tgt < V) ? mk * XENT_LOSS(z, l[tgt], sl) : 0.0f;
 }
 
 // one gradient element: sm = s * mask[n], z = lse[n], hit: v is the target
 inline float xent_grad(const float l, const float z, const float sm, const int hit)
 {
+#ifdef LS
+    return sm * (exp(l - z) - (hit ? 1.0f - LS + LS / V : LS / V));
+#else
     return sm * (exp(l - z) - (hit ? 1.0f : 0.0f));
+#endif
 }
 
 __kernel void xent_backward(const int N, const float s, __global const float* logits,
@@ -66,7 +90,8 @@ __kernel void xent_backward_tiled(const int N, const float s, __global const flo
 // GPUs: one work-group of LW work-items per row, fixed-order tree reductions (deterministic). One pass over the
 // row (a second pass read it again: 1.6 GB a step at GPT-2's vocabulary and 8192 rows): each work-item keeps a
 // running max m of its logits and the sum of exp(x - m), rescaled when m grows (float4 at a time where V % 4 ==
-// 0); then the group's max M and the sum of each item's s * exp(m - M).
+// 0); then the group's max M and the sum of each item's s * exp(m - M). With LS each work-item also sums its logits,
+// and a third reduction adds those.
 #include "reduce.cl"
 
 __kernel __attribute__((reqd_work_group_size(LW, 1, 1))) SG_KERNEL
@@ -77,9 +102,15 @@ void xent_forward_wg(const int N, __global const float* logits, __global const i
     __local float red[LW];
     __global const float* lg = logits + (size_t)n * V;
     float m = -INFINITY, s = 0.0f;
+#ifdef LS
+    float sl = 0.0f;
+#endif
 #if V % 4 == 0
     for (int v = 4 * l; v < V; v += 4 * LW) {
         const float4 x = vload4(0, lg + v);
+#ifdef LS
+        sl += (x.x + x.y) + (x.z + x.w);
+#endif
         const float mx = fmax(fmax(x.x, x.y), fmax(x.z, x.w));
         if (mx > m) {
             s *= exp(m - mx);
@@ -90,6 +121,9 @@ void xent_forward_wg(const int N, __global const float* logits, __global const i
 #else
     for (int v = l; v < V; v += LW) {
         const float x = lg[v];
+#ifdef LS
+        sl += x;
+#endif
         if (x > m) {
             s *= exp(m - x);
             m = x;
@@ -99,12 +133,15 @@ void xent_forward_wg(const int N, __global const float* logits, __global const i
 #endif
     const float mx = wg_reduce(red, m, 1);
     s = wg_reduce(red, m == -INFINITY ? 0.0f : s * exp(m - mx), 0);
+#ifdef LS
+    sl = wg_reduce(red, sl, 0);
+#endif
     if (l == 0) {
         const float z = mx + log(s);
         lse[n] = z;
         const int tgt = targets[n];
         const float mk = mask[n];
-        losses[n] = (mk != 0.0f && tgt >= 0 && tgt < V) ? mk * (z - lg[tgt]) : 0.0f;
+        losses[n] = (mk != 0.0f && tgt >= 0 && tgt < V) ? mk * XENT_LOSS(z, lg[tgt], sl) : 0.0f;
     }
 }
 
@@ -113,7 +150,8 @@ void xent_forward_wg(const int N, __global const float* logits, __global const i
 // targets here, float16 crashed its compiler; native_exp measured no faster). Forward and the gradient in one kernel: the exps go into
 // dlogits on the second pass over the row (in cache) and are scaled in place on the third, so each logit
 // costs one exp. dlogits gets the UNSCALED gradient mask[n] * (softmax - onehot(target)); the host folds
-// scale / sum(mask) into the alpha of the two matmuls that read it. Lanes sum in a fixed order.
+// scale / sum(mask) into the alpha of the two matmuls that read it (with LS: mask[n] * (softmax - (1 - LS) onehot -
+// LS / V), the row's logits summed on the max pass). Lanes sum in a fixed order.
 #define XW 8
 typedef float floatx __attribute__((ext_vector_type(XW), aligned(4)));
 #define LDX(p) (*(__global const floatx*)(p))
@@ -144,7 +182,18 @@ __kernel void xent_fused(const int N, __global const float* logits, __global con
     __global float* d = dlogits + (size_t)n * V;
     const int VX = V / XW * XW;
     floatx mv = -INFINITY;
+#ifdef LS
+    floatx slv = 0.0f;
+    for (int v = 0; v < VX; v += XW) {
+        const floatx x = LDX(l + v);
+        mv = fmax(mv, x);
+        slv += x;
+    }
+    float sl = xhsum(slv);
+    for (int v = VX; v < V; v++) sl += l[v];
+#else
     for (int v = 0; v < VX; v += XW) mv = fmax(mv, LDX(l + v));
+#endif
     float mx = xhmax(mv);
     for (int v = VX; v < V; v++) mx = fmax(mx, l[v]);
     floatx sv = 0.0f;
@@ -164,9 +213,16 @@ __kernel void xent_fused(const int N, __global const float* logits, __global con
     const int tgt = targets[n];
     const float mk = mask[n];
     const int live = mk != 0.0f && tgt >= 0 && tgt < V;
-    losses[n] = live ? mk * (z - l[tgt]) : 0.0f;
+    losses[n] = live ? mk * XENT_LOSS(z, l[tgt], sl) : 0.0f;
     const float r = mk / s;
+#ifdef LS
+    const float c = mk * (LS / V);
+    for (int v = 0; v < VX; v += XW) STX(d + v, LDX(d + v) * r - c);
+    for (int v = VX; v < V; v++) d[v] = d[v] * r - c;
+    if (live) d[tgt] -= mk * (1.0f - LS);
+#else
     for (int v = 0; v < VX; v += XW) STX(d + v, LDX(d + v) * r);
     for (int v = VX; v < V; v++) d[v] *= r;
     if (live) d[tgt] -= mk;
+#endif
 }

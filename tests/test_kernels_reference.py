@@ -75,6 +75,31 @@ def test_ref_softmax_xent_fd():
     _check_fd(f, {"logits": logits}, {"logits": d}, "softmax_xent")
 
 
+
+def test_ref_label_smoothed_xent_against_torch_and_fd():
+    """softmax_xent with label_smoothing: loss and gradient equal torch's cross_entropy(label_smoothing=eps) (per
+    token, weighted by the mask, ignored where the target is -1) in float64; the gradient also finite differences."""
+    import torch
+    import torch.nn.functional as F
+
+    r = np.random.default_rng(21)
+    N, V, eps = 11, 13, 0.1
+    logits = r.normal(size=(N, V)) * 3
+    targets = r.integers(0, V, N)
+    mask = (r.random(N) > 0.3) * r.choice([1.0, 0.5], N)
+    mask[0] = 1
+    targets[mask == 0] = -1
+    loss, probs = ref.softmax_xent_forward(logits, targets, mask, eps)
+    d = ref.softmax_xent_backward(probs, targets, mask, label_smoothing=eps)
+    x = torch.tensor(logits, requires_grad=True)
+    per_token = F.cross_entropy(x, torch.tensor(targets), ignore_index=-1, label_smoothing=eps, reduction="none")
+    want = (per_token * torch.tensor(mask)).sum() / mask.sum()
+    want.backward()
+    assert abs(loss - want.item()) < 1e-12 * abs(loss), f"loss {loss} vs torch {want.item()}"
+    assert_close(d, x.grad.numpy(), 1e-12, 1e-10, "label-smoothed dlogits vs torch")
+    f = lambda: ref.softmax_xent_forward(logits, targets, mask, eps)[0]  # noqa: E731
+    _check_fd(f, {"logits": logits}, {"logits": d}, "label-smoothed softmax_xent")
+
 def test_ref_embedding_fd():
     tokens = np.array([[1, 3, 1], [0, 3, 3]])
     wte, wpe, R = rng.normal(size=(5, 4)), rng.normal(size=(6, 4)), rng.normal(size=(2, 3, 4))

@@ -1,7 +1,7 @@
 """The bf16 GEMM kernels/matmul_bf16.cl (cp.async, ldmatrix and mma emulated) against the portable kernel bit
 for bit, and the tiled bf16 copies its products read: rounding, layout, when they are made and kept, and the
-kernels that write them (column sums, cross-entropy backward, LayerNorm, expert operands, gate | up); the GPU
-rows' gradient norm in work-groups."""
+kernels that write them (column sums, cross-entropy backward plain and label-smoothed, LayerNorm, expert operands,
+gate | up); the GPU rows' gradient norm in work-groups."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from clgpt.errors import ClgptError
 from clgpt.models import reference as ref
 
 from conftest import from_dev, to_dev
-from opcheck import bf16_pattern as _bf16_pattern, run_op, tiled_index as _tiled_index
+from opcheck import bf16_pattern as _bf16_pattern, fd_grad, run_op, tiled_index as _tiled_index
 from precisioncheck import _bf16_ops, operands, run_matmul
 
 i32, f32 = np.int32, np.float32
@@ -136,6 +136,39 @@ def test_xent_backward_tiled_against_float64(dev):
     got = (out[_tiled_index(Rp, Cp)].astype(np.uint32) << 16).view(f32)
     assert not got[N:].any() and not got[:, V:].any()
     assert np.abs(got[:N, :V] - want).max() <= 2.0**-8 * np.abs(want).max()
+
+
+
+def test_xent_backward_tiled_label_smoothed_against_float64_and_fd(dev):
+    """xent_backward_tiled with -D LS: s * mask * (softmax - (1 - LS) onehot - LS / V) into the tiled bf16 copy, zeros
+    outside N x V; against the float64 reference and finite differences of its smoothed loss, each element to bf16's
+    rounding."""
+    r = np.random.default_rng(77)
+    N, V, s, eps = 37, 70, 0.37, 0.1
+    logits = r.normal(size=(N, V)).astype(f32) * 3
+    targets = r.integers(0, V, N).astype(np.int32)
+    mask = (r.random(N) > 0.3).astype(f32)
+    targets[mask == 0] = -1
+    msum = float(mask.astype(np.float64).sum())
+    _, probs = ref.softmax_xent_forward(logits, targets, mask, eps)
+    want = ref.softmax_xent_backward(probs, targets, mask, dloss=s * msum, label_smoothing=eps)
+    l64 = logits.astype(np.float64)
+    lse = np.log(np.exp(l64).sum(1))
+    Rp, Cp = 64, 128
+    k = dev.kernel("xent", "xent_backward_tiled", V=V, LS=eps)
+    out = np.empty(Rp * Cp, np.uint16)
+    o_buf = cl.Buffer(dev.ctx, cl.mem_flags.READ_WRITE, out.nbytes)
+    k(dev.queue, (Cp // 8, Rp), (4, 32), np.int32(N), np.float32(s), to_dev(dev, logits), to_dev(dev, targets),
+      to_dev(dev, mask), to_dev(dev, lse.astype(f32)), o_buf)
+    cl.enqueue_copy(dev.queue, out, o_buf, is_blocking=True)
+    got = (out[_tiled_index(Rp, Cp)].astype(np.uint32) << 16).view(f32)
+    assert not got[N:].any() and not got[:, V:].any()
+    bad = np.abs(got[:N, :V] - want) > 2.0**-8 * np.abs(want) + 1e-6
+    assert not bad.any(), f"{bad.sum()} elements off, max diff {np.abs(got[:N, :V] - want).max():.3e}"
+    idx, num = fd_grad(lambda logits: ref.softmax_xent_forward(logits, targets, mask, eps)[0], {"logits": logits},
+                       np.float64(s * msum), "logits", 60, 1e-6)
+    near = np.abs(got[:N, :V].reshape(-1)[idx] - num) <= 2.0**-8 * np.abs(num) + 1e-6
+    assert near.all(), f"against finite differences: {(~near).sum()} of {len(idx)} off"
 
 
 @pytest.mark.parametrize("clip", [0.0, 1.0])

@@ -131,25 +131,33 @@ def attention_backward(dout, qkv, att, H, dmask=None):
 
 
 # ---- fused softmax + cross-entropy with a per-token loss mask ----
-def softmax_xent_forward(logits, targets, mask=None):
-    """logits (..., V), targets (...) int, mask (...) -> loss = sum(mask * nll) / sum(mask), probs."""
+def softmax_xent_forward(logits, targets, mask=None, label_smoothing=0.0):
+    """logits (..., V), targets (...) int, mask (...) -> loss = sum(mask * nll) / sum(mask), probs.
+    label_smoothing eps: nll against the target (1 - eps) onehot + eps / V, torch's cross_entropy(label_smoothing)."""
     logits = _f64(logits)
     mask = np.ones(targets.shape) if mask is None else _f64(mask)
     z = logits - logits.max(axis=-1, keepdims=True)
     lse = np.log(np.exp(z).sum(axis=-1))
     tgt = np.clip(targets, 0, logits.shape[-1] - 1)
     nll = lse - np.take_along_axis(z, tgt[..., None], axis=-1)[..., 0]
+    if label_smoothing:
+        nll = (1 - label_smoothing) * nll + label_smoothing * (lse - z.mean(axis=-1))
     nll = np.where(mask != 0, nll, 0.0)
     probs = np.exp(z - lse[..., None])
     return float((mask * nll).sum() / mask.sum()), probs
 
 
-def softmax_xent_backward(probs, targets, mask=None, dloss=1.0):
-    """-> dlogits (..., V) = dloss * mask / sum(mask) * (probs - onehot(targets))."""
+def softmax_xent_backward(probs, targets, mask=None, dloss=1.0, label_smoothing=0.0):
+    """-> dlogits (..., V) = dloss * mask / sum(mask) * (probs - onehot(targets)); with label_smoothing eps the
+    target is (1 - eps) onehot + eps / V."""
     mask = np.ones(targets.shape) if mask is None else _f64(mask)
     d = probs.copy()
     tgt = np.clip(targets, 0, probs.shape[-1] - 1)
-    np.put_along_axis(d, tgt[..., None], np.take_along_axis(d, tgt[..., None], axis=-1) - 1.0, axis=-1)
+    hit = 1.0
+    if label_smoothing:
+        d -= label_smoothing / probs.shape[-1]
+        hit = 1.0 - label_smoothing
+    np.put_along_axis(d, tgt[..., None], np.take_along_axis(d, tgt[..., None], axis=-1) - hit, axis=-1)
     return d * (dloss * mask / mask.sum())[..., None]
 
 
@@ -239,9 +247,9 @@ def dropout_masks(dropout, cfg: ModelConfig, B, T):
     return m
 
 
-def gpt_forward(params, cfg: ModelConfig, tokens, targets, mask=None, dropout=None):
-    """tokens, targets (B,T) int; mask (B,T) or None; dropout (seed, p) or None -> (loss, cache for
-    gpt_backward)."""
+def gpt_forward(params, cfg: ModelConfig, tokens, targets, mask=None, dropout=None, label_smoothing=0.0):
+    """tokens, targets (B,T) int; mask (B,T) or None; dropout (seed, p) or None; label_smoothing eps (the engine's)
+    -> (loss, cache for gpt_backward)."""
     p = {k: _f64(v) for k, v in params.items()}
     tokens = np.asarray(tokens)
     H, eps = cfg.n_head, cfg.norm_eps
@@ -265,9 +273,9 @@ def gpt_forward(params, cfg: ModelConfig, tokens, targets, mask=None, dropout=No
         x = x_out
     lnf, lnfc = layernorm_forward(x, p["output_norm.weight"], p["output_norm.bias"], eps)
     logits = lnf @ _output_weight(p, cfg).T  # (B,T,V)
-    loss, probs = softmax_xent_forward(logits, np.asarray(targets), mask)
+    loss, probs = softmax_xent_forward(logits, np.asarray(targets), mask, label_smoothing)
     cache = dict(p=p, cfg=cfg, tokens=tokens, targets=np.asarray(targets), mask=mask, layers=layers,
-                 x=x, lnf=lnf, lnfc=lnfc, probs=probs, dm=dm)
+                 x=x, lnf=lnf, lnfc=lnfc, probs=probs, dm=dm, label_smoothing=label_smoothing)
     return loss, cache
 
 
@@ -283,7 +291,8 @@ def gpt_backward(cache) -> dict[str, np.ndarray]:
     p, cfg = cache["p"], cache["cfg"]
     H = cfg.n_head
     grads = {k: np.zeros_like(v) for k, v in p.items()}
-    dlogits = softmax_xent_backward(cache["probs"], cache["targets"], cache["mask"])
+    dlogits = softmax_xent_backward(cache["probs"], cache["targets"], cache["mask"],
+                                    label_smoothing=cache.get("label_smoothing", 0.0))
     W_out = _output_weight(p, cfg)
     dW_out = dlogits.reshape(-1, dlogits.shape[-1]).T @ cache["lnf"].reshape(-1, cache["lnf"].shape[-1])
     grads["token_embd.weight" if cfg.tied else "output.weight"] += dW_out

@@ -179,10 +179,12 @@ def moe_backward(dy, Wr, Wg, Wu, Wd, cache, aux_coef=0.0):
 
 
 # ---- the whole model ----
-def llama_forward(params, cfg: ModelConfig, tokens, targets, mask=None, routing=None, dropout=None):
-    """-> (loss, aux, cache). loss: masked mean NLL; aux: load-balancing loss summed over layers (0 when
-    dense). routing: None, or a list of (B*T, K) index arrays per layer to hold the routing fixed.
-    dropout: (seed, p) or None, the engine's masks (clgpt.models.reference.dropout_masks)."""
+def llama_forward(params, cfg: ModelConfig, tokens, targets, mask=None, routing=None, dropout=None,
+                  label_smoothing=0.0):
+    """-> (loss, aux, cache). loss: masked mean NLL (label_smoothing eps: against (1 - eps) onehot + eps / V); aux:
+    load-balancing loss summed over layers (0 when dense). routing: None, or a list of (B*T, K) index arrays per
+    layer to hold the routing fixed. dropout: (seed, p) or None, the engine's masks
+    (clgpt.models.reference.dropout_masks)."""
     p = {k: _f64(v) for k, v in params.items()}
     tokens = np.asarray(tokens)
     B, T = tokens.shape
@@ -217,9 +219,9 @@ def llama_forward(params, cfg: ModelConfig, tokens, targets, mask=None, routing=
     lnf, rf = rmsnorm_forward(x, p["output_norm.weight"], eps)
     W_out = p["token_embd.weight"] if cfg.tied else p["output.weight"]
     logits = lnf @ W_out.T
-    loss, probs = softmax_xent_forward(logits, np.asarray(targets), mask)
+    loss, probs = softmax_xent_forward(logits, np.asarray(targets), mask, label_smoothing)
     cache = dict(p=p, cfg=cfg, tokens=tokens, targets=np.asarray(targets), mask=mask, layers=layers, x=x, lnf=lnf,
-                 rf=rf, probs=probs, logits=logits, cos=cos, sin=sin, dm=dm)
+                 rf=rf, probs=probs, logits=logits, cos=cos, sin=sin, dm=dm, label_smoothing=label_smoothing)
     return loss, aux, cache
 
 
@@ -247,7 +249,8 @@ def llama_backward(cache) -> dict[str, np.ndarray]:
     N, C, H, Hkv = B * T, cfg.n_embd, cfg.n_head, cfg.kv_heads
     cos, sin = cache["cos"], cache["sin"]
     grads = {k: np.zeros_like(v) for k, v in p.items()}
-    dlogits = softmax_xent_backward(cache["probs"], cache["targets"], cache["mask"])
+    dlogits = softmax_xent_backward(cache["probs"], cache["targets"], cache["mask"],
+                                    label_smoothing=cache.get("label_smoothing", 0.0))
     out_name = "token_embd.weight" if cfg.tied else "output.weight"
     grads[out_name] += dlogits.reshape(-1, dlogits.shape[-1]).T @ cache["lnf"].reshape(N, C)
     dx, dw = rmsnorm_backward(dlogits @ p[out_name], cache["x"], p["output_norm.weight"], cache["rf"])
@@ -288,7 +291,7 @@ def llama_backward(cache) -> dict[str, np.ndarray]:
     return grads
 
 
-def llama_objective(params, cfg, tokens, targets, mask=None, routing=None, dropout=None) -> float:
+def llama_objective(params, cfg, tokens, targets, mask=None, routing=None, dropout=None, label_smoothing=0.0) -> float:
     """loss + cfg.moe_aux_loss * aux: what llama_backward differentiates."""
-    loss, aux, _ = llama_forward(params, cfg, tokens, targets, mask, routing, dropout)
+    loss, aux, _ = llama_forward(params, cfg, tokens, targets, mask, routing, dropout, label_smoothing)
     return loss + cfg.moe_aux_loss * aux
