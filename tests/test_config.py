@@ -24,6 +24,11 @@ def test_empty_config_is_all_defaults():
     assert cfg["model"]["n_ctx"] == 256 and cfg["export"]["type"] == "f32"
 
 
+def test_label_smoothing_is_a_setting_of_both_training_stages():
+    cfg = validate_config({"tune": {"label_smoothing": 0.1}})
+    assert cfg["pretrain"]["label_smoothing"] == 0.0 and cfg["tune"]["label_smoothing"] == 0.1
+
+
 @pytest.mark.parametrize("arch,n_embd,want", [("llama", 128, 352), ("llama", 384, 1024), ("llama", 256, 704),
                                               ("llama", 64, 192), ("gpt2", 128, 512), ("gpt2", 384, 1536)])
 def test_n_ff_zero_is_the_architectures_usual_width(arch, n_embd, want):
@@ -51,6 +56,8 @@ def test_n_ff_zero_is_the_architectures_usual_width(arch, n_embd, want):
         ({"modle": {}}, "unknown key 'modle'"),
         ({"tune": {"lr": -1.0}}, "tune.lr"),
         ({"pretrain": {"steps": 0}}, "pretrain.steps"),
+        ({"tune": {"label_smoothing": 1.0}}, "tune.label_smoothing: 1.0 is greater than or equal to the maximum of 1"),
+        ({"pretrain": {"label_smoothing": -0.1}}, "pretrain.label_smoothing: -0.1 is less than the minimum of 0"),
         ({"export": {"type": "q5_k"}}, "export.type"),
         ({"model": {"n_embd": 66, "n_head": 4}}, "model.n_embd=66 is not divisible by model.n_head=4"),
         ({"model": {"arch": "gpt2", "n_ctx": 300}}, "model.n_ctx=300 is not a multiple of 256"),

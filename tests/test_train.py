@@ -294,6 +294,35 @@ def test_target_loss_stops_early(data, tmp_path):
     assert load_checkpoint(str(tmp_path / "model.ckpt"))["step"] == summary["steps"]
 
 
+def test_label_smoothing_trains_smoothed_and_validates_plain(data, tmp_path):
+    """pretrain.label_smoothing: the held-out loss in the log is the plain NLL of the weights (the one the
+    evaluation stage measures), not the smoothed training loss; the setting is in the checkpoint, and absent
+    there at 0, so a run without it keeps the settings (and bytes) it had before the setting existed."""
+    from clgpt.data import load_encoded, text_batches
+    from clgpt.models.factory import make_engine
+
+    assert "label_smoothing" not in stage_settings("pretrain", {"label_smoothing": 0.0})
+    s = settings(steps=4, eval_every=4, keep="last", label_smoothing=0.1)
+    run_stage("pretrain", data["text"], s, str(tmp_path / "model.ckpt"), str(tmp_path / "log.csv"), model=TINY,
+              heldout=data["text"], tokenizer_hash="test-tokenizer")
+    ck = load_checkpoint(str(tmp_path / "model.ckpt"))
+    assert ck["extra"]["settings"]["label_smoothing"] == 0.1
+    val = float(read_log(tmp_path / "log.csv")[-1]["val_loss"])
+    eng = make_engine(ck["cfg"], ck["params"], batch_size=4, seq_len=12, knobs=Knobs(), label_smoothing=0.1)
+    ids, _ = load_encoded(data["text"])
+
+    def held_out(smoothed: bool) -> float:
+        total = count = 0.0
+        for tokens, targets, mask in text_batches(ids, 12, 4):
+            n = float(mask.sum())
+            total += eng.forward(tokens, targets, mask, smoothed=smoothed) * n
+            count += n
+        return total / count
+
+    assert val == pytest.approx(held_out(False), abs=2e-6)
+    assert abs(held_out(True) - val) > 1e-3
+
+
 # ---- checkpoints ----
 
 def test_checkpoint_round_trip(tmp_path):

@@ -4,7 +4,8 @@ An engine is three parts, as in llm.c: the launchers (`clgpt.ops.Ops`: which ker
 device gets), the parameter store with AdamW (`clgpt.models.params.ParamStore`), and the model's forward and
 backward written against the launchers (`clgpt.models.gpt2.GPT2Engine`, `clgpt.models.llama.LlamaEngine`). This base
 holds the parts every model has: token checks, the logits and loss ending of the forward, the backward's
-head (cross-entropy gradient and the output projection), the token-embedding gradient and dropout's state.
+head (cross-entropy gradient and the output projection, label-smoothed where the engine trains so), the
+token-embedding gradient and dropout's state.
 
 Shapes: B batch, T time, N = B*T rows, C n_embd, V vocab. Activations are allocated once for (batch_size,
 seq_len); a call with B' <= B, T' <= T uses the first B'*T' rows. Within a step only the loss (and the
@@ -35,7 +36,8 @@ class EngineBase:
 
     def __init__(self, cfg: ModelConfig, params: dict, batch_size: int, seq_len: int,
                  device: Device | str | None = None, dropout: float = 0.0, precision: str = "fp32",
-                 optimizer: bool = True, *, knobs: Knobs, attention: str = "auto", muon: bool = False):
+                 optimizer: bool = True, *, knobs: Knobs, attention: str = "auto", muon: bool = False,
+                 label_smoothing: float = 0.0):
         cfg.validate()
         if cfg.arch != self.arch:
             raise ClgptError(f"{type(self).__name__} runs arch {self.arch!r}, not {cfg.arch!r}; "
@@ -44,12 +46,16 @@ class EngineBase:
             raise ClgptError(f"seq_len {seq_len} exceeds the model's n_ctx {cfg.n_ctx}")
         if not 0.0 <= float(dropout) < 1.0:
             raise ClgptError(f"dropout must lie in [0, 1), got {dropout}")
+        if not 0.0 <= float(label_smoothing) < 1.0:
+            raise ClgptError(f"label_smoothing must lie in [0, 1), got {label_smoothing}")
         self.cfg, self.B, self.T, self.dropout = cfg, int(batch_size), int(seq_len), float(dropout)
+        self.label_smoothing = float(label_smoothing)
         self.dev = resolve_device(device)
         self.ctx, self.queue = self.dev.ctx, self.dev.queue
         # the matmuls' precision, resolved once where the device is made ("auto" -> the device's best)
         self.precision = resolve_precision(precision, self.dev.device, knobs)
-        self.ops = Ops(self.dev, cfg, self.T, self.precision, batch_size=self.B, knobs=knobs, attention=attention)
+        self.ops = Ops(self.dev, cfg, self.T, self.precision, batch_size=self.B, knobs=knobs, attention=attention,
+                       label_smoothing=self.label_smoothing)
         self.round, self.mma = self.ops.round, self.ops.mma  # its ROUND and tensor-core tiles
         self.shapes = param_shapes(cfg)
         self.store = ParamStore(self.ops, self.shapes, decays, self._packed(), trains=trains(cfg), optimizer=optimizer,
@@ -62,7 +68,7 @@ class EngineBase:
         self.ops.stable(*(a[k] for a in self.acts for k in self.saved if k in a))
         self.ops.weight_copies(self.B * self.T, self.store.flat_p, [(self.p[n], self.store.offset(n), rows, cols)
                                                                     for n, rows, cols in self._product_weights()])
-        self._fwd = None  # (B', T', sum(mask), dropout) of the last forward with targets
+        self._fwd = None  # (B', T', sum(mask), dropout, smoothed) of the last forward with targets
         self.set_params(params)
         self.set_optimizer_state(None)
         self.zero_grad()
@@ -131,10 +137,12 @@ class EngineBase:
         self._tokens_host = tokens  # keeps the host array alive during the non-blocking copy
         self._forward_body(*tokens.shape)
 
-    def forward(self, tokens, targets=None, mask=None, dropout_seed=None):
+    def forward(self, tokens, targets=None, mask=None, dropout_seed=None, smoothed=True):
         """Mean masked NLL (float) when targets are given, else logits (B', T', V) float32.
         Dropout (the engine's `dropout` > 0) is on only with targets and a dropout_seed (a uint32, see
-        clgpt.models.dropout.dropout_seed): masks are a hash of (dropout_seed, site, element)."""
+        clgpt.models.dropout.dropout_seed): masks are a hash of (dropout_seed, site, element).
+        Label smoothing (the engine's `label_smoothing` > 0): the loss, and the next backward's gradient, are
+        torch's cross_entropy(label_smoothing=eps) unless smoothed=False (a held-out loss: the plain NLL)."""
         cfg = self.cfg
         tokens = self._check_tokens(tokens)
         Bp, Tp = tokens.shape
@@ -142,7 +150,7 @@ class EngineBase:
         self._run_body(tokens, (int(dropout_seed) & 0xFFFFFFFF, self.dropout) if on else None)
         N = Bp * Tp
         self.ops.matmul(N, cfg.vocab_size, cfg.n_embd, self.lnf, self._w_out(), self.logits, tb=1)
-        return self._loss(Bp, Tp, targets, mask)
+        return self._loss(Bp, Tp, targets, mask, smoothed and self.label_smoothing > 0)
 
     def next_logits(self, tokens, last) -> np.ndarray:
         """Logits (B', V) of row b at position last[b]: what forward(tokens)[b, last[b]] holds, bit for bit (the
@@ -165,9 +173,9 @@ class EngineBase:
         cl.enqueue_copy(q, out, self.logits, is_blocking=True)
         return out
 
-    def _loss(self, Bp, Tp, targets, mask):
+    def _loss(self, Bp, Tp, targets, mask, smoothed: bool):
         """Logits back to the host when there are no targets, else the masked mean loss (per-token losses
-        summed on the host in float64, in a fixed order)."""
+        summed on the host in float64, in a fixed order), label-smoothed when `smoothed`."""
         q, V, N = self.queue, self.cfg.vocab_size, Bp * Tp
         if targets is None:
             self._fwd = None
@@ -185,10 +193,11 @@ class EngineBase:
         self._targets_host, self._mask_host = targets, mask
         cl.enqueue_copy(q, self.targets, targets, is_blocking=False)
         cl.enqueue_copy(q, self.mask, mask, is_blocking=False)
-        self.ops.xent_forward(N, self.logits, self.targets, self.mask, self.losses, self.lse, self.dlogits)
+        self.ops.xent_forward(N, self.logits, self.targets, self.mask, self.losses, self.lse, self.dlogits,
+                              smoothed=smoothed)
         losses = self.losses_host[:N]
         cl.enqueue_copy(q, losses, self.losses, is_blocking=True)
-        self._fwd = (Bp, Tp, msum, self._drop)
+        self._fwd = (Bp, Tp, msum, self._drop, smoothed)
         return float(losses.sum(dtype=np.float64) / msum)
 
     def _w_out(self):
@@ -202,13 +211,13 @@ class EngineBase:
         if self._fwd is None:
             raise ClgptError("backward() needs a forward() with targets first")
         cfg = self.cfg
-        Bp, Tp, msum, self._drop = self._fwd
+        Bp, Tp, msum, self._drop, smoothed = self._fwd
         N, C, V = Bp * Tp, cfg.n_embd, cfg.vocab_size
-        # the head: dlogits = scale/sum(mask) * mask * (softmax - onehot) (alpha carries the factor where the
-        # fused forward left it unscaled), then the output projection's two products
+        # the head: dlogits = scale/sum(mask) * mask * (softmax - target distribution) (alpha carries the factor
+        # where the fused forward left it unscaled), then the output projection's two products
         with self.ops.reuse(self.dlogits):
             alpha = self.ops.xent_backward(N, scale / msum, self.logits, self.targets, self.mask, self.lse,
-                                           self.dlogits)
+                                           self.dlogits, smoothed=smoothed)
             self.ops.matmul(V, C, N, self.dlogits, self.lnf, self._g_out(), ta=1, accum=True, alpha=alpha)
             self.ops.matmul(N, C, V, self.dlogits, self._w_out(), self.dln, alpha=alpha)
         self._backward_body(Bp, Tp, scale)

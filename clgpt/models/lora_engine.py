@@ -70,9 +70,9 @@ class LoraEngine:
             self.ops.matmul(o, r, i, self.scratch, self.p[name + A_SUFFIX], self.g[name + B_SUFFIX], tb=1, alpha=s)
 
     # ---- what the training loop calls ----
-    def forward(self, tokens, targets=None, mask=None, dropout_seed=None):
+    def forward(self, tokens, targets=None, mask=None, dropout_seed=None, smoothed=True):
         self._merge()
-        return self.base.forward(tokens, targets, mask, dropout_seed=dropout_seed)
+        return self.base.forward(tokens, targets, mask, dropout_seed=dropout_seed, smoothed=smoothed)
 
     def next_logits(self, tokens, last):
         self._merge()

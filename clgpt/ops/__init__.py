@@ -50,12 +50,13 @@ class Ops:
 
     `seq_len` (the engine's longest T) decides whether attention runs as batched matmuls on GPUs.
     `precision` (clgpt/device/precision.py): the matmuls' operands, fp32 | tf32 | bf16, resolved by the caller.
-    `knobs`: the Knobs the caller read at its edge (clgpt.device.knobs.read). The parts: facts, gemms (backend:
-    the chosen GEMM), copies' lifetime (the backend's), linear, norms, layers, attention, grouped.
+    `knobs`: the Knobs the caller read at its edge (clgpt.device.knobs.read). `label_smoothing`: the smoothed
+    cross-entropy's eps (checked by the engine; 0: none built). The parts: facts, gemms (backend: the chosen GEMM),
+    copies' lifetime (the backend's), linear, norms, layers, attention, grouped.
     """
 
     def __init__(self, dev: Device, cfg: ModelConfig, seq_len: int, precision: str = "fp32",
-                 batch_size: int | None = None, *, knobs: Knobs, attention: str = "auto"):
+                 batch_size: int | None = None, *, knobs: Knobs, attention: str = "auto", label_smoothing: float = 0.0):
         if attention not in ATTENTION:
             raise ClgptError(f"attention {attention!r}: use {', '.join(ATTENTION)}")
         f = self.facts = Facts(dev, cfg, seq_len, precision, knobs)
@@ -70,7 +71,7 @@ class Ops:
         self.backend = b = g.chosen
         self.linear = Linear(f, b)
         self.norms = Norms(f, b.copies)
-        self.layers = ly = Layers(f, b)
+        self.layers = ly = Layers(f, b, label_smoothing)
         self.attention = at = Attention(f, b, ly, attention, seq_len, batch_size)
         self.grouped = gr = Grouped(f, g, self.linear, ly)
         self.flash, self.flash_portable, self.rope_fused = at.flash, at.flash_portable, at.rope_fused

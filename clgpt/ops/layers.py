@@ -1,5 +1,6 @@
-"""The other layers' launchers: cross-entropy, embeddings, Llama's RoPE and SwiGLU, dropout, and the optimizer's
-gradient norm and AdamW over flat parameter buffers (clgpt/models/params.py).
+"""The other layers' launchers: cross-entropy (plain, and label-smoothed where the engine trains so), embeddings,
+Llama's RoPE and SwiGLU, dropout, and the optimizer's gradient norm and AdamW over flat parameter buffers
+(clgpt/models/params.py).
 
 Launches kernels/xent.cl, kernels/embedding.cl, kernels/rope.cl, kernels/swiglu.cl, kernels/dropout.cl (masks from
 clgpt.models.dropout's hash of seed, site, element) and kernels/adamw.cl.
@@ -14,9 +15,11 @@ from clgpt.ops.core import Facts, Part, ceil_to, f32, i32
 
 class Layers(Part):
     """Cross-entropy, embedding, RoPE, SwiGLU, dropout, grad norm and AdamW; `gemm`, the GEMM backend, says which
-    products run on wgmma and keeps the tiled copies (its `copies`) some of these write for them."""
+    products run on wgmma and keeps the tiled copies (its `copies`) some of these write for them.
+    label_smoothing (in [0, 1), the caller checks it): the smoothed cross-entropy's kernels are built beside the
+    plain ones when it is > 0, and a loss asks for them with `smoothed`."""
 
-    def __init__(self, f: Facts, gemm):
+    def __init__(self, f: Facts, gemm, label_smoothing: float = 0.0):
         super().__init__(f)
         self.gemm, self.copies = gemm, gemm.copies
         cfg, dev, k, launch, caps = self.cfg, self.dev, self.k, self.launch, self.caps
@@ -25,14 +28,10 @@ class Layers(Part):
         if caps.embedding_rows:  # CPUs: a row a work-item, float8
             k["embedding_forward_rows"] = dev.kernel("embedding", "embedding_forward_rows", C=C)
         k["embedding_backward_wte"] = dev.kernel("embedding", "embedding_backward_wte", C=C)
-        for kname in ("xent_forward", "xent_backward"):
-            k[kname] = dev.kernel("xent", kname, V=cfg.vocab_size)
-        if caps.xent_fused:  # CPUs: loss and unscaled gradient in one vectorised pass per row
-            k["xent_fused"] = dev.kernel("xent", "xent_fused", V=cfg.vocab_size)
-        if f.rows:
-            k["xent_forward_wg"] = dev.kernel("xent", "xent_forward_wg", V=cfg.vocab_size, LW=f.rows, **f.sg)
-        if f.wgmma is not None:
-            k["xent_backward_tiled"] = dev.kernel("xent", "xent_backward_tiled", V=cfg.vocab_size)
+        self.label_smoothing = float(label_smoothing)
+        self._build_xent("")
+        if self.label_smoothing > 0:  # the held-out loss of a run that trains smoothed still takes the plain ones
+            self._build_xent("_ls", LS=self.label_smoothing)
         for kname in ("grad_norm_partial", "grad_norm_final", "adamw"):
             k[kname] = dev.kernel("adamw", kname, STRIDED=int(launch["norm_parts"] > 256))
         if caps.grad_norm_groups:  # GPUs: the norm's sums as work-groups
@@ -44,6 +43,22 @@ class Layers(Part):
             k["grad_norm_partial"] = dev.kernel("adamw", "grad_norm_partial_v8", STRIDED=int(launch["norm_parts"] > 256))
         for kname in ("dropout_forward", "dropout_residual", "dropout_backward"):
             k[kname] = dev.kernel("dropout", kname)
+
+    def _build_xent(self, suffix: str, **ls):
+        """The cross-entropy kernels a device launches, named with `suffix`; `ls`: {"LS": eps} for the smoothed ones
+        ({}: the build options, and so the programs, are those of a model without label smoothing)."""
+        f, dev, k, V = self.f, self.dev, self.k, self.cfg.vocab_size
+        for kname in ("xent_forward", "xent_backward"):
+            k[kname + suffix] = dev.kernel("xent", kname, V=V, **ls)
+        if self.caps.xent_fused:  # CPUs: loss and unscaled gradient in one vectorised pass per row
+            k["xent_fused" + suffix] = dev.kernel("xent", "xent_fused", V=V, **ls)
+        if f.rows:
+            k["xent_forward_wg" + suffix] = dev.kernel("xent", "xent_forward_wg", V=V, LW=f.rows, **f.sg, **ls)
+        if f.wgmma is not None:
+            k["xent_backward_tiled" + suffix] = dev.kernel("xent", "xent_backward_tiled", V=V, **ls)
+
+    def _xent_suffix(self, smoothed: bool) -> str:
+        return "_ls" if smoothed and self.label_smoothing > 0 else ""
 
     def build_gpt2(self):
         """GPT-2's own: the position embedding's gradient."""
@@ -81,34 +96,37 @@ class Layers(Part):
             self.k["swiglu_rows_forward_v4_tiled_only"] = dev.kernel("swiglu", "swiglu_rows_forward_v4", F=F,
                                                                      SWIGLU_TILED=2)
 
-    def xent_forward(self, N, logits, targets, mask, losses, lse, dlogits):
-        """losses (N), lse (N); on CPUs (xent_fused) also mask * (softmax - onehot) into dlogits."""
+    def xent_forward(self, N, logits, targets, mask, losses, lse, dlogits, smoothed=False):
+        """losses (N), lse (N); on CPUs (xent_fused) also mask * (softmax - onehot) into dlogits. smoothed: with
+        the label smoothing this Ops was made with (none: plain), for the loss and the gradient alike."""
+        sfx = self._xent_suffix(smoothed)
         if self.caps.xent_fused:
-            self.launcher.runp("xent_fused", (N,), i32(N), logits, targets, mask, losses, lse, dlogits)
+            self.launcher.runp("xent_fused" + sfx, (N,), i32(N), logits, targets, mask, losses, lse, dlogits)
             return
         if self.f.rows:
-            self.launcher.run("xent_forward_wg", (N * self.f.rows,), i32(N), logits, targets, mask, losses, lse,
-                     lsize=(self.f.rows,))
+            self.launcher.run("xent_forward_wg" + sfx, (N * self.f.rows,), i32(N), logits, targets, mask, losses, lse,
+                              lsize=(self.f.rows,))
             return
-        self.launcher.runp("xent_forward", (N,), i32(N), logits, targets, mask, losses, lse)
+        self.launcher.runp("xent_forward" + sfx, (N,), i32(N), logits, targets, mask, losses, lse)
 
-    def xent_backward(self, N, s, logits, targets, mask, lse, dlogits) -> float:
-        """dlogits = s * mask * (softmax - onehot), or, after the fused forward, leaves dlogits unscaled;
-        -> the factor the caller's matmuls on dlogits take as alpha (s, or 1)."""
+    def xent_backward(self, N, s, logits, targets, mask, lse, dlogits, smoothed=False) -> float:
+        """dlogits = s * mask * (softmax - onehot) (smoothed: the smoothed target, as xent_forward's), or, after
+        the fused forward, leaves dlogits unscaled; -> the factor the caller's matmuls on dlogits take as alpha (s,
+        or 1)."""
         if self.caps.xent_fused:  # the forward left the unscaled gradient in dlogits
             return s
-        V = self.cfg.vocab_size
+        V, sfx = self.cfg.vocab_size, self._xent_suffix(smoothed)
         if (self.copies.book.is_reusing(dlogits) and self.gemm.on_wgmma(N, self.cfg.n_embd, V)
                 and self.gemm.on_wgmma(V, self.cfg.n_embd, N)):
             # both products on dlogits read its tiled bf16 copy: write that instead of the fp32 gradient
             Rp, Cp = ceil_to(N, 64), ceil_to(V, 64)
             out = self.launcher.slot(2, Rp * Cp * 2)
-            self.launcher.launch(self.k["xent_backward_tiled"], (Cp // 8, Rp), (4, 32),
+            self.launcher.launch(self.k["xent_backward_tiled" + sfx], (Cp // 8, Rp), (4, 32),
                          (i32(N), f32(s), logits, targets, mask, lse, out))
             self.copies.book.keep((dlogits.int_ptr, N, V), (out, Rp, Cp))
             return 1.0
-        self.launcher.run("xent_backward", (ceil_to(V, 64), N), i32(N), f32(s), logits, targets, mask, lse, dlogits,
-                 lsize=(64, 1))
+        self.launcher.run("xent_backward" + sfx, (ceil_to(V, 64), N), i32(N), f32(s), logits, targets, mask, lse,
+                          dlogits, lsize=(64, 1))
         return 1.0
 
     def embedding_forward(self, N, Tp, tokens, wte, wpe, out):

@@ -81,6 +81,8 @@ def stage_settings(stage: str, settings: dict) -> dict:
         del s["bucket"]
     if s.get("optimizer") == "adamw":  # AdamW alone: settings (and checkpoints) as before Muon existed
         del s["optimizer"], s["muon"]
+    if s.get("label_smoothing") == 0:  # the plain loss: settings (and checkpoints) as before label smoothing existed
+        del s["label_smoothing"]
     if s.get("lora") and s["ranks"] > 1:
         raise ClgptError(f"{stage}.lora trains on one rank; set {stage}.ranks: 1 (now {s['ranks']})")
     if s["ranks"] > s["batch_size"]:
@@ -284,7 +286,8 @@ def _dropout_seed(seed: int, step: int, micro: int) -> int:
 
 class _Validation:
     """The held-out loss during training: fixed batches (evenly spaced windows of held-out text, or the
-    held-out dialogs), the same at every evaluation, run with dropout off."""
+    held-out dialogs), the same at every evaluation, run with dropout off and unsmoothed (the plain NLL, as the
+    evaluation stage measures it)."""
 
     def __init__(self, stage: str, heldout: str, s: dict, cfg: ModelConfig, tokenizer_hash: str | None):
         ids, meta = load_encoded(heldout)
@@ -315,7 +318,7 @@ class _Validation:
             rows = dist.rows(len(tokens)) if dist.size > 1 else slice(None)
             n = float(mask[rows].sum())
             if n:
-                total += float(eng.forward(tokens[rows], targets[rows], mask[rows])) * n
+                total += float(eng.forward(tokens[rows], targets[rows], mask[rows], smoothed=False)) * n
                 count += n
         if dist.size > 1:
             parts = dist.allgather((total, count))
@@ -409,7 +412,7 @@ def _run_stage(stage, encoded, s, ckpt_out, log_csv, dist, *, model, init_ckpt, 
     kn = _tuned_knobs(s.get("tuning", "auto"), dev, cfg, -(-B // dist.size), T, stage, say, dist.size)
     eng = make_engine(cfg, inp.params, batch_size=-(-B // dist.size), seq_len=T, device=dev, dropout=s["dropout"],
                       precision=s["precision"], optimizer=not lora, attention=s["attention"],
-                      muon=_muon_on(s) and not lora, knobs=kn)
+                      muon=_muon_on(s) and not lora, knobs=kn, label_smoothing=s.get("label_smoothing", 0.0))
     if s["precision"] == "auto":  # bf16 with tensor cores, or where the tuner timed bf16 storage faster
         say(f"{stage}: precision auto: {auto_reason(dev.device, kn)}")
     # model FLOPs utilisation beside tokens/s (nanochat's): None where clgpt.device.peaks knows no peak
