@@ -22,9 +22,11 @@ from clgpt.ops.layers import Layers
 
 FLASH_MIN_GROUPS, FLASH_LONG_T = 4, 1024  # flash attention's size rule (Attention._use_flash)
 # kernels/flash.cl's tiles: the forward's and dq's 16-row m tiles a warp (MT: 128 query rows as 8 / MT warps), the
-# keys (forward KS, dq KQ) or queries (dk/dv QK) a step and each kernel's register cap (NREG, clgpt/device/sm90a.py cap_registers; 0: none). The flash knob (clgpt.device.knobs FLASH_KEYS)
-# overrides them.
-FLASH_TILES = dict(FWD_MT=1, KS=64, DQ_MT=1, KQ=16, QK=16, FWD_NREG=128, DQ_NREG=128, DKV_NREG=128)
+# keys (forward KS, dq KQ) or queries (dk/dv QK) a step and each kernel's register cap (NREG, clgpt/device/sm90a.py
+# cap_registers; 0: none). The forward and dq run capped at 128: two 256-item work-groups an SM; dk/dv, uncapped,
+# ran the attention faster than capped at 128 (bench/RESULTS_GPU.md). The flash knob
+# (clgpt.device.knobs FLASH_KEYS) overrides them.
+FLASH_TILES = dict(FWD_MT=1, KS=64, DQ_MT=1, KQ=16, QK=16, FWD_NREG=128, DQ_NREG=128, DKV_NREG=0)
 _FLASH_DEFAULTS = dict(MT=1, KS=64, KQ=16, QK=16)  # kernels/flash.cl's own: left out of its options
 
 
