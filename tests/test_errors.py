@@ -816,13 +816,15 @@ def test_no_copies_of_the_defaults():
         assert not hasattr(__import__(f"clgpt.{module}", fromlist=["x"]), "DEFAULTS")
     for stage in ("pretrain", "tune"):
         s = stage_settings(stage, {})
-        # AdamW, tuning auto and bucket 0, the defaults, leave their keys out: settings and checkpoints read as
-        # before Muon, the device tuner and bucketing existed
+        # AdamW, tuning auto, bucket 0 and label smoothing 0, the defaults, leave their keys out: settings and
+        # checkpoints read as before Muon, the device tuner, bucketing and label smoothing existed
         assert defaults(stage)["optimizer"] == "adamw" and "optimizer" not in s and "muon" not in s
         assert defaults(stage)["tuning"] == "auto" and "tuning" not in s
+        assert defaults(stage)["label_smoothing"] == 0 and "label_smoothing" not in s
         if "bucket" in defaults(stage):  # tune's random batches, the default, leave theirs out too
             assert defaults(stage)["bucket"] == 0 and "bucket" not in s
-        plain = {k: v for k, v in defaults(stage).items() if k not in ("optimizer", "muon", "tuning", "bucket")}
+        plain = {k: v for k, v in defaults(stage).items()
+                 if k not in ("optimizer", "muon", "tuning", "bucket", "label_smoothing")}
         assert {k: s[k] for k in plain} == plain
         assert stage_settings(stage, {"tuning": "off"})["tuning"] == "off"
         s = stage_settings(stage, {"optimizer": "muon"})
