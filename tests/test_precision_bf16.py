@@ -126,17 +126,23 @@ def test_xent_backward_tiled_against_float64(dev):
     l64 = logits.astype(np.float64)
     lse = np.log(np.exp(l64).sum(1))
     want = s * mask[:, None] * (np.exp(l64 - lse[:, None]) - (np.arange(V)[None, :] == targets[:, None]))
+    got = _xent_backward_tiled(dev, logits, targets, mask, lse, s)
+    assert not got[N:].any() and not got[:, V:].any()
+    assert np.abs(got[:N, :V] - want).max() <= 2.0**-8 * np.abs(want).max()
+
+
+def _xent_backward_tiled(dev, logits, targets, mask, lse, s, **ls):
+    """xent_backward_tiled's output (64 x 128, the tiled bf16 copy read back as fp32 rows) for N x V logits; ls: its
+    -D LS, if any."""
+    N, V = logits.shape
     Rp, Cp = 64, 128
-    k = dev.kernel("xent", "xent_backward_tiled", V=V)
+    k = dev.kernel("xent", "xent_backward_tiled", V=V, **ls)
     out = np.empty(Rp * Cp, np.uint16)
     o_buf = cl.Buffer(dev.ctx, cl.mem_flags.READ_WRITE, out.nbytes)
     k(dev.queue, (Cp // 8, Rp), (4, 32), np.int32(N), np.float32(s), to_dev(dev, logits), to_dev(dev, targets),
       to_dev(dev, mask), to_dev(dev, lse.astype(f32)), o_buf)
     cl.enqueue_copy(dev.queue, out, o_buf, is_blocking=True)
-    got = (out[_tiled_index(Rp, Cp)].astype(np.uint32) << 16).view(f32)
-    assert not got[N:].any() and not got[:, V:].any()
-    assert np.abs(got[:N, :V] - want).max() <= 2.0**-8 * np.abs(want).max()
-
+    return (out[_tiled_index(Rp, Cp)].astype(np.uint32) << 16).view(f32)
 
 
 def test_xent_backward_tiled_label_smoothed_against_float64_and_fd(dev):
@@ -154,14 +160,7 @@ def test_xent_backward_tiled_label_smoothed_against_float64_and_fd(dev):
     want = ref.softmax_xent_backward(probs, targets, mask, dloss=s * msum, label_smoothing=eps)
     l64 = logits.astype(np.float64)
     lse = np.log(np.exp(l64).sum(1))
-    Rp, Cp = 64, 128
-    k = dev.kernel("xent", "xent_backward_tiled", V=V, LS=eps)
-    out = np.empty(Rp * Cp, np.uint16)
-    o_buf = cl.Buffer(dev.ctx, cl.mem_flags.READ_WRITE, out.nbytes)
-    k(dev.queue, (Cp // 8, Rp), (4, 32), np.int32(N), np.float32(s), to_dev(dev, logits), to_dev(dev, targets),
-      to_dev(dev, mask), to_dev(dev, lse.astype(f32)), o_buf)
-    cl.enqueue_copy(dev.queue, out, o_buf, is_blocking=True)
-    got = (out[_tiled_index(Rp, Cp)].astype(np.uint32) << 16).view(f32)
+    got = _xent_backward_tiled(dev, logits, targets, mask, lse, s, LS=eps)
     assert not got[N:].any() and not got[:, V:].any()
     bad = np.abs(got[:N, :V] - want) > 2.0**-8 * np.abs(want) + 1e-6
     assert not bad.any(), f"{bad.sum()} elements off, max diff {np.abs(got[:N, :V] - want).max():.3e}"
