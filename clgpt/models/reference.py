@@ -292,7 +292,7 @@ def gpt_backward(cache) -> dict[str, np.ndarray]:
     H = cfg.n_head
     grads = {k: np.zeros_like(v) for k, v in p.items()}
     dlogits = softmax_xent_backward(cache["probs"], cache["targets"], cache["mask"],
-                                    label_smoothing=cache.get("label_smoothing", 0.0))
+                                    label_smoothing=cache["label_smoothing"])
     W_out = _output_weight(p, cfg)
     dW_out = dlogits.reshape(-1, dlogits.shape[-1]).T @ cache["lnf"].reshape(-1, cache["lnf"].shape[-1])
     grads["token_embd.weight" if cfg.tied else "output.weight"] += dW_out

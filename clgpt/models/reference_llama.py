@@ -250,7 +250,7 @@ def llama_backward(cache) -> dict[str, np.ndarray]:
     cos, sin = cache["cos"], cache["sin"]
     grads = {k: np.zeros_like(v) for k, v in p.items()}
     dlogits = softmax_xent_backward(cache["probs"], cache["targets"], cache["mask"],
-                                    label_smoothing=cache.get("label_smoothing", 0.0))
+                                    label_smoothing=cache["label_smoothing"])
     out_name = "token_embd.weight" if cfg.tied else "output.weight"
     grads[out_name] += dlogits.reshape(-1, dlogits.shape[-1]).T @ cache["lnf"].reshape(N, C)
     dx, dw = rmsnorm_backward(dlogits @ p[out_name], cache["x"], p["output_norm.weight"], cache["rf"])
