@@ -21,6 +21,8 @@ kernels) instead of SDPA.
 The step is nanoGPT's train.py loop: the batch is windows of a host token array (its np.memmap of train.bin),
 copied from pinned memory with non_blocking=True (on CUDA) and fetched for the next step right after the
 forward, so the host queues work ahead of the GPU; backward, clipping, AdamW, zero_grad(set_to_none=True).
+--data device: the token array resident on the device and the windows gathered there, so a host-bound peer
+spends no host time on its data (the issue's "or resident").
 --nanogpt: as nanoGPT trains on a GPU: torch.compile of the model, bf16 autocast, TF32 on, fused AdamW
 (--no-compile: eager, for a smoke test on a CPU only; a GPU peer always compiles).
 
@@ -263,6 +265,9 @@ def parse_args(argv=None):
                     help="as nanoGPT trains on a GPU: torch.compile, bf16 autocast, SDPA attention, fused AdamW")
     ap.add_argument("--no-compile", action="store_true",
                     help="with --nanogpt on a CPU: no torch.compile (a quick smoke test, not the peer)")
+    ap.add_argument("--data", default="host", choices=["host", "device"],
+                    help="host: nanoGPT's batches, windows of a host array copied from pinned memory; device: the "
+                         "token array resident on the device, windows gathered there (no host work a step)")
     ap.add_argument("--check-minimal", type=int, default=0, metavar="ROUNDS",
                     help="then ROUNDS alternated rounds of the peer and a minimal loop, and the check of the two")
     ap.add_argument("--tolerance", type=float, default=0.03,
@@ -307,6 +312,9 @@ class Peer:
         n = max(1 << 20, 4 * B * (T + 1))
         self.data = np.random.default_rng(args.seed).integers(0, V, size=n, dtype=np.uint16)
         self.gen = torch.Generator().manual_seed(args.seed)
+        if args.data == "device":
+            self.data_dev = torch.from_numpy(self.data.astype(np.int64)).to(dev)
+            self.window = torch.arange(args.ctx, device=dev)
         self.next = self.get_batch()
 
     def autocast(self):
@@ -319,6 +327,9 @@ class Peer:
     def get_batch(self):
         """nanoGPT's get_batch: B windows of T+1 tokens at random offsets, pinned and copied without waiting."""
         torch, np, T, B = self.torch, __import__("numpy"), self.args.ctx, self.args.batch
+        if self.args.data == "device":
+            ix = torch.randint(len(self.data) - T, (B, 1), device=self.dev) + self.window
+            return self.data_dev[ix], self.data_dev[ix + 1]
         ix = torch.randint(len(self.data) - T, (B,), generator=self.gen)
         x = torch.stack([torch.from_numpy(self.data[i:i + T].astype(np.int64)) for i in ix.tolist()])
         y = torch.stack([torch.from_numpy(self.data[i + 1:i + 1 + T].astype(np.int64)) for i in ix.tolist()])

@@ -125,7 +125,7 @@ cmd_ratio() {
 }
 
 # peer (issue 44): clgpt bf16 against the PyTorch peer as nanoGPT users run it (torch.compile, bf16 autocast, SDPA,
-# fused AdamW, pinned batches fetched ahead, zero_grad(set_to_none=True)) through bench/peer_ratio.py: each shape's
+# fused AdamW, batches resident on the device, zero_grad(set_to_none=True)) through bench/peer_ratio.py: each shape's
 # peer compiles once (while clgpt's first, untimed runs build its kernels), then REPS (2) pairs a shape, clgpt then
 # the waiting peer; at CHECK (CHAR_L GPT2S) the peer against a minimal nanoGPT-style loop in its own process. SHAPES
 # (CHAR CHAR_L CHAR_MOE L GPT2S GPT2S_L GPT2M GPT2M_L), steps as `at` gives (100; 30 at L and the GPT-2 shapes). The

@@ -7,14 +7,14 @@
 bench/bench_torch.py arguments of a shape, STEPS its timed steps.
 
 1. Each shape's peer (`bench/bench_torch.py ARGS --device cuda --nanogpt --serve`: torch.compile, bf16 autocast,
-   SDPA, fused AdamW, pinned batches fetched ahead) starts and compiles, --jobs at a time, largest first; it
-   then waits with its cached memory handed back. While they compile, `clgpt bench` runs each shape once,
+   SDPA, fused AdamW, batches resident on the device, or with --data host pinned and fetched ahead) starts and
+   compiles, --jobs at a time, largest first; it then waits with its cached memory handed back. While they compile, `clgpt bench` runs each shape once,
    untimed, so that its kernel builds are in the driver's cache and the GPU's clocks are up. No timed run shares
    the machine with a compile: a peer not ready --compile-limit seconds after the start is killed, and clgpt
    runs alone at its shape.
 2. Per shape, --reps times: one `clgpt bench` process (--precision, bf16), then one burst of that shape's waiting peer
    (`train STEPS` after 3 untimed steps). Each pair gives clgpt / PyTorch speed = peer ms / clgpt ms.
-3. At each --check shape, the peer's `check 3 STEPS`: its loop against a minimal nanoGPT-style loop on the same
+3. At each --check shape, the peer's `check R STEPS` (R = --check-rounds): its loop against a minimal nanoGPT-style loop on the same
    model, alternated in the same process (bench/bench_torch.py --check-minimal).
 4. CHAR_MOE's clgpt step over CHAR_L's (the medians), where both ran.
 
@@ -45,11 +45,11 @@ HOST = re.compile(r"host: ([0-9.]+) ms to issue a step")
 class PeerProcess:
     """One shape's bench/bench_torch.py --serve, its stdout read line by line on a thread."""
 
-    def __init__(self, name: str, args: str, warmup: int, log: Path, device: str):
+    def __init__(self, name: str, args: str, warmup: int, log: Path, device: str, data: str):
         self.name, self.lines, self.log = name, queue.Queue(), open(log, "w")
         where = ["--device", "cuda"] if device == "cuda" else ["--device", "cpu", "--no-compile", "--threads", "1"]
         cmd = [sys.executable, str(HERE / "bench_torch.py"), *shlex.split(args), *where, "--nanogpt", "--serve",
-               "--warmup", str(warmup)]
+               "--warmup", str(warmup), "--data", data]
         self.log.write(" ".join(cmd) + "\n")
         self.log.flush()
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
@@ -153,6 +153,10 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=2, help="pairs a shape")
     ap.add_argument("--check", action="append", default=[], metavar="NAME",
                     help="shapes where the peer is checked against the minimal loop")
+    ap.add_argument("--check-rounds", type=int, default=5, help="alternated rounds of the peer's check")
+    ap.add_argument("--data", default="device", choices=["device", "host"],
+                    help="the peer's batches (bench/bench_torch.py --data): device, resident there, so that a "
+                         "host-bound peer spends no host time on them; host, nanoGPT's pinned copies")
     ap.add_argument("--warmup", type=int, default=5, help="the peers' untimed first steps (torch.compile runs in them)")
     ap.add_argument("--jobs", type=int, default=3, help="peers compiling at once (each holds GPU memory)")
     ap.add_argument("--compile-limit", type=float, default=300,
@@ -191,7 +195,8 @@ def main(argv=None) -> int:
     while pending or compiling:
         while pending and len(compiling) < args.jobs:
             name = pending.pop(0)
-            peers[name] = PeerProcess(name, shapes[name][1], args.warmup, out / f"torch_{name}.log", args.device)
+            peers[name] = PeerProcess(name, shapes[name][1], args.warmup, out / f"torch_{name}.log", args.device,
+                                      args.data)
             compiling.append(name)
         if warm_thread is None:
             warm_thread = threading.Thread(target=warm_clgpt, daemon=True)
@@ -232,7 +237,7 @@ def main(argv=None) -> int:
                 del rows[name]
         if peer and name in args.check and name not in errors:
             try:
-                text = "\n".join(peer.ask(f"check 3 {steps}", 300))
+                text = "\n".join(peer.ask(f"check {args.check_rounds} {steps}", 300))
             except RuntimeError as e:
                 text = str(e)
             m = re.search(r"^minimal check: .*$", text, re.M)
