@@ -228,9 +228,23 @@ inline void stage(const uint dst, __global const ushort* src, const int ld, cons
             }                                                                               \
         }                                                                                   \
     }
-// causal and length mask of (key, row) where the step is `masked` (warp-uniform), as selects: an element's
-// short-circuit test would branch once an element
-#define MASK_OK(masked, key, row) (!(masked) | (((key) <= (row)) & ((key) < T)))
+// causal and length mask of (key, row), as selects (an element's short-circuit test would branch once an
+// element), worked out only on a step that needs it: each kernel tests its warp-uniform `masked` once a step,
+// so the steps off the diagonal skip the compares and selects (they were a quarter of the instructions)
+#define CAUSAL_OK(key, row) (((key) <= (row)) & ((key) < T))
+// 2^x, flushing what would be denormal (x < -126, a probability under 1e-38) to zero: native_exp2 compiles to
+// ex2.approx with a fix-up of such inputs around it (a compare and two multiplies an element)
+#if MMA_EMULATE
+#define EXP2(x) native_exp2(x)
+#else
+inline float ex2_ftz(const float x)
+{
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
+#define EXP2(x) ex2_ftz(x)
+#endif
 // dropout's keep of the probability (query row, key) of head z: the batched form's element (z, row, key)
 #define KEEP(row, key) dropout_keep(seed, site, (uint)(((size_t)z * T + (row)) * T + (key)), p)
 
@@ -338,19 +352,23 @@ void flash_forward(const int T, __global float* restrict out, __global float* at
             const int masked = k0 + KS - 1 > r0 || k0 + KS > T;
 #pragma unroll
             for (int i = 0; i < MT; i++) {
+                if (masked)
+#pragma unroll
+                    for (int j = 0; j < KS / 8; j++)
+#pragma unroll
+                        for (int c = 0; c < 4; c++) {
+                            const int row = r0 + 16 * i + g + 8 * (c >> 1), key = k0 + 8 * j + 2 * t + (c & 1);
+                            s[i][j][c] = CAUSAL_OK(key, row) ? s[i][j][c] : -INFINITY;
+                        }
                 float mx[2] = {-INFINITY, -INFINITY};  // the step's largest raw score a row
 #pragma unroll
                 for (int j = 0; j < KS / 8; j++)
 #pragma unroll
-                    for (int c = 0; c < 4; c++) {
-                        const int row = r0 + 16 * i + g + 8 * (c >> 1), key = k0 + 8 * j + 2 * t + (c & 1);
-                        s[i][j][c] = MASK_OK(masked, key, row) ? s[i][j][c] : -INFINITY;
-                        mx[c >> 1] = fmax(mx[c >> 1], s[i][j][c]);
-                    }
+                    for (int c = 0; c < 4; c++) mx[c >> 1] = fmax(mx[c >> 1], s[i][j][c]);
 #pragma unroll
                 for (int u = 0; u < 2; u++) {
                     const float mn = fmax(m[i][u], QUAD_MAX(mx[u]) * SL2);  // max(s) SL2 = max(s SL2): SL2 > 0
-                    const float alpha = native_exp2(m[i][u] - mn);
+                    const float alpha = EXP2(m[i][u] - mn);
                     m[i][u] = mn;
                     l[i][u] *= alpha;
 #pragma unroll
@@ -360,7 +378,7 @@ void flash_forward(const int T, __global float* restrict out, __global float* at
                 for (int j = 0; j < KS / 8; j++)
 #pragma unroll
                     for (int c = 0; c < 4; c++) {
-                        const float e = native_exp2(fma(s[i][j][c], SL2, -m[i][c >> 1]));
+                        const float e = EXP2(fma(s[i][j][c], SL2, -m[i][c >> 1]));
                         l[i][c >> 1] += e;
                         s[i][j][c] = e;
                     }
@@ -462,12 +480,16 @@ void flash_backward_dq(const int T, __global const float* restrict dout, __globa
 #pragma unroll
                 for (int j = 0; j < KQ / 8; j++)
 #pragma unroll
-                    for (int c = 0; c < 4; c++) {  // s -> P
-                        const int row = r0 + 16 * i + g + 8 * (c >> 1);
-                        const int key = kb * BC + KQ * hh + 8 * j + 2 * t + (c & 1);
-                        const float e = native_exp2(fma(s[i][j][c], SL2, -L[i][c >> 1]));
-                        s[i][j][c] = MASK_OK(masked, key, row) & (row < T) ? e : 0.0f;
-                    }
+                    for (int c = 0; c < 4; c++) s[i][j][c] = EXP2(fma(s[i][j][c], SL2, -L[i][c >> 1]));  // s -> P
+                if (masked)  // (off it every row is below T)
+#pragma unroll
+                    for (int j = 0; j < KQ / 8; j++)
+#pragma unroll
+                        for (int c = 0; c < 4; c++) {
+                            const int row = r0 + 16 * i + g + 8 * (c >> 1);
+                            const int key = kb * BC + KQ * hh + 8 * j + 2 * t + (c & 1);
+                            s[i][j][c] = CAUSAL_OK(key, row) & (row < T) ? s[i][j][c] : 0.0f;
+                        }
                 if (p > 0.0f)  // ds = P (dP - delta), dP through the dropout mask
 #pragma unroll
                     for (int j = 0; j < KQ / 8; j++)
@@ -561,12 +583,16 @@ void flash_backward_dkv(const int T, __global const float* att, __global const f
 #pragma unroll
             for (int j = 0; j < QK / 8; j++)
 #pragma unroll
-                for (int c = 0; c < 4; c++) {  // st -> P^T
-                    const int key = k0 + g + 8 * (c >> 1), qi = QK * sub + 8 * j + 2 * t + (c & 1);
-                    const int row = qb * BC + qi;
-                    const float e = native_exp2(fma(st_[0][j][c], SL2, -Ls[qi]));
-                    st_[0][j][c] = MASK_OK(masked, key, row) & (row < T) ? e : 0.0f;
-                }
+                for (int c = 0; c < 4; c++)  // st -> P^T
+                    st_[0][j][c] = EXP2(fma(st_[0][j][c], SL2, -Ls[QK * sub + 8 * j + 2 * t + (c & 1)]));
+            if (masked)  // (off it every row is below T)
+#pragma unroll
+                for (int j = 0; j < QK / 8; j++)
+#pragma unroll
+                    for (int c = 0; c < 4; c++) {
+                        const int key = k0 + g + 8 * (c >> 1), row = qb * BC + QK * sub + 8 * j + 2 * t + (c & 1);
+                        st_[0][j][c] = CAUSAL_OK(key, row) & (row < T) ? st_[0][j][c] : 0.0f;
+                    }
             if (p > 0.0f)  // P^T dropped (for dv), dpt -> dS^T (for dk)
 #pragma unroll
                 for (int j = 0; j < QK / 8; j++)
