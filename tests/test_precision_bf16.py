@@ -472,3 +472,31 @@ def test_weight_copies_made_in_one_launch_bit_for_bit(dev, monkeypatch):
             launches.pop()  # the reference copy's launch
             assert np.array_equal(got, alone), f"{shapes[i]}: not to_bf16's bytes"
         assert launches == ["to_bf16_batch", "to_bf16"] * (forward + 1)
+
+
+def test_wgmma_takes_the_wide_tile_only_on_deep_products():
+    """The wgmma rows as the device tuning sets them: a product at least WGMMA_WIDE_MIN_K deep that keeps
+    WGMMA_SPLIT_GROUPS work-groups on the wide tile takes it (GPT-2 small's head gradients); a shallow one, one the
+    wide tile would leave with too few work-groups (then split along K), one whose N the wide tile pads by over an
+    eighth more, and a grouped product (no M, K given) take the narrow."""
+    import types
+
+    from clgpt.device import tuning
+    from clgpt.ops.gemm.wgmma import WgmmaGemm
+
+    wide, narrow = tuning._NVIDIA_WGMMA, tuning._NVIDIA_WGMMA_NARROW
+    assert wide["BN"] > narrow["BN"]
+    gemm = types.SimpleNamespace(f=types.SimpleNamespace(wgmma=(wide, narrow)))
+
+    def tiles(M, N, K):
+        return WgmmaGemm.tiles(gemm, N, M, K)
+
+    assert tiles(8192, 768, 50304) is wide  # the head's input gradient, K = vocabulary
+    assert tiles(50304, 768, 8192) is wide  # the head's weight gradient, K = tokens
+    assert tiles(8192, 1024, 4096) is wide  # GPT-2 medium's down projection
+    assert tiles(8192, 50304, 768) is narrow  # the head's forward: shallow
+    assert tiles(8192, 768, 3072) is narrow  # GPT-2 small's down projection: shallow
+    assert tiles(3072, 768, 8192) is narrow  # 24 x 3 work-groups on the wide tile
+    assert tiles(8192, 640, 8192) is narrow  # padded to 768 against 640: over an eighth more
+    assert tiles(8192, 2304, 8192) is wide
+    assert WgmmaGemm.tiles(gemm, 768) is narrow  # a grouped product

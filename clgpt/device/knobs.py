@@ -14,7 +14,7 @@ value read() cannot use is a one-line ClgptError naming the variable and what to
     CLGPT_MMA_SMALL=BM=..,... (tuning)        the small tensor-core tiles
     CLGPT_BF16=BM=..,...|off (tuning)         the bf16 GEMM's big tiles (kernels/matmul_bf16.cl); off: matmul_mma.cl
     CLGPT_BF16_SMALL=BM=..,... (tuning)       the bf16 GEMM's small tiles
-    CLGPT_WGMMA=BM=..,...|off (tuning)        the wide wgmma tiles (kernels/matmul_wgmma.cl); off: no wgmma
+    CLGPT_WGMMA=BM=..,...|off (tuning)        the wide wgmma tiles, deep products only (matmul_wgmma.cl); off: no wgmma
     CLGPT_WGMMA_NARROW=BM=..,... (tuning)     the narrow wgmma tiles
     CLGPT_FLASH=FWD_MT=..,... (attention)     flash attention's tiles (clgpt/ops/attention.py FLASH_TILES)
     CLGPT_PRESET=0|1 (tuning)                 launch through cl.Kernels whose arguments were set once

@@ -52,13 +52,16 @@ _NVIDIA_BF16 = dict(kernel="matmul_bf16", BM=128, BN=128, WM=2, WN=4, STAGES=3)
 _NVIDIA_BF16_SMALL = dict(kernel="matmul_bf16", BM=64, BN=64, WM=2, WN=2, STAGES=4)
 # bf16 on Hopper (sm_90a: kernels/matmul_wgmma.cl, clgpt/device/sm90a.py): wgmma on tiled, swizzled bf16 copies fetched
 # by bulk copies, 128 x 128 outputs per work-group of 2 warpgroups, 3 stages of 64 k (96 KB local memory, 103-118
-# registers: two work-groups an SM, so one's epilogue overlaps the other's products). 128 x 256 with 4 stages
-# (one work-group an SM) is about as fast on the kernel alone but trains slower: training time, not the single
-# GEMM, picks the tile (bench/gemm_wgmma.py, bench/RESULTS_GPU.md). The narrow row (outputs narrower than the
-# wide tile) keeps the same tile. Products without an epilogue giving fewer than
+# registers: two work-groups an SM, so one's epilogue overlaps the other's products): the narrow row, which most
+# products take. The wide row, 128 x 256 with 3 stages (one work-group an SM), is faster only on deep products: at
+# least WGMMA_WIDE_MIN_K deep and still WGMMA_SPLIT_GROUPS work-groups on the wide tile (the head's input and
+# weight gradients at K = vocabulary or tokens, GPT-2 medium's K = 4096 products); on the others, shallow or left
+# with too few work-groups (then split along K, the sums costing more than the tile saves), it measured slower
+# (clgpt/ops/gemm/wgmma.py tiles, bench/RESULTS_GPU.md). Products without an epilogue giving fewer than
 # WGMMA_SPLIT_GROUPS work-groups are split along K (chunks >= WGMMA_SPLIT_MIN_K deep).
-_NVIDIA_WGMMA = dict(kernel="matmul_wgmma", BM=128, BN=128, STAGES=3, PIPE=1)
+_NVIDIA_WGMMA = dict(kernel="matmul_wgmma", BM=128, BN=256, STAGES=3, PIPE=1)
 _NVIDIA_WGMMA_NARROW = dict(kernel="matmul_wgmma", BM=128, BN=128, STAGES=3, PIPE=1)
+WGMMA_WIDE_MIN_K = 4096
 WGMMA_SPLIT_GROUPS = 132
 WGMMA_SPLIT_MIN_K = 512
 # Smaller products (M*N*K below this: shape M's, whose work-groups do not fill the device and whose 4 k tiles do

@@ -12,7 +12,7 @@ from __future__ import annotations
 from clgpt.ops.core import Facts, Part, ceil_to, f32, i32, run_split_k
 from clgpt.ops.gemm.bf16 import Bf16Gemm
 from clgpt.ops.gemm.portable import split_k_chunks
-from clgpt.device.tuning import SPLIT_MIN_TOTAL_K, WGMMA_SPLIT_GROUPS, WGMMA_SPLIT_MIN_K
+from clgpt.device.tuning import SPLIT_MIN_TOTAL_K, WGMMA_SPLIT_GROUPS, WGMMA_SPLIT_MIN_K, WGMMA_WIDE_MIN_K
 
 
 class WgmmaGemm(Part):
@@ -80,9 +80,13 @@ class WgmmaGemm(Part):
         epilogue applies it."""
         return epi != 2 and M * N * K >= self.f.wgmma_min
 
-    def tiles(self, N):
-        """The wide tiles, unless padding N to their BN wastes over an eighth more than the narrow ones'."""
+    def tiles(self, N, M=0, K=0):
+        """The wide tiles for a deep product: K at least WGMMA_WIDE_MIN_K, at least WGMMA_SPLIT_GROUPS work-groups
+        on them (fewer would be split along K) and padding N to their BN wasting at most an eighth more than the
+        narrow ones'; else the narrow (clgpt.device.tuning says why). M and K left out: the narrow."""
         wide, narrow = self.f.wgmma
+        if K < WGMMA_WIDE_MIN_K or -(-M // wide["BM"]) * -(-N // wide["BN"]) < WGMMA_SPLIT_GROUPS:
+            return narrow
         return wide if ceil_to(N, wide["BN"]) * 8 <= ceil_to(N, narrow["BN"]) * 9 else narrow
 
     def kernel(self, mm, trans, bias, resid, accum, epi, split=0, tiled_out=0, group=0, ngroups=0):
@@ -103,7 +107,7 @@ class WgmmaGemm(Part):
         gives too few work-groups (raw parts, then splitk_reduce adds them in order, as the fp32 path does).
         tiled_out = (copy, column sums): epi 1's E, or with epi 2 Cm itself (and its sums), written only as its
         tiled bf16 copy (M, N multiples of 64: matmul_wgmma.cl TILED_OUT)."""
-        mm = self.tiles(N)
+        mm = self.tiles(N, M, K)
         BM, BN = mm["BM"], mm["BN"]
         Kp = ceil_to(max(K, 1), 64)
         # the copies as the fp32 buffers lie: A (K x M) with ta, B (K x N) without tb
