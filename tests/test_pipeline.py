@@ -148,6 +148,23 @@ def test_nothing_changed_does_no_work(workdir):
     assert r.returncode == 0 and "Nothing to be done" in r.stdout + r.stderr, r.stdout + r.stderr
 
 
+def test_the_workflow_profile_publishes_without_spawning_a_process(workdir):
+    """Under profiles/default a publish job's `run:` block runs in Snakemake's own process: spawned, each of the
+    default run's six would start a process that parses the workflow again (about 3 s each). Snakemake's
+    --verbose names every job it spawns. The republished Modelfile is the one the stage staged."""
+    before = (workdir / "Modelfile").read_bytes()
+    shutil.copytree(ROOT / "profiles", workdir / "profiles")
+    try:
+        (workdir / "Modelfile").unlink()
+        r = snakemake(workdir, "--verbose", "Modelfile")
+    finally:
+        shutil.rmtree(workdir / "profiles")
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert "localrule publish:" in out and "spawned job" not in out, out[-3000:]
+    assert (workdir / "Modelfile").read_bytes() == before
+
+
 def test_tune_change_reruns_only_downstream(workdir):
     changed = json.loads(json.dumps(TINY))
     changed["tune"]["lr"] = 0.001
