@@ -72,7 +72,8 @@ def check():
         bad += not same
         for (M, N, K, ta, tb) in SMALL or [(4096, 1024, 256, 0, 1), (2048, 256, 1024, 0, 0), (256, 1024, 2048, 1, 0),
                                   (1000, 333, 77, 0, 1), (77, 1000, 333, 0, 0), (333, 77, 1000, 1, 0), (64, 64, 4096, 1, 0),
-                                  (300, 520, 200, 1, 1), (16384, 384, 1536, 0, 0), (1536, 384, 16384, 1, 0)]:
+                                  (300, 520, 200, 1, 1), (16384, 384, 1536, 0, 0), (1536, 384, 16384, 1, 0),
+                                  (8192, 768, 4096, 0, 1)]:  # deep, 192 work-groups on the wide wgmma tile
             A = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
             B = rng.standard_normal((N, K) if tb else (K, N)).astype(np.float32)
             opA, opB = (A.T if ta else A).astype(np.float64), (B.T if tb else B).astype(np.float64)
@@ -88,7 +89,12 @@ def check():
             det = np.array_equal(outs[0], outs[2])
             ok = d_port < 1e-5 and d_round < 1e-5 and det
             bad += not ok
-            print(f"{precision} {M}x{N}x{K} ta={ta} tb={tb}: |tc - portable| {d_port:.1e}, |tc - f64(rounded)| "
+            wg = tc.ops.gemms.wgmma
+            tile = ""
+            if precision == "bf16" and wg is not None and wg.on_wgmma(M, N, K):
+                mm = wg.tiles(N, M, K)
+                tile = f" wgmma {mm['BM']}x{mm['BN']}"
+            print(f"{precision} {M}x{N}x{K} ta={ta} tb={tb}{tile}: |tc - portable| {d_port:.1e}, |tc - f64(rounded)| "
                   f"{d_round:.1e}, |tc - f64(given)| {d_given:.1e} (x max|A||B|), deterministic {det}: "
                   f"{'ok' if ok else 'FAIL'}", flush=True)
     bad += check_grouped(rng)
