@@ -325,7 +325,8 @@ class Peer:
         return self.torch.autocast(device_type=self.dev.type, dtype=self.torch.bfloat16)
 
     def get_batch(self):
-        """nanoGPT's get_batch: B windows of T+1 tokens at random offsets, pinned and copied without waiting."""
+        """nanoGPT's get_batch: B windows of T+1 tokens at random offsets, pinned and copied without waiting; with
+        --data device, gathered from the resident token array on the device."""
         torch, np, T, B = self.torch, __import__("numpy"), self.args.ctx, self.args.batch
         if self.args.data == "device":
             ix = torch.randint(len(self.data) - T, (B, 1), device=self.dev) + self.window

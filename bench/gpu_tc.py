@@ -62,6 +62,7 @@ def check():
         assert tc.mma is not None, "no tensor-core path on this device"
         port.ops.matmul = port.ops.gemms.portable.matmul  # the portable kernels (matmul.cl, -D ROUND), same GPU
         rnd = ref.ROUNDERS[precision]
+        wg = tc.ops.gemms.wgmma  # None off sm_90
         # rounding: A @ I is exact on either path
         M, K = (256, 128) if not SMALL else (16, 8)
         A = rng.standard_normal((M, K)).astype(np.float32)
@@ -89,7 +90,6 @@ def check():
             det = np.array_equal(outs[0], outs[2])
             ok = d_port < 1e-5 and d_round < 1e-5 and det
             bad += not ok
-            wg = tc.ops.gemms.wgmma
             tile = ""
             if precision == "bf16" and wg is not None and wg.on_wgmma(M, N, K):
                 mm = wg.tiles(N, M, K)

@@ -8,14 +8,14 @@ bench/bench_torch.py arguments of a shape, STEPS its timed steps.
 
 1. Each shape's peer (`bench/bench_torch.py ARGS --device cuda --nanogpt --serve`: torch.compile, bf16 autocast,
    SDPA, fused AdamW, batches resident on the device, or with --data host pinned and fetched ahead) starts and
-   compiles, --jobs at a time, largest first; it then waits with its cached memory handed back. While they compile, `clgpt bench` runs each shape once,
-   untimed, so that its kernel builds are in the driver's cache and the GPU's clocks are up. No timed run shares
-   the machine with a compile: a peer not ready --compile-limit seconds after the start is killed, and clgpt
-   runs alone at its shape.
+   compiles, --jobs at a time, largest first; it then waits with its cached memory handed back. While they
+   compile, `clgpt bench` runs each shape once, untimed, so that its kernel builds are in the driver's cache and
+   the GPU's clocks are up. No timed run shares the machine with a compile: a peer not ready --compile-limit
+   seconds after the start is killed, and clgpt runs alone at its shape.
 2. Per shape, --reps times: one `clgpt bench` process (--precision, bf16), then one burst of that shape's waiting peer
    (`train STEPS` after 3 untimed steps). Each pair gives clgpt / PyTorch speed = peer ms / clgpt ms.
-3. At each --check shape, the peer's `check R STEPS` (R = --check-rounds): its loop against a minimal nanoGPT-style loop on the same
-   model, alternated in the same process (bench/bench_torch.py --check-minimal).
+3. At each --check shape, the peer's `check R STEPS` (R = --check-rounds): its loop against a minimal
+   nanoGPT-style loop on the same model, alternated in the same process (bench/bench_torch.py --check-minimal).
 4. CHAR_MOE's clgpt step over CHAR_L's (the medians), where both ran.
 
 The table (markdown) goes to stdout and to DIR/peer_table.md after each shape, so a run cut short keeps what
