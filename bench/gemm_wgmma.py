@@ -21,15 +21,18 @@ from clgpt.device.opencl import get_device  # noqa: E402
 dev = get_device()
 mf = cl.mem_flags
 print("device:", dev.name, flush=True)
-KEYS = ("BM", "BN", "STAGES", "PIPE")
+KEYS = ("BM", "BN", "STAGES", "PIPE", "TILE_BAND")  # TILE_BAND optional (0)
 VARIANTS = "128,256,4,1;128,256,3,1;128,256,4,0;256,128,4,1;128,128,4,1"
 if os.environ.get("WGMMA_VARIANTS"):  # e.g. "128,256,4,1;128,128,4,1": KEYS
     VARIANTS = os.environ["WGMMA_VARIANTS"]
 VARIANTS = [dict(zip(KEYS, map(int, c.split(",")))) for c in VARIANTS.split(";")]
 SHAPES = [("4096^2 NT", 4096, 4096, 4096), ("M6 qkv", 16384, 1152, 384), ("M6 fc", 16384, 1536, 384),
           ("M6 proj", 16384, 384, 1536), ("L qkv", 8192, 2304, 768), ("L fc", 8192, 3072, 768),
-          ("L proj", 8192, 768, 3072), ("L lm head", 8192, 8192, 768)]
+          ("L proj", 8192, 768, 3072), ("L lm head", 8192, 8192, 768), ("GPT2S attn proj", 8192, 768, 768),
+          ("GPT2S head", 8192, 50304, 768)]
 SHAPES = SHAPES[:int(os.environ.get("WGMMA_SHAPES", len(SHAPES)))]  # the first few
+if os.environ.get("WGMMA_PICK"):  # e.g. "L fc,GPT2S": the shapes whose names hold one of these
+    SHAPES = [s for s in SHAPES if any(p in s[0] for p in os.environ["WGMMA_PICK"].split(","))]
 
 
 def bf16(x):
@@ -86,8 +89,8 @@ def main():
         t_torch = best(lambda: ta @ tb.T, torch.cuda.synchronize)
         line = [f"{name} {M}x{N}x{K}", f"torch {flops / t_torch / 1e12:6.1f}"]
         for v in VARIANTS:
-            tag = f"{v['BM']}x{v['BN']}/S{v['STAGES']}{'p' if v['PIPE'] else ''}"
-            if N % v["BN"] or M % v["BM"]:
+            tag = f"{v['BM']}x{v['BN']}/S{v['STAGES']}{'p' if v['PIPE'] else ''}{'b' + str(v['TILE_BAND']) if v.get('TILE_BAND') else ''}"
+            if M % v["BM"]:
                 line.append(f"{tag} -")
                 continue
             try:
@@ -98,7 +101,7 @@ def main():
             k.set_args(np.int32(M), np.int32(N), np.int32(K), tiled(A), np.int32(M), np.int32(M), tiled(B),
                        np.int32(N), np.int32(N), c, np.int32(N), None, None, np.float32(1.0), None)
             nt = 2 * v["BM"]
-            run = lambda: cl.enqueue_nd_range_kernel(q, k, (N // v["BN"] * nt, M // v["BM"]), (nt, 1))
+            run = lambda: cl.enqueue_nd_range_kernel(q, k, (-(-N // v["BN"]) * nt, M // v["BM"]), (nt, 1))
             run()
             C = np.empty((M, N), np.float32)
             cl.enqueue_copy(q, C, c)

@@ -23,6 +23,26 @@
 #endif
 #define GELU_S 0.7978845608028654f
 
+// The output tile a work-group takes, as (n tile, m tile), with -D TILE_BAND (rows of tiles a band; 0: as
+// launched). Work-groups start in launch order, dimension 0 fastest: taken as launched, the tiles running at once
+// span a row or two of m and all of n, so each reads its own columns of B, and a B larger than the cache (the
+// head's vocabulary x C weights) comes from memory once a row of tiles. In bands of TILE_BAND rows, down a band
+// before along n, the tiles running at once share their B columns and the band's rows of A in the cache.
+#ifndef TILE_BAND
+#define TILE_BAND 0
+#endif
+inline int2 tile_of_group(void)
+{
+#if TILE_BAND
+    const int gn = get_num_groups(0), gm = get_num_groups(1), pid = get_group_id(1) * gn + get_group_id(0);
+    const int band = pid / (TILE_BAND * gn), first = band * TILE_BAND, rows = min(gm - first, TILE_BAND);
+    const int in = pid - band * TILE_BAND * gn;
+    return (int2)(in / rows, first + in % rows);
+#else
+    return (int2)(get_group_id(0), get_group_id(1));
+#endif
+}
+
 // gelu(x) and gelu'(x), tanh form, tanh u = 1 - 2 / (exp(2u) + 1) as in gelu.cl
 inline float gelu_f(const float x)
 {

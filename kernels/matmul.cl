@@ -160,7 +160,8 @@ void matmul(const int M, const int N, const int K,
             const float alpha, __global float* E EXTRA_ARGS)
 {
     const int tn = get_local_id(0), tm = get_local_id(1);
-    const int n0 = get_group_id(0) * TSN, m0 = get_group_id(1) * TSM;
+    const int2 tile = tile_of_group();
+    const int n0 = tile.x * TSN, m0 = tile.y * TSM;
     const int tid = tm * RTSN + tn;
 #include "gemm_offsets.cl"
 #if CAUSAL == 1

@@ -269,7 +269,8 @@ void matmul_bf16(const int M, const int N, const int Kp,
 #endif
     const int wm = warp / WN, wn = warp % WN;
     const int g = lane >> 2, t = lane & 3;
-    const int n0 = get_group_id(0) * BN, m0 = get_group_id(1) * BM;
+    const int2 tile = tile_of_group();
+    const int n0 = tile.x * BN, m0 = tile.y * BM;
     int kbeg = 0, kend = Kp;
     SPLIT_RANGE(kbeg, kend, Kp)
 #if BATCH

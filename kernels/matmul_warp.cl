@@ -111,7 +111,8 @@ void matmul(const int M, const int N, const int K,
             const float alpha, __global float* E W_EXTRA_ARGS)
 {
     const int tid = get_local_id(1) * W_RTSN + get_local_id(0);
-    const int n0 = get_group_id(0) * TSN, m0 = get_group_id(1) * TSM;
+    const int2 tile = tile_of_group();
+    const int n0 = tile.x * TSN, m0 = tile.y * TSM;
 #include "gemm_offsets.cl"
 #if CAUSAL == 1
     // a tile wholly above the diagonal sums and stores nothing; its work-items still meet the barriers (PoCL 3.0

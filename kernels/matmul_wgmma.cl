@@ -224,7 +224,8 @@ void matmul_wgmma(const int M, const int N, const int Kp, __global const ushort*
 {
     __local uint4 smem[SMEM_DECL / 16];  // SMEM_BYTES in the PTX (see above); addressed through sbase only
     const int tid = get_local_id(0), wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
-    const int n0 = get_group_id(0) * BN, m0 = get_group_id(1) * BM;
+    const int2 tile = tile_of_group();
+    const int n0 = tile.x * BN, m0 = tile.y * BM;
     int kbeg = 0, kend = Kp;
     int ka = 0, kb = 0, nb0 = n0;  // the k tiles A's and B's rows start at (GROUP 2; B's with GROUP 1 and TB),
                                    // B's first row without TB (GROUP 1: its group's block)

@@ -76,6 +76,7 @@ BF16_TILES = {  # small tiles of kernels/matmul_bf16.cl (PoCL emulates them slow
     "4warps": dict(BM=32, BN=32, WM=2, WN=2, STAGES=3),
     "1warp": dict(BM=32, BN=32, WM=1, WN=1, STAGES=2),
     "64": dict(BM=64, BN=64, WM=2, WN=2, STAGES=2),
+    "bands": dict(BM=32, BN=32, WM=2, WN=2, STAGES=3, TILE_BAND=3),  # tiles taken in bands of 3 rows
 }
 
 

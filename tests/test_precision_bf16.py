@@ -49,6 +49,24 @@ def test_bf16_gemm_moves_data_like_the_portable_kernel(dev, tiles, ta, tb, epilo
         assert np.array_equal(from_dev(dev, ebuf, (M, N)), want[1]), f"bf16 {tiles} ta={ta} tb={tb} {sorted(kw)}: E"
 
 
+def test_bf16_gemm_in_bands_of_tiles_covers_every_tile_once(dev):
+    """With TILE_BAND (epilogue.cl tile_of_group: work-groups take their tiles down bands of rows, the last band
+    shorter) every output tile is computed once, as in launch order: the product equals the portable kernel's."""
+    ops = _bf16_ops("bands")
+    M, N, K = 131, 70, 67  # 5 rows of tiles (bands of 3 and 2), 3 columns
+    A, B = operands(0, 1, M, N, K)
+    bias = rng.normal(size=N).astype(f32)
+    C0 = rng.normal(size=(M, N)).astype(f32)
+    mm = ops.bf16[0]
+    assert mm["TILE_BAND"] == 3
+    cbuf = to_dev(dev, C0)
+    args = ops.bf16_operands(mm, M, N, K, to_dev(dev, A), to_dev(dev, B), 0, 1)
+    ops.matmul_bf16(mm, M, N, *args, cbuf, bias=to_dev(dev, bias), resid=None, accum=True, alpha=0.5, epi=0,
+                    E=cbuf, split_k=False)
+    want = run_matmul(dev, "tiled", "bf16", A, B, 0, 1, M, N, K, alpha=0.5, bias=bias, C0=C0)
+    assert np.array_equal(from_dev(dev, cbuf, (M, N)), want[0])
+
+
 def test_bf16_copies_round_like_numpy_and_pad_with_zeros(dev):
     """to_bf16: X rounded to bf16 as numpy rounds it (ties, signs, inf, NaN), zeros in the
     padding rows and columns."""

@@ -95,7 +95,7 @@ class WgmmaGemm(Part):
         if kern is None:
             kern = self.product_kernels[key] = self.dev.kernel(
                 "matmul_wgmma", "matmul_wgmma", BM=mm["BM"], BN=mm["BN"], TA=int(trans[0]), TB=int(trans[1]),
-                STAGES=mm["STAGES"], PIPE=mm["PIPE"],
+                STAGES=mm["STAGES"], PIPE=mm["PIPE"], TILE_BAND=mm.get("TILE_BAND", 0),
                 BIAS=int(bias), RESID=int(resid), ACCUM=int(accum), EPI=epi, SPLITK=int(bool(split)),
                 **({"TILED_OUT": tiled_out} if tiled_out else {}),
                 **({"GROUP": group, "NGROUPS": ngroups} if group else {}),
