@@ -61,6 +61,16 @@ def test_matmul_vec_mixed_tiles(dev, form, ta, tb, M, N, K):
     _check_matmul(dev, MATMUL_FORMS[form], form, ta, tb, M, N, K)
 
 
+@pytest.mark.parametrize("form", ["tiled", "warp_part"])
+@pytest.mark.parametrize("ta,tb", [(0, 1), (1, 0)])
+def test_matmul_in_bands_of_tiles(dev, form, ta, tb):
+    """TILE_BAND (the generic GPU row's tile order, kernels/epilogue.cl tile_of_group): down bands of 2 rows of
+    tiles, the last band one row, every tile computed once."""
+    mm = dict(MATMUL_FORMS[form], TILE_BAND=2)
+    M = 4 * mm["TSM"] + 5  # 5 rows of tiles: bands of 2, 2 and 1
+    _check_matmul(dev, mm, form + " bands", ta, tb, M, 3 * mm["TSN"] - 7, 41)
+
+
 def _check_matmul(dev, mm, form, ta, tb, M, N, K):
     A = rng.normal(size=(K, M) if ta else (M, K)).astype(f32)
     B = rng.normal(size=(N, K) if tb else (K, N)).astype(f32)

@@ -492,6 +492,21 @@ def test_weight_copies_made_in_one_launch_bit_for_bit(dev, monkeypatch):
         assert launches == ["to_bf16_batch", "to_bf16"] * (forward + 1)
 
 
+def test_wgmma_takes_its_tiles_in_bands_where_b_outgrows_the_cache():
+    """GPT-2 small's head forward (A the final norm's copy, B the 50304 x 768 weights' copy) takes its tiles in
+    bands; its gradients (A the 8192 x 50304 logits' gradient copy) and the products whose B fits keep launch
+    order. The GPU rows' generic GEMM takes bands on every product."""
+    from clgpt.device import tuning
+    from clgpt.ops.gemm.wgmma import WgmmaGemm
+
+    assert WgmmaGemm.band(8192 * 768 * 2, 50304 * 768 * 2) == tuning.WGMMA_BAND > 1
+    assert WgmmaGemm.band(8192 * 50304 * 2, 50304 * 768 * 2) == 0  # the head's input gradient
+    assert WgmmaGemm.band(8192 * 50304 * 2, 8192 * 768 * 2) == 0  # its weight gradient
+    assert WgmmaGemm.band(8192 * 768 * 2, 3072 * 768 * 2) == 0
+    rows = {vendor: row for kind, vendor, row in tuning.TABLE}
+    assert rows[""]["tile_band"] > 1 and "tile_band" not in rows["nvidia"]
+
+
 def test_wgmma_takes_the_wide_tile_only_on_deep_products():
     """The wgmma rows as the device tuning sets them: a product at least WGMMA_WIDE_MIN_K deep that keeps
     WGMMA_SPLIT_GROUPS work-groups on the wide tile takes it (GPT-2 small's head gradients); a shallow one, one the

@@ -62,6 +62,12 @@ _NVIDIA_BF16_SMALL = dict(kernel="matmul_bf16", BM=64, BN=64, WM=2, WN=2, STAGES
 _NVIDIA_WGMMA = dict(kernel="matmul_wgmma", BM=128, BN=256, STAGES=3, PIPE=1)
 _NVIDIA_WGMMA_NARROW = dict(kernel="matmul_wgmma", BM=128, BN=128, STAGES=3, PIPE=1)
 WGMMA_WIDE_MIN_K = 4096
+# A product whose B copy outgrows the 50 MB L2 of the H100 and H200 while A's fits (the head's forward: B the
+# vocabulary x C weights) takes its tiles in bands of WGMMA_BAND rows of tiles (kernels/epilogue.cl tile_of_group):
+# in launch order each row of tiles fetched all of B from memory again. GPT-2 small's head forward: 298 -> 525
+# TFLOP/s (bench/RESULTS_GPU.md); products whose B fits measured up to 7% slower in bands, so they keep launch order.
+WGMMA_BAND = 64
+WGMMA_BAND_MIN_BYTES = 48 << 20
 WGMMA_SPLIT_GROUPS = 132
 WGMMA_SPLIT_MIN_K = 512
 # Smaller products (M*N*K below this: shape M's, whose work-groups do not fill the device and whose 4 k tiles do
@@ -115,6 +121,12 @@ _GPU_ROWS = dict(rows=128, attn_gemm=1, attn_gemm_min_t=128, split_k=1, colsum_r
 # the caches (M's 2048x256x4096 LM-head product runs about twice as fast in chunks of K = 2048).
 _CPU_ROWS = dict(preset=1, rb_kmax=2048, norm_rb=8, norm_cb=16, xent_fused=1, cpu_bias=1, ta_direct=3 << 17, cpu_attn=1, cpu_vec=1, ld_pad=16, ld_pad_copy=1 << 17)
 
+# tile_band (the generic GPU row): the portable GEMM takes its output tiles in bands of this many rows of tiles,
+# down a band before along n (kernels/epilogue.cl tile_of_group), so the tiles running at once share B's columns in
+# the cache; in launch order a row of tiles spans all of n. On the H100 the generic row trained L 0.959x the time
+# (fp32, bench/RESULTS_GPU.md); a GPU with a smaller cache than its 50 MB rereads more in launch order.
+GPU_TILE_BAND = 8
+
 # (device type, vendor substring or "" for any) -> matmul config, local size of 1-D and 2-D launches.
 TABLE = [
     (cl.device_type.CPU, "", dict(matmul=_CPU, local_1d=16, local_2d=(16, 1), vec=1, norm_parts=256, **_CPU_ROWS)),
@@ -122,7 +134,7 @@ TABLE = [
                                         matmul_mma=_NVIDIA_MMA, matmul_mma_small=_NVIDIA_MMA_SMALL, local_1d=128, local_2d=(32, 4), vec=0,
                                         norm_parts=8192, **_GPU_ROWS)),
     (cl.device_type.GPU, "", dict(matmul=_GPU, matmul_small=_GPU_SMALL, local_1d=128, local_2d=(32, 4), vec=0, norm_parts=8192,
-                                  **_GPU_ROWS)),
+                                  tile_band=GPU_TILE_BAND, **_GPU_ROWS)),
 ]
 _DEFAULT = dict(matmul=_GPU, local_1d=64, local_2d=(16, 4), vec=0, norm_parts=4096)
 

@@ -115,6 +115,8 @@ class PortableGemm(Part):
                 extra["ROUND"] = self.f.round
             if store16:  # both operands bf16 copies (bf16 storage)
                 extra.update(A16=1, B16=1)
+            if self.launch.get("tile_band"):  # tiles in bands of rows (clgpt.device.tuning says where)
+                extra["TILE_BAND"] = self.launch["tile_band"]
             kern = self.product_kernels[key] = self.dev.kernel(
                 "matmul", mm["kernel"], TA=ta, TB=tb, BIAS=int(bias), RESID=int(resid), ACCUM=int(accum), EPI=epi,
                 **extra, **matmul_defines(mm))

@@ -12,7 +12,8 @@ from __future__ import annotations
 from clgpt.ops.core import Facts, Part, ceil_to, f32, i32, run_split_k
 from clgpt.ops.gemm.bf16 import Bf16Gemm
 from clgpt.ops.gemm.portable import split_k_chunks
-from clgpt.device.tuning import SPLIT_MIN_TOTAL_K, WGMMA_SPLIT_GROUPS, WGMMA_SPLIT_MIN_K, WGMMA_WIDE_MIN_K
+from clgpt.device.tuning import (SPLIT_MIN_TOTAL_K, WGMMA_BAND, WGMMA_BAND_MIN_BYTES, WGMMA_SPLIT_GROUPS,
+                                 WGMMA_SPLIT_MIN_K, WGMMA_WIDE_MIN_K)
 
 
 class WgmmaGemm(Part):
@@ -89,13 +90,19 @@ class WgmmaGemm(Part):
             return narrow
         return wide if ceil_to(N, wide["BN"]) * 8 <= ceil_to(N, narrow["BN"]) * 9 else narrow
 
-    def kernel(self, mm, trans, bias, resid, accum, epi, split=0, tiled_out=0, group=0, ngroups=0):
-        key = ("wgmma", trans, bias, resid, accum, epi, split, tiled_out, group, ngroups, id(mm))
+    @staticmethod
+    def band(a_bytes, b_bytes):
+        """Rows of tiles a band for a product whose copies take these bytes: WGMMA_BAND where B's copy outgrows
+        the cache and A's fits (clgpt.device.tuning says why), else 0 (launch order)."""
+        return WGMMA_BAND if b_bytes > WGMMA_BAND_MIN_BYTES >= a_bytes else 0
+
+    def kernel(self, mm, trans, bias, resid, accum, epi, split=0, tiled_out=0, group=0, ngroups=0, band=0):
+        key = ("wgmma", trans, bias, resid, accum, epi, split, tiled_out, group, ngroups, band, id(mm))
         kern = self.product_kernels.get(key)
         if kern is None:
             kern = self.product_kernels[key] = self.dev.kernel(
                 "matmul_wgmma", "matmul_wgmma", BM=mm["BM"], BN=mm["BN"], TA=int(trans[0]), TB=int(trans[1]),
-                STAGES=mm["STAGES"], PIPE=mm["PIPE"], TILE_BAND=mm.get("TILE_BAND", 0),
+                STAGES=mm["STAGES"], PIPE=mm["PIPE"], **({"TILE_BAND": band} if band else {}),
                 BIAS=int(bias), RESID=int(resid), ACCUM=int(accum), EPI=epi, SPLITK=int(bool(split)),
                 **({"TILED_OUT": tiled_out} if tiled_out else {}),
                 **({"GROUP": group, "NGROUPS": ngroups} if group else {}),
@@ -126,6 +133,6 @@ class WgmmaGemm(Part):
                             M, N, S, operands, (i32(kc),), accum, alpha, Cm)
                 return
         kern = self.kernel(mm, trans, bias is not None, resid is not None, bool(accum), epi,
-                           tiled_out=epi if tiled_out else 0)
+                           tiled_out=epi if tiled_out else 0, band=self.band(ra * ca * 2, rb * cb * 2))
         self.launcher.launch(kern, gsize, lsize, (i32(M), i32(N), *operands, Cm, i32(ldc or N), bias, resid, f32(alpha), E,
                                           *(tiled_out or ())))
