@@ -123,7 +123,7 @@ _CPU_ROWS = dict(preset=1, rb_kmax=2048, norm_rb=8, norm_cb=16, xent_fused=1, cp
 
 # tile_band (the generic GPU row): the portable GEMM takes its output tiles in bands of this many rows of tiles,
 # down a band before along n (kernels/epilogue.cl tile_of_group), so the tiles running at once share B's columns in
-# the cache; in launch order a row of tiles spans all of n. On the H100 the generic row trained L 0.959x the time
+# the cache; in launch order a row of tiles spans all of n. On the H100 the generic row trained L in 0.958x the time
 # (fp32, bench/RESULTS_GPU.md); a GPU with a smaller cache than its 50 MB rereads more in launch order.
 GPU_TILE_BAND = 8
 

@@ -94,7 +94,8 @@ class Bf16Gemm(Part):
             kern = self.product_kernels[key] = self.dev.kernel(
                 "matmul_bf16", "matmul_bf16", build_options=build, AKC=int(akc), BKC=int(bkc), BIAS=int(bias),
                 RESID=int(resid), ACCUM=int(accum), EPI=epi, BM=mm["BM"], BN=mm["BN"], WM=mm["WM"], WN=mm["WN"],
-                STAGES=mm.get("STAGES", 2), **({"TILE_BAND": mm["TILE_BAND"]} if mm.get("TILE_BAND") else {}), **extra, **self.f.bf16_options)
+                STAGES=mm.get("STAGES", 2), **({"TILE_BAND": mm["TILE_BAND"]} if mm.get("TILE_BAND") else {}),
+                **extra, **self.f.bf16_options)
         return kern
 
     def to_bf16(self, slot, X, rows, cols, Rp, Cp, tiled=False, out=None):
