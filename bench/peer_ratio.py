@@ -40,6 +40,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 TRAIN = re.compile(r"train:.*?, ([0-9.]+) ms/step,.*?([0-9.]+) ms CPU time/step")
 HOST = re.compile(r"host: ([0-9.]+) ms to issue a step")
+# a peer whose host takes this share of its step to issue it runs at its host's pace, not the GPU's: its pairs are
+# marked (h) in the table, since they measure the machine's CPU as much as the kernels
+HOST_BOUND = 0.9
 
 
 class PeerProcess:
@@ -129,6 +132,7 @@ def table(rows: dict, checks: dict, moe: str, not_run: list[str], errors: dict) 
     out = ["| shape | clgpt ms/step | PyTorch ms/step (CPU ms, host issue ms) | clgpt / PyTorch speed, per pair "
            "| median |",
            "| --- | --- | --- | --- | ---: |"]
+    host_bound = False
     for name, pairs in rows.items():
         cl = ", ".join(f"{p['clgpt'][0]:.2f}" for p in pairs)
         if any(p["torch"] is None for p in pairs):  # its peer failed: clgpt alone (for the MoE ratio)
@@ -136,9 +140,14 @@ def table(rows: dict, checks: dict, moe: str, not_run: list[str], errors: dict) 
             continue
         pt = ", ".join(f"{p['torch'][0]:.2f} ({p['torch'][1]:.2f}, {p['torch'][2]:.2f})" for p in pairs)
         ratios = [p["torch"][0] / p["clgpt"][0] for p in pairs]
-        out.append(f"| {name} | {cl} | {pt} | {', '.join(f'{r:.3f}' for r in ratios)} | "
+        marks = [" (h)" if p["torch"][2] >= HOST_BOUND * p["torch"][0] else "" for p in pairs]
+        host_bound = host_bound or any(marks)
+        out.append(f"| {name} | {cl} | {pt} | {', '.join(f'{r:.3f}{m}' for r, m in zip(ratios, marks))} | "
                    f"**{statistics.median(ratios):.3f}x** |")
     out += [""] + [f"- {name}: {line}" for name, line in checks.items()]
+    if host_bound:
+        out.append(f"- (h): the peer's host took at least {HOST_BOUND:.0%} of its step to issue it (host issue ms "
+                   "against ms/step): the host set its pace, so that ratio moves with the machine's CPU")
     if moe:
         out.append(f"- {moe}")
     if not_run:

@@ -74,3 +74,21 @@ def test_peer_ratio_pairs_clgpt_with_a_served_peer_and_checks_the_peer(tmp_path)
     assert "failed:" not in table
     peer_log = (tmp_path / "torch_S.log").read_text()
     assert "eager, no torch.compile" in peer_log and peer_log.count("train:") == 2
+
+
+def test_peer_ratio_marks_the_pairs_whose_peer_the_host_paced():
+    """bench/peer_ratio.py's table: a pair whose peer took at least HOST_BOUND of its step to issue it is marked
+    (h), with a note under the table; a peer the GPU paced is not."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import peer_ratio
+    finally:
+        sys.path.pop(0)
+    rows = {"GPT2S": [dict(clgpt=(26.6, 26.6), torch=(25.7, 25.7, 25.3)),
+                      dict(clgpt=(26.7, 26.7), torch=(20.4, 20.3, 14.4))]}
+    out = peer_ratio.table(rows, {}, "", [], {})
+    assert re.search(r"^\| GPT2S \| .* \| 0\.966 \(h\), 0\.764 \| \*\*0\.865x\*\* \|$", out, re.M), out
+    assert "- (h): the peer's host took at least 90% of its step" in out
+    rows["GPT2S"].pop(0)
+    out = peer_ratio.table(rows, {}, "", [], {})
+    assert "(h)" not in out, out
