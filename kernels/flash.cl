@@ -190,6 +190,11 @@ inline void stage(const uint dst, __global const ushort* src, const int ld, cons
     }
 }
 
+// where a work-item's accumulator c of m tile i, n tile j lies (mma.m16n8's D fragment, g = lane / 4, t = lane % 4):
+// row FRAG_ROW(i, c) of the warp's 16i.. rows, column FRAG_COL(j, c) of its 8j.. columns
+#define FRAG_ROW(i, c) (16 * (i) + g + 8 * ((c) >> 1))
+#define FRAG_COL(j, c) (8 * (j) + 2 * t + ((c) & 1))
+
 // c (16 x 8n accumulators of a warp, from n tile 2j) as the A fragment of one k step of 16
 #define AFRAG(a, c, j)                                       \
     {                                                        \
@@ -357,7 +362,7 @@ void flash_forward(const int T, __global float* restrict out, __global float* at
                     for (int j = 0; j < KS / 8; j++)
 #pragma unroll
                         for (int c = 0; c < 4; c++) {
-                            const int row = r0 + 16 * i + g + 8 * (c >> 1), key = k0 + 8 * j + 2 * t + (c & 1);
+                            const int row = r0 + FRAG_ROW(i, c), key = k0 + FRAG_COL(j, c);
                             s[i][j][c] = CAUSAL_OK(key, row) ? s[i][j][c] : -INFINITY;
                         }
                 float mx[2] = {-INFINITY, -INFINITY};  // the step's largest raw score a row
@@ -387,7 +392,7 @@ void flash_forward(const int T, __global float* restrict out, __global float* at
                     for (int j = 0; j < KS / 8; j++)
 #pragma unroll
                         for (int c = 0; c < 4; c++) {
-                            const int row = r0 + 16 * i + g + 8 * (c >> 1), key = k0 + 8 * j + 2 * t + (c & 1);
+                            const int row = r0 + FRAG_ROW(i, c), key = k0 + FRAG_COL(j, c);
                             s[i][j][c] = KEEP(row, key) ? s[i][j][c] * keep : 0.0f;
                         }
             }
@@ -486,8 +491,7 @@ void flash_backward_dq(const int T, __global const float* restrict dout, __globa
                     for (int j = 0; j < KQ / 8; j++)
 #pragma unroll
                         for (int c = 0; c < 4; c++) {
-                            const int row = r0 + 16 * i + g + 8 * (c >> 1);
-                            const int key = kb * BC + KQ * hh + 8 * j + 2 * t + (c & 1);
+                            const int row = r0 + FRAG_ROW(i, c), key = kb * BC + KQ * hh + FRAG_COL(j, c);
                             s[i][j][c] = CAUSAL_OK(key, row) & (row < T) ? s[i][j][c] : 0.0f;
                         }
                 if (p > 0.0f)  // ds = P (dP - delta), dP through the dropout mask
@@ -495,8 +499,7 @@ void flash_backward_dq(const int T, __global const float* restrict dout, __globa
                     for (int j = 0; j < KQ / 8; j++)
 #pragma unroll
                         for (int c = 0; c < 4; c++) {
-                            const int row = r0 + 16 * i + g + 8 * (c >> 1);
-                            const int key = kb * BC + KQ * hh + 8 * j + 2 * t + (c & 1);
+                            const int row = r0 + FRAG_ROW(i, c), key = kb * BC + KQ * hh + FRAG_COL(j, c);
                             const float dpv = KEEP(row, key) ? dp[i][j][c] * keep : 0.0f;
                             s[i][j][c] = s[i][j][c] * (dpv - dl[i][c >> 1]);
                         }
@@ -584,13 +587,13 @@ void flash_backward_dkv(const int T, __global const float* att, __global const f
             for (int j = 0; j < QK / 8; j++)
 #pragma unroll
                 for (int c = 0; c < 4; c++)  // st -> P^T
-                    st_[0][j][c] = EXP2(fma(st_[0][j][c], SL2, -Ls[QK * sub + 8 * j + 2 * t + (c & 1)]));
+                    st_[0][j][c] = EXP2(fma(st_[0][j][c], SL2, -Ls[QK * sub + FRAG_COL(j, c)]));
             if (masked)  // (off it every row is below T)
 #pragma unroll
                 for (int j = 0; j < QK / 8; j++)
 #pragma unroll
                     for (int c = 0; c < 4; c++) {
-                        const int key = k0 + g + 8 * (c >> 1), row = qb * BC + QK * sub + 8 * j + 2 * t + (c & 1);
+                        const int key = k0 + FRAG_ROW(0, c), row = qb * BC + QK * sub + FRAG_COL(j, c);
                         st_[0][j][c] = CAUSAL_OK(key, row) & (row < T) ? st_[0][j][c] : 0.0f;
                     }
             if (p > 0.0f)  // P^T dropped (for dv), dpt -> dS^T (for dk)
@@ -598,7 +601,7 @@ void flash_backward_dkv(const int T, __global const float* att, __global const f
                 for (int j = 0; j < QK / 8; j++)
 #pragma unroll
                     for (int c = 0; c < 4; c++) {
-                        const int key = k0 + g + 8 * (c >> 1), qi = QK * sub + 8 * j + 2 * t + (c & 1);
+                        const int key = k0 + FRAG_ROW(0, c), qi = QK * sub + FRAG_COL(j, c);
                         const float kf = KEEP(qb * BC + qi, key) ? keep : 0.0f, pr = st_[0][j][c];
                         st_[0][j][c] = pr * kf;
                         dpt[0][j][c] = pr * (dpt[0][j][c] * kf - Dl[qi]);
@@ -608,7 +611,7 @@ void flash_backward_dkv(const int T, __global const float* att, __global const f
                 for (int j = 0; j < QK / 8; j++)
 #pragma unroll
                     for (int c = 0; c < 4; c++)
-                        dpt[0][j][c] = st_[0][j][c] * (dpt[0][j][c] - Dl[QK * sub + 8 * j + 2 * t + (c & 1)]);
+                        dpt[0][j][c] = st_[0][j][c] * (dpt[0][j][c] - Dl[QK * sub + FRAG_COL(j, c)]);
             PRODUCT_ACC(dv, st_, 1, QK / 16, Ds, QK * sub)
             PRODUCT_ACC(dk, dpt, 1, QK / 16, Qs, QK * sub)
         }
