@@ -89,7 +89,8 @@ def main():
         t_torch = best(lambda: ta @ tb.T, torch.cuda.synchronize)
         line = [f"{name} {M}x{N}x{K}", f"torch {flops / t_torch / 1e12:6.1f}"]
         for v in VARIANTS:
-            tag = f"{v['BM']}x{v['BN']}/S{v['STAGES']}{'p' if v['PIPE'] else ''}{'b' + str(v['TILE_BAND']) if v.get('TILE_BAND') else ''}"
+            band = f"b{v['TILE_BAND']}" if v.get("TILE_BAND") else ""
+            tag = f"{v['BM']}x{v['BN']}/S{v['STAGES']}{'p' if v['PIPE'] else ''}{band}"
             if M % v["BM"]:
                 line.append(f"{tag} -")
                 continue
