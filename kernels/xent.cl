@@ -10,6 +10,21 @@
 #ifndef V
 #error "V must be defined"
 #endif
+// LOGITS_BF16 1 (xent_forward_wg, xent_backward_tiled): the logits are bf16, row-major (the head's product wrote
+// them so, matmul_wgmma.cl OUT_BF16: the loss is their only reader), read as the floats they hold; the sums after
+// the loads are as with fp32 logits.
+#ifndef LOGITS_BF16
+#define LOGITS_BF16 0
+#endif
+#if LOGITS_BF16
+typedef ushort logit_t;
+#define LOGIT(p, i) as_float((uint)(p)[i] << 16)
+#define LOGIT4(p, i) as_float4(convert_uint4(vload4(0, (p) + (i))) << 16)
+#else
+typedef float logit_t;
+#define LOGIT(p, i) (p)[i]
+#define LOGIT4(p, i) vload4(0, (p) + (i))
+#endif
 
 // a live row's loss from its lse z, its target's logit lt and the sum of its logits sl (without LS unparenthesised:
 // that build is the source as it was, token for token)
@@ -67,7 +82,7 @@ __kernel void xent_backward(const int N, const float s, __global const float* lo
 // xent_backward_tiled: the same gradient straight into the bf16 copy kernels/matmul_wgmma.cl reads (precision.cl
 // tiled_chunk; the fp32 dlogits is not written), zeros outside N x V; 8 v a work-item, global (Vp/8, Np).
 #include "precision.cl"
-__kernel void xent_backward_tiled(const int N, const float s, __global const float* logits,
+__kernel void xent_backward_tiled(const int N, const float s, __global const logit_t* logits,
                                   __global const int* targets, __global const float* mask,
                                   __global const float* lse, __global uint4* O)
 {
@@ -76,10 +91,17 @@ __kernel void xent_backward_tiled(const int N, const float s, __global const flo
     if (n < N) {
         const float z = lse[n], sm = s * mask[n];
         const int tgt = targets[n];
-        __global const float* l = logits + (size_t)n * V;
+        __global const logit_t* l = logits + (size_t)n * V;
+#if LOGITS_BF16 && V % 8 == 0  // the 8 halves in one 16-byte load
+        float lv[8];
+        if (v0 < V) vstore8(as_float8(convert_uint8(vload8(0, l + v0)) << 16), 0, lv);
+#pragma unroll
+        for (int h = 0; h < 8; h++) d[h] = v0 + h < V ? xent_grad(lv[h], z, sm, v0 + h == tgt) : 0.0f;
+#else
 #pragma unroll
         for (int h = 0; h < 8; h++)
-            d[h] = v0 + h < V ? xent_grad(l[v0 + h], z, sm, v0 + h == tgt) : 0.0f;
+            d[h] = v0 + h < V ? xent_grad(LOGIT(l, v0 + h), z, sm, v0 + h == tgt) : 0.0f;
+#endif
     } else {
 #pragma unroll
         for (int h = 0; h < 8; h++) d[h] = 0.0f;
@@ -95,19 +117,19 @@ __kernel void xent_backward_tiled(const int N, const float s, __global const flo
 #include "reduce.cl"
 
 __kernel __attribute__((reqd_work_group_size(LW, 1, 1))) SG_KERNEL
-void xent_forward_wg(const int N, __global const float* logits, __global const int* targets,
+void xent_forward_wg(const int N, __global const logit_t* logits, __global const int* targets,
                      __global const float* mask, __global float* losses, __global float* lse)
 {
     const int n = get_group_id(0), l = get_local_id(0);
     __local float red[LW];
-    __global const float* lg = logits + (size_t)n * V;
+    __global const logit_t* lg = logits + (size_t)n * V;
     float m = -INFINITY, s = 0.0f;
 #ifdef LS
     float sl = 0.0f;
 #endif
 #if V % 4 == 0
     for (int v = 4 * l; v < V; v += 4 * LW) {
-        const float4 x = vload4(0, lg + v);
+        const float4 x = LOGIT4(lg, v);
 #ifdef LS
         sl += (x.x + x.y) + (x.z + x.w);
 #endif
@@ -120,7 +142,7 @@ void xent_forward_wg(const int N, __global const float* logits, __global const i
     }
 #else
     for (int v = l; v < V; v += LW) {
-        const float x = lg[v];
+        const float x = LOGIT(lg, v);
 #ifdef LS
         sl += x;
 #endif
@@ -141,7 +163,7 @@ void xent_forward_wg(const int N, __global const float* logits, __global const i
         lse[n] = z;
         const int tgt = targets[n];
         const float mk = mask[n];
-        losses[n] = (mk != 0.0f && tgt >= 0 && tgt < V) ? mk * XENT_LOSS(z, lg[tgt], sl) : 0.0f;
+        losses[n] = (mk != 0.0f && tgt >= 0 && tgt < V) ? mk * XENT_LOSS(z, LOGIT(lg, tgt), sl) : 0.0f;
     }
 }
 

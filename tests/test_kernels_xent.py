@@ -84,6 +84,33 @@ def test_xent_forward_wg_one_pass_against_float64(dev, V):
     assert out["losses"][2] == 0 and out["losses"][4] == 0
 
 
+@pytest.mark.parametrize("V,ls", [(260, {}), (1003, {}), (260, {"LS": 0.1})])
+def test_xent_forward_wg_on_bf16_logits_against_float64(dev, V, ls):
+    """xent_forward_wg with -D LOGITS_BF16 (the head's product wrote the logits as bf16, row-major): losses and lse
+    of the logits the bf16 halves hold, against float64 (plain and label-smoothed; float4 loads and single ones).
+    The bf16 logits are random bits' halves, not the fp32 kernel's input cut short: a load that read the wrong
+    half, or a whole float, gives other values."""
+    N, LW = 7, 64
+    r = np.random.default_rng(6)
+    logits = (r.normal(size=(N, V)) * 8 + np.linspace(-20, 20, V)[None] * r.choice([-1, 1], (N, 1))).astype(f32)
+    half = ref.round_bf16(logits)
+    bits = (half.view(np.uint32) >> 16).astype(np.uint16)
+    targets = r.integers(0, V, N).astype(i32)
+    mask = np.ones(N, f32)
+    mask[4] = 0
+    out = run_op(dev, "xent", "xent_forward_wg", (N * LW,), [("N", i32(N)), ("logits", bits), ("targets", targets),
+                 ("mask", mask), ("losses", np.zeros(N, f32)), ("lse", np.zeros(N, f32))],
+                 dict(V=V, LW=LW, LOGITS_BF16=1, **ls), lsize=(LW,))
+    x = half.astype(np.float64)
+    lse = x.max(1) + np.log(np.exp(x - x.max(1, keepdims=True)).sum(1))
+    eps = ls.get("LS", 0.0)
+    nll = lse - x[np.arange(N), targets]
+    want = np.where(mask != 0, (1 - eps) * nll + eps * (lse - x.mean(1)), 0.0)
+    assert np.abs(out["lse"] - lse).max() < 1e-5 * np.abs(lse).max()
+    assert np.abs(out["losses"] - want).max() < 1e-5 * np.abs(lse).max()
+    assert out["losses"][4] == 0
+
+
 # ---------------- label smoothing (-D LS): every variant against float64 and finite differences ----------------
 EPS = 0.1  # the target (1 - EPS) onehot + EPS / V, torch's cross_entropy(label_smoothing=EPS)
 

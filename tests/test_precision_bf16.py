@@ -149,9 +149,29 @@ def test_xent_backward_tiled_against_float64(dev):
     assert np.abs(got[:N, :V] - want).max() <= 2.0**-8 * np.abs(want).max()
 
 
+@pytest.mark.parametrize("V", [72, 70])
+def test_xent_backward_tiled_on_bf16_logits_against_float64(dev, V):
+    """xent_backward_tiled with -D LOGITS_BF16 (the logits as the head's product wrote them, bf16 row-major): the
+    gradient of the logits the bf16 halves hold, into the tiled copy, zeros outside N x V; against float64, to bf16's
+    rounding (V % 8 == 0: a row's 8 halves in one load). The fp32 logits' gradient differs from it by more than
+    that, so reading them as floats fails."""
+    N, s = 37, 0.37
+    logits = rng.normal(size=(N, V)).astype(f32) * 3
+    half = ref.round_bf16(logits)
+    targets = rng.integers(0, V, N).astype(np.int32)
+    mask = (rng.random(N) > 0.3).astype(f32)
+    l64 = half.astype(np.float64)
+    lse = np.log(np.exp(l64).sum(1))
+    want = s * mask[:, None] * (np.exp(l64 - lse[:, None]) - (np.arange(V)[None, :] == targets[:, None]))
+    bits = (half.view(np.uint32) >> 16).astype(np.uint16)
+    got = _xent_backward_tiled(dev, bits, targets, mask, lse, s, LOGITS_BF16=1)
+    assert not got[N:].any() and not got[:, V:].any()
+    assert np.abs(got[:N, :V] - want).max() <= 2.0**-8 * np.abs(want).max()
+
+
 def _xent_backward_tiled(dev, logits, targets, mask, lse, s, **ls):
     """xent_backward_tiled's output (64 x 128, the tiled bf16 copy read back as fp32 rows) for N x V logits; ls: its
-    -D LS, if any."""
+    -D LS or LOGITS_BF16, if any."""
     N, V = logits.shape
     Rp, Cp = 64, 128
     k = dev.kernel("xent", "xent_backward_tiled", V=V, **ls)
@@ -248,6 +268,55 @@ def _wgmma_recorded(ops, monkeypatch, calls):
     monkeypatch.setattr(gemm, "on_wgmma", lambda M, N, K, epi=0: epi != 2)
     monkeypatch.setattr(gemm, "matmul_wgmma", lambda *a, tiled_out=None, **_: calls.append((a[12], tiled_out)))
     return gemm
+
+
+def test_head_logits_for_the_loss_in_bf16_on_wgmma(dev, monkeypatch):
+    """On wgmma (emulated: the product recorded, not run) the head's product for a loss writes its logits as bf16
+    (OUT_BF16) and the cross-entropy reads them so: the forward's losses and the gradient's tiled copy, computed
+    here on bf16 logits put where the product writes them, against float64. For the host (for_loss False), with
+    V % 4 != 0 or off wgmma the logits stay fp32 and the fp32 kernels read them."""
+    from clgpt.ops.layers import Layers
+
+    ops = _bf16_ops()
+    calls = []
+    gemm = _wgmma_recorded(ops, monkeypatch, calls)
+    monkeypatch.setattr(gemm, "matmul_wgmma", lambda *a, half=False, **_: calls.append(("wgmma", half)))
+    if not ops.facts.rows:
+        ops.facts.rows = 64
+    monkeypatch.setattr(ops.facts, "wgmma", ops.facts.wgmma or ({}, {}))
+    ly = Layers(ops.facts, gemm)
+    names, launch = [], ly.launcher.launch
+    kname = {id(v): name for name, v in ly.k.items()}
+    monkeypatch.setattr(ly.launcher, "launch", lambda k, *a: (names.append(kname.get(id(k))), launch(k, *a)))
+    N, C, V = 8, 16, ops.cfg.vocab_size
+    x, W, logits, dlogits = ops.buf(N * C), ops.buf(V * C), ops.buf(N * V), ops.buf(N * V)
+    ly.head_logits(N, C, x, W, logits, for_loss=True)
+    assert calls == [("wgmma", True)]
+    r = np.random.default_rng(9)
+    half = ref.round_bf16((r.normal(size=(N, V)) * 3).astype(f32))
+    cl.enqueue_copy(dev.queue, logits, (half.view(np.uint32) >> 16).astype(np.uint16), is_blocking=True)
+    targets, mask = r.integers(0, V, N).astype(np.int32), np.ones(N, f32)
+    tb, mb, losses, lse = to_dev(dev, targets), to_dev(dev, mask), ops.buf(N), ops.buf(N)
+    ly.xent_forward(N, logits, tb, mb, losses, lse, dlogits)
+    x64 = half.astype(np.float64)
+    lse_want = np.log(np.exp(x64).sum(1))
+    assert np.abs(from_dev(dev, losses, N) - (lse_want - x64[np.arange(N), targets])).max() < 1e-5
+    with ly.copies.reuse(dlogits):
+        assert ly.xent_backward(N, 0.5, logits, tb, mb, lse, dlogits) == 1.0
+        copy, Rp, Cp = ly.copies.book.hit((dlogits.int_ptr, N, V))
+        out = np.empty(Rp * Cp, np.uint16)
+        cl.enqueue_copy(dev.queue, out, copy, is_blocking=True)
+    got = (out[_tiled_index(Rp, Cp)].astype(np.uint32) << 16).view(f32)[:N, :V]
+    want = 0.5 * (np.exp(x64 - lse_want[:, None]) - (np.arange(V)[None, :] == targets[:, None]))
+    assert np.abs(got - want).max() <= 2.0**-8 * np.abs(want).max()
+    assert names == ["xent_forward_wg_h", "xent_backward_tiled_h"]
+    ly.head_logits(N, C, x, W, logits, for_loss=False)  # for the host: fp32, and the fp32 kernels after
+    assert calls[-1] == ("wgmma", False)
+    ly.xent_forward(N, logits, tb, mb, losses, lse, dlogits)
+    assert names[-1] == "xent_forward_wg"
+    monkeypatch.setattr(gemm, "on_wgmma", lambda M, N, K, epi=0: False)
+    ly.head_logits(N, C, x, W, logits, for_loss=True)  # off wgmma: fp32
+    assert ly._logit_form(logits) == ""
 
 
 def test_products_that_write_only_their_tiled_copy(dev, monkeypatch):

@@ -149,7 +149,7 @@ class EngineBase:
         on = self.dropout > 0 and targets is not None and dropout_seed is not None
         self._run_body(tokens, (int(dropout_seed) & 0xFFFFFFFF, self.dropout) if on else None)
         N = Bp * Tp
-        self.ops.matmul(N, cfg.vocab_size, cfg.n_embd, self.lnf, self._w_out(), self.logits, tb=1)
+        self.ops.head_logits(N, cfg.n_embd, self.lnf, self._w_out(), self.logits, for_loss=targets is not None)
         return self._loss(Bp, Tp, targets, mask, smoothed and self.label_smoothing > 0)
 
     def next_logits(self, tokens, last) -> np.ndarray:
@@ -168,7 +168,7 @@ class EngineBase:
         for b in range(Bp):  # the final-norm rows (N, C) of those positions, gathered
             cl.enqueue_copy(q, self._last_rows, self.lnf, byte_count=C * 4, src_offset=int(b * Tp + last[b]) * C * 4,
                             dst_offset=b * C * 4)
-        self.ops.matmul(Bp, V, C, self._last_rows, self._w_out(), self.logits, tb=1)
+        self.ops.head_logits(Bp, C, self._last_rows, self._w_out(), self.logits, for_loss=False)
         out = np.empty((Bp, V), np.float32)
         cl.enqueue_copy(q, out, self.logits, is_blocking=True)
         return out

@@ -96,7 +96,7 @@ class Ops:
         n = self.norms
         self.layernorm, self.layernorm_backward = n.layernorm, n.layernorm_backward
         self.rmsnorm, self.rmsnorm_backward = n.rmsnorm, n.rmsnorm_backward
-        self.xent_forward, self.xent_backward = ly.xent_forward, ly.xent_backward
+        self.head_logits, self.xent_forward, self.xent_backward = ly.head_logits, ly.xent_forward, ly.xent_backward
         self.embedding_forward, self.token_embd_backward = ly.embedding_forward, ly.token_embd_backward
         self.position_embd_backward = ly.position_embd_backward
         self.rope_forward, self.rope_backward = ly.rope_forward, ly.rope_backward

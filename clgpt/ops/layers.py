@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from clgpt.errors import ClgptError
 from clgpt.ops.core import Facts, Part, ceil_to, f32, i32
 
 
@@ -29,6 +30,7 @@ class Layers(Part):
             k["embedding_forward_rows"] = dev.kernel("embedding", "embedding_forward_rows", C=C)
         k["embedding_backward_wte"] = dev.kernel("embedding", "embedding_backward_wte", C=C)
         self.label_smoothing = float(label_smoothing)
+        self._half_logits = None  # the logits buffer head_logits last wrote as bf16
         self._build_xent("")
         if self.label_smoothing > 0:  # the held-out loss of a run that trains smoothed still takes the plain ones
             self._build_xent("_ls", LS=self.label_smoothing)
@@ -56,6 +58,11 @@ class Layers(Part):
             k["xent_forward_wg" + suffix] = dev.kernel("xent", "xent_forward_wg", V=V, LW=f.rows, **f.sg, **ls)
         if f.wgmma is not None:
             k["xent_backward_tiled" + suffix] = dev.kernel("xent", "xent_backward_tiled", V=V, **ls)
+            if f.rows:  # on bf16 logits (head_logits)
+                k["xent_forward_wg_h" + suffix] = dev.kernel("xent", "xent_forward_wg", V=V, LW=f.rows, **f.sg,
+                                                             LOGITS_BF16=1, **ls)
+                k["xent_backward_tiled_h" + suffix] = dev.kernel("xent", "xent_backward_tiled", V=V, LOGITS_BF16=1,
+                                                                 **ls)
 
     def _xent_suffix(self, smoothed: bool) -> str:
         return "_ls" if smoothed and self.label_smoothing > 0 else ""
@@ -96,6 +103,27 @@ class Layers(Part):
             self.k["swiglu_rows_forward_v4_tiled_only"] = dev.kernel("swiglu", "swiglu_rows_forward_v4", F=F,
                                                                      SWIGLU_TILED=2)
 
+    def head_logits(self, N, C, x, W, logits, for_loss: bool):
+        """logits (N,V) = x @ W^T, the head's product. for_loss (the cross-entropy their only reader): in bf16
+        where the GEMM backend writes its output so and both products of the loss's gradient read its tiled copy
+        (half the bytes written, and each of the loss's two passes reads half); else, and for the host, fp32.
+        xent_forward and xent_backward read them as they were written."""
+        V = self.cfg.vocab_size
+        half = (for_loss and self.f.rows and "xent_forward_wg_h" in self.k and self._gradient_tiled(N)
+                and self.gemm.matmul_half(N, V, C, x, W, logits, tb=1))
+        if not half:
+            self.gemm.matmul(N, V, C, x, W, logits, tb=1)
+        self._half_logits = logits.int_ptr if half else None
+
+    def _gradient_tiled(self, N) -> bool:
+        """Whether both products on the logits' gradient run on wgmma (xent_backward writes their tiled copy)."""
+        V, C = self.cfg.vocab_size, self.cfg.n_embd
+        return self.gemm.on_wgmma(N, C, V) and self.gemm.on_wgmma(V, C, N)
+
+    def _logit_form(self, logits) -> str:
+        """The kernels' suffix for how logits were last written: "_h" bf16 (logits), "" fp32."""
+        return "_h" if self._half_logits == logits.int_ptr else ""
+
     def xent_forward(self, N, logits, targets, mask, losses, lse, dlogits, smoothed=False):
         """losses (N), lse (N); on CPUs (xent_fused) also mask * (softmax - onehot) into dlogits. smoothed: with
         the label smoothing this Ops was made with (none: plain), for the loss and the gradient alike."""
@@ -104,8 +132,8 @@ class Layers(Part):
             self.launcher.runp("xent_fused" + sfx, (N,), i32(N), logits, targets, mask, losses, lse, dlogits)
             return
         if self.f.rows:
-            self.launcher.run("xent_forward_wg" + sfx, (N * self.f.rows,), i32(N), logits, targets, mask, losses, lse,
-                              lsize=(self.f.rows,))
+            self.launcher.run("xent_forward_wg" + self._logit_form(logits) + sfx, (N * self.f.rows,), i32(N), logits,
+                              targets, mask, losses, lse, lsize=(self.f.rows,))
             return
         self.launcher.runp("xent_forward" + sfx, (N,), i32(N), logits, targets, mask, losses, lse)
 
@@ -115,16 +143,17 @@ class Layers(Part):
         or 1)."""
         if self.caps.xent_fused:  # the forward left the unscaled gradient in dlogits
             return s
-        V, sfx = self.cfg.vocab_size, self._xent_suffix(smoothed)
-        if (self.copies.book.is_reusing(dlogits) and self.gemm.on_wgmma(N, self.cfg.n_embd, V)
-                and self.gemm.on_wgmma(V, self.cfg.n_embd, N)):
+        V, sfx, form = self.cfg.vocab_size, self._xent_suffix(smoothed), self._logit_form(logits)
+        if self.copies.book.is_reusing(dlogits) and self._gradient_tiled(N):
             # both products on dlogits read its tiled bf16 copy: write that instead of the fp32 gradient
             Rp, Cp = ceil_to(N, 64), ceil_to(V, 64)
             out = self.launcher.slot(2, Rp * Cp * 2)
-            self.launcher.launch(self.k["xent_backward_tiled" + sfx], (Cp // 8, Rp), (4, 32),
+            self.launcher.launch(self.k["xent_backward_tiled" + form + sfx], (Cp // 8, Rp), (4, 32),
                          (i32(N), f32(s), logits, targets, mask, lse, out))
             self.copies.book.keep((dlogits.int_ptr, N, V), (out, Rp, Cp))
             return 1.0
+        if form:
+            raise ClgptError("xent_backward: bf16 logits (head_logits) outside the dlogits reuse block")
         self.launcher.run("xent_backward" + sfx, (ceil_to(V, 64), N), i32(N), f32(s), logits, targets, mask, lse,
                           dlogits, lsize=(64, 1))
         return 1.0

@@ -32,6 +32,10 @@ class Bf16Gemm(Part):
         if f.wgmma is not None:
             self.k["to_bf16_tiled"] = self.dev.kernel("matmul_bf16", "to_bf16", TILED=1, **f.bf16_options)
 
+    def matmul_half(self, M, N, K, A, B, Cm, tb=0) -> bool:
+        """No bf16 outputs here (clgpt/ops/gemm/wgmma.py's writes them): nothing written, -> False."""
+        return False
+
     def on_wgmma(self, M, N, K, epi=0) -> bool:
         """Whether a product of this size runs on wgmma: never here."""
         return False

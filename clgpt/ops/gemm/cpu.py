@@ -32,6 +32,10 @@ class RegisterBlockedGemm(Part):
             k["transpose_ld_v8"] = dev.kernel("transpose", "transpose_ld_v8")
             k["copy_ld_v8"] = dev.kernel("transpose", "copy_ld_v8")
 
+    def matmul_half(self, M, N, K, A, B, Cm, tb=0) -> bool:
+        """No bf16 outputs here (clgpt/ops/gemm/wgmma.py's writes them): nothing written, -> False."""
+        return False
+
     def on_wgmma(self, M, N, K, epi=0) -> bool:
         """Whether a product of this size runs on wgmma: never here."""
         return False

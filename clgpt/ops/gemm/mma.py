@@ -21,6 +21,10 @@ class MmaGemm(Part):
         super().__init__(f)
         self.copies = TiledCopies(f, None)
 
+    def matmul_half(self, M, N, K, A, B, Cm, tb=0) -> bool:
+        """No bf16 outputs here (clgpt/ops/gemm/wgmma.py's writes them): nothing written, -> False."""
+        return False
+
     def on_wgmma(self, M, N, K, epi=0) -> bool:
         """Whether a product of this size runs on wgmma: never here."""
         return False

@@ -75,6 +75,10 @@ class PortableGemm(Part):
         self.launcher.launch(kern, (Cp // 8, Rp), (4, 32), (i32(rows), i32(cols), X, i32(cols), out, i32(Cp)))
         return out
 
+    def matmul_half(self, M, N, K, A, B, Cm, tb=0) -> bool:
+        """No bf16 outputs here (clgpt/ops/gemm/wgmma.py's writes them): nothing written, -> False."""
+        return False
+
     def on_wgmma(self, M, N, K, epi=0) -> bool:
         """Whether a product of this size runs on wgmma: never here."""
         return False

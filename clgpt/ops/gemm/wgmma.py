@@ -71,6 +71,15 @@ class WgmmaGemm(Part):
             return
         self.bf16.matmul_epi(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E, ldc)
 
+    def matmul_half(self, M, N, K, A, B, Cm, tb=0) -> bool:
+        """Cm (M,N) = A @ op(B) as bf16, row-major in the first half of Cm's bytes (matmul_wgmma.cl OUT_BF16), for
+        a reader that takes bf16, where the product runs on wgmma unsplit and N % 4 == 0; -> whether it did
+        (False: nothing written)."""
+        if M <= 0 or N % 4 or not self.on_wgmma(M, N, K):
+            return False
+        self.matmul_wgmma(M, N, K, A, B, Cm, 0, tb, None, None, False, 1.0, 0, None, half=True)
+        return True
+
     def bmm(self, *args, **kw):
         """Batched products: the bf16 GEMM's (on the batched mma kernel)."""
         self.bf16.bmm(*args, **kw)
@@ -96,24 +105,25 @@ class WgmmaGemm(Part):
         the cache and A's fits (clgpt.device.tuning says why), else 0 (launch order)."""
         return WGMMA_BAND if b_bytes > WGMMA_BAND_MIN_BYTES >= a_bytes else 0
 
-    def kernel(self, mm, trans, bias, resid, accum, epi, split=0, tiled_out=0, group=0, ngroups=0, band=0):
-        key = ("wgmma", trans, bias, resid, accum, epi, split, tiled_out, group, ngroups, band, id(mm))
+    def kernel(self, mm, trans, bias, resid, accum, epi, split=0, tiled_out=0, group=0, ngroups=0, band=0, half=False):
+        key = ("wgmma", trans, bias, resid, accum, epi, split, tiled_out, group, ngroups, band, half, id(mm))
         kern = self.product_kernels.get(key)
         if kern is None:
             kern = self.product_kernels[key] = self.dev.kernel(
                 "matmul_wgmma", "matmul_wgmma", BM=mm["BM"], BN=mm["BN"], TA=int(trans[0]), TB=int(trans[1]),
                 STAGES=mm["STAGES"], PIPE=mm["PIPE"], **({"TILE_BAND": band} if band else {}),
                 BIAS=int(bias), RESID=int(resid), ACCUM=int(accum), EPI=epi, SPLITK=int(bool(split)),
-                **({"TILED_OUT": tiled_out} if tiled_out else {}),
+                **({"TILED_OUT": tiled_out} if tiled_out else {}), **({"OUT_BF16": 1} if half else {}),
                 **({"GROUP": group, "NGROUPS": ngroups} if group else {}),
                 SMEM_BYTES=mm["STAGES"] * (mm["BM"] + mm["BN"]) * 128 + 64)
         return kern
 
-    def matmul_wgmma(self, M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E, tiled_out=None, ldc=None):
+    def matmul_wgmma(self, M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E, tiled_out=None, ldc=None,
+                     half=False):
         """Cm (M,N) = alpha op(A) @ op(B) [+ ...] on tiled bf16 copies: wgmma, split along K when the output
         gives too few work-groups (raw parts, then splitk_reduce adds them in order, as the fp32 path does).
         tiled_out = (copy, column sums): epi 1's E, or with epi 2 Cm itself (and its sums), written only as its
-        tiled bf16 copy (M, N multiples of 64: matmul_wgmma.cl TILED_OUT)."""
+        tiled bf16 copy (M, N multiples of 64: matmul_wgmma.cl TILED_OUT). half: Cm as bf16 (OUT_BF16), unsplit."""
         mm = self.tiles(N, M, K)
         BM, BN = mm["BM"], mm["BN"]
         Kp = ceil_to(max(K, 1), 64)
@@ -125,7 +135,7 @@ class WgmmaGemm(Part):
         groups, gsize, lsize = gn * gm, (gn * 2 * BM, gm), (2 * BM, 1)
         operands = (i32(Kp), A16, i32(ra), i32(ext[0]), B16, i32(rb), i32(ext[1]))
         if (K >= SPLIT_MIN_TOTAL_K and bias is None and resid is None and epi == 0 and tiled_out is None
-                and groups < WGMMA_SPLIT_GROUPS):
+                and not half and groups < WGMMA_SPLIT_GROUPS):
             plan = split_k_chunks(Kp, groups, WGMMA_SPLIT_GROUPS, WGMMA_SPLIT_MIN_K, 64)
             if plan:
                 S, kc = plan
@@ -133,6 +143,6 @@ class WgmmaGemm(Part):
                             M, N, S, operands, (i32(kc),), accum, alpha, Cm)
                 return
         kern = self.kernel(mm, trans, bias is not None, resid is not None, bool(accum), epi,
-                           tiled_out=epi if tiled_out else 0, band=self.band(ra * ca * 2, rb * cb * 2))
+                           tiled_out=epi if tiled_out else 0, band=self.band(ra * ca * 2, rb * cb * 2), half=half)
         self.launcher.launch(kern, gsize, lsize, (i32(M), i32(N), *operands, Cm, i32(ldc or N), bias, resid, f32(alpha), E,
                                           *(tiled_out or ())))
