@@ -87,15 +87,19 @@
 // unwritten, and part[(gm / 64) N + gn] = the column sums of c over each 64 rows in row order (to_bf16's COLSUM
 // sums, bit for bit); 3 (EPI 3): dgate | dup, the copy's rows 2N wide (= ldc), Cm unwritten, part unused. The
 // copies and sums Ops would otherwise make from E or Cm in a second pass.
-// OUT_BF16 1 (with STAGE_OUT, EPI 0, without SPLITK): Cm holds the output as bf16 (row-major, ldc) instead of
-// fp32, for a reader that takes bf16 (the head's logits, which only the cross-entropy reads): half the bytes out.
+// OUT_BF16 (with STAGE_OUT, EPI 0, without SPLITK) for readers that take bf16: 1: Cm holds the output as bf16
+// (row-major, ldc) instead of fp32 (the head's logits, which only the cross-entropy reads): half the bytes out;
+// 2: the fp32 output and its bf16 copy (row-major, ldc) in O16 from ushort at16 (a multiple of 4: flash
+// attention's copy of q | k | v, made here instead of in a pass of its own).
 #ifndef OUT_BF16
 #define OUT_BF16 0
 #endif
 #if OUT_BF16 && (!STAGE_OUT || EPI || SPLITK || TILED_OUT || ACCUM)
 #error OUT_BF16 goes through STAGE_OUT, without EPI, SPLITK, TILED_OUT or ACCUM
 #endif
-#if TILED_OUT
+#if OUT_BF16 == 2
+#define TILED_ARGS , __global uint2* O16, const ulong at16
+#elif TILED_OUT
 #define TILED_ARGS , __global uint2* O16, __global float* part
 #if !STAGE_OUT || TILED_OUT != EPI || SPLITK
 #error TILED_OUT 1 goes with EPI 1, 2 with EPI 2, 3 with EPI 3, all through STAGE_OUT, without SPLITK
@@ -405,9 +409,12 @@ void matmul_wgmma(const int M, const int N, const int Kp, __global const ushort*
                 st_local4(sbase + 4 * (row * SO + 4 * c4), c);  // for the column sums below
 #elif TILED_OUT == 3
                 tiled_store4(O16, gm, gn, M, c);
-#elif OUT_BF16
+#elif OUT_BF16 == 1
                 ((__global uint2*)Cm)[o >> 2] = (uint2)(bf16x2(c.x, c.y), bf16x2(c.z, c.w));
 #else
+#if OUT_BF16 == 2
+                O16[(at16 + o) >> 2] = (uint2)(bf16x2(c.x, c.y), bf16x2(c.z, c.w));
+#endif
                 *(__global float4*)(Cm + o) = c;
 #endif
 #endif
@@ -416,11 +423,16 @@ void matmul_wgmma(const int M, const int N, const int Kp, __global const ushort*
                 for (int i = 0; i < 4 && gn + i < N; i++)
 #if SPLITK
                     Cm[o + i] = vv[i];
-#elif OUT_BF16
+#elif OUT_BF16 == 1
                     ((__global ushort*)Cm)[o + i] = (ushort)bf16_bits(epilogue(vv[i], gm, gn + i, ldc, Cm, bias, R, E,
                                                                              alpha));
 #else
+                {
                     Cm[o + i] = epilogue(vv[i], gm, gn + i, ldc, Cm, bias, R, E, alpha);
+#if OUT_BF16 == 2
+                    ((__global ushort*)O16)[at16 + o + i] = (ushort)bf16_bits(Cm[o + i]);
+#endif
+                }
 #endif
             }
         }

@@ -149,6 +149,44 @@ def test_engine_flash_matches_the_batched_form_with_dropout(dev):
         assert err < TOL, f"grad {name}: flash vs batched {err:.2e}"
 
 
+def test_gpt2_qkv_product_can_write_flash_attention_copy(dev, monkeypatch):
+    """Where the GEMM writes a bf16 copy beside its output (matmul_half with copy: on wgmma, OUT_BF16 2), GPT-2's
+    q | k | v product writes flash attention's copy of qkv into att from COPY_AT, and the forward launches no
+    flash_bf16 for it (the backward's copy of dout stays): the loss and every gradient are those of the separate
+    copy, bit for bit. Here the product's copy is made by the host from the product's fp32 output, as the kernel
+    rounds it; a copy put anywhere else leaves the kernels reading another qkv."""
+    r = np.random.default_rng(8)
+    tok, tgt = (r.integers(0, 32, size=(B, T)).astype(np.int32) for _ in range(2))
+    res, launched, offsets = {}, {}, []
+    for fused in (False, True):
+        eng = _engine(True)
+        be, q = eng.ops.backend, eng.queue
+        if fused:
+            def half(M, N, K, A, Bm, Cm, tb=0, bias=None, copy=None, be=be, q=q):
+                if copy is None:
+                    return False
+                be.matmul(M, N, K, A, Bm, Cm, tb=tb, bias=bias)
+                x = np.empty(M * N, f32)
+                cl.enqueue_copy(q, x, Cm, is_blocking=True)
+                bits = (ref.round_bf16(x).view(np.uint32) >> 16).astype(np.uint16)
+                cl.enqueue_copy(q, copy[0], bits, dst_offset=2 * int(copy[1]), is_blocking=True)
+                offsets.append(int(copy[1]))
+                return True
+            monkeypatch.setattr(be, "matmul_half", half)
+        names, run = launched.setdefault(fused, []), eng.ops.launcher.run
+        monkeypatch.setattr(eng.ops.launcher, "run", lambda name, *a, run=run, names=names, **kw: (
+            names.append(name), run(name, *a, **kw)))
+        loss = eng.forward(tok, tgt, dropout_seed=99)
+        eng.zero_grad()
+        eng.backward()
+        res[fused] = loss, eng.get_grads()
+    assert len(offsets) == 2  # one a layer
+    assert launched[False].count("flash_bf16") == 4 and launched[True].count("flash_bf16") == 2
+    assert res[True][0] == res[False][0]
+    for name, g in res[False][1].items():
+        assert np.array_equal(res[True][1][name], g), name
+
+
 def test_flash_needs_the_bf16_path_and_a_head_width_of_16_to_64(dev):
     """Flash runs where the bf16 GEMM does and the head width is a multiple of 16 up to 64; attention: batched
     turns it off; PoCL without emulation (the CPU path) never takes it. auto (the default): flash when B x H x

@@ -56,10 +56,9 @@ class GPT2Engine(EngineBase):
             x_next = self.acts[i + 1]["x"] if i + 1 < cfg.n_layer else self.x_out
             ops.layernorm(N, a["x"], p[pre + "attn_norm.weight"], p[pre + "attn_norm.bias"], a["ln1"], a["ln1_mean"],
                           a["ln1_rstd"])
-            ops.matmul(N, 3 * C, C, a["ln1"], p[pre + "attn_qkv.weight"], a["qkv"], tb=1,
-                       bias=p[pre + "attn_qkv.bias"])
-            drop = self._dropped(i, "attn")
-            ops.attention_forward(Bp, Tp, a["qkv"], a["atty"], a["att"], drop and (*drop, a.get("att_d")))
+            drop = self._dropped(i, "attn")  # qkv = ln1 @ Wqkv^T + b, then attention
+            ops.attention_forward(Bp, Tp, a["qkv"], a["atty"], a["att"], drop and (*drop, a.get("att_d")),
+                                  product=(a["ln1"], p[pre + "attn_qkv.weight"], p[pre + "attn_qkv.bias"]))
             if self._drop:
                 ops.matmul(N, C, C, a["atty"], p[pre + "attn_output.weight"], self.branch, tb=1,
                            bias=p[pre + "attn_output.bias"])

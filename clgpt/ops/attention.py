@@ -176,22 +176,26 @@ class Attention(Part):
                              "rope=(qkv, cos, sin) on the buffer it works on")
         return tuple(rope[1:])
 
-    def attention_forward(self, Bp, Tp, qkv, out, att, drop=None, rope=None):
+    def attention_forward(self, Bp, Tp, qkv, out, att, drop=None, rope=None, product=None):
         """out (B',T',C), att (B',H,T',T') from qkv (B',T',3C). drop = (seed, site, p, att_d): dropout on the
         probabilities, att_d (B',H,T',T') receives the dropped ones (att keeps the softmax for the backward).
         Flash attention: att holds (B',H,T') row statistics, att_d is unused (the kernels redraw the mask).
         rope = (src, cos, sin), llama's: attention over qkv = RoPE(src), src the q | k | v product (B'T', C + 2Ckv;
         qkv itself without grouped kv heads), cos, sin (T_max, D/2) its tables. rope_forward makes qkv first, except
         where rope_fused: flash_bf16_rope rotates q and k into the bf16 copy the kernels read, and qkv keeps the
-        product's q and k unrotated (what reads it later asks rotated_qkv)."""
+        product's q and k unrotated (what reads it later asks rotated_qkv).
+        product = (x, W, bias), without rope: qkv = x @ W^T + bias made here first; where flash reads its bf16 copy
+        and the GEMM writes one beside its output (matmul_half), the product writes it, not a pass of its own."""
         cfg = self.cfg
         C, H, D = cfg.n_embd, cfg.n_head, cfg.head_dim
+        copied = product is not None and self._qkv_product(Bp, Tp, qkv, att, *product, copy=self.flash and rope is None)
         tables = self._fused_tables(rope, qkv)
         if rope is not None and not tables:
             self.layers.rope_forward(Bp * Tp, Tp, *rope, qkv)
         if self.flash:
             g, _, _, tail = self._flash_grid(Bp, Tp, drop)
-            self._flash_copy(Bp, Tp, qkv, 3 * C, att, tables)
+            if not copied:
+                self._flash_copy(Bp, Tp, qkv, 3 * C, att, tables)
             kname, copy = self.copies.with_copy("flash_forward", out, Bp * Tp, C)
             self.launcher.run(kname, g, i32(Tp), out, att, *tail, *copy, lsize=(self._flash_items("FWD_MT"), 1))
             return
@@ -207,6 +211,16 @@ class Attention(Part):
                 self._rows_rb(Bp, Tp, att, qkv, 2 * C, 3 * C, out, 0, C, 1.0)
             return
         self._attention_forward_batched(Bp, Tp, qkv, out, att, None)
+
+    def _qkv_product(self, Bp, Tp, qkv, att, x, W, bias, copy: bool) -> bool:
+        """qkv (B'T', 3C) = x @ W^T + bias; with copy also flash's bf16 copy of it into att from float COPY_AT
+        (kernels/flash.cl) where the GEMM writes one; -> whether it did."""
+        N, C = Bp * Tp, self.cfg.n_embd
+        at = -(-Bp * self.cfg.n_head * Tp // 64) * 64  # COPY_AT(B'H, T'), floats
+        if copy and self.gemm.matmul_half(N, 3 * C, C, x, W, qkv, tb=1, bias=bias, copy=(att, 2 * at)):
+            return True
+        self.gemm.matmul(N, 3 * C, C, x, W, qkv, tb=1, bias=bias)
+        return False
 
     def _batched_tiles(self):
         """Tiles and row kernels for batched attention: the table's on GPUs, the generic ones elsewhere

@@ -9,6 +9,8 @@ Launches kernels/matmul_wgmma.cl (and kernels/matmul.cl's splitk_reduce for spli
 
 from __future__ import annotations
 
+import numpy as np
+
 from clgpt.ops.core import Facts, Part, ceil_to, f32, i32, run_split_k
 from clgpt.ops.gemm.bf16 import Bf16Gemm
 from clgpt.ops.gemm.portable import split_k_chunks
@@ -71,13 +73,16 @@ class WgmmaGemm(Part):
             return
         self.bf16.matmul_epi(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E, ldc)
 
-    def matmul_half(self, M, N, K, A, B, Cm, tb=0) -> bool:
-        """Cm (M,N) = A @ op(B) as bf16, row-major in the first half of Cm's bytes (matmul_wgmma.cl OUT_BF16), for
-        a reader that takes bf16, where the product runs on wgmma unsplit and N % 4 == 0; -> whether it did
-        (False: nothing written)."""
+    def matmul_half(self, M, N, K, A, B, Cm, tb=0, bias=None, copy=None) -> bool:
+        """For a reader that takes bf16, where the product runs on wgmma unsplit and N % 4 == 0 (matmul_wgmma.cl
+        OUT_BF16): Cm (M,N) = A @ op(B) [+ bias] as bf16, row-major in the first half of Cm's bytes; or with copy
+        = (buffer, at) fp32 in Cm and its bf16 copy, row-major, in buffer from ushort at (a multiple of 4).
+        -> whether it did (False: nothing written)."""
         if M <= 0 or N % 4 or not self.on_wgmma(M, N, K):
             return False
-        self.matmul_wgmma(M, N, K, A, B, Cm, 0, tb, None, None, False, 1.0, 0, None, half=True)
+        out16 = (copy[0], np.uint64(copy[1])) if copy is not None else None
+        self.matmul_wgmma(M, N, K, A, B, Cm, 0, tb, bias, None, False, 1.0, 0, None, half=1 + (copy is not None),
+                          out16=out16)
         return True
 
     def bmm(self, *args, **kw):
@@ -105,7 +110,7 @@ class WgmmaGemm(Part):
         the cache and A's fits (clgpt.device.tuning says why), else 0 (launch order)."""
         return WGMMA_BAND if b_bytes > WGMMA_BAND_MIN_BYTES >= a_bytes else 0
 
-    def kernel(self, mm, trans, bias, resid, accum, epi, split=0, tiled_out=0, group=0, ngroups=0, band=0, half=False):
+    def kernel(self, mm, trans, bias, resid, accum, epi, split=0, tiled_out=0, group=0, ngroups=0, band=0, half=0):
         key = ("wgmma", trans, bias, resid, accum, epi, split, tiled_out, group, ngroups, band, half, id(mm))
         kern = self.product_kernels.get(key)
         if kern is None:
@@ -113,17 +118,18 @@ class WgmmaGemm(Part):
                 "matmul_wgmma", "matmul_wgmma", BM=mm["BM"], BN=mm["BN"], TA=int(trans[0]), TB=int(trans[1]),
                 STAGES=mm["STAGES"], PIPE=mm["PIPE"], **({"TILE_BAND": band} if band else {}),
                 BIAS=int(bias), RESID=int(resid), ACCUM=int(accum), EPI=epi, SPLITK=int(bool(split)),
-                **({"TILED_OUT": tiled_out} if tiled_out else {}), **({"OUT_BF16": 1} if half else {}),
+                **({"TILED_OUT": tiled_out} if tiled_out else {}), **({"OUT_BF16": half} if half else {}),
                 **({"GROUP": group, "NGROUPS": ngroups} if group else {}),
                 SMEM_BYTES=mm["STAGES"] * (mm["BM"] + mm["BN"]) * 128 + 64)
         return kern
 
     def matmul_wgmma(self, M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E, tiled_out=None, ldc=None,
-                     half=False):
+                     half=0, out16=None):
         """Cm (M,N) = alpha op(A) @ op(B) [+ ...] on tiled bf16 copies: wgmma, split along K when the output
         gives too few work-groups (raw parts, then splitk_reduce adds them in order, as the fp32 path does).
         tiled_out = (copy, column sums): epi 1's E, or with epi 2 Cm itself (and its sums), written only as its
-        tiled bf16 copy (M, N multiples of 64: matmul_wgmma.cl TILED_OUT). half: Cm as bf16 (OUT_BF16), unsplit."""
+        tiled bf16 copy (M, N multiples of 64: matmul_wgmma.cl TILED_OUT). half: OUT_BF16 (1: Cm as bf16; 2: and
+        its copy, out16 = (buffer, ushort offset)), unsplit."""
         mm = self.tiles(N, M, K)
         BM, BN = mm["BM"], mm["BN"]
         Kp = ceil_to(max(K, 1), 64)
@@ -145,4 +151,4 @@ class WgmmaGemm(Part):
         kern = self.kernel(mm, trans, bias is not None, resid is not None, bool(accum), epi,
                            tiled_out=epi if tiled_out else 0, band=self.band(ra * ca * 2, rb * cb * 2), half=half)
         self.launcher.launch(kern, gsize, lsize, (i32(M), i32(N), *operands, Cm, i32(ldc or N), bias, resid, f32(alpha), E,
-                                          *(tiled_out or ())))
+                                          *(tiled_out or out16 or ())))
