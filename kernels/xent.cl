@@ -82,30 +82,31 @@ __kernel void xent_backward(const int N, const float s, __global const float* lo
 // xent_backward_tiled: the same gradient straight into the bf16 copy kernels/matmul_wgmma.cl reads (precision.cl
 // tiled_chunk; the fp32 dlogits is not written), zeros outside N x V; 8 v a work-item, global (Vp/8, Np).
 #include "precision.cl"
-// the gradient of columns v0..v0+7 of row l (sm = s * mask, z = lse, tgt the target) as 8 bf16, zeros past V
-inline uint4 xent_grad8(__global const logit_t* l, const int v0, const float z, const float sm, const int tgt)
-{
-    float d[8];
-#if LOGITS_BF16 && V % 8 == 0  // the 8 halves in one 16-byte load
-    float lv[8];
-    if (v0 < V) vstore8(as_float8(convert_uint8(vload8(0, l + v0)) << 16), 0, lv);
-#pragma unroll
-    for (int h = 0; h < 8; h++) d[h] = v0 + h < V ? xent_grad(lv[h], z, sm, v0 + h == tgt) : 0.0f;
-#else
-#pragma unroll
-    for (int h = 0; h < 8; h++)
-        d[h] = v0 + h < V ? xent_grad(LOGIT(l, v0 + h), z, sm, v0 + h == tgt) : 0.0f;
-#endif
-    return bf16x8(d);
-}
-
 __kernel void xent_backward_tiled(const int N, const float s, __global const logit_t* logits,
                                   __global const int* targets, __global const float* mask,
                                   __global const float* lse, __global uint4* O)
 {
     const int c = get_global_id(0), n = get_global_id(1), v0 = 8 * c;
-    O[tiled_chunk(n, v0, get_global_size(1))] =
-        n < N ? xent_grad8(logits + (size_t)n * V, v0, lse[n], s * mask[n], targets[n]) : (uint4)(0);
+    float d[8];
+    if (n < N) {
+        const float z = lse[n], sm = s * mask[n];
+        const int tgt = targets[n];
+        __global const logit_t* l = logits + (size_t)n * V;
+#if LOGITS_BF16 && V % 8 == 0  // the 8 halves in one 16-byte load
+        float lv[8];
+        if (v0 < V) vstore8(as_float8(convert_uint8(vload8(0, l + v0)) << 16), 0, lv);
+#pragma unroll
+        for (int h = 0; h < 8; h++) d[h] = v0 + h < V ? xent_grad(lv[h], z, sm, v0 + h == tgt) : 0.0f;
+#else
+#pragma unroll
+        for (int h = 0; h < 8; h++)
+            d[h] = v0 + h < V ? xent_grad(LOGIT(l, v0 + h), z, sm, v0 + h == tgt) : 0.0f;
+#endif
+    } else {
+#pragma unroll
+        for (int h = 0; h < 8; h++) d[h] = 0.0f;
+    }
+    O[tiled_chunk(n, v0, get_global_size(1))] = bf16x8(d);
 }
 
 // GPUs: one work-group of LW work-items per row, fixed-order tree reductions (deterministic). One pass over the
@@ -115,21 +116,9 @@ __kernel void xent_backward_tiled(const int N, const float s, __global const log
 // and a third reduction adds those.
 #include "reduce.cl"
 
-// GRAD_TILED 1 (N a multiple of 64): the row's gradient too, unscaled, mask * (softmax - target), into the tiled
-// bf16 copy O (Rp = N) as xent_backward_tiled writes it with s = 1, zeros in columns V..Vp: the second pass over the
-// row finds it in the cache, where the backward's own pass read the logits from memory again. The products on the
-// copy take scale / sum(mask) as alpha (as after xent_fused).
-#ifndef GRAD_TILED
-#define GRAD_TILED 0
-#endif
-#if GRAD_TILED
-#define GRAD_ARGS , __global uint4* O
-#else
-#define GRAD_ARGS
-#endif
 __kernel __attribute__((reqd_work_group_size(LW, 1, 1))) SG_KERNEL
 void xent_forward_wg(const int N, __global const logit_t* logits, __global const int* targets,
-                     __global const float* mask, __global float* losses, __global float* lse GRAD_ARGS)
+                     __global const float* mask, __global float* losses, __global float* lse)
 {
     const int n = get_group_id(0), l = get_local_id(0);
     __local float red[LW];
@@ -176,13 +165,6 @@ void xent_forward_wg(const int N, __global const logit_t* logits, __global const
         const float mk = mask[n];
         losses[n] = (mk != 0.0f && tgt >= 0 && tgt < V) ? mk * XENT_LOSS(z, LOGIT(lg, tgt), sl) : 0.0f;
     }
-#if GRAD_TILED
-    {
-        const float z = mx + log(s), mk = mask[n];
-        const int tgt = targets[n];
-        for (int c = l; c < (V + 63) / 64 * 8; c += LW) O[tiled_chunk(n, 8 * c, N)] = xent_grad8(lg, 8 * c, z, mk, tgt);
-    }
-#endif
 }
 
 // CPUs: one work-item per row, the row handled as float8 vectors (PoCL's vector exp is a vectorised

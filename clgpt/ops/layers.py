@@ -31,7 +31,6 @@ class Layers(Part):
         k["embedding_backward_wte"] = dev.kernel("embedding", "embedding_backward_wte", C=C)
         self.label_smoothing = float(label_smoothing)
         self._half_logits = None  # the logits buffer head_logits last wrote as bf16
-        self._grad_ahead = None  # (dlogits' handle, its tiled copy, Rp, Cp): written by the last xent_forward
         self._build_xent("")
         if self.label_smoothing > 0:  # the held-out loss of a run that trains smoothed still takes the plain ones
             self._build_xent("_ls", LS=self.label_smoothing)
@@ -59,10 +58,9 @@ class Layers(Part):
             k["xent_forward_wg" + suffix] = dev.kernel("xent", "xent_forward_wg", V=V, LW=f.rows, **f.sg, **ls)
         if f.wgmma is not None:
             k["xent_backward_tiled" + suffix] = dev.kernel("xent", "xent_backward_tiled", V=V, **ls)
-            if f.rows:  # on bf16 logits (head_logits); _hg: with the gradient's tiled copy
-                for sfx, grad in (("_h", {}), ("_hg", {"GRAD_TILED": 1})):
-                    k["xent_forward_wg" + sfx + suffix] = dev.kernel("xent", "xent_forward_wg", V=V, LW=f.rows,
-                                                                     **f.sg, LOGITS_BF16=1, **grad, **ls)
+            if f.rows:  # on bf16 logits (head_logits)
+                k["xent_forward_wg_h" + suffix] = dev.kernel("xent", "xent_forward_wg", V=V, LW=f.rows, **f.sg,
+                                                             LOGITS_BF16=1, **ls)
                 k["xent_backward_tiled_h" + suffix] = dev.kernel("xent", "xent_backward_tiled", V=V, LOGITS_BF16=1,
                                                                  **ls)
 
@@ -116,7 +114,6 @@ class Layers(Part):
         if not half:
             self.gemm.matmul(N, V, C, x, W, logits, tb=1)
         self._half_logits = logits.int_ptr if half else None
-        self._grad_ahead = None
 
     def _gradient_tiled(self, N) -> bool:
         """Whether both products on the logits' gradient run on wgmma (xent_backward writes their tiled copy)."""
@@ -135,15 +132,8 @@ class Layers(Part):
             self.launcher.runp("xent_fused" + sfx, (N,), i32(N), logits, targets, mask, losses, lse, dlogits)
             return
         if self.f.rows:
-            form, extra = self._logit_form(logits), ()
-            if form and N % 64 == 0:
-                # bf16 logits for the tiled backward: the row's unscaled gradient into the copy now (slot 2, which
-                # the backward's dlogits reuse block then takes), while the row is in the cache
-                Cp = ceil_to(self.cfg.vocab_size, 64)
-                form, extra = "_hg", (self.launcher.slot(2, N * Cp * 2),)
-                self._grad_ahead = (dlogits.int_ptr, extra[0], N, Cp)
-            self.launcher.run("xent_forward_wg" + form + sfx, (N * self.f.rows,), i32(N), logits, targets, mask, losses,
-                              lse, *extra, lsize=(self.f.rows,))
+            self.launcher.run("xent_forward_wg" + self._logit_form(logits) + sfx, (N * self.f.rows,), i32(N), logits,
+                              targets, mask, losses, lse, lsize=(self.f.rows,))
             return
         self.launcher.runp("xent_forward" + sfx, (N,), i32(N), logits, targets, mask, losses, lse)
 
@@ -154,11 +144,6 @@ class Layers(Part):
         if self.caps.xent_fused:  # the forward left the unscaled gradient in dlogits
             return s
         V, sfx, form = self.cfg.vocab_size, self._xent_suffix(smoothed), self._logit_form(logits)
-        ahead, self._grad_ahead = self._grad_ahead, None
-        if ahead is not None and ahead[0] == dlogits.int_ptr and self.copies.book.is_reusing(dlogits):
-            # the forward wrote the unscaled gradient's copy: its products take s
-            self.copies.book.keep((dlogits.int_ptr, N, V), ahead[1:])
-            return s
         if self.copies.book.is_reusing(dlogits) and self._gradient_tiled(N):
             # both products on dlogits read its tiled bf16 copy: write that instead of the fp32 gradient
             Rp, Cp = ceil_to(N, 64), ceil_to(V, 64)
