@@ -428,9 +428,10 @@ void matmul_wgmma(const int M, const int N, const int Kp, __global const ushort*
                                                                              alpha));
 #else
                 {
-                    Cm[o + i] = epilogue(vv[i], gm, gn + i, ldc, Cm, bias, R, E, alpha);
+                    const float y = epilogue(vv[i], gm, gn + i, ldc, Cm, bias, R, E, alpha);
+                    Cm[o + i] = y;
 #if OUT_BF16 == 2
-                    ((__global ushort*)O16)[at16 + o + i] = (ushort)bf16_bits(Cm[o + i]);
+                    ((__global ushort*)O16)[at16 + o + i] = (ushort)bf16_bits(y);
 #endif
                 }
 #endif

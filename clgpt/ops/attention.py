@@ -144,7 +144,11 @@ class Attention(Part):
             return BHT
         if not self.flash:
             return BHT * T
-        return -(-BHT // 64) * 64 + B * T * 3 * self.cfg.n_embd // 2
+        return self._copy_at(B, T) + B * T * 3 * self.cfg.n_embd // 2
+
+    def _copy_at(self, B: int, T: int) -> int:
+        """kernels/flash.cl's COPY_AT(B H, T): the float of att (datt) where the bf16 copy of qkv (dout) begins."""
+        return -(-B * self.cfg.n_head * T // 64) * 64
 
     def _flash_grid(self, Bp, Tp, drop):
         """kernels/flash.cl's global sizes, of the forward and of dq (128 query rows a work-group of 256 / MT) and
@@ -216,8 +220,8 @@ class Attention(Part):
         """qkv (B'T', 3C) = x @ W^T + bias; with copy also flash's bf16 copy of it into att from float COPY_AT
         (kernels/flash.cl) where the GEMM writes one; -> whether it did."""
         N, C = Bp * Tp, self.cfg.n_embd
-        at = -(-Bp * self.cfg.n_head * Tp // 64) * 64  # COPY_AT(B'H, T'), floats
-        if copy and self.gemm.matmul_half(N, 3 * C, C, x, W, qkv, tb=1, bias=bias, copy=(att, 2 * at)):
+        at = 2 * self._copy_at(Bp, Tp)  # in halves
+        if copy and self.gemm.matmul_half(N, 3 * C, C, x, W, qkv, tb=1, bias=bias, copy=(att, at)):
             return True
         self.gemm.matmul(N, 3 * C, C, x, W, qkv, tb=1, bias=bias)
         return False

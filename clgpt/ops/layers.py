@@ -109,7 +109,7 @@ class Layers(Part):
         (half the bytes written, and each of the loss's two passes reads half); else, and for the host, fp32.
         xent_forward and xent_backward read them as they were written."""
         V = self.cfg.vocab_size
-        half = (for_loss and self.f.rows and "xent_forward_wg_h" in self.k and self._gradient_tiled(N)
+        half = (for_loss and "xent_forward_wg_h" in self.k and self._gradient_tiled(N)
                 and self.gemm.matmul_half(N, V, C, x, W, logits, tb=1))
         if not half:
             self.gemm.matmul(N, V, C, x, W, logits, tb=1)
