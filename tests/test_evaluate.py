@@ -264,6 +264,26 @@ def test_acceptable_reply_holds_the_act_or_every_fact():
     assert acceptable("Spiders have 8 legs.", {"has": ["eight|8"]}, acts)
 
 
+def test_acceptable_reply_holds_each_phrase_from_a_word_start():
+    """A phrase counts where a word starts (an inflected ending passes), and a number only whole: a word or a
+    number inside another carries nothing."""
+    from clgpt.eval.accept import acceptable
+
+    acts = {"greeting": ["hello", "привет"], "farewell": ["bye"]}
+    spider = {"has": ["восемь|8", "паук"]}
+    assert acceptable("У паука восемь ног.", spider, acts)
+    assert acceptable("У паука 8 ног.", spider, acts)
+    assert not acceptable("У паука сто восемьдесят ног.", {"has": ["семь|7"]}, acts)  # "семь" inside "восемьдесят"
+    assert not acceptable("У паука 180 ног.", spider, acts)  # 8 inside 180
+    assert not acceptable("У паука 18 ног.", spider, acts)  # 8 ends 18, but 18 is not 8
+    assert not acceptable("У осьминога восемь ног.", spider, acts)  # the number without what it counts
+    assert acceptable("Столица Германии — Берлин.", {"has": ["Берлин"]}, acts)
+    assert acceptable("Он живёт в Берлине.", {"has": ["Берлин"]}, acts)  # an inflected form
+    assert acceptable("Goodbye, and bye!", {"act": "farewell"}, acts)
+    assert not acceptable("Goodbye!", {"act": "farewell"}, acts)  # "bye" inside "goodbye"
+    assert not acceptable("Othello.", {"act": "greeting"}, acts)
+
+
 def test_acceptable_share_counts_the_replies_to_heldout_prompts(stages, tmp_path, monkeypatch):
     """Held-out answers to prompts of the rules file: not word for word, but acceptable, counted by language."""
     import clgpt.eval.answers

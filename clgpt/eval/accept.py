@@ -5,7 +5,11 @@ replies are defined in data, a JSON file (corpus.tune_accept, data/heldout/accep
      "prompts": {"Hello!": {"act": "greeting"}, "What city is the capital of Italy?": {"has": ["Rome"]}, ...}}
 
 A reply carries an act when it holds one of the act's phrases, and a fact when it holds, for each entry of
-"has", one of the entry's alternatives (split at "|", e.g. "eight|8"); case is ignored. Every single-turn
+"has", one of the entry's alternatives (split at "|", e.g. "eight|8"); case is ignored. A phrase or alternative
+counts where a word starts, so an inflected form passes ("Берлин" in "в Берлине") but a word inside another does
+not ("семь" in "восемь"); one that ends in a digit also ends the number ("8" is not "180"). A fact's entries name
+the answer and what it is about ("eight|8" and "spider"), so a reply that states another fact with the same
+number ("There are eight bits in one byte.") is not taken for it. Every single-turn
 held-out dialog needs an entry, so a new held-out question cannot go unchecked. The share of held-out replies
 that pass is counted over every reply to a prompt of the file (the first reply, after a system prompt, and
 the 2nd and 3rd turn of the held-out conversations), by language (Cyrillic letters: Russian) and turn kind.
@@ -14,6 +18,7 @@ the 2nd and 3rd turn of the held-out conversations), by language (Cyrillic lette
 from __future__ import annotations
 
 import json
+import re
 
 from clgpt.errors import ClgptError
 
@@ -56,11 +61,18 @@ def load_accept(path: str, heldout_dialogs: list[dict]) -> dict:
     return {"acts": acts, "prompts": prompts}
 
 
+def holds(text: str, phrase: str) -> bool:
+    """Whether lower-case `text` holds `phrase` from a word's start (and, where it ends in a digit, to the
+    number's end)."""
+    end = r"(?!\d)" if phrase[-1:].isdigit() else ""
+    return re.search(r"(?<!\w)" + re.escape(phrase.lower()) + end, text) is not None
+
+
 def acceptable(reply: str, rule: dict, acts: dict) -> bool:
     text = reply.lower()
     if "act" in rule:
-        return any(p.lower() in text for p in acts[rule["act"]])
-    return all(any(alt.lower() in text for alt in entry.split("|") if alt) for entry in rule["has"])
+        return any(holds(text, p) for p in acts[rule["act"]])
+    return all(any(holds(text, alt) for alt in entry.split("|") if alt) for entry in rule["has"])
 
 
 def _rate(ok: int, total: int) -> dict:
