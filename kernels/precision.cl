@@ -22,8 +22,24 @@ inline uint bf16_bits(const float x)
 
 inline float round_bf16(const float x) { return as_float(bf16_bits(x) << 16); }
 
-// two floats as two bf16 in one word, lo in the low half
+// two floats as two bf16 in one word, lo in the low half. BF16_CVT 1 (NVIDIA builds: clgpt.device.capabilities
+// bf16_options): the hardware's conversion, cvt.rn.bf16x2.f32 (sm_80 and later), one instruction for the pair
+// where the integer form takes about eight a value (flash attention rounds every probability and its gradient
+// so); the same round to nearest even, so the same bits for every float but NaN, which comes out as 0x7FFF
+// instead of its truncated payload (bench/bf16_cvt_check.py compares the two over all 2^32 patterns).
+#ifndef BF16_CVT
+#define BF16_CVT 0
+#endif
+#if BF16_CVT
+inline uint bf16x2(const float lo, const float hi)
+{
+    uint r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+#else
 inline uint bf16x2(const float lo, const float hi) { return bf16_bits(lo) | (bf16_bits(hi) << 16); }
+#endif
 
 // eight floats as eight bf16 in 16 bytes, v[0] lowest
 inline uint4 bf16x8(const float* v)

@@ -55,6 +55,7 @@ def test_each_launch_row_gives_its_forms(dev, row):
     emulated = row == "nvidia-emulated"
     assert caps.tensor_cores is emulated and not caps.wgmma and not caps.colsum_copies  # no sm_90a here
     assert [caps.gemm_backend(r) for r in (0, 1, 2)] == (["portable", "bf16", "mma"] if emulated else ["portable"] * 3)
+    assert "BF16_CVT" not in caps.bf16_options  # PTX's conversion: NVIDIA's builds alone (precision.cl)
 
 
 def test_the_bf16_gemm_turned_off_leaves_bf16_on_mma(dev):

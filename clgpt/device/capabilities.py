@@ -120,7 +120,11 @@ def _read(device, kn: Knobs) -> Capabilities:
     emulated = "nvidia" not in device.vendor.lower()
     bf16_options = {}
     if tensor_cores and launch.get("matmul_bf16"):
-        bf16_options = dict(MMA_EMULATE=1) if emulated else smem_address(device)
+        if emulated:
+            bf16_options = dict(MMA_EMULATE=1)
+        else:  # the local address form cp.async and ldmatrix take ({}: neither works, no bf16 GEMM here), and
+            address = smem_address(device)  # bf16 rounding by the hardware's conversion (precision.cl BF16_CVT)
+            bf16_options = dict(address, BF16_CVT=1) if address else {}
     bf16_gemm = bool(bf16_options)
     wgmma = bool(tensor_cores and bf16_gemm and launch.get("matmul_wgmma") and sm90a.supported(device))
     return Capabilities(

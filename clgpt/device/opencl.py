@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pyopencl as cl
 
-from clgpt.device import sm90a
+from clgpt.device import knobs, sm90a
 from clgpt.errors import ClgptError
 from clgpt.device.icd import register_pip_runtimes, separate_pocl_cache
 from clgpt.paths import data_path
@@ -337,6 +337,8 @@ class Device:
                     # two single-rank jobs of a sweep can; the second try finds the cache settled
                     prg = _build(cl.Program(self.ctx, source), list(options))
                 if sm90a.MARK in source:  # wgmma and the like, written as PTX comments (clgpt/device/sm90a.py)
+                    if knobs.read().sm90a_verbose:  # which build ptxas's lines below are about
+                        print(f"{file_stem}: {' '.join(options)}", flush=True)
                     prg = sm90a.retarget(self.ctx, self.device, prg, defines.get("SMEM_BYTES"))
                 if defines.get("MAXNREG") and "nvidia" in self.device.platform.name.lower():
                     prg = sm90a.cap_registers(self.ctx, self.device, prg, defines["MAXNREG"])

@@ -64,7 +64,11 @@ def cap_registers(ctx: cl.Context, device: cl.Device, prg: cl.Program, maxnreg: 
     it (flash attention's forward and dq: 129 and 132 registers; at 128, forward + backward 7% faster at T 1024,
     the same bits)."""
     ptx = cap_ptx(prg.get_info(cl.program_info.BINARIES)[0].decode(), maxnreg)
-    return cl.Program(ctx, [device], [ptx.encode()]).build()
+    verbose = knobs.read().sm90a_verbose
+    out = cl.Program(ctx, [device], [ptx.encode()]).build(options=["-cl-nv-verbose"] if verbose else [])
+    if verbose:
+        print(out.get_build_info(device, cl.program_build_info.LOG), flush=True)
+    return out
 
 
 def supported(device: cl.Device) -> bool:
