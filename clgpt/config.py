@@ -230,11 +230,16 @@ class _Where:
 
     def __call__(self, path: Iterable) -> str:
         path = tuple(str(p) for p in path)
-        key = ".".join(path) or "(top level)"
+        key = _one_line(".".join(path)) or "(top level)"
         for n in range(len(path), 0, -1):
             if path[:n] in self.lines:
                 return f"{self.lines[path[:n]]}: {key}"
         return f"{self.source}: {key}" if self.source else key
+
+
+def _one_line(text: str) -> str:
+    """text with its control characters escaped (a quoted YAML key may hold a newline): messages stay one line."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _short(value) -> str:
@@ -254,7 +259,7 @@ def _message(e: jsonschema.ValidationError, where: _Where) -> str:
         unknown = sorted(str(k) for k in set(e.instance) - set(allowed))[0]
         near = difflib.get_close_matches(unknown, allowed, n=1)
         hint = f"did you mean '{near[0]}'? " if near else ""
-        full = ".".join(str(p) for p in (*path, unknown))
+        full = _one_line(".".join(str(p) for p in (*path, unknown)))
         return f"{where((*path, unknown))}: unknown key '{full}'; {hint}allowed here: {', '.join(allowed)}"
     key = where(path)
     if e.validator == "type":

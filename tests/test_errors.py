@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from clgpt.config import defaults, load_schema, load_workflow_config, plain_scalar, read_yaml, validate_config
@@ -166,6 +166,7 @@ ANY_VALUE = st.one_of(
 )
 
 
+@example(changes=[], top={"tune": {"\n": 0}})  # a quoted key with a newline: the message stays one line
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.sampled_from(LEAVES), ANY_VALUE), max_size=4),
        st.dictionaries(st.sampled_from(["modle", "tune", "export", "x"]), ANY_VALUE, max_size=2))
