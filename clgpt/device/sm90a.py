@@ -35,18 +35,23 @@ def patch_ptx(ptx: str, smem_bytes: int | None = None) -> str:
     return ptx.replace(MARK, "")
 
 
+def build_ptx(ctx: cl.Context, device: cl.Device, ptx: str) -> cl.Program:
+    """A program built from PTX text (an NVIDIA program's binary); under CLGPT_SM90A_VERBOSE it prints ptxas's
+    report (registers, spills, wgmma warnings)."""
+    verbose = knobs.read().sm90a_verbose
+    out = cl.Program(ctx, [device], [ptx.encode()]).build(options=["-cl-nv-verbose"] if verbose else [])
+    if verbose:
+        print(out.get_build_info(device, cl.program_build_info.LOG), flush=True)
+    return out
+
+
 def retarget(ctx: cl.Context, device: cl.Device, prg: cl.Program, smem_bytes: int | None = None) -> cl.Program:
     """The built program `prg` (whose source carries MARK comments) rebuilt for sm_90a from its own PTX.
 
     smem_bytes: the size of the kernel's local array named `smem`. OpenCL C may declare at most 48 KB
     (CL_DEVICE_LOCAL_MEM_SIZE); Hopper gives a block up to 227 KB, and a larger static array in the PTX runs
     (bench/probe_local_size.py), so the kernel declares 48 KB and its PTX array is set to smem_bytes."""
-    ptx = patch_ptx(prg.get_info(cl.program_info.BINARIES)[0].decode(), smem_bytes)
-    verbose = knobs.read().sm90a_verbose  # print ptxas's registers, spills and wgmma warnings
-    out = cl.Program(ctx, [device], [ptx.encode()]).build(options=["-cl-nv-verbose"] if verbose else [])
-    if verbose:
-        print(out.get_build_info(device, cl.program_build_info.LOG), flush=True)
-    return out
+    return build_ptx(ctx, device, patch_ptx(prg.get_info(cl.program_info.BINARIES)[0].decode(), smem_bytes))
 
 
 def cap_ptx(ptx: str, maxnreg: int) -> str:
@@ -63,12 +68,7 @@ def cap_registers(ctx: cl.Context, device: cl.Device, prg: cl.Program, maxnreg: 
     work-group just over 128 registers a work-item runs alone on its multiprocessor where the cap lets two share
     it (flash attention's forward and dq: 129 and 132 registers; at 128, forward + backward 7% faster at T 1024,
     the same bits)."""
-    ptx = cap_ptx(prg.get_info(cl.program_info.BINARIES)[0].decode(), maxnreg)
-    verbose = knobs.read().sm90a_verbose
-    out = cl.Program(ctx, [device], [ptx.encode()]).build(options=["-cl-nv-verbose"] if verbose else [])
-    if verbose:
-        print(out.get_build_info(device, cl.program_build_info.LOG), flush=True)
-    return out
+    return build_ptx(ctx, device, cap_ptx(prg.get_info(cl.program_info.BINARIES)[0].decode(), maxnreg))
 
 
 def supported(device: cl.Device) -> bool:

@@ -112,8 +112,9 @@ def accept_markdown(r: dict | None) -> list[str]:
     lines = ["## Held-out prompts: does the reply carry the expected fact or act?", "",
              f"Acceptable: {rate(r['all'])} of the replies to held-out prompts (word for word: {rate(r['exact'])}). "
              "A reply is acceptable when it holds the fact's words (the answer and what it is about, each from a "
-             "word's start) or answers the act in kind (a greeting by a greeting), as the acceptable-replies file defines them; each prompt is asked as the first turn, "
-             "after a system prompt, and as the 2nd or 3rd turn.", "",
+             "word's start) or answers the act in kind (a greeting by a greeting), as the acceptable-replies file "
+             "defines them; each prompt is asked as the first turn, after a system prompt, and as the 2nd or 3rd "
+             "turn.", "",
              "| language | acceptable | first reply | after a system prompt | 2nd and later | word for word |",
              "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for lang, s in r["by_language"].items():
