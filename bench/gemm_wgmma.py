@@ -104,10 +104,14 @@ def main():
                        np.int32(N), np.int32(N), c, np.int32(N), None, None, np.float32(1.0), None)
             nt = 2 * v["BM"]
             run = lambda: cl.enqueue_nd_range_kernel(q, k, (-(-N // v["BN"]) * nt, M // v["BM"]), (nt, 1))
-            run()
-            C = np.empty((M, N), np.float32)
-            cl.enqueue_copy(q, C, c)
-            q.finish()
+            try:
+                run()
+                C = np.empty((M, N), np.float32)
+                cl.enqueue_copy(q, C, c)
+                q.finish()
+            except cl.Error as e:
+                line.append(f"{tag} launch failed: {str(e).strip()[:200]}")
+                continue
             err = float(np.max(np.abs(C[pick] - want) / (scale + 1e-30)))
             t = best(run, q.finish)
             ok = "ok" if err < 1e-5 else f"WRONG {err:.1e}"
