@@ -21,7 +21,7 @@ from clgpt.device.opencl import get_device  # noqa: E402
 dev = get_device()
 mf = cl.mem_flags
 print("device:", dev.name, flush=True)
-KEYS = ("BM", "BN", "STAGES", "PIPE", "TILE_BAND", "RELEASE", "CLUSTER")  # the last three optional (0, 0, 1)
+KEYS = ("BM", "BN", "STAGES", "PIPE", "TILE_BAND")  # TILE_BAND optional (0)
 VARIANTS = "128,256,4,1;128,256,3,1;128,256,4,0;256,128,4,1;128,128,4,1"
 if os.environ.get("WGMMA_VARIANTS"):  # e.g. "128,256,4,1;128,128,4,1": KEYS
     VARIANTS = os.environ["WGMMA_VARIANTS"]
@@ -90,9 +90,8 @@ def main():
         line = [f"{name} {M}x{N}x{K}", f"torch {flops / t_torch / 1e12:6.1f}"]
         for v in VARIANTS:
             band = f"b{v['TILE_BAND']}" if v.get("TILE_BAND") else ""
-            band += ("r" if v.get("RELEASE") else "") + (f"c{v['CLUSTER']}" if v.get("CLUSTER", 1) > 1 else "")
             tag = f"{v['BM']}x{v['BN']}/S{v['STAGES']}{'p' if v['PIPE'] else ''}{band}"
-            if M % (v["BM"] * v.get("CLUSTER", 1)):
+            if M % v["BM"]:
                 line.append(f"{tag} -")
                 continue
             try:

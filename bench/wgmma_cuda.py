@@ -4,7 +4,7 @@ for flash attention). Times each launch and checks that its output equals OpenCL
 
     source bench/gpu_env.sh; python3 bench/wgmma_cuda.py           (PTX_DIR: where the PTX goes, /tmp)
     REPS=1 ncu --clock-control none -k regex:matmul_wgmma --set full -o wgmma python3 bench/wgmma_cuda.py
-WGMMA_CUDA_SHAPES picks products by name (comma-separated parts of their names); WGMMA_CUDA_TILE=BM,BN,STAGES,PIPE[,RELEASE,CLUSTER].
+WGMMA_CUDA_SHAPES picks products by name (comma-separated parts of their names); WGMMA_CUDA_TILE=BM,BN,STAGES,PIPE.
 """
 import os
 import re
@@ -22,14 +22,12 @@ SHAPES = [("GPT2S proj", 8192, 768, 768), ("GPT2S fc", 8192, 3072, 768), ("GPT2S
           ("GPT2S fc2", 8192, 768, 3072), ("GPT2S head", 8192, 50304, 768)]
 if os.environ.get("WGMMA_CUDA_SHAPES"):
     SHAPES = [s for s in SHAPES if any(p in s[0] for p in os.environ["WGMMA_CUDA_SHAPES"].split(","))]
-BM, BN, STAGES, PIPE, RELEASE, CLUSTER = (list(map(int, os.environ.get("WGMMA_CUDA_TILE", "128,128,3,1").split(",")))
-                                          + [0, 1])[:6]
+BM, BN, STAGES, PIPE = map(int, os.environ.get("WGMMA_CUDA_TILE", "128,128,3,1").split(","))
 reps = int(os.environ.get("REPS", "20"))
 out_dir = os.environ.get("PTX_DIR", "/tmp")
 
 dev = get_device()
 k = dev.kernel("matmul_wgmma", "matmul_wgmma", BM=BM, BN=BN, STAGES=STAGES, PIPE=PIPE,
-               **({"RELEASE": 1} if RELEASE else {}), **({"CLUSTER": CLUSTER} if CLUSTER > 1 else {}),
                SMEM_BYTES=STAGES * (BM + BN) * 128 + 64)
 text = k.get_info(cl.kernel_info.PROGRAM).get_info(cl.program_info.BINARIES)[0].decode(errors="replace").rstrip("\0")
 # NVIDIA's OpenCL reads the work's offsets and group counts from registers its runtime sets; under CUDA: offsets 0

@@ -65,20 +65,6 @@
 #ifndef TILED_OUT
 #define TILED_OUT 0
 #endif
-// CLUSTER 2: work-groups in clusters of two along m (clgpt/device/sm90a.py sets `.reqnctapercluster`), which share
-// their B tile: each fetches half of it into both (a multicast bulk copy), so each k tile crosses the L2 once
-// for the two. RELEASE 1 (CLUSTER 2 needs it): a stage is refilled once each warpgroup of the cluster has
-// released it (an mbarrier a stage, "empty", one arrival a warpgroup and work-group) instead of after a
-// work-group barrier every k tile.
-#ifndef CLUSTER
-#define CLUSTER 1
-#endif
-#ifndef RELEASE
-#define RELEASE (CLUSTER > 1)
-#endif
-#if CLUSTER > 1 && (!RELEASE || GROUP || TILE_BAND || CLUSTER != 2)
-#error CLUSTER 2 goes with RELEASE, without GROUP or TILE_BAND
-#endif
 #include "epilogue.cl"
 #include "precision.cl"
 
@@ -139,10 +125,7 @@
 #define SO (BN + 8)
 #define RPP (NT / (BN / 4))
 #define OB 8
-#define SMEM_NEED (STAGES * STAGE_BYTES + 64)  // the stages, then their mbarriers (full, then empty)
-#if STAGES > 4
-#error the mbarriers take 64 bytes: at most 4 stages
-#endif
+#define SMEM_NEED (STAGES * STAGE_BYTES + 64)  // the stages, then their mbarriers
 #define SMEM_DECL (SMEM_NEED < 49152 ? SMEM_NEED : 49152)
 #if STAGE_OUT && BM * SO * 4 > STAGES * STAGE_BYTES
 #error STAGE_OUT needs BM * (BN + 8) floats of local memory: more stages
@@ -228,27 +211,18 @@ inline float4 ld_local4(const uint addr)
 #endif
 #define WGMMA_WAIT0_ASM "// @sm90a@ wgmma.wait_group.sync.aligned 0;\n"
 
-// FETCH(X, d, kk, o0, ld, ext, BX, TX, MC): the bulk copies of k tile kk of an operand's rows (columns with TX)
-// o0..o0+BX-1 into local d, on mbarrier bar_, stopping at its padded extent ext; MC 1: into d and mbarrier bar_
-// of every work-group of the cluster (multicast).
-#define BULK_COPY "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
-#define COPY_ASM_0 "// @sm90a@ " BULK_COPY " [%0], [%1], %2, [%3];"
-#define COPY_ASM_1 "// @sm90a@ { .reg .b16 m_; mov.b16 m_, 3; " BULK_COPY ".multicast::cluster [%0], [%1], %2, [%3], m_; }"
-#define COPY_ASM_(MC) COPY_ASM_##MC
-#define COPY_ASM(MC) COPY_ASM_(MC)
-#if CLUSTER > 1
-#define B_MC 1  // B's tile half by half, each into the cluster's two work-groups (mask 3: CLUSTER is 2)
-#else
-#define B_MC 0
-#endif
-#define FETCH(X, d, kk, o0, ld, ext, BX, TX, MC)                                                       \
+// FETCH(X, d, kk, o0, ld, ext, BX, TX): the bulk copies of k tile kk of an operand's rows (columns with TX)
+// o0..o0+BX-1 into local d, on mbarrier bar_, stopping at its padded extent ext.
+#define FETCH(X, d, kk, o0, ld, ext, BX, TX)                                                           \
     if (TX) {                                                                                          \
         for (int j_ = 0; j_ < BX / 64 && o0 + 64 * j_ < ext; j_++)                                     \
-            asm volatile(COPY_ASM(MC) ::"r"(d + j_ * 8192),                                            \
+            asm volatile("// @sm90a@ cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes " \
+                         "[%0], [%1], %2, [%3];" ::"r"(d + j_ * 8192),                                 \
                          "l"(X + ((size_t)(o0 / 64 + j_) * ld + (size_t)(kk) * 64) * 64), "r"(8192),   \
                          "r"(bar_) : "memory");                                                        \
-    } else if (o0 < ext) {                                                                             \
-        asm volatile(COPY_ASM(MC) ::"r"(d), "l"(X + ((size_t)(kk) * ld + o0) * BK),                    \
+    } else {                                                                                           \
+        asm volatile("// @sm90a@ cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "     \
+                     "[%0], [%1], %2, [%3];" ::"r"(d), "l"(X + ((size_t)(kk) * ld + o0) * BK),          \
                      "r"(min(BX, ext - o0) * 128), "r"(bar_) : "memory");                              \
     }
 // the bytes FETCH moves for one operand tile
@@ -298,67 +272,38 @@ void matmul_wgmma(const int M, const int N, const int Kp, __global const ushort*
     SPLIT_RANGE(kbeg, kend, Kp)
 #endif
     const int k0 = kbeg / BK, nk = (kend - kbeg) / BK;
-    const uint sbase = (uint)(size_t)smem, bars = sbase + STAGES * STAGE_BYTES, empty = bars + 8 * STAGES;
-#if CLUSTER > 1
-    uint rank;  // this work-group's place in its cluster: which half of B's tile it fetches
-    asm volatile("// @sm90a@ mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
-#else
-    const uint rank = 0;
-#endif
+    const uint sbase = (uint)(size_t)smem, bars = sbase + STAGES * STAGE_BYTES;
     const uint tile_bytes = FETCH_BYTES(m0, ma, BM, TA) + FETCH_BYTES(nb0, nb, BN, TB);
     float acc[NACC];
 #pragma unroll
     for (int i = 0; i < NACC; i++) acc[i] = 0.0f;
 
     if (tid == 0) {
-        for (int s = 0; s < STAGES; s++) {
+        for (int s = 0; s < STAGES; s++)
             asm volatile("// @sm90a@ mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bars + 8 * s) : "memory");
-#if RELEASE
-            asm volatile("// @sm90a@ mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(empty + 8 * s),
-                         "r"(BM / 64 * CLUSTER) : "memory");
-#endif
-        }
         asm volatile("// @sm90a@ fence.mbarrier_init.release.cluster;" ::: "memory");
     }
-#if CLUSTER > 1
-    // the cluster's mbarriers are set up before any work-group copies into another's or arrives on its
-    asm volatile("// @sm90a@ barrier.cluster.arrive.release.aligned;\n"
-                 "// @sm90a@ barrier.cluster.wait.acquire.aligned;" ::: "memory");
-#else
     barrier(CLK_LOCAL_MEM_FENCE);
-#endif
 #define ISSUE_TILE(stage, kt)                                                                            \
     if (tid == 0) {                                                                                      \
         const uint d_ = sbase + (stage) * STAGE_BYTES, bar_ = bars + 8 * (stage);                        \
         asm volatile("// @sm90a@ mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"                \
                      ::"r"(bar_), "r"(tile_bytes) : "memory");                                           \
-        FETCH(A, d_, ka + k0 + (kt), m0, lda, ma, BM, TA, 0)                                             \
-        FETCH(B, d_ + A_BYTES + rank * (B_BYTES / CLUSTER), kb + k0 + (kt), nb0 + rank * (BN / CLUSTER), \
-              ldb, nb, BN / CLUSTER, TB, B_MC)                                                           \
-    }
-// WAIT_PHASE(bar, phase): until the mbarrier at local address bar has completed the phase of that parity
-#define WAIT_PHASE(bar, phase)                                                                           \
-    {                                                                                                    \
-        uint done_ = 0;                                                                                  \
-        while (!done_)                                                                                   \
-            asm volatile("// @sm90a@ { .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; " \
-                         "selp.u32 %0, 1, 0, p; }" : "=r"(done_) : "r"(bar), "r"(phase) : "memory");    \
+        FETCH(A, d_, ka + k0 + (kt), m0, lda, ma, BM, TA)                                                \
+        FETCH(B, d_ + A_BYTES, kb + k0 + (kt), nb0, ldb, nb, BN, TB)                                     \
     }
     for (int s = 0; s < AHEAD && s < nk; s++) ISSUE_TILE(s, s)
     for (int kt = 0; kt < nk; kt++) {
-#if RELEASE
-        // tile kt+AHEAD's stage, once every warpgroup of the cluster has released tile kt+AHEAD-STAGES there
-        if (kt + AHEAD < nk) {
-            if (tid == 0 && kt + AHEAD >= STAGES)
-                WAIT_PHASE(empty + 8 * ((kt + AHEAD) % STAGES), ((kt + AHEAD) / STAGES - 1) & 1)
-            ISSUE_TILE((kt + AHEAD) % STAGES, kt + AHEAD)
-        }
-#else
         barrier(CLK_LOCAL_MEM_FENCE);
         // every warpgroup has waited for the wgmma of tile kt-1-PIPE: its stage takes tile kt+AHEAD
         if (kt + AHEAD < nk) ISSUE_TILE((kt + AHEAD) % STAGES, kt + AHEAD)
-#endif
-        WAIT_PHASE(bars + 8 * (kt % STAGES), (kt / STAGES) & 1)
+        {
+            const uint bar = bars + 8 * (kt % STAGES), phase = (kt / STAGES) & 1;
+            uint done = 0;
+            while (!done)
+                asm volatile("// @sm90a@ { .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; "
+                             "selp.u32 %0, 1, 0, p; }" : "=r"(done) : "r"(bar), "r"(phase) : "memory");
+        }
         const uint s = sbase + (kt % STAGES) * STAGE_BYTES;
 #if GROUP == 2
         if (kt == nk - 1 && zrows) {
@@ -375,20 +320,6 @@ void matmul_wgmma(const int M, const int N, const int Kp, __global const ushort*
         asm volatile(WGMMA_TILE_ASM : WGMMA_ACC_OPERANDS
                      : "l"(da), "l"(db), "r"(1), "l"((ulong)(TA ? KSTEP_MN : KSTEP_K)),
                        "l"((ulong)(TB ? KSTEP_MN : KSTEP_K)), "n"(PIPE) : "memory");
-#if RELEASE
-        // this warpgroup's products of tile kt-PIPE are done: release its stage where a later tile refills it,
-        // one work-item a warpgroup arriving on each work-group's mbarrier of the cluster
-        if (kt >= PIPE && kt - PIPE + STAGES < nk && (tid & 127) < CLUSTER) {
-            const uint e = empty + 8 * ((kt - PIPE) % STAGES);
-#if CLUSTER > 1
-            asm volatile("// @sm90a@ { .reg .b32 ra; mapa.shared::cluster.u32 ra, %0, %1; "
-                         "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra]; }" ::"r"(e), "r"(tid & 127)
-                         : "memory");
-#else
-            asm volatile("// @sm90a@ mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(e) : "memory");
-#endif
-        }
-#endif
     }
 #if PIPE
     asm volatile(WGMMA_WAIT0_ASM : WGMMA_ACC_OPERANDS :: "memory");

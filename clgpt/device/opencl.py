@@ -339,8 +339,7 @@ class Device:
                 if sm90a.MARK in source:  # wgmma and the like, written as PTX comments (clgpt/device/sm90a.py)
                     if knobs.read().sm90a_verbose:  # which build ptxas's lines below are about
                         print(f"{file_stem}: {' '.join(options)}", flush=True)
-                    prg = sm90a.retarget(self.ctx, self.device, prg, defines.get("SMEM_BYTES"),
-                                         int(defines.get("CLUSTER", 1)))
+                    prg = sm90a.retarget(self.ctx, self.device, prg, defines.get("SMEM_BYTES"))
                 if defines.get("MAXNREG") and "nvidia" in self.device.platform.name.lower():
                     prg = sm90a.cap_registers(self.ctx, self.device, prg, defines["MAXNREG"])
             except cl.RuntimeError as e:

@@ -21,18 +21,12 @@ from clgpt.errors import ClgptError
 MARK = "// @sm90a@ "
 
 
-def patch_ptx(ptx: str, smem_bytes: int | None = None, cluster: int = 1) -> str:
-    """The PTX text for sm_90a: target sm_90 -> sm_90a, MARK comments -> the instructions they carry, with
-    smem_bytes the local array named `smem` that size and 1024-aligned (wgmma's swizzle atoms), and with cluster
-    > 1 every kernel launched in clusters of that many work-groups along dimension 1 (`.reqnctapercluster`: the
-    driver forms them at any launch, OpenCL's included)."""
+def patch_ptx(ptx: str, smem_bytes: int | None = None) -> str:
+    """The PTX text for sm_90a: target sm_90 -> sm_90a, MARK comments -> the instructions they carry, and with
+    smem_bytes the local array named `smem` that size and 1024-aligned (wgmma's swizzle atoms)."""
     ptx, n = re.subn(r"^(\s*\.target\s+)sm_90\b", r"\1sm_90a", ptx, flags=re.M)
     if n != 1:
         raise ClgptError("sm90a: the program's PTX names no .target sm_90 (not an sm_90 device?)")
-    if cluster > 1:
-        ptx, n = re.subn(r"(\.entry\s+\w+\s*\([^)]*\))", rf"\1\n.reqnctapercluster 1, {int(cluster)}, 1", ptx)
-        if not n:
-            raise ClgptError("sm90a: the program's PTX holds no .entry to launch in clusters")
     if smem_bytes:
         ptx, n = re.subn(r"\.shared\s+\.align\s+\d+\s+\.b8\s+(\S*smem)\[\d+\]",
                          rf".shared .align 1024 .b8 \g<1>[{int(smem_bytes)}]", ptx)
@@ -51,16 +45,13 @@ def build_ptx(ctx: cl.Context, device: cl.Device, ptx: str) -> cl.Program:
     return out
 
 
-def retarget(ctx: cl.Context, device: cl.Device, prg: cl.Program, smem_bytes: int | None = None,
-             cluster: int = 1) -> cl.Program:
+def retarget(ctx: cl.Context, device: cl.Device, prg: cl.Program, smem_bytes: int | None = None) -> cl.Program:
     """The built program `prg` (whose source carries MARK comments) rebuilt for sm_90a from its own PTX.
 
     smem_bytes: the size of the kernel's local array named `smem`. OpenCL C may declare at most 48 KB
     (CL_DEVICE_LOCAL_MEM_SIZE); Hopper gives a block up to 227 KB, and a larger static array in the PTX runs
-    (bench/probe_local_size.py), so the kernel declares 48 KB and its PTX array is set to smem_bytes. cluster:
-    work-groups a cluster along dimension 1 (the kernel's CLUSTER)."""
-    return build_ptx(ctx, device, patch_ptx(prg.get_info(cl.program_info.BINARIES)[0].decode(), smem_bytes,
-                                            cluster))
+    (bench/probe_local_size.py), so the kernel declares 48 KB and its PTX array is set to smem_bytes."""
+    return build_ptx(ctx, device, patch_ptx(prg.get_info(cl.program_info.BINARIES)[0].decode(), smem_bytes))
 
 
 def cap_ptx(ptx: str, maxnreg: int) -> str:

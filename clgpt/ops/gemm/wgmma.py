@@ -110,11 +110,8 @@ class WgmmaGemm(Part):
         the cache and A's fits (clgpt.device.tuning says why), else 0 (launch order)."""
         return WGMMA_BAND if b_bytes > WGMMA_BAND_MIN_BYTES >= a_bytes else 0
 
-    def kernel(self, mm, trans, bias, resid, accum, epi, split=0, tiled_out=0, group=0, ngroups=0, band=0, half=0,
-               cluster=1):
-        """The kernel of tile row `mm` for these switches; cluster 2: launched in pairs along m sharing B's tiles
-        (the row's CLUSTER, where the product's rows of tiles pair up and no band or group reorders them)."""
-        key = ("wgmma", trans, bias, resid, accum, epi, split, tiled_out, group, ngroups, band, half, cluster, id(mm))
+    def kernel(self, mm, trans, bias, resid, accum, epi, split=0, tiled_out=0, group=0, ngroups=0, band=0, half=0):
+        key = ("wgmma", trans, bias, resid, accum, epi, split, tiled_out, group, ngroups, band, half, id(mm))
         kern = self.product_kernels.get(key)
         if kern is None:
             kern = self.product_kernels[key] = self.dev.kernel(
@@ -123,8 +120,6 @@ class WgmmaGemm(Part):
                 BIAS=int(bias), RESID=int(resid), ACCUM=int(accum), EPI=epi, SPLITK=int(bool(split)),
                 **({"TILED_OUT": tiled_out} if tiled_out else {}), **({"OUT_BF16": half} if half else {}),
                 **({"GROUP": group, "NGROUPS": ngroups} if group else {}),
-                **({"RELEASE": 1} if mm.get("RELEASE") or cluster > 1 else {}),
-                **({"CLUSTER": cluster} if cluster > 1 else {}),
                 **({"BF16_CVT": 1} if self.f.bf16_options.get("BF16_CVT") else {}),
                 SMEM_BYTES=mm["STAGES"] * (mm["BM"] + mm["BN"]) * 128 + 64)
         return kern
@@ -145,18 +140,16 @@ class WgmmaGemm(Part):
         trans, ext = (bool(ta), not tb), (ca if ta else ra, rb if tb else cb)
         gn, gm = -(-N // BN), -(-M // BM)  # work-groups along n and m
         groups, gsize, lsize = gn * gm, (gn * 2 * BM, gm), (2 * BM, 1)
-        band = self.band(ra * ca * 2, rb * cb * 2)
-        cluster = mm.get("CLUSTER", 1) if gm % mm.get("CLUSTER", 1) == 0 and not band else 1
         operands = (i32(Kp), A16, i32(ra), i32(ext[0]), B16, i32(rb), i32(ext[1]))
         if (K >= SPLIT_MIN_TOTAL_K and bias is None and resid is None and epi == 0 and tiled_out is None
                 and not half and groups < WGMMA_SPLIT_GROUPS):
             plan = split_k_chunks(Kp, groups, WGMMA_SPLIT_GROUPS, WGMMA_SPLIT_MIN_K, 64)
             if plan:
                 S, kc = plan
-                run_split_k(self.launcher, self.kernel(mm, trans, False, False, False, 0, split=1, cluster=cluster),
-                            gsize, lsize, M, N, S, operands, (i32(kc),), accum, alpha, Cm)
+                run_split_k(self.launcher, self.kernel(mm, trans, False, False, False, 0, split=1), gsize, lsize,
+                            M, N, S, operands, (i32(kc),), accum, alpha, Cm)
                 return
         kern = self.kernel(mm, trans, bias is not None, resid is not None, bool(accum), epi,
-                           tiled_out=epi if tiled_out else 0, band=band, half=half, cluster=cluster)
+                           tiled_out=epi if tiled_out else 0, band=self.band(ra * ca * 2, rb * cb * 2), half=half)
         self.launcher.launch(kern, gsize, lsize, (i32(M), i32(N), *operands, Cm, i32(ldc or N), bias, resid, f32(alpha), E,
                                           *(tiled_out or out16 or ())))
