@@ -27,6 +27,7 @@ usage: bash bench/gpu.sh SUBCOMMAND [ARG]   (settings from the environment; file
   flash-portable  bench/flash_portable.py: portable flash attention vs the batched form and SDPA fp32; SHAPES, REPS
   gemm-forms   the portable GEMM forms one by one (warp-tiled and tiled) vs cuBLAS at 4096^2 and the M6 / L products
   generic-bf16 the generic GPU row, tuned: fp32 against bf16 storage, training at L and the 4096^2 GEMM
+  products     where a bf16 step's products stand against cuBLAS: a profile, torch.matmul on each product, ncu; SHAPE
 EOF
 }
 
@@ -456,6 +457,27 @@ cmd_generic_bf16() {
   setup
   timeout 560 python3 bench/generic_gpu.py --bf16 --shapes ${SHAPES:-L} --reps ${REPS:-3} 2>&1 | grep -v Warn \
     | tee "$O/generic_bf16.txt"
+}
+
+# products: where the wgmma products of a bf16 step stand against cuBLAS (issue 44): a per-kernel profile at SHAPE
+# (GPT2S), bench/gemm_products.py (torch.matmul on each product's shape and layout), then Nsight Compute over
+# bench/wgmma_cuda.py (the kernel's PTX launched through CUDA) on NCU_SHAPES (its shallow products), where ncu is
+# installed: throughput of the L2 and memory, warp stalls, occupancy. About 3 minutes on an H100.
+cmd_products() {
+  setup
+  local shape=${SHAPE:-GPT2S}
+  eval local args=\$$shape
+  CLGPT_BENCH_PROFILE=1 timeout 150 python3 -m clgpt bench $args --steps 3 --gemm 0 --precision bf16 \
+    >"$O/profile_$shape.txt" 2>&1
+  grep -A40 "^profile" "$O/profile_$shape.txt"
+  timeout 90 python3 bench/gemm_products.py "$O/profile_$shape.txt" 2>&1 | tee "$O/products_$shape.txt"
+  local ncu
+  ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  [ -n "$ncu" ] || { echo "products: no ncu on this machine"; return; }
+  REPS=1 WGMMA_CUDA_SHAPES="${NCU_SHAPES:-GPT2S proj,GPT2S fc}" timeout 200 "$ncu" --clock-control none \
+    -k regex:matmul_wgmma --launch-count 4 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+    --section WarpStateStats --section Occupancy python3 bench/wgmma_cuda.py >"$O/ncu_products.txt" 2>&1
+  grep -E "us a launch|equals|Duration|Throughput|Hit Rate|Stall|Occupancy" "$O/ncu_products.txt" | head -80
 }
 
 sub=${1:-}

@@ -34,7 +34,8 @@ def test_no_or_unknown_subcommand_prints_the_list_and_exits_2(args):
 
 @pytest.mark.parametrize("args", [("suite",), ("suite", "quick"), ("ratio",), ("peer",), ("flash",), ("arch",), ("tc",),
                                   ("wgmma",), ("char",), ("char-speed",), ("char-vocab",), ("muon",), ("mpi",),
-                                  ("mpi", "one"), ("generic",), ("flash-portable",), ("gemm-forms",)])
+                                  ("mpi", "one"), ("generic",), ("flash-portable",), ("gemm-forms",),
+                                  ("products",)])
 def test_each_subcommand_reaches_its_function(args):
     run = gpu_sh(*args, dry=True)
     assert run.returncode == 0, run.stderr
