@@ -1,21 +1,23 @@
-"""kernels/matmul_wgmma.cl as NVIDIA's OpenCL built it for sm_90a (its PTX), loaded and launched through CUDA (CuPy)
-on GPT-2 small's products, for Nsight Compute, which profiles CUDA launches only (bench/flash_cuda.py does the same
-for flash attention). Times each launch and checks that its output equals OpenCL's own launch, bit for bit.
+"""kernels/matmul_wgmma.cl as NVIDIA's OpenCL built it for sm_90a (its PTX), loaded and launched through CUDA (CuPy,
+bench/cuda_ptx.py) on GPT-2 small's products, for Nsight Compute, which profiles CUDA launches only (bench/flash_cuda.py
+does the same for flash attention). Times each launch and checks that its output equals OpenCL's own launch, bit for
+bit.
 
     source bench/gpu_env.sh; python3 bench/wgmma_cuda.py           (PTX_DIR: where the PTX goes, /tmp)
     REPS=1 ncu --clock-control none -k regex:matmul_wgmma --set full -o wgmma python3 bench/wgmma_cuda.py
 WGMMA_CUDA_SHAPES picks products by name (comma-separated parts of their names); WGMMA_CUDA_TILE=BM,BN,STAGES,PIPE.
 """
 import os
-import re
 import sys
 
 import numpy as np
 import pyopencl as cl
 
 sys.path.insert(0, os.getcwd())
+sys.path.insert(0, os.path.dirname(__file__))
 from clgpt.device.opencl import get_device  # noqa: E402
 import cupy as cp  # noqa: E402
+from cuda_ptx import cuda_function, us_a_launch  # noqa: E402
 
 # name, M, N, K: C (M, N) = A (M, K) @ B (N, K)^T, both K-major (the forward's form)
 SHAPES = [("GPT2S proj", 8192, 768, 768), ("GPT2S fc", 8192, 3072, 768), ("GPT2S qkv", 8192, 2304, 768),
@@ -24,24 +26,11 @@ if os.environ.get("WGMMA_CUDA_SHAPES"):
     SHAPES = [s for s in SHAPES if any(p in s[0] for p in os.environ["WGMMA_CUDA_SHAPES"].split(","))]
 BM, BN, STAGES, PIPE = map(int, os.environ.get("WGMMA_CUDA_TILE", "128,128,3,1").split(","))
 reps = int(os.environ.get("REPS", "20"))
-out_dir = os.environ.get("PTX_DIR", "/tmp")
 
 dev = get_device()
 k = dev.kernel("matmul_wgmma", "matmul_wgmma", BM=BM, BN=BN, STAGES=STAGES, PIPE=PIPE,
                SMEM_BYTES=STAGES * (BM + BN) * 128 + 64)
-text = k.get_info(cl.kernel_info.PROGRAM).get_info(cl.program_info.BINARIES)[0].decode(errors="replace").rstrip("\0")
-# NVIDIA's OpenCL reads the work's offsets and group counts from registers its runtime sets; under CUDA: offsets 0
-# and the grid's own size (as bench/flash_cuda.py)
-for reg, value in (("envreg0", "0"), ("envreg1", "0"), ("envreg2", "0"), ("envreg3", "0"), ("envreg4", "0"),
-                   ("envreg5", "0"), ("envreg6", "%nctaid.x"), ("envreg7", "%nctaid.y"), ("envreg8", "%nctaid.z")):
-    text = re.sub(r"mov\.b32(\s+%r\d+,\s+)%" + reg + r"\b", r"mov.u32\g<1>" + value, text)
-assert "envreg" not in text, sorted(set(re.findall(r"envreg\d+", text)))
-path = f"{out_dir}/matmul_wgmma.ptx"
-open(path, "w").write(text)
-m = re.search(r"\.entry\s+matmul_wgmma\s*\((.*?)\)", text, re.S)
-print("params:", re.findall(r"\.param\s+\.(\w+)", m.group(1)) if m else "?", flush=True)
-fn = cp.RawModule(path=path).get_function("matmul_wgmma")
-smem = STAGES * (BM + BN) * 128 + 64
+fn = cuda_function(k, "matmul_wgmma")
 i32, f32 = np.int32, np.float32
 rng = np.random.default_rng(0)
 mf = cl.mem_flags
@@ -57,15 +46,7 @@ for name, M, N, K in SHAPES:
 
     def run():
         fn(grid, block, args, shared_mem=0)
-    run()
-    cp.cuda.Device().synchronize()
-    e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-    e0.record()
-    for _ in range(reps):
-        run()
-    e1.record()
-    e1.synchronize()
-    us = cp.cuda.get_elapsed_time(e0, e1) / reps * 1e3
+    us = us_a_launch(run, reps)
     # OpenCL's own launch of the same kernel
     ca, cb_ = (cl.Buffer(dev.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=X) for X in (A, B))
     cc = cl.Buffer(dev.ctx, mf.READ_WRITE, M * N * 4)
