@@ -45,7 +45,8 @@ def best(fn, reps=20):
 def main(path):
     rows = products(path)
     if not rows:
-        sys.exit(f"{path}: no matmul_wgmma lines (a CLGPT_BENCH_PROFILE=1 run of clgpt bench --precision bf16 on sm_90)")
+        sys.exit(f"{path}: no matmul_wgmma lines "
+                 "(a CLGPT_BENCH_PROFILE=1 run of clgpt bench --precision bf16 on sm_90)")
     ours = theirs = 0.0
     print(f"{'product':46s} {'n':>3s} {'clgpt ms':>8s} {'TF/s':>5s} {'torch ms':>8s} {'TF/s':>5s}  speed")
     for t, cnt, label, flags, M, N, K in sorted(rows, key=lambda r: -r[0] * r[1]):
