@@ -74,7 +74,8 @@ def check():
         for (M, N, K, ta, tb) in SMALL or [(4096, 1024, 256, 0, 1), (2048, 256, 1024, 0, 0), (256, 1024, 2048, 1, 0),
                                   (1000, 333, 77, 0, 1), (77, 1000, 333, 0, 0), (333, 77, 1000, 1, 0), (64, 64, 4096, 1, 0),
                                   (300, 520, 200, 1, 1), (16384, 384, 1536, 0, 0), (1536, 384, 16384, 1, 0),
-                                  (8192, 768, 4096, 0, 1)]:  # deep, 192 work-groups on the wide wgmma tile
+                                  (8192, 768, 4096, 0, 1),  # deep, 192 work-groups on the wide wgmma tile
+                                  (3072, 768, 8192, 1, 0), (8192, 768, 768, 0, 1)]:  # where the mid tile may go
             A = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
             B = rng.standard_normal((N, K) if tb else (K, N)).astype(np.float32)
             opA, opB = (A.T if ta else A).astype(np.float64), (B.T if tb else B).astype(np.float64)

@@ -132,6 +132,8 @@ def _profiling_device(dev):
             if name.startswith("matmul"):
                 flags = [f if defines.get(f) == 1 else f"{f}{defines.get(f)}"
                          for f in ("TA", "TB", "BIAS", "RESID", "ACCUM", "EPI", "GROUP", "SPLITK") if defines.get(f)]
+                if name == "matmul_wgmma":  # which of its tile rows
+                    flags.append(f"{defines['BM']}x{defines['BN']}")
                 label = f"{name}[" + (",".join(flags) or "NN") + "]"
             return _Recorder(k, label, self.log)
 

@@ -30,7 +30,7 @@
 // waits for its phase. A tile: a barrier (so the stage refilled next is no longer read), the copies of
 // tile kt + AHEAD, the wait for tile kt, then 4 wgmma (k 16 each) and, with PIPE, a wait that leaves this
 // tile's group in flight while the next one issues.
-// -D: BM (128, 256), BN (128, 256), TA, TB, STAGES, PIPE, SMEM_BYTES; BIAS RESID ACCUM EPI SPLITK as
+// -D: BM (128, 256), BN (96 with TB 0, 128, 192, 256), TA, TB, STAGES, PIPE, SMEM_BYTES; BIAS RESID ACCUM EPI SPLITK as
 // matmul_bf16.cl; GROUP, NGROUPS the mixture of experts' grouped products (below).
 //
 // GROUP (clgpt/ops/grouped.py; the same contract as matmul.cl's GROUP, on copies of stacked operands):
@@ -124,6 +124,12 @@
 #endif
 #define SO (BN + 8)
 #define RPP (NT / (BN / 4))
+// BN 96 or 192: BN / 4 does not divide the work-items, nor RPP * OB the rows; the work-items past RPP rows and the
+// rows past BM sit out
+#if TB && BN % 64
+#error BN 96 takes B with its rows along n (TB 0): with TB 1 its tile is whole 64-column blocks
+#endif
+#define PART_ROWS (NT % (BN / 4) != 0 || BM % (RPP * OB) != 0)
 #define OB 8
 #define SMEM_NEED (STAGES * STAGE_BYTES + 64)  // the stages, then their mbarriers
 #define SMEM_DECL (SMEM_NEED < 49152 ? SMEM_NEED : 49152)
@@ -174,7 +180,23 @@ inline float4 ld_local4(const uint addr)
 
 // WGMMA_TILE_ASM: the 4 wgmma m64nBNk16 of one k tile, then a wait until at most PIPE groups are pending;
 // operands: the BN/2 accumulators, A's and B's descriptors, 1 (scale-d: accumulate), A's and B's k steps, PIPE.
-#if BN == 128
+#if BN == 96
+#define WGMMA_TILE_ASM \
+    "// @sm90a@ { .reg .pred p; .reg .b64 da, db;\n" \
+    "// @sm90a@ setp.ne.b32 p, %50, 0;\n" \
+    "// @sm90a@ mov.b64 da, %48; mov.b64 db, %49;\n" \
+    "// @sm90a@ wgmma.fence.sync.aligned;\n" \
+    "// @sm90a@ wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, da, db, p, 1, 1, " WGMMA_TRANS ";\n" \
+    "// @sm90a@ add.s64 da, da, %51; add.s64 db, db, %52;\n" \
+    "// @sm90a@ wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, da, db, p, 1, 1, " WGMMA_TRANS ";\n" \
+    "// @sm90a@ add.s64 da, da, %51; add.s64 db, db, %52;\n" \
+    "// @sm90a@ wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, da, db, p, 1, 1, " WGMMA_TRANS ";\n" \
+    "// @sm90a@ add.s64 da, da, %51; add.s64 db, db, %52;\n" \
+    "// @sm90a@ wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, da, db, p, 1, 1, " WGMMA_TRANS ";\n" \
+    "// @sm90a@ wgmma.commit_group.sync.aligned;\n" \
+    "// @sm90a@ wgmma.wait_group.sync.aligned %53; }\n"
+#define WGMMA_ACC_OPERANDS "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3]), "+f"(acc[4]), "+f"(acc[5]), "+f"(acc[6]), "+f"(acc[7]), "+f"(acc[8]), "+f"(acc[9]), "+f"(acc[10]), "+f"(acc[11]), "+f"(acc[12]), "+f"(acc[13]), "+f"(acc[14]), "+f"(acc[15]), "+f"(acc[16]), "+f"(acc[17]), "+f"(acc[18]), "+f"(acc[19]), "+f"(acc[20]), "+f"(acc[21]), "+f"(acc[22]), "+f"(acc[23]), "+f"(acc[24]), "+f"(acc[25]), "+f"(acc[26]), "+f"(acc[27]), "+f"(acc[28]), "+f"(acc[29]), "+f"(acc[30]), "+f"(acc[31]), "+f"(acc[32]), "+f"(acc[33]), "+f"(acc[34]), "+f"(acc[35]), "+f"(acc[36]), "+f"(acc[37]), "+f"(acc[38]), "+f"(acc[39]), "+f"(acc[40]), "+f"(acc[41]), "+f"(acc[42]), "+f"(acc[43]), "+f"(acc[44]), "+f"(acc[45]), "+f"(acc[46]), "+f"(acc[47])
+#elif BN == 128
 #define WGMMA_TILE_ASM \
     "// @sm90a@ { .reg .pred p; .reg .b64 da, db;\n" \
     "// @sm90a@ setp.ne.b32 p, %66, 0;\n" \
@@ -190,6 +212,22 @@ inline float4 ld_local4(const uint addr)
     "// @sm90a@ wgmma.commit_group.sync.aligned;\n" \
     "// @sm90a@ wgmma.wait_group.sync.aligned %69; }\n"
 #define WGMMA_ACC_OPERANDS "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3]), "+f"(acc[4]), "+f"(acc[5]), "+f"(acc[6]), "+f"(acc[7]), "+f"(acc[8]), "+f"(acc[9]), "+f"(acc[10]), "+f"(acc[11]), "+f"(acc[12]), "+f"(acc[13]), "+f"(acc[14]), "+f"(acc[15]), "+f"(acc[16]), "+f"(acc[17]), "+f"(acc[18]), "+f"(acc[19]), "+f"(acc[20]), "+f"(acc[21]), "+f"(acc[22]), "+f"(acc[23]), "+f"(acc[24]), "+f"(acc[25]), "+f"(acc[26]), "+f"(acc[27]), "+f"(acc[28]), "+f"(acc[29]), "+f"(acc[30]), "+f"(acc[31]), "+f"(acc[32]), "+f"(acc[33]), "+f"(acc[34]), "+f"(acc[35]), "+f"(acc[36]), "+f"(acc[37]), "+f"(acc[38]), "+f"(acc[39]), "+f"(acc[40]), "+f"(acc[41]), "+f"(acc[42]), "+f"(acc[43]), "+f"(acc[44]), "+f"(acc[45]), "+f"(acc[46]), "+f"(acc[47]), "+f"(acc[48]), "+f"(acc[49]), "+f"(acc[50]), "+f"(acc[51]), "+f"(acc[52]), "+f"(acc[53]), "+f"(acc[54]), "+f"(acc[55]), "+f"(acc[56]), "+f"(acc[57]), "+f"(acc[58]), "+f"(acc[59]), "+f"(acc[60]), "+f"(acc[61]), "+f"(acc[62]), "+f"(acc[63])
+#elif BN == 192
+#define WGMMA_TILE_ASM \
+    "// @sm90a@ { .reg .pred p; .reg .b64 da, db;\n" \
+    "// @sm90a@ setp.ne.b32 p, %98, 0;\n" \
+    "// @sm90a@ mov.b64 da, %96; mov.b64 db, %97;\n" \
+    "// @sm90a@ wgmma.fence.sync.aligned;\n" \
+    "// @sm90a@ wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, da, db, p, 1, 1, " WGMMA_TRANS ";\n" \
+    "// @sm90a@ add.s64 da, da, %99; add.s64 db, db, %100;\n" \
+    "// @sm90a@ wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, da, db, p, 1, 1, " WGMMA_TRANS ";\n" \
+    "// @sm90a@ add.s64 da, da, %99; add.s64 db, db, %100;\n" \
+    "// @sm90a@ wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, da, db, p, 1, 1, " WGMMA_TRANS ";\n" \
+    "// @sm90a@ add.s64 da, da, %99; add.s64 db, db, %100;\n" \
+    "// @sm90a@ wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, da, db, p, 1, 1, " WGMMA_TRANS ";\n" \
+    "// @sm90a@ wgmma.commit_group.sync.aligned;\n" \
+    "// @sm90a@ wgmma.wait_group.sync.aligned %101; }\n"
+#define WGMMA_ACC_OPERANDS "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3]), "+f"(acc[4]), "+f"(acc[5]), "+f"(acc[6]), "+f"(acc[7]), "+f"(acc[8]), "+f"(acc[9]), "+f"(acc[10]), "+f"(acc[11]), "+f"(acc[12]), "+f"(acc[13]), "+f"(acc[14]), "+f"(acc[15]), "+f"(acc[16]), "+f"(acc[17]), "+f"(acc[18]), "+f"(acc[19]), "+f"(acc[20]), "+f"(acc[21]), "+f"(acc[22]), "+f"(acc[23]), "+f"(acc[24]), "+f"(acc[25]), "+f"(acc[26]), "+f"(acc[27]), "+f"(acc[28]), "+f"(acc[29]), "+f"(acc[30]), "+f"(acc[31]), "+f"(acc[32]), "+f"(acc[33]), "+f"(acc[34]), "+f"(acc[35]), "+f"(acc[36]), "+f"(acc[37]), "+f"(acc[38]), "+f"(acc[39]), "+f"(acc[40]), "+f"(acc[41]), "+f"(acc[42]), "+f"(acc[43]), "+f"(acc[44]), "+f"(acc[45]), "+f"(acc[46]), "+f"(acc[47]), "+f"(acc[48]), "+f"(acc[49]), "+f"(acc[50]), "+f"(acc[51]), "+f"(acc[52]), "+f"(acc[53]), "+f"(acc[54]), "+f"(acc[55]), "+f"(acc[56]), "+f"(acc[57]), "+f"(acc[58]), "+f"(acc[59]), "+f"(acc[60]), "+f"(acc[61]), "+f"(acc[62]), "+f"(acc[63]), "+f"(acc[64]), "+f"(acc[65]), "+f"(acc[66]), "+f"(acc[67]), "+f"(acc[68]), "+f"(acc[69]), "+f"(acc[70]), "+f"(acc[71]), "+f"(acc[72]), "+f"(acc[73]), "+f"(acc[74]), "+f"(acc[75]), "+f"(acc[76]), "+f"(acc[77]), "+f"(acc[78]), "+f"(acc[79]), "+f"(acc[80]), "+f"(acc[81]), "+f"(acc[82]), "+f"(acc[83]), "+f"(acc[84]), "+f"(acc[85]), "+f"(acc[86]), "+f"(acc[87]), "+f"(acc[88]), "+f"(acc[89]), "+f"(acc[90]), "+f"(acc[91]), "+f"(acc[92]), "+f"(acc[93]), "+f"(acc[94]), "+f"(acc[95])
 #elif BN == 256
 #define WGMMA_TILE_ASM \
     "// @sm90a@ { .reg .pred p; .reg .b64 da, db;\n" \
@@ -207,7 +245,7 @@ inline float4 ld_local4(const uint addr)
     "// @sm90a@ wgmma.wait_group.sync.aligned %133; }\n"
 #define WGMMA_ACC_OPERANDS "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3]), "+f"(acc[4]), "+f"(acc[5]), "+f"(acc[6]), "+f"(acc[7]), "+f"(acc[8]), "+f"(acc[9]), "+f"(acc[10]), "+f"(acc[11]), "+f"(acc[12]), "+f"(acc[13]), "+f"(acc[14]), "+f"(acc[15]), "+f"(acc[16]), "+f"(acc[17]), "+f"(acc[18]), "+f"(acc[19]), "+f"(acc[20]), "+f"(acc[21]), "+f"(acc[22]), "+f"(acc[23]), "+f"(acc[24]), "+f"(acc[25]), "+f"(acc[26]), "+f"(acc[27]), "+f"(acc[28]), "+f"(acc[29]), "+f"(acc[30]), "+f"(acc[31]), "+f"(acc[32]), "+f"(acc[33]), "+f"(acc[34]), "+f"(acc[35]), "+f"(acc[36]), "+f"(acc[37]), "+f"(acc[38]), "+f"(acc[39]), "+f"(acc[40]), "+f"(acc[41]), "+f"(acc[42]), "+f"(acc[43]), "+f"(acc[44]), "+f"(acc[45]), "+f"(acc[46]), "+f"(acc[47]), "+f"(acc[48]), "+f"(acc[49]), "+f"(acc[50]), "+f"(acc[51]), "+f"(acc[52]), "+f"(acc[53]), "+f"(acc[54]), "+f"(acc[55]), "+f"(acc[56]), "+f"(acc[57]), "+f"(acc[58]), "+f"(acc[59]), "+f"(acc[60]), "+f"(acc[61]), "+f"(acc[62]), "+f"(acc[63]), "+f"(acc[64]), "+f"(acc[65]), "+f"(acc[66]), "+f"(acc[67]), "+f"(acc[68]), "+f"(acc[69]), "+f"(acc[70]), "+f"(acc[71]), "+f"(acc[72]), "+f"(acc[73]), "+f"(acc[74]), "+f"(acc[75]), "+f"(acc[76]), "+f"(acc[77]), "+f"(acc[78]), "+f"(acc[79]), "+f"(acc[80]), "+f"(acc[81]), "+f"(acc[82]), "+f"(acc[83]), "+f"(acc[84]), "+f"(acc[85]), "+f"(acc[86]), "+f"(acc[87]), "+f"(acc[88]), "+f"(acc[89]), "+f"(acc[90]), "+f"(acc[91]), "+f"(acc[92]), "+f"(acc[93]), "+f"(acc[94]), "+f"(acc[95]), "+f"(acc[96]), "+f"(acc[97]), "+f"(acc[98]), "+f"(acc[99]), "+f"(acc[100]), "+f"(acc[101]), "+f"(acc[102]), "+f"(acc[103]), "+f"(acc[104]), "+f"(acc[105]), "+f"(acc[106]), "+f"(acc[107]), "+f"(acc[108]), "+f"(acc[109]), "+f"(acc[110]), "+f"(acc[111]), "+f"(acc[112]), "+f"(acc[113]), "+f"(acc[114]), "+f"(acc[115]), "+f"(acc[116]), "+f"(acc[117]), "+f"(acc[118]), "+f"(acc[119]), "+f"(acc[120]), "+f"(acc[121]), "+f"(acc[122]), "+f"(acc[123]), "+f"(acc[124]), "+f"(acc[125]), "+f"(acc[126]), "+f"(acc[127])
 #else
-#error BN is 128 or 256
+#error BN is 96, 128, 192 or 256
 #endif
 #define WGMMA_WAIT0_ASM "// @sm90a@ wgmma.wait_group.sync.aligned 0;\n"
 
@@ -354,13 +392,13 @@ void matmul_wgmma(const int M, const int N, const int Kp, __global const ushort*
 #endif
 #pragma unroll
         for (int b = 0; b < OB; b++) {
-            const int gm = m0 + p0 + b * RPP + r0;
+            const int row = p0 + b * RPP + r0, gm = m0 + row;
             const size_t o = (size_t)gm * ldc + gn;
             r4[b] = c4v[b] = e4[b] = 0.0f;
 #if EPI == 3
             u4[b] = 0.0f;
 #endif
-            if (!full || gm >= M) continue;
+            if (!full || gm >= M || (PART_ROWS && (r0 >= RPP || row >= BM))) continue;
 #if RESID && !SPLITK
             r4[b] = *(__global const float4*)(R + o);
 #endif
@@ -377,7 +415,7 @@ void matmul_wgmma(const int M, const int N, const int Kp, __global const ushort*
 #pragma unroll
         for (int b = 0; b < OB; b++) {
             const int row = p0 + b * RPP + r0, gm = m0 + row;
-            if (gm >= M || gn >= N) continue;
+            if (gm >= M || gn >= N || (PART_ROWS && (r0 >= RPP || row >= BM))) continue;
             const float4 v = ld_local4(sbase + 4 * (row * SO + 4 * c4));
             const size_t o = (size_t)gm * ldc + gn;
             if (full) {

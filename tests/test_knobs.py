@@ -46,6 +46,8 @@ def test_read_takes_os_environ_when_called(monkeypatch):
     ("CLGPT_WGMMA", "off", "wgmma", OFF),
     ("CLGPT_WGMMA", "BM=128,BN=256,STAGES=4,PIPE=1", "wgmma", dict(BM=128, BN=256, STAGES=4, PIPE=1)),
     ("CLGPT_WGMMA_NARROW", "BM=128,BN=64,STAGES=3,PIPE=1", "wgmma_narrow", dict(BM=128, BN=64, STAGES=3, PIPE=1)),
+    ("CLGPT_WGMMA_MID", "off", "wgmma_mid", OFF),
+    ("CLGPT_WGMMA_MID", "BM=128,BN=96,STAGES=4,PIPE=1", "wgmma_mid", dict(BM=128, BN=96, STAGES=4, PIPE=1)),
     ("CLGPT_FLASH", "FWD_MT=2,KS=32", "flash", dict(FWD_MT=2, KS=32)),
     ("CLGPT_PRESET", "0", "preset", 0),
     ("CLGPT_SUBGROUP", "off", "subgroup", 0),

@@ -588,7 +588,7 @@ def test_wgmma_takes_the_wide_tile_only_on_deep_products():
 
     wide, narrow = tuning._NVIDIA_WGMMA, tuning._NVIDIA_WGMMA_NARROW
     assert wide["BN"] > narrow["BN"]
-    gemm = types.SimpleNamespace(f=types.SimpleNamespace(wgmma=(wide, narrow)))
+    gemm = types.SimpleNamespace(f=types.SimpleNamespace(wgmma=(wide, narrow), wgmma_mid=None))
 
     def tiles(M, N, K):
         return WgmmaGemm.tiles(gemm, N, M, K)
@@ -602,3 +602,43 @@ def test_wgmma_takes_the_wide_tile_only_on_deep_products():
     assert tiles(8192, 640, 8192) is narrow  # padded to 768 against 640: over an eighth more
     assert tiles(8192, 2304, 8192) is wide
     assert WgmmaGemm.tiles(gemm, 768) is narrow  # a grouped product
+
+
+@pytest.mark.parametrize("sms", [132, 114])  # the H100 and H200 SXM, the H100 PCIe
+def test_wgmma_mid_tile_where_its_waves_end_sooner(sms):
+    """The mid row goes to a product at least WGMMA_MID_MIN_K and under WGMMA_WIDE_MIN_K deep where the busiest SM,
+    at the rates clgpt.device.tuning gives, ends sooner on it than on the narrow (the estimate worked here by hand
+    from the tile counts); never to deep products, shallower ones, grouped products (no M given), or with a BN that
+    leaves part of a 64-column block where B lies K x N."""
+    import types
+
+    from clgpt.device import tuning
+    from clgpt.ops.gemm.wgmma import WgmmaGemm
+
+    wide, narrow, mid = tuning._NVIDIA_WGMMA, tuning._NVIDIA_WGMMA_NARROW, tuning._NVIDIA_WGMMA_MID
+    f = types.SimpleNamespace(wgmma=(wide, narrow), wgmma_mid=mid)
+    gemm = types.SimpleNamespace(f=f, dev=types.SimpleNamespace(device=types.SimpleNamespace(max_compute_units=sms)))
+    gemm.mid_ends_sooner = types.MethodType(WgmmaGemm.mid_ends_sooner, gemm)
+
+    def by_hand(M, N):
+        def busiest(mm):
+            return -(-(-(-M // mm["BM"]) * -(-N // mm["BN"])) // sms), mm["BM"] * mm["BN"]
+        h, a = busiest(narrow)
+        hm, am = busiest(mid)
+        return hm * am / tuning.WGMMA_MID_RATE < h // 2 * 2 * a + h % 2 * a / tuning.WGMMA_NARROW_ALONE_RATE
+
+    for M, N, K in [(8192, 768, 768), (8192, 768, 3072), (8192, 3072, 768), (8192, 2304, 768), (16384, 384, 1536),
+                    (8192, 1024, 1024), (8192, 50304, 768)]:
+        want = mid if by_hand(M, N) else narrow
+        assert WgmmaGemm.tiles(gemm, N, M, K) is want, (M, N, K)
+    if sms == 132:  # measured on an H100: GPT-2 small's 8192 x 768 outputs gain, the MLP's 8192 x 3072 lose
+        assert WgmmaGemm.tiles(gemm, 768, 8192, 3072) is mid
+        assert WgmmaGemm.tiles(gemm, 3072, 8192, 768) is narrow
+        # where the estimate alone would take the mid tiles: deep (they trained slower), and shallower than
+        # WGMMA_MID_MIN_K
+        assert by_hand(3072, 768) and WgmmaGemm.tiles(gemm, 768, 3072, 8192) is narrow
+        assert by_hand(16384, 384) and WgmmaGemm.tiles(gemm, 384, 16384, 384) is narrow
+    assert WgmmaGemm.tiles(gemm, 768, 8192, 50304) is wide  # deep, enough wide tiles: the wide row as before
+    assert WgmmaGemm.tiles(gemm, 768) is narrow  # a grouped product
+    f.wgmma_mid = dict(mid, BN=96)
+    assert not gemm.mid_ends_sooner(3072, 768, tb=0) and gemm.mid_ends_sooner(3072, 768, tb=1)

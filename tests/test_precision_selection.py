@@ -50,7 +50,9 @@ def test_register_cap_goes_on_every_kernel_entry():
                                      dict(BN=256, TB=1, BIAS=1), dict(BN=128, BIAS=1, RESID=1, STAGE_OUT=0),
                                      dict(BN=128, EPI=3), dict(BN=256, BIAS=1, EPI=1, TILED_OUT=1),
                                      dict(BN=128, EPI=2, TILED_OUT=2), dict(BN=128, TILE_BAND=8, BIAS=1),
-                                     dict(BN=128, TILE_BAND=64, OUT_BF16=1), dict(BN=256, BIAS=1, OUT_BF16=1)])
+                                     dict(BN=128, TILE_BAND=64, OUT_BF16=1), dict(BN=256, BIAS=1, OUT_BF16=1),
+                                     dict(BN=192, TA=1, TB=1, ACCUM=1), dict(BN=192, EPI=2, TILED_OUT=2),
+                                     dict(BN=96, BIAS=1, RESID=1), dict(BN=96, EPI=3, TILED_OUT=3)])
 def test_wgmma_kernel_compiles_apart_from_its_ptx(dev, defines):
     """kernels/matmul_wgmma.cl runs only on sm_90 GPUs; here its OpenCL C (descriptors, bulk-copy addresses,
     epilogue.cl's store_pair) builds on this device with the inline PTX stubbed out, so a C-level slip shows in CI."""

@@ -16,6 +16,7 @@ value read() cannot use is a one-line ClgptError naming the variable and what to
     CLGPT_BF16_SMALL=BM=..,... (tuning)       the bf16 GEMM's small tiles
     CLGPT_WGMMA=BM=..,...|off (tuning)        the wide wgmma tiles, deep products only (matmul_wgmma.cl); off: no wgmma
     CLGPT_WGMMA_NARROW=BM=..,... (tuning)     the narrow wgmma tiles
+    CLGPT_WGMMA_MID=BM=..,...|off (tuning)    the mid wgmma tiles, for products the narrow leave a part wave; off: none
     CLGPT_FLASH=FWD_MT=..,... (attention)     flash attention's tiles (clgpt/ops/attention.py FLASH_TILES)
     CLGPT_PRESET=0|1 (tuning)                 launch through cl.Kernels whose arguments were set once
     CLGPT_SUBGROUP=off|8|16|32|64 (device)    the GPU row kernels' reductions: off, the local-memory forms; a size,
@@ -70,6 +71,7 @@ class Knobs:
     bf16_small: dict | None = None
     wgmma: dict | str | None = None  # tiles, or OFF
     wgmma_narrow: dict | None = None
+    wgmma_mid: dict | str | None = None  # tiles, or OFF
     flash: dict | None = None  # clgpt.ops.attention's FLASH_TILES, overridden
     preset: int | None = None  # 0 | 1 overrides the row's `preset`
     subgroup: int | None = None  # None: the device's choice (clgpt.device.capabilities); 0: local memory; n: size n
@@ -159,6 +161,7 @@ def read(env: Mapping[str, str] | None = None) -> Knobs:
         bf16_small=_tiles(env, "CLGPT_BF16_SMALL"),
         wgmma=_tiles(env, "CLGPT_WGMMA", can_be_off=True),
         wgmma_narrow=_tiles(env, "CLGPT_WGMMA_NARROW"),
+        wgmma_mid=_tiles(env, "CLGPT_WGMMA_MID", can_be_off=True),
         flash=_flash(env),
         preset=int(preset) if preset in ("0", "1") else None,
         subgroup=None if not subgroup else 0 if subgroup == OFF else _int(

@@ -62,6 +62,18 @@ _NVIDIA_BF16_SMALL = dict(kernel="matmul_bf16", BM=64, BN=64, WM=2, WN=2, STAGES
 _NVIDIA_WGMMA = dict(kernel="matmul_wgmma", BM=128, BN=256, STAGES=3, PIPE=1)
 _NVIDIA_WGMMA_NARROW = dict(kernel="matmul_wgmma", BM=128, BN=128, STAGES=3, PIPE=1)
 WGMMA_WIDE_MIN_K = 4096
+# The mid row, 128 x 192 with 3 stages (120 KB: one work-group an SM), for shallow products the narrow tiles spread
+# unevenly: GPT-2 small's 8192 x 768 outputs are 384 narrow tiles, so 120 SMs of 132 take a third tile alone after
+# two shared, against two mid tiles each. A product at least WGMMA_MID_MIN_K and under WGMMA_WIDE_MIN_K deep takes
+# the mid tiles where its busiest SM ends sooner on them, a work-group alone on an SM running at these fractions of
+# the narrow pair's throughput (clgpt/ops/gemm/wgmma.py mid_ends_sooner). The rates fit the kernel alone on an H100
+# (bench/RESULTS_GPU.md): mid against narrow 1.13x at 8192 x 768 x 3072, 1.09x at 8192 x 768 x 768, 1.03x at
+# 8192 x 2304 x 768, 0.96x at 8192 x 3072 x 768. On the deep weight gradients (3072 x 768 x 8192, 144 narrow
+# tiles) the mid tiles trained slower; below 12 k tiles (the character recipe's K = 384) they are not measured.
+_NVIDIA_WGMMA_MID = dict(kernel="matmul_wgmma", BM=128, BN=192, STAGES=3, PIPE=1)
+WGMMA_MID_MIN_K = 768
+WGMMA_MID_RATE = 0.96
+WGMMA_NARROW_ALONE_RATE = 0.68
 # A product whose B copy outgrows the 50 MB L2 of the H100 and H200 while A's fits (the head's forward: B the
 # vocabulary x C weights) takes its tiles in bands of WGMMA_BAND rows of tiles (kernels/epilogue.cl tile_of_group):
 # in launch order each row of tiles fetched all of B from memory again. GPT-2 small's head forward: 298 -> 525
@@ -184,13 +196,14 @@ def launch_config(device: cl.Device, kn: knobs.Knobs) -> dict:
     cfg.setdefault("matmul_bf16_small", _NVIDIA_BF16_SMALL)
     cfg.setdefault("matmul_wgmma", _NVIDIA_WGMMA)  # used only on sm_90 devices (clgpt.device.sm90a.supported)
     cfg.setdefault("matmul_wgmma_narrow", _NVIDIA_WGMMA_NARROW)
+    cfg.setdefault("matmul_wgmma_mid", _NVIDIA_WGMMA_MID)
     for key, tiles in (("matmul_mma", kn.mma), ("matmul_mma_small", kn.mma_small), ("matmul_bf16", kn.bf16),
                        ("matmul_bf16_small", kn.bf16_small), ("matmul_wgmma", kn.wgmma),
-                       ("matmul_wgmma_narrow", kn.wgmma_narrow)):
+                       ("matmul_wgmma_narrow", kn.wgmma_narrow), ("matmul_wgmma_mid", kn.wgmma_mid)):
         if tiles == knobs.OFF:
             cfg[key] = None
         elif tiles is not None:
-            cfg[key] = dict(tiles, kernel=key.replace("_small", "").replace("_narrow", ""))
+            cfg[key] = dict(tiles, kernel=key.replace("_small", "").replace("_narrow", "").replace("_mid", ""))
     if kn.preset is not None:
         cfg["preset"] = kn.preset
     return cfg

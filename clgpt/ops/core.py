@@ -50,13 +50,14 @@ class Facts:
         self.precision = precision
         self.round = ROUND[self.precision]
         self.gemm = caps.gemm_backend(self.round)
-        self.mma = self.bf16 = self.wgmma = None
+        self.mma = self.bf16 = self.wgmma = self.wgmma_mid = None
         if self.gemm != "portable":
             self.mma = (self.launch["matmul_mma"], self.launch["matmul_mma_small"])
         if self.gemm in ("bf16", "wgmma"):
             self.bf16 = (self.launch["matmul_bf16"], self.launch["matmul_bf16_small"])
         if self.gemm == "wgmma":
             self.wgmma = (self.launch["matmul_wgmma"], self.launch["matmul_wgmma_narrow"])
+            self.wgmma_mid = self.launch.get("matmul_wgmma_mid")  # None: off
         # bf16 on the portable tiled GEMM (no tensor cores): the products read bf16 copies of their operands (bf16
         # storage, clgpt/ops/gemm/portable.py), the same bits as rounding fp32 operands as they load (tests turn
         # it off here to compare)

@@ -14,8 +14,9 @@ import numpy as np
 from clgpt.ops.core import Facts, Part, ceil_to, f32, i32, run_split_k
 from clgpt.ops.gemm.bf16 import Bf16Gemm
 from clgpt.ops.gemm.portable import split_k_chunks
-from clgpt.device.tuning import (SPLIT_MIN_TOTAL_K, WGMMA_BAND, WGMMA_BAND_MIN_BYTES, WGMMA_SPLIT_GROUPS,
-                                 WGMMA_SPLIT_MIN_K, WGMMA_WIDE_MIN_K)
+from clgpt.device.tuning import (SPLIT_MIN_TOTAL_K, WGMMA_BAND, WGMMA_BAND_MIN_BYTES, WGMMA_MID_MIN_K,
+                                 WGMMA_MID_RATE, WGMMA_NARROW_ALONE_RATE, WGMMA_SPLIT_GROUPS, WGMMA_SPLIT_MIN_K,
+                                 WGMMA_WIDE_MIN_K)
 
 
 class WgmmaGemm(Part):
@@ -95,14 +96,35 @@ class WgmmaGemm(Part):
         epilogue applies it."""
         return epi != 2 and M * N * K >= self.f.wgmma_min
 
-    def tiles(self, N, M=0, K=0):
+    def tiles(self, N, M=0, K=0, tb=1):
         """The wide tiles for a deep product: K at least WGMMA_WIDE_MIN_K, at least WGMMA_SPLIT_GROUPS work-groups
         on them (fewer would be split along K) and padding N to their BN wasting at most an eighth more than the
-        narrow ones'; else the narrow (clgpt.device.tuning says why). M and K left out: the narrow."""
+        narrow ones'; else, at least WGMMA_MID_MIN_K and under WGMMA_WIDE_MIN_K deep, the mid ones where their
+        busiest SM ends sooner (mid_ends_sooner); else the narrow (clgpt.device.tuning says why). M and K left
+        out: the narrow. tb as matmul's (0: B stored K x N)."""
         wide, narrow = self.f.wgmma
         if K < WGMMA_WIDE_MIN_K or -(-M // wide["BM"]) * -(-N // wide["BN"]) < WGMMA_SPLIT_GROUPS:
-            return narrow
+            mid = self.f.wgmma_mid if M and WGMMA_MID_MIN_K <= K < WGMMA_WIDE_MIN_K else None
+            return mid if mid and self.mid_ends_sooner(M, N, tb) else narrow
         return wide if ceil_to(N, wide["BN"]) * 8 <= ceil_to(N, narrow["BN"]) * 9 else narrow
+
+    def mid_ends_sooner(self, M, N, tb=1) -> bool:
+        """Whether C (M, N) ends sooner on the mid tiles than on the narrow, by the busiest SM's outputs over its
+        throughput: tiles go round the SMs, two narrow ones share an SM at the narrow pair's throughput, a narrow
+        one alone runs at WGMMA_NARROW_ALONE_RATE of that, a mid one (always alone) at WGMMA_MID_RATE. Not for
+        tiles whose BN leaves part of a 64-column block where B's copy lies K x N (tb 0: TB 1 in the kernel)."""
+        mid, narrow = self.f.wgmma_mid, self.f.wgmma[1]
+        if mid["BN"] % 64 and not tb:
+            return False
+        sms = self.dev.device.max_compute_units
+
+        def busiest(mm):  # tiles the busiest SM holds, and the outputs of one
+            return -(-(-(-M // mm["BM"]) * -(-N // mm["BN"])) // sms), mm["BM"] * mm["BN"]
+
+        h, area = busiest(narrow)
+        narrow_span = (h // 2) * 2 * area + (h % 2) * area / WGMMA_NARROW_ALONE_RATE
+        h, area = busiest(mid)
+        return h * area / WGMMA_MID_RATE < narrow_span
 
     @staticmethod
     def band(a_bytes, b_bytes):
@@ -131,7 +153,7 @@ class WgmmaGemm(Part):
         tiled_out = (copy, column sums): epi 1's E, or with epi 2 Cm itself (and its sums), written only as its
         tiled bf16 copy (M, N multiples of 64: matmul_wgmma.cl TILED_OUT). half: OUT_BF16 (1: Cm as bf16; 2: and
         its copy, out16 = (buffer, ushort offset)), unsplit."""
-        mm = self.tiles(N, M, K)
+        mm = self.tiles(N, M, K, tb)
         BM, BN = mm["BM"], mm["BN"]
         Kp = ceil_to(max(K, 1), 64)
         # the copies as the fp32 buffers lie: A (K x M) with ta, B (K x N) without tb
