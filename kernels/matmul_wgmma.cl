@@ -31,7 +31,9 @@
 // tile kt + AHEAD, the wait for tile kt, then 4 wgmma (k 16 each) and, with PIPE, a wait that leaves this
 // tile's group in flight while the next one issues.
 // -D: BM (128, 256), BN (96 with TB 0, 128, 192, 256), TA, TB, STAGES, PIPE, SMEM_BYTES; BIAS RESID ACCUM EPI SPLITK as
-// matmul_bf16.cl; GROUP, NGROUPS the mixture of experts' grouped products (below).
+// matmul_bf16.cl; GROUP, NGROUPS the mixture of experts' grouped products (below). WGMMA_EMULATE 1 (tests on CPUs,
+// CLGPT_WGMMA_EMULATE): no PTX; work-item 0 copies each tile, a work-group barrier stands for the mbarrier wait,
+// and each work-item sums its fragment of the wgmma products from the swizzled tiles in C.
 //
 // GROUP (clgpt/ops/grouped.py; the same contract as matmul.cl's GROUP, on copies of stacked operands):
 // - GROUP 1: Cm rows offs[e] .. offs[e] + counts[e] - 1 = op(A) rows there @ op(B_e), B_e the e-th block of
@@ -132,7 +134,11 @@
 #define PART_ROWS (NT % (BN / 4) != 0 || BM % (RPP * OB) != 0)
 #define OB 8
 #define SMEM_NEED (STAGES * STAGE_BYTES + 64)  // the stages, then their mbarriers
+#if WGMMA_EMULATE
+#define SMEM_DECL SMEM_NEED
+#else
 #define SMEM_DECL (SMEM_NEED < 49152 ? SMEM_NEED : 49152)
+#endif
 #if STAGE_OUT && BM * SO * 4 > STAGES * STAGE_BYTES
 #error STAGE_OUT needs BM * (BN + 8) floats of local memory: more stages
 #endif
@@ -155,6 +161,7 @@ inline ulong wgmma_desc(const uint addr, const uint lbo)
 #define STR(x) STR_(x)
 #define WGMMA_TRANS STR(TA) ", " STR(TB)  // imm-trans-a, imm-trans-b
 
+#if !WGMMA_EMULATE
 // local memory through its address (the array is larger than OpenCL C declares it)
 inline void st_local2(const uint addr, const float x, const float y)
 {
@@ -177,6 +184,21 @@ inline float4 ld_local4(const uint addr)
     asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(x), "=f"(y), "=f"(z), "=f"(w) : "r"(addr) : "memory");
     return (float4)(x, y, z, w);
 }
+#else
+// emulated: local memory at byte offsets from the kernel's array `smem` (declared whole), read and written in C
+#define LOCAL_AT(T, addr) (*(__local T*)((__local uchar*)smem + (addr)))
+#define st_local2(addr, x, y) (LOCAL_AT(float2, addr) = (float2)((x), (y)))
+#define st_local4(addr, v) (LOCAL_AT(float4, addr) = (v))
+#define ld_local(addr) LOCAL_AT(float, addr)
+#define ld_local4(addr) LOCAL_AT(float4, addr)
+// element (r, k) of a tile at byte offset base, r its row (m or n), k < 64: K-major (T 0), rows of 128 bytes whose
+// 16-byte chunk c lies at c ^ (r % 8); M- / N-major (T 1), 64-wide blocks of r, 8 KB apart, each 64 rows of k
+// swizzled alike. One work-item's wgmma fragment (see above) is then sums over k of such elements.
+#define TILE_OFF(r, k, T)                                                                                        \
+    ((T) ? ((r) >> 6) * 8192 + (k) * 128 + (((((r) & 63) >> 3) ^ ((k) & 7)) << 4) + (((r) & 7) << 1)              \
+         : (r) * 128 + ((((k) >> 3) ^ ((r) & 7)) << 4) + (((k) & 7) << 1))
+#define TILE_AT(base, r, k, T) as_float((uint)LOCAL_AT(ushort, (base) + TILE_OFF(r, k, T)) << 16)
+#endif
 
 // WGMMA_TILE_ASM: the 4 wgmma m64nBNk16 of one k tile, then a wait until at most PIPE groups are pending;
 // operands: the BN/2 accumulators, A's and B's descriptors, 1 (scale-d: accumulate), A's and B's k steps, PIPE.
@@ -249,19 +271,24 @@ inline float4 ld_local4(const uint addr)
 #endif
 #define WGMMA_WAIT0_ASM "// @sm90a@ wgmma.wait_group.sync.aligned 0;\n"
 
+// BULK_COPY(d, src, bytes): a bulk copy of global src into local d on mbarrier bar_ (emulated: work-item 0
+// copies at once; the wait for the tile is a work-group barrier)
+#if WGMMA_EMULATE
+#define BULK_COPY(d, src, bytes)                                                                       \
+    for (int b_ = 0; b_ < (int)(bytes) / 16; b_++) LOCAL_AT(uint4, (d) + 16 * b_) = ((__global const uint4*)(src))[b_];
+#else
+#define BULK_COPY(d, src, bytes)                                                                       \
+    asm volatile("// @sm90a@ cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "         \
+                 "[%0], [%1], %2, [%3];" ::"r"(d), "l"(src), "r"(bytes), "r"(bar_) : "memory");
+#endif
 // FETCH(X, d, kk, o0, ld, ext, BX, TX): the bulk copies of k tile kk of an operand's rows (columns with TX)
 // o0..o0+BX-1 into local d, on mbarrier bar_, stopping at its padded extent ext.
 #define FETCH(X, d, kk, o0, ld, ext, BX, TX)                                                           \
     if (TX) {                                                                                          \
         for (int j_ = 0; j_ < BX / 64 && o0 + 64 * j_ < ext; j_++)                                     \
-            asm volatile("// @sm90a@ cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes " \
-                         "[%0], [%1], %2, [%3];" ::"r"(d + j_ * 8192),                                 \
-                         "l"(X + ((size_t)(o0 / 64 + j_) * ld + (size_t)(kk) * 64) * 64), "r"(8192),   \
-                         "r"(bar_) : "memory");                                                        \
+            BULK_COPY(d + j_ * 8192, X + ((size_t)(o0 / 64 + j_) * ld + (size_t)(kk) * 64) * 64, 8192)     \
     } else {                                                                                           \
-        asm volatile("// @sm90a@ cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "     \
-                     "[%0], [%1], %2, [%3];" ::"r"(d), "l"(X + ((size_t)(kk) * ld + o0) * BK),          \
-                     "r"(min(BX, ext - o0) * 128), "r"(bar_) : "memory");                              \
+        BULK_COPY(d, X + ((size_t)(kk) * ld + o0) * BK, min(BX, ext - o0) * 128)                       \
     }
 // the bytes FETCH moves for one operand tile
 #define FETCH_BYTES(o0, ext, BX, TX) ((TX) ? min(BX / 64, (ext - o0 + 63) / 64) * 8192 : min(BX, ext - o0) * 128)
@@ -310,23 +337,34 @@ void matmul_wgmma(const int M, const int N, const int Kp, __global const ushort*
     SPLIT_RANGE(kbeg, kend, Kp)
 #endif
     const int k0 = kbeg / BK, nk = (kend - kbeg) / BK;
+#if WGMMA_EMULATE
+    const uint sbase = 0, bars = sbase + STAGES * STAGE_BYTES;  // byte offsets into smem
+#else
     const uint sbase = (uint)(size_t)smem, bars = sbase + STAGES * STAGE_BYTES;
+#endif
     const uint tile_bytes = FETCH_BYTES(m0, ma, BM, TA) + FETCH_BYTES(nb0, nb, BN, TB);
     float acc[NACC];
 #pragma unroll
     for (int i = 0; i < NACC; i++) acc[i] = 0.0f;
 
+#if !WGMMA_EMULATE
     if (tid == 0) {
         for (int s = 0; s < STAGES; s++)
             asm volatile("// @sm90a@ mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bars + 8 * s) : "memory");
         asm volatile("// @sm90a@ fence.mbarrier_init.release.cluster;" ::: "memory");
     }
+#endif
     barrier(CLK_LOCAL_MEM_FENCE);
+#if WGMMA_EMULATE
+#define ARRIVE_TX(bar, bytes)
+#else
+#define ARRIVE_TX(bar, bytes)                                                                            \
+    asm volatile("// @sm90a@ mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+#endif
 #define ISSUE_TILE(stage, kt)                                                                            \
     if (tid == 0) {                                                                                      \
         const uint d_ = sbase + (stage) * STAGE_BYTES, bar_ = bars + 8 * (stage);                        \
-        asm volatile("// @sm90a@ mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"                \
-                     ::"r"(bar_), "r"(tile_bytes) : "memory");                                           \
+        ARRIVE_TX(bar_, tile_bytes)                                                                      \
         FETCH(A, d_, ka + k0 + (kt), m0, lda, ma, BM, TA)                                                \
         FETCH(B, d_ + A_BYTES, kb + k0 + (kt), nb0, ldb, nb, BN, TB)                                     \
     }
@@ -335,6 +373,9 @@ void matmul_wgmma(const int M, const int N, const int Kp, __global const ushort*
         barrier(CLK_LOCAL_MEM_FENCE);
         // every warpgroup has waited for the wgmma of tile kt-1-PIPE: its stage takes tile kt+AHEAD
         if (kt + AHEAD < nk) ISSUE_TILE((kt + AHEAD) % STAGES, kt + AHEAD)
+#if WGMMA_EMULATE
+        barrier(CLK_LOCAL_MEM_FENCE);  // work-item 0's copies of tile kt, done when it issued them
+#else
         {
             const uint bar = bars + 8 * (kt % STAGES), phase = (kt / STAGES) & 1;
             uint done = 0;
@@ -342,6 +383,7 @@ void matmul_wgmma(const int M, const int N, const int Kp, __global const ushort*
                 asm volatile("// @sm90a@ { .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; "
                              "selp.u32 %0, 1, 0, p; }" : "=r"(done) : "r"(bar), "r"(phase) : "memory");
         }
+#endif
         const uint s = sbase + (kt % STAGES) * STAGE_BYTES;
 #if GROUP == 2
         if (kt == nk - 1 && zrows) {
@@ -350,16 +392,31 @@ void matmul_wgmma(const int M, const int N, const int Kp, __global const ushort*
             for (int i = tid; i < (BM + BN) / 64 * per; i += NT)
                 st_local4(s + (i / per) * 8192 + (64 - zrows) * 128 + (i % per) * 16, (float4)(0.0f));
             // the products read local memory through the async proxy: order these stores before them
+#if !WGMMA_EMULATE
             asm volatile("// @sm90a@ fence.proxy.async.shared::cta;" ::: "memory");
+#endif
             barrier(CLK_LOCAL_MEM_FENCE);
         }
 #endif
         const ulong da = wgmma_desc(s + wg * 64 * 128, TA ? MN_LBO : 16), db = wgmma_desc(s + A_BYTES, TB ? MN_LBO : 16);
+#if WGMMA_EMULATE
+        {
+            const int g = lane >> 2, t = lane & 3;
+            for (int j = 0; j < BN / 8; j++)
+                for (int i = 0; i < 4; i++) {
+                    const int r = wg * 64 + warp * 16 + g + 8 * (i >> 1), c = 8 * j + 2 * t + (i & 1);
+                    float sum = 0.0f;
+                    for (int k = 0; k < BK; k++) sum += TILE_AT(s, r, k, TA) * TILE_AT(s + A_BYTES, c, k, TB);
+                    acc[4 * j + i] += sum;
+                }
+        }
+#else
         asm volatile(WGMMA_TILE_ASM : WGMMA_ACC_OPERANDS
                      : "l"(da), "l"(db), "r"(1), "l"((ulong)(TA ? KSTEP_MN : KSTEP_K)),
                        "l"((ulong)(TB ? KSTEP_MN : KSTEP_K)), "n"(PIPE) : "memory");
+#endif
     }
-#if PIPE
+#if PIPE && !WGMMA_EMULATE
     asm volatile(WGMMA_WAIT0_ASM : WGMMA_ACC_OPERANDS :: "memory");
 #endif
 

@@ -180,7 +180,7 @@ ON_EVERY_IMPLEMENTATION = KERNEL_MODULES | {"test_engine", "test_engine_contract
 # The emulated NVIDIA kernels (tensor-core instructions done with local memory and barriers) run on no CPU or
 # GPU in use and take minutes to emulate per compiler: those modules run on PoCL where one works, else on the
 # first implementation (Intel's builds the emulated flash kernels unoptimised, see clgpt/device/opencl.py).
-ON_POCL = {"test_flash", "test_precision_gemm", "test_precision_mma", "test_precision_bf16",
+ON_POCL = {"test_flash", "test_precision_gemm", "test_precision_mma", "test_precision_bf16", "test_precision_wgmma",
            "test_precision_selection", "test_precision_engine", "test_tuner"}
 
 

@@ -53,6 +53,7 @@ def test_read_takes_os_environ_when_called(monkeypatch):
     ("CLGPT_SUBGROUP", "off", "subgroup", 0),
     ("CLGPT_SUBGROUP", "16", "subgroup", 16),
     ("CLGPT_MMA_EMULATE", "1", "mma_emulate", True),
+    ("CLGPT_WGMMA_EMULATE", "1", "wgmma_emulate", True),
     ("CLGPT_NV_VERBOSE", "1", "nv_verbose", True),
     ("CLGPT_SM90A_VERBOSE", "1", "sm90a_verbose", True),
     ("CLGPT_BENCH_PROFILE", "1", "bench_profile", True),

@@ -126,7 +126,9 @@ def _read(device, kn: Knobs) -> Capabilities:
             address = smem_address(device)  # bf16 rounding by the hardware's conversion (precision.cl BF16_CVT)
             bf16_options = dict(address, BF16_CVT=1) if address else {}
     bf16_gemm = bool(bf16_options)
-    wgmma = bool(tensor_cores and bf16_gemm and launch.get("matmul_wgmma") and sm90a.supported(device))
+    # wgmma on sm_90, or emulated (kernels/matmul_wgmma.cl WGMMA_EMULATE) with the emulated tensor cores
+    wgmma = bool(tensor_cores and bf16_gemm and launch.get("matmul_wgmma")
+                 and (sm90a.supported(device) or (emulated and kn.wgmma_emulate)))
     return Capabilities(
         launch=launch, group_rows=rows, layernorm_rows=bool(rows and launch.get("ln_rw")),
         rope_per_pair=bool(rows), swiglu_per_element=bool(rows), grad_norm_groups=bool(rows),

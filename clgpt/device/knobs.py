@@ -22,6 +22,8 @@ value read() cannot use is a one-line ClgptError naming the variable and what to
     CLGPT_SUBGROUP=off|8|16|32|64 (device)    the GPU row kernels' reductions: off, the local-memory forms; a size,
                                               sub-groups of it (one the device offers); unset: the device's choice
     CLGPT_MMA_EMULATE=0|1 (0)                 1: the tensor-core path on any device, mma emulated (tests on PoCL)
+    CLGPT_WGMMA_EMULATE=0|1 (0)               1: with CLGPT_MMA_EMULATE on a device that is not NVIDIA's, the large
+                                              bf16 products on matmul_wgmma.cl, wgmma emulated (tests on PoCL)
     CLGPT_NV_VERBOSE=any (unset)              NVIDIA's compiler reports registers and spills in the build log
     CLGPT_SM90A_VERBOSE=any (unset)           ptxas prints registers, spills and wgmma warnings of sm_90a rebuilds
     CLGPT_BENCH_PROFILE=0|1 (0)               1: `clgpt bench` also profiles a few steps, per kernel
@@ -77,6 +79,7 @@ class Knobs:
     subgroup: int | None = None  # None: the device's choice (clgpt.device.capabilities); 0: local memory; n: size n
     # clgpt.device.precision, clgpt.ops: which GEMM path and how its copies are made
     mma_emulate: bool = False
+    wgmma_emulate: bool = False
     wgmma_min_mnk: int | None = None  # None: clgpt.device.tuning.WGMMA_MIN_MNK; passed in, never read from a variable
     gemm_tuning: dict | None = None  # a clgpt.device.tuner record; passed in (the `tuning` setting), never a variable
     flash_tuning: dict | None = None  # portable flash attention's tiles (clgpt.device.tuner_flash); passed in likewise
@@ -167,6 +170,7 @@ def read(env: Mapping[str, str] | None = None) -> Knobs:
         subgroup=None if not subgroup else 0 if subgroup == OFF else _int(
             SUBGROUP_VAR, subgroup, "off or a sub-group size the device offers, e.g. 16"),
         mma_emulate=_on(env.get("CLGPT_MMA_EMULATE")),
+        wgmma_emulate=_on(env.get("CLGPT_WGMMA_EMULATE")),
         nv_verbose=bool(env.get("CLGPT_NV_VERBOSE")),
         sm90a_verbose=bool(env.get("CLGPT_SM90A_VERBOSE")),
         bench_profile=_on(env.get("CLGPT_BENCH_PROFILE")),

@@ -336,7 +336,8 @@ class Device:
                     # PoCL fails a build that races another process's on its shared kernel cache (pocl/pocl#1480):
                     # two single-rank jobs of a sweep can; the second try finds the cache settled
                     prg = _build(cl.Program(self.ctx, source), list(options))
-                if sm90a.MARK in source:  # wgmma and the like, written as PTX comments (clgpt/device/sm90a.py)
+                if sm90a.MARK in source and not defines.get("WGMMA_EMULATE"):
+                    # wgmma and the like, written as PTX comments (clgpt/device/sm90a.py)
                     if knobs.read().sm90a_verbose:  # which build ptxas's lines below are about
                         print(f"{file_stem}: {' '.join(options)}", flush=True)
                     prg = sm90a.retarget(self.ctx, self.device, prg, defines.get("SMEM_BYTES"))

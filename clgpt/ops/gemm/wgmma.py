@@ -143,6 +143,7 @@ class WgmmaGemm(Part):
                 **({"TILED_OUT": tiled_out} if tiled_out else {}), **({"OUT_BF16": half} if half else {}),
                 **({"GROUP": group, "NGROUPS": ngroups} if group else {}),
                 **({"BF16_CVT": 1} if self.f.bf16_options.get("BF16_CVT") else {}),
+                **({"WGMMA_EMULATE": 1} if self.caps.mma_emulated else {}),
                 SMEM_BYTES=mm["STAGES"] * (mm["BM"] + mm["BN"]) * 128 + 64)
         return kern
 

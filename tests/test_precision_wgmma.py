@@ -1,0 +1,88 @@
+"""kernels/matmul_wgmma.cl with wgmma emulated (WGMMA_EMULATE: its bulk copies and products done in C on the same
+swizzled tiles, its epilogues and output passes as they stand), through the engine's wgmma GEMM on a CPU: each
+operand layout, tile row, epilogue and split-K against float64 of the bf16-rounded operands, and a whole GPT-2
+step against the float64 reference. The instructions themselves run on an H100 or H200 only
+(bench/gpu_tc.py check)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from clgpt.device.knobs import OFF
+from clgpt.model import ModelConfig, init_params
+from clgpt.models import reference as ref
+
+from conftest import from_dev, to_dev
+from precisioncheck import ROUNDED_TOL, _engine, assert_scaled, emulated_knobs, operands
+
+f32 = np.float32
+rng = np.random.default_rng(90)
+
+TILES = {"narrow": dict(BM=128, BN=128, STAGES=3, PIPE=1), "mid": dict(BM=128, BN=192, STAGES=3, PIPE=1),
+         "wide, no pipe": dict(BM=128, BN=256, STAGES=4, PIPE=0), "BN 96": dict(BM=128, BN=96, STAGES=2, PIPE=1),
+         "BM 256": dict(BM=256, BN=128, STAGES=3, PIPE=1)}
+# the narrow row (most products take it) on each operand layout, the others on one or two (each case builds and
+# emulates two kernels on PoCL: seconds apiece)
+CASES = [("narrow", 0, 1), ("narrow", 0, 0), ("narrow", 1, 0), ("narrow", 1, 1), ("mid", 0, 1), ("mid", 1, 1),
+         ("wide, no pipe", 1, 0), ("BN 96", 0, 1), ("BM 256", 0, 0)]
+
+
+def wgmma_knobs(tiles=None):
+    """Every bf16 product on matmul_wgmma.cl (emulated) on the narrow row `tiles` (None: the table's), no mid row."""
+    return emulated_knobs(wgmma_emulate=True, wgmma_min_mnk=0, wgmma_mid=OFF,
+                          **({"wgmma_narrow": tiles} if tiles else {}))
+
+
+@pytest.mark.parametrize("tiles,ta,tb", CASES)
+def test_wgmma_products_against_float64(dev, tiles, ta, tb):
+    """C = 0.5 op(A) op(B) + bias + R + C on each operand layout (ragged M, N, K: part tiles, a k tile past K),
+    and a deep product of one output tile, split along K and summed by splitk_reduce."""
+    eng = _engine("bf16", knobs=wgmma_knobs(TILES[tiles]))
+    gemm = eng.ops.gemms.wgmma
+    assert gemm is not None and gemm.tiles(300, 200, 130, tb)["BN"] == TILES[tiles]["BN"]
+    rnd = ref.ROUNDERS["bf16"]
+    for M, N, K, epilogue in [(200, 300, 130, True), (64, 96, 4096, False)]:
+        A, B = operands(ta, tb, M, N, K)
+        opA, opB = rnd(A.T if ta else A).astype(np.float64), rnd(B.T if tb else B).astype(np.float64)
+        C0, bias, R = (rng.normal(size=s).astype(f32) for s in ((M, N), (N,), (M, N)))
+        cbuf = to_dev(dev, C0)
+        kw = dict(bias=to_dev(dev, bias), resid=to_dev(dev, R)) if epilogue else {}
+        eng.matmul(M, N, K, to_dev(dev, A), to_dev(dev, B), cbuf, ta=ta, tb=tb, accum=True, alpha=0.5, **kw)
+        want = 0.5 * opA @ opB + C0 + ((bias + R) if epilogue else 0)
+        scale = 0.5 * np.abs(opA) @ np.abs(opB) + np.abs(C0) + ((np.abs(bias) + np.abs(R)) if epilogue else 0)
+        assert_scaled(from_dev(dev, cbuf, (M, N)), want, scale, ROUNDED_TOL, f"wgmma {tiles} {M}x{N}x{K}")
+    split = [key for key in eng.ops.product_kernels if key[0] == "wgmma" and key[6]]
+    assert split, "the deep product of one tile was not split along K"
+
+
+def test_wgmma_engine_step_against_float64(dev):
+    """A GPT-2 bf16 step with every product on wgmma (emulated), rows and widths multiples of 64 so that the products
+    writing only tiled copies (GELU's, dh's with its column sums) and bf16 logits run: loss and every gradient
+    against the float64 reference, and the same bytes twice."""
+    from clgpt.models.factory import make_engine
+
+    cfg = ModelConfig(vocab_size=64, n_ctx=16, n_embd=64, n_head=2, n_layer=1, n_ff=128)
+    params = init_params(cfg, 0)
+    r = np.random.default_rng(7)
+    tok, tgt = (r.integers(0, 64, size=(4, 16)).astype(np.int32) for _ in range(2))
+    runs = []
+    for _ in range(2):
+        eng = make_engine(cfg, params, batch_size=4, seq_len=16, precision="bf16", knobs=wgmma_knobs(),
+                          attention="batched")  # emulated flash attention takes minutes to build here
+        assert eng.ops.gemms.wgmma is not None
+        eng.zero_grad()
+        loss = eng.forward(tok, tgt)
+        eng.backward()
+        runs.append((loss, eng.get_grads()))
+    keys = [key for key in eng.ops.product_kernels if key[0] == "wgmma"]
+    assert {1, 2} <= {key[7] for key in keys}, f"no product wrote only its tiled copy: {keys}"  # TILED_OUT
+    assert 1 in {key[11] for key in keys}, f"no product wrote bf16: {keys}"  # OUT_BF16: the logits
+    want_loss, cache = ref.gpt_forward(params, cfg, tok, tgt)
+    want = ref.gpt_backward(cache)
+    (loss, grads), (loss2, grads2) = runs
+    assert abs(loss - want_loss) < 2e-2 * abs(want_loss), f"loss {loss} vs {want_loss}"
+    for name, g in want.items():
+        err = np.abs(grads[name] - g).max() / max(np.abs(g).max(), 1e-12)
+        assert err < 0.2, f"grad {name}: relative error {err:.2e}"
+    assert loss2 == loss and all(np.array_equal(grads[n], grads2[n]) for n in grads)
