@@ -1,8 +1,8 @@
 """kernels/matmul_wgmma.cl with wgmma emulated (WGMMA_EMULATE: its bulk copies and products done in C on the same
 swizzled tiles, its epilogues and output passes as they stand), through the engine's wgmma GEMM on a CPU: each
-operand layout, tile row, epilogue and split-K against float64 of the bf16-rounded operands, and a whole GPT-2
-step against the float64 reference. The instructions themselves run on an H100 or H200 only
-(bench/gpu_tc.py check)."""
+operand layout, tile row, epilogue and split-K, and the experts' grouped products, against float64 of the
+bf16-rounded operands, and a whole GPT-2 step against the float64 reference. The instructions themselves run on an
+H100 or H200 only (bench/gpu_tc.py check)."""
 
 from __future__ import annotations
 
@@ -86,3 +86,45 @@ def test_wgmma_engine_step_against_float64(dev):
         err = np.abs(grads[name] - g).max() / max(np.abs(g).max(), 1e-12)
         assert err < 0.2, f"grad {name}: relative error {err:.2e}"
     assert loss2 == loss and all(np.array_equal(grads[n], grads2[n]) for n in grads)
+
+
+def test_wgmma_grouped_products_against_float64(dev):
+    """The mixture of experts' products on wgmma (emulated; clgpt/ops/grouped.py, GROUP 1 and 2) with uneven
+    groups and an empty one: x @ W_e.T, h @ V_e and the weight gradients h_e.T @ x_e against float64 of the rounded
+    operands, an empty group's gradient zero, the same bytes twice."""
+    from clgpt.ops import Ops
+
+    cfg = ModelConfig(arch="llama", vocab_size=64, n_ctx=8, n_embd=64, n_ff=128, n_head=2, n_layer=1, n_expert=4,
+                      n_expert_used=2)
+    ops = Ops(dev, cfg, 8, precision="bf16", knobs=wgmma_knobs())
+    assert ops.grouped_mma() and ops.grouped_on_wgmma(1 << 20, 1024, 384, 1 << 20)
+    rnd, RM = ref.ROUNDERS["bf16"], ops.grouped_tiles()["RM"]
+    C, F, counts = 64, 128, np.array([30, 0, 170, 5], np.int32)  # widths multiples of 64, as wgmma takes them
+    E = len(counts)
+    offs = np.concatenate([[0], np.cumsum(-(-counts // RM) * RM)]).astype(np.int32)
+    R, offs = int(offs[-1]), offs[:-1].copy()
+    x = rng.normal(size=(R, C)).astype(f32)
+    W, V = (rng.normal(size=(E, F, C)).astype(f32) for _ in range(2))
+    runs = []
+    for _ in range(2):
+        h, y, g = (to_dev(dev, np.zeros(s, f32)) for s in ((R, F), (R, C), (E, F, C)))
+        bn, bo = to_dev(dev, counts), to_dev(dev, offs)
+        ops.matmul_grouped_rows(E, R // RM, F, C, to_dev(dev, x), C, to_dev(dev, W), C, F * C, h, F, bn, bo, None,
+                                tb=1, packed=R)
+        ops.matmul_grouped_rows(E, R // RM, C, F, h, F, to_dev(dev, V), C, F * C, y, C, bn, bo, None, packed=R)
+        ops.matmul_grouped_k(E, F, C, h, F, to_dev(dev, x), C, g, C, F * C, bn, bo, max_rows=R,
+                             total_rows=int(counts.sum()), packed=R)
+        runs.append((from_dev(dev, h, (R, F)), from_dev(dev, y, (R, C)), from_dev(dev, g, (E, F, C))))
+    (h, y, g), again = runs
+    assert all(np.array_equal(a, b) for a, b in zip((h, y, g), again))
+    assert {key[8] for key in ops.product_kernels if key[0] == "wgmma"} == {1, 2}, list(ops.product_kernels)
+    rx, rh = rnd(x).astype(np.float64), rnd(h).astype(np.float64)
+    for e in range(E):
+        rows = slice(offs[e], offs[e] + counts[e])
+        if not counts[e]:
+            assert not g[e].any(), "an empty group's weight gradient is not zero"
+            continue
+        rW, rV = rnd(W[e]).astype(np.float64), rnd(V[e]).astype(np.float64)
+        for what, got, a, b in (("x @ W_e.T", h[rows], rx[rows], rW.T), ("h @ V_e", y[rows], rh[rows], rV),
+                                ("h_e.T @ x_e", g[e], rh[rows].T, rx[rows])):
+            assert_scaled(got, a @ b, np.abs(a) @ np.abs(b), ROUNDED_TOL, f"grouped {what}, expert {e}")
