@@ -126,13 +126,13 @@
 #endif
 #define SO (BN + 8)
 #define RPP (NT / (BN / 4))
+#define OB 8
 // BN 96 or 192: BN / 4 does not divide the work-items, nor RPP * OB the rows; the work-items past RPP rows and the
 // rows past BM sit out
 #if TB && BN % 64
 #error BN 96 takes B with its rows along n (TB 0): with TB 1 its tile is whole 64-column blocks
 #endif
 #define PART_ROWS (NT % (BN / 4) != 0 || BM % (RPP * OB) != 0)
-#define OB 8
 #define SMEM_NEED (STAGES * STAGE_BYTES + 64)  // the stages, then their mbarriers
 #if WGMMA_EMULATE
 #define SMEM_DECL SMEM_NEED
@@ -398,7 +398,6 @@ void matmul_wgmma(const int M, const int N, const int Kp, __global const ushort*
             barrier(CLK_LOCAL_MEM_FENCE);
         }
 #endif
-        const ulong da = wgmma_desc(s + wg * 64 * 128, TA ? MN_LBO : 16), db = wgmma_desc(s + A_BYTES, TB ? MN_LBO : 16);
 #if WGMMA_EMULATE
         {
             const int g = lane >> 2, t = lane & 3;
@@ -411,6 +410,7 @@ void matmul_wgmma(const int M, const int N, const int Kp, __global const ushort*
                 }
         }
 #else
+        const ulong da = wgmma_desc(s + wg * 64 * 128, TA ? MN_LBO : 16), db = wgmma_desc(s + A_BYTES, TB ? MN_LBO : 16);
         asm volatile(WGMMA_TILE_ASM : WGMMA_ACC_OPERANDS
                      : "l"(da), "l"(db), "r"(1), "l"((ulong)(TA ? KSTEP_MN : KSTEP_K)),
                        "l"((ulong)(TB ? KSTEP_MN : KSTEP_K)), "n"(PIPE) : "memory");

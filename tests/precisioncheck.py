@@ -32,6 +32,17 @@ def assert_scaled(got, want, scale, tol, what):
     return err.max()
 
 
+def assert_bf16_step(runs, want_loss, want_grads):
+    """Two bf16 steps' (loss, grads) against the float64 reference's: the loss within 2%, each gradient within 0.2
+    of its largest magnitude, and the second step's bytes the first's."""
+    (loss, grads), (loss2, grads2) = runs
+    assert abs(loss - want_loss) < 2e-2 * abs(want_loss), f"loss {loss} vs {want_loss}"
+    for name, g in want_grads.items():
+        err = np.abs(grads[name] - g).max() / max(np.abs(g).max(), 1e-12)
+        assert err < 0.2, f"grad {name}: relative error {err:.2e}"
+    assert loss2 == loss and all(np.array_equal(grads[n], grads2[n]) for n in grads)
+
+
 # Each portable form the tuning table can pick, and the tensor-core kernel with its mma emulated (small tiles
 # to keep PoCL's compile short; the 8-warp 128x128 tiles the H200 runs are checked on the GPU, bench/gpu_tc.py).
 FORMS = {
