@@ -30,7 +30,7 @@
 // waits for its phase. A tile: a barrier (so the stage refilled next is no longer read), the copies of
 // tile kt + AHEAD, the wait for tile kt, then 4 wgmma (k 16 each) and, with PIPE, a wait that leaves this
 // tile's group in flight while the next one issues.
-// -D: BM (128, 256), BN (96 with TB 0, 128, 192, 256), TA, TB, STAGES, PIPE, SMEM_BYTES; BIAS RESID ACCUM EPI SPLITK as
+// -D: BM (64, 128, 256), BN (96 with TB 0, 128, 192, 256), TA, TB, STAGES, PIPE, SMEM_BYTES; BIAS RESID ACCUM EPI SPLITK as
 // matmul_bf16.cl; GROUP, NGROUPS the mixture of experts' grouped products (below). WGMMA_EMULATE 1 (tests on CPUs,
 // CLGPT_WGMMA_EMULATE): no PTX; work-item 0 copies each tile, a work-group barrier stands for the mbarrier wait,
 // and each work-item sums its fragment of the wgmma products from the swizzled tiles in C.
@@ -92,14 +92,15 @@
 // OUT_BF16 (with STAGE_OUT, EPI 0, without SPLITK) for readers that take bf16: 1: Cm holds the output as bf16
 // (row-major, ldc) instead of fp32 (the head's logits, which only the cross-entropy reads): half the bytes out;
 // 2: the fp32 output and its bf16 copy (row-major, ldc) in O16 from ushort at16 (a multiple of 4: flash
-// attention's copy of q | k | v, made here instead of in a pass of its own).
+// attention's copy of q | k | v, made here instead of in a pass of its own); 3: that copy alone, Cm unwritten (q | k
+// | v in a forward whose backward reads only the copy).
 #ifndef OUT_BF16
 #define OUT_BF16 0
 #endif
 #if OUT_BF16 && (!STAGE_OUT || EPI || SPLITK || TILED_OUT || ACCUM)
 #error OUT_BF16 goes through STAGE_OUT, without EPI, SPLITK, TILED_OUT or ACCUM
 #endif
-#if OUT_BF16 == 2
+#if OUT_BF16 >= 2
 #define TILED_ARGS , __global uint2* O16, const ulong at16
 #elif TILED_OUT
 #define TILED_ARGS , __global uint2* O16, __global float* part
@@ -507,10 +508,12 @@ void matmul_wgmma(const int M, const int N, const int Kp, __global const ushort*
 #elif OUT_BF16 == 1
                 ((__global uint2*)Cm)[o >> 2] = (uint2)(bf16x2(c.x, c.y), bf16x2(c.z, c.w));
 #else
-#if OUT_BF16 == 2
+#if OUT_BF16 >= 2
                 O16[(at16 + o) >> 2] = (uint2)(bf16x2(c.x, c.y), bf16x2(c.z, c.w));
 #endif
+#if OUT_BF16 != 3
                 *(__global float4*)(Cm + o) = c;
+#endif
 #endif
 #endif
             } else {
@@ -524,8 +527,10 @@ void matmul_wgmma(const int M, const int N, const int Kp, __global const ushort*
 #else
                 {
                     const float y = epilogue(vv[i], gm, gn + i, ldc, Cm, bias, R, E, alpha);
+#if OUT_BF16 != 3
                     Cm[o + i] = y;
-#if OUT_BF16 == 2
+#endif
+#if OUT_BF16 >= 2
                     ((__global ushort*)O16)[at16 + o + i] = (ushort)bf16_bits(y);
 #endif
                 }

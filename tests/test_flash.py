@@ -154,17 +154,19 @@ def test_gpt2_qkv_product_can_write_flash_attention_copy(dev, monkeypatch):
     q | k | v product writes flash attention's copy of qkv into att from COPY_AT, and the forward launches no
     flash_bf16 for it (the backward's copy of dout stays): the loss and every gradient are those of the separate
     copy, bit for bit. Here the product's copy is made by the host from the product's fp32 output, as the kernel
-    rounds it; a copy put anywhere else leaves the kernels reading another qkv."""
+    rounds it; a copy put anywhere else leaves the kernels reading another qkv. A forward with targets asks for the
+    copy alone (fp32 False: OUT_BF16 3), since only the copy is read after it."""
     r = np.random.default_rng(8)
     tok, tgt = (r.integers(0, 32, size=(B, T)).astype(np.int32) for _ in range(2))
-    res, launched, offsets = {}, {}, []
+    res, launched, offsets, wanted = {}, {}, [], []
     for fused in (False, True):
         eng = _engine(True)
         be, q = eng.ops.backend, eng.queue
         if fused:
-            def half(M, N, K, A, Bm, Cm, tb=0, bias=None, copy=None, be=be, q=q):
+            def half(M, N, K, A, Bm, Cm, tb=0, bias=None, copy=None, fp32=True, be=be, q=q):
                 if copy is None:
                     return False
+                wanted.append(fp32)
                 be.matmul(M, N, K, A, Bm, Cm, tb=tb, bias=bias)
                 x = np.empty(M * N, f32)
                 cl.enqueue_copy(q, x, Cm, is_blocking=True)
@@ -180,7 +182,7 @@ def test_gpt2_qkv_product_can_write_flash_attention_copy(dev, monkeypatch):
         eng.zero_grad()
         eng.backward()
         res[fused] = loss, eng.get_grads()
-    assert len(offsets) == 2  # one a layer
+    assert len(offsets) == 2 and wanted == [False, False]  # one a layer, no fp32 qkv
     assert launched[False].count("flash_bf16") == 4 and launched[True].count("flash_bf16") == 2
     assert res[True][0] == res[False][0]
     for name, g in res[False][1].items():

@@ -21,11 +21,13 @@ rng = np.random.default_rng(90)
 
 TILES = {"narrow": dict(BM=128, BN=128, STAGES=3, PIPE=1), "mid": dict(BM=128, BN=192, STAGES=3, PIPE=1),
          "wide, no pipe": dict(BM=128, BN=256, STAGES=4, PIPE=0), "BN 96": dict(BM=128, BN=96, STAGES=2, PIPE=1),
-         "BM 256": dict(BM=256, BN=128, STAGES=3, PIPE=1)}
+         "BM 256": dict(BM=256, BN=128, STAGES=3, PIPE=1),
+         "BM 64": dict(BM=64, BN=128, STAGES=3, PIPE=1), "BM 64 mid": dict(BM=64, BN=192, STAGES=3, PIPE=1)}
 # the narrow row (most products take it) on each operand layout, the others on one or two (each case builds and
 # emulates two kernels on PoCL: seconds apiece)
 CASES = [("narrow", 0, 1), ("narrow", 0, 0), ("narrow", 1, 0), ("narrow", 1, 1), ("mid", 0, 1), ("mid", 1, 1),
-         ("wide, no pipe", 1, 0), ("BN 96", 0, 1), ("BM 256", 0, 0)]
+         ("wide, no pipe", 1, 0), ("BN 96", 0, 1), ("BM 256", 0, 0), ("BM 64", 0, 1), ("BM 64", 1, 0),
+         ("BM 64 mid", 0, 1)]
 
 
 def wgmma_knobs(tiles=None):
@@ -56,31 +58,73 @@ def test_wgmma_products_against_float64(dev, tiles, ta, tb):
     assert split, "the deep product of one tile was not split along K"
 
 
-def test_wgmma_engine_step_against_float64(dev):
+def test_wgmma_bf16_copy_beside_or_alone(dev):
+    """matmul_half with a copy (flash attention's of q | k | v): C = A @ B^T + bias in fp32 with its row-major bf16
+    copy at an offset (OUT_BF16 2), and the copy alone with C left as it was (OUT_BF16 3), the same copy's bytes."""
+    eng = _engine("bf16", knobs=wgmma_knobs())
+    gemm = eng.ops.gemms.wgmma
+    M, N, K, at = 200, 300, 130, 64  # ragged: part tiles and a part quad of columns; at in halves
+    A, B = operands(0, 1, M, N, K)
+    bias = rng.normal(size=N).astype(f32)
+    C0 = rng.normal(size=(M, N)).astype(f32)
+    out = []
+    for fp32 in (True, False):
+        cbuf, copy = to_dev(dev, C0), to_dev(dev, np.zeros(at + M * N, np.uint16))
+        assert gemm.matmul_half(M, N, K, to_dev(dev, A), to_dev(dev, B), cbuf, tb=1, bias=to_dev(dev, bias),
+                                copy=(copy, at), fp32=fp32)
+        out.append((from_dev(dev, cbuf, (M, N)), from_dev(dev, copy, (at + M * N,), np.uint16)))
+    (C, copy), (C_alone, copy_alone) = out
+    rnd = ref.ROUNDERS["bf16"]
+    opA, opB = rnd(A).astype(np.float64), rnd(B).astype(np.float64).T
+    assert_scaled(C, opA @ opB + bias, np.abs(opA) @ np.abs(opB) + np.abs(bias), ROUNDED_TOL, "fp32 output")
+    assert np.array_equal(copy[at:], (C.view(np.uint32) + 0x7FFF + ((C.view(np.uint32) >> 16) & 1)).ravel() >> 16), \
+        "the copy is not C rounded to bf16 (nearest even)"
+    assert not copy[:at].any(), "the copy wrote before its offset"
+    assert np.array_equal(copy_alone, copy), "the copy alone differs from the copy beside fp32"
+    assert np.array_equal(C_alone, C0), "the copy alone wrote C"
+
+
+@pytest.mark.parametrize("attention", ["batched", "flash"])
+def test_wgmma_engine_step_against_float64(dev, attention):
     """A GPT-2 bf16 step with every product on wgmma (emulated), rows and widths multiples of 64 so that the products
-    writing only tiled copies (GELU's, dh's with its column sums) and bf16 logits run: loss and every gradient
-    against the float64 reference, and the same bytes twice."""
+    writing only tiled copies (GELU's, dh's with its column sums) and bf16 logits run, attention batched or as flash
+    attention (whose bf16 copy of q | k | v the product then writes alone): loss and every gradient against the
+    float64 reference, and the same bytes twice. A logits-only forward after it (the KV cache's prefill) writes
+    q | k | v in fp32 too."""
     from clgpt.models.factory import make_engine
 
-    cfg = ModelConfig(vocab_size=64, n_ctx=16, n_embd=64, n_head=2, n_layer=1, n_ff=128)
+    T = 64 if attention == "flash" else 16
+    cfg = ModelConfig(vocab_size=64, n_ctx=T, n_embd=64, n_head=2, n_layer=1, n_ff=128)
     params = init_params(cfg, 0)
     r = np.random.default_rng(7)
-    tok, tgt = (r.integers(0, 64, size=(4, 16)).astype(np.int32) for _ in range(2))
+    B = 4 * 16 // T
+    tok, tgt = (r.integers(0, 64, size=(B, T)).astype(np.int32) for _ in range(2))
     runs = []
     for _ in range(2):
-        eng = make_engine(cfg, params, batch_size=4, seq_len=16, precision="bf16", knobs=wgmma_knobs(),
-                          attention="batched")  # emulated flash attention takes minutes to build here
-        assert eng.ops.gemms.wgmma is not None
+        eng = make_engine(cfg, params, batch_size=B, seq_len=T, precision="bf16", knobs=wgmma_knobs(),
+                          attention=attention)
+        assert eng.ops.gemms.wgmma is not None and eng.ops.flash == (attention == "flash")
         eng.zero_grad()
         loss = eng.forward(tok, tgt)
         eng.backward()
         runs.append((loss, eng.get_grads()))
     keys = [key for key in eng.ops.product_kernels if key[0] == "wgmma"]
     assert {1, 2} <= {key[7] for key in keys}, f"no product wrote only its tiled copy: {keys}"  # TILED_OUT
-    assert 1 in {key[11] for key in keys}, f"no product wrote bf16: {keys}"  # OUT_BF16: the logits
+    halves = {key[11] for key in keys}  # OUT_BF16: the logits (1), flash's copy of q | k | v alone (3)
+    assert ({1, 3} if attention == "flash" else {1}) <= halves, f"no product wrote bf16: {keys}"
     want_loss, cache = ref.gpt_forward(params, cfg, tok, tgt)
     want = ref.gpt_backward(cache)
     assert_bf16_step(runs, want_loss, want)
+    if attention == "flash":  # no targets: q | k | v in fp32 beside the copy
+        eng.forward(tok)
+        assert 2 in {key[11] for key in eng.ops.product_kernels if key[0] == "wgmma"}
+        qkv = from_dev(dev, eng.acts[0]["qkv"], (B * T, 3 * cfg.n_embd))
+        x = from_dev(dev, eng.acts[0]["ln1"], (B * T, cfg.n_embd))
+        rnd = ref.ROUNDERS["bf16"]
+        W = rnd(params["blk.0.attn_qkv.weight"]).astype(np.float64)
+        xr = rnd(x).astype(np.float64)
+        assert_scaled(qkv, xr @ W.T + params["blk.0.attn_qkv.bias"], np.abs(xr) @ np.abs(W.T) + 1, ROUNDED_TOL,
+                      "q | k | v of a logits-only forward")
 
 
 def test_wgmma_grouped_products_against_float64(dev):

@@ -69,6 +69,7 @@ class EngineBase:
         self.ops.weight_copies(self.B * self.T, self.store.flat_p, [(self.p[n], self.store.offset(n), rows, cols)
                                                                     for n, rows, cols in self._product_weights()])
         self._fwd = None  # (B', T', sum(mask), dropout, smoothed) of the last forward with targets
+        self._with_targets = False  # whether the forward running has targets (a loss; its backward may follow)
         self.set_params(params)
         self.set_optimizer_state(None)
         self.zero_grad()
@@ -147,6 +148,7 @@ class EngineBase:
         tokens = self._check_tokens(tokens)
         Bp, Tp = tokens.shape
         on = self.dropout > 0 and targets is not None and dropout_seed is not None
+        self._with_targets = targets is not None
         self._run_body(tokens, (int(dropout_seed) & 0xFFFFFFFF, self.dropout) if on else None)
         N = Bp * Tp
         self.ops.head_logits(N, cfg.n_embd, self.lnf, self._w_out(), self.logits, for_loss=targets is not None)
@@ -163,6 +165,7 @@ class EngineBase:
         if last.shape != (Bp,) or last.min() < 0 or last.max() >= Tp:
             raise ClgptError(f"last must hold one position in [0, {Tp}) per row ({Bp} rows)")
         self._fwd = None
+        self._with_targets = False
         self._run_body(tokens, None)
         C, V = cfg.n_embd, cfg.vocab_size
         for b in range(Bp):  # the final-norm rows (N, C) of those positions, gathered

@@ -58,7 +58,8 @@ class GPT2Engine(EngineBase):
                           a["ln1_rstd"])
             drop = self._dropped(i, "attn")  # qkv = ln1 @ Wqkv^T + b, then attention
             ops.attention_forward(Bp, Tp, a["qkv"], a["atty"], a["att"], drop and (*drop, a.get("att_d")),
-                                  product=(a["ln1"], p[pre + "attn_qkv.weight"], p[pre + "attn_qkv.bias"]))
+                                  product=(a["ln1"], p[pre + "attn_qkv.weight"], p[pre + "attn_qkv.bias"]),
+                                  qkv_read=not self._with_targets)  # the KV cache's prefill reads qkv
             if self._drop:
                 ops.matmul(N, C, C, a["atty"], p[pre + "attn_output.weight"], self.branch, tb=1,
                            bias=p[pre + "attn_output.bias"])

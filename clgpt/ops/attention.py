@@ -180,7 +180,7 @@ class Attention(Part):
                              "rope=(qkv, cos, sin) on the buffer it works on")
         return tuple(rope[1:])
 
-    def attention_forward(self, Bp, Tp, qkv, out, att, drop=None, rope=None, product=None):
+    def attention_forward(self, Bp, Tp, qkv, out, att, drop=None, rope=None, product=None, qkv_read=True):
         """out (B',T',C), att (B',H,T',T') from qkv (B',T',3C). drop = (seed, site, p, att_d): dropout on the
         probabilities, att_d (B',H,T',T') receives the dropped ones (att keeps the softmax for the backward).
         Flash attention: att holds (B',H,T') row statistics, att_d is unused (the kernels redraw the mask).
@@ -189,10 +189,13 @@ class Attention(Part):
         where rope_fused: flash_bf16_rope rotates q and k into the bf16 copy the kernels read, and qkv keeps the
         product's q and k unrotated (what reads it later asks rotated_qkv).
         product = (x, W, bias), without rope: qkv = x @ W^T + bias made here first; where flash reads its bf16 copy
-        and the GEMM writes one beside its output (matmul_half), the product writes it, not a pass of its own."""
+        and the GEMM writes one beside its output (matmul_half), the product writes it, not a pass of its own, and
+        with qkv_read False (nothing reads qkv's fp32 values after this forward: flash's backward reads the copy)
+        the copy alone."""
         cfg = self.cfg
         C, H, D = cfg.n_embd, cfg.n_head, cfg.head_dim
-        copied = product is not None and self._qkv_product(Bp, Tp, qkv, att, *product, copy=self.flash and rope is None)
+        copied = product is not None and self._qkv_product(Bp, Tp, qkv, att, *product, copy=self.flash and rope is None,
+                                                           fp32=qkv_read)
         tables = self._fused_tables(rope, qkv)
         if rope is not None and not tables:
             self.layers.rope_forward(Bp * Tp, Tp, *rope, qkv)
@@ -216,12 +219,12 @@ class Attention(Part):
             return
         self._attention_forward_batched(Bp, Tp, qkv, out, att, None)
 
-    def _qkv_product(self, Bp, Tp, qkv, att, x, W, bias, copy: bool) -> bool:
+    def _qkv_product(self, Bp, Tp, qkv, att, x, W, bias, copy: bool, fp32: bool = True) -> bool:
         """qkv (B'T', 3C) = x @ W^T + bias; with copy also flash's bf16 copy of it into att from float COPY_AT
-        (kernels/flash.cl) where the GEMM writes one; -> whether it did."""
+        (kernels/flash.cl) where the GEMM writes one (fp32 False: the copy alone); -> whether it did."""
         N, C = Bp * Tp, self.cfg.n_embd
         at = 2 * self._copy_at(Bp, Tp)  # in halves
-        if copy and self.gemm.matmul_half(N, 3 * C, C, x, W, qkv, tb=1, bias=bias, copy=(att, at)):
+        if copy and self.gemm.matmul_half(N, 3 * C, C, x, W, qkv, tb=1, bias=bias, copy=(att, at), fp32=fp32):
             return True
         self.gemm.matmul(N, 3 * C, C, x, W, qkv, tb=1, bias=bias)
         return False

@@ -32,7 +32,7 @@ class Bf16Gemm(Part):
         if f.wgmma is not None:
             self.k["to_bf16_tiled"] = self.dev.kernel("matmul_bf16", "to_bf16", TILED=1, **f.bf16_options)
 
-    def matmul_half(self, M, N, K, A, B, Cm, tb=0, bias=None, copy=None) -> bool:
+    def matmul_half(self, M, N, K, A, B, Cm, tb=0, bias=None, copy=None, fp32=True) -> bool:
         """No bf16 outputs here (clgpt/ops/gemm/wgmma.py's writes them): nothing written, -> False."""
         return False
 

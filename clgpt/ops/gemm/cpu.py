@@ -32,7 +32,7 @@ class RegisterBlockedGemm(Part):
             k["transpose_ld_v8"] = dev.kernel("transpose", "transpose_ld_v8")
             k["copy_ld_v8"] = dev.kernel("transpose", "copy_ld_v8")
 
-    def matmul_half(self, M, N, K, A, B, Cm, tb=0, bias=None, copy=None) -> bool:
+    def matmul_half(self, M, N, K, A, B, Cm, tb=0, bias=None, copy=None, fp32=True) -> bool:
         """No bf16 outputs here (clgpt/ops/gemm/wgmma.py's writes them): nothing written, -> False."""
         return False
 

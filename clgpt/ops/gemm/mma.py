@@ -21,7 +21,7 @@ class MmaGemm(Part):
         super().__init__(f)
         self.copies = TiledCopies(f, None)
 
-    def matmul_half(self, M, N, K, A, B, Cm, tb=0, bias=None, copy=None) -> bool:
+    def matmul_half(self, M, N, K, A, B, Cm, tb=0, bias=None, copy=None, fp32=True) -> bool:
         """No bf16 outputs here (clgpt/ops/gemm/wgmma.py's writes them): nothing written, -> False."""
         return False
 

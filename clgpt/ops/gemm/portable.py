@@ -75,7 +75,7 @@ class PortableGemm(Part):
         self.launcher.launch(kern, (Cp // 8, Rp), (4, 32), (i32(rows), i32(cols), X, i32(cols), out, i32(Cp)))
         return out
 
-    def matmul_half(self, M, N, K, A, B, Cm, tb=0, bias=None, copy=None) -> bool:
+    def matmul_half(self, M, N, K, A, B, Cm, tb=0, bias=None, copy=None, fp32=True) -> bool:
         """No bf16 outputs here (clgpt/ops/gemm/wgmma.py's writes them): nothing written, -> False."""
         return False
 

@@ -74,16 +74,16 @@ class WgmmaGemm(Part):
             return
         self.bf16.matmul_epi(M, N, K, A, B, Cm, ta, tb, bias, resid, accum, alpha, epi, E, ldc)
 
-    def matmul_half(self, M, N, K, A, B, Cm, tb=0, bias=None, copy=None) -> bool:
+    def matmul_half(self, M, N, K, A, B, Cm, tb=0, bias=None, copy=None, fp32=True) -> bool:
         """For a reader that takes bf16, where the product runs on wgmma unsplit and N % 4 == 0 (matmul_wgmma.cl
         OUT_BF16): Cm (M,N) = A @ op(B) [+ bias] as bf16, row-major in the first half of Cm's bytes; or with copy
-        = (buffer, at) fp32 in Cm and its bf16 copy, row-major, in buffer from ushort at (a multiple of 4).
-        -> whether it did (False: nothing written)."""
+        = (buffer, at) its bf16 copy, row-major, in buffer from ushort at (a multiple of 4), and fp32 in Cm unless
+        fp32 is False (Cm then unwritten). -> whether it did (False: nothing written)."""
         if M <= 0 or N % 4 or not self.on_wgmma(M, N, K):
             return False
         out16 = (copy[0], np.uint64(copy[1])) if copy is not None else None
-        self.matmul_wgmma(M, N, K, A, B, Cm, 0, tb, bias, None, False, 1.0, 0, None, half=1 + (copy is not None),
-                          out16=out16)
+        half = 1 if copy is None else 2 if fp32 else 3
+        self.matmul_wgmma(M, N, K, A, B, Cm, 0, tb, bias, None, False, 1.0, 0, None, half=half, out16=out16)
         return True
 
     def bmm(self, *args, **kw):
@@ -152,8 +152,8 @@ class WgmmaGemm(Part):
         """Cm (M,N) = alpha op(A) @ op(B) [+ ...] on tiled bf16 copies: wgmma, split along K when the output
         gives too few work-groups (raw parts, then splitk_reduce adds them in order, as the fp32 path does).
         tiled_out = (copy, column sums): epi 1's E, or with epi 2 Cm itself (and its sums), written only as its
-        tiled bf16 copy (M, N multiples of 64: matmul_wgmma.cl TILED_OUT). half: OUT_BF16 (1: Cm as bf16; 2: and
-        its copy, out16 = (buffer, ushort offset)), unsplit."""
+        tiled bf16 copy (M, N multiples of 64: matmul_wgmma.cl TILED_OUT). half: OUT_BF16 (1: Cm as bf16; 2: Cm and
+        its bf16 copy, out16 = (buffer, ushort offset); 3: that copy alone), unsplit."""
         mm = self.tiles(N, M, K, tb)
         BM, BN = mm["BM"], mm["BN"]
         Kp = ceil_to(max(K, 1), 64)
