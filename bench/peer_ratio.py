@@ -26,10 +26,12 @@ the start is listed as not run.
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import queue
 import re
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -57,6 +59,8 @@ class PeerProcess:
         self.log.flush()
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
                                      bufsize=1)
+        self.log.write(f"pid {self.proc.pid}\n")
+        self.log.flush()
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self):
@@ -187,6 +191,10 @@ def main(argv=None) -> int:
 
     # 1. the peers compile, --jobs at a time, largest first; clgpt's untimed first runs go alongside
     peers: dict[str, PeerProcess] = {}
+    # a timeout's TERM ends this script through SystemExit, and the peers it started end with it: left running, they
+    # would share the GPU with whatever the device call runs next
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    atexit.register(lambda: [p.close(kill=True) for p in list(peers.values())])
     errors: dict[str, str] = {}  # shape: why it has no figures
     pending = sorted(shapes, key=lambda n: -size_key(shapes[n][1]))
     compiling: list[str] = []

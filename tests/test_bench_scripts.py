@@ -4,6 +4,7 @@
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,30 @@ def test_peer_ratio_pairs_clgpt_with_a_served_peer_and_checks_the_peer(tmp_path)
     assert "failed:" not in table
     peer_log = (tmp_path / "torch_S.log").read_text()
     assert "eager, no torch.compile" in peer_log and peer_log.count("train:") == 2
+
+
+def test_peer_ratio_ends_its_peers_when_terminated(tmp_path):
+    """A timeout's SIGTERM to bench/peer_ratio.py ends the peers it started (left running they would share the GPU
+    with the device call's next run): once the peer's log names its pid, TERM the script; the peer is gone when the
+    script has exited."""
+    import signal
+
+    proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "peer_ratio.py"), "--device", "cpu", "--precision",
+                             "fp32", "--shape", "S", "2", "", "--compile-limit", "600", "--out", str(tmp_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+    log, pid, deadline = tmp_path / "torch_S.log", None, time.monotonic() + 300
+    try:
+        while pid is None and proc.poll() is None and time.monotonic() < deadline:
+            m = re.search(r"^pid (\d+)$", log.read_text(), re.M) if log.exists() else None
+            pid = int(m.group(1)) if m else time.sleep(0.05)
+        assert pid is not None, "the peer's log never named its pid"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+    finally:
+        proc.kill()
+        proc.wait()
+    stat = Path(f"/proc/{pid}/stat")
+    assert not stat.exists() or stat.read_text().split(") ")[1].startswith("Z"), "the peer outlived the script"
 
 
 def test_peer_ratio_marks_the_pairs_whose_peer_the_host_paced():
