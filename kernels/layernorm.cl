@@ -366,11 +366,25 @@ void layernorm_forward_rows(const int N, __global const float* x, __global const
 // row's barrier, which every work-item reaches after reading it). Rows past N read the last row and add or
 // store nothing.
 // DX_TILED 1 (N a multiple of 64): also dx's bf16 copy beside the values stored, as LN_TILED's (norm_rows.cl).
+// DX_COLSUM 1 (with DX_TILED): and the column sums of the dx stored, work-group g's in dxpart[g * C + c] (its slots'
+// sums added in order, as dw's): the bias gradient of the linear layer whose output gradient dx is (its products
+// read the copy), which a pass over dx made with the copy before.
+#ifndef DX_COLSUM
+#define DX_COLSUM 0
+#endif
+#if DX_COLSUM && !DX_TILED
+#error DX_COLSUM comes with DX_TILED
+#endif
+#if DX_COLSUM
+#define DX_COLSUM_ARGS , __global float* dxpart
+#else
+#define DX_COLSUM_ARGS
+#endif
 __kernel __attribute__((reqd_work_group_size(32, RW, 1))) ROW_KERNEL
 void layernorm_backward_rows(const int N, const int rpi, const int accum, __global const float* dout,
                              __global const float* x, __global const float* w,
                              __global const float* mean, __global const float* rstd,
-                             __global float* dx, __global float* part DX_TILED_ARGS)
+                             __global float* dx, __global float* part DX_TILED_ARGS DX_COLSUM_ARGS)
 {
     const int l = get_local_id(0), r = get_local_id(1), t = r * 32 + l, g = get_group_id(1);
     __local float red[4][RW * 32] __attribute__((aligned(16)));  // (dsum, dxsum) partials, two rows' worth
@@ -388,6 +402,11 @@ void layernorm_backward_rows(const int N, const int rpi, const int accum, __glob
         aw[i] = 0.0f;
         ab[i] = 0.0f;
     }
+#if DX_COLSUM
+    float4 ax[ROW_NB];
+#pragma unroll
+    for (int i = 0; i < ROW_NB; i++) ax[i] = 0.0f;
+#endif
     for (int k = 0; k < rpi; k++, n += RW) {
         float ps = 0.0f, px = 0.0f;
 #pragma unroll
@@ -425,6 +444,9 @@ void layernorm_backward_rows(const int N, const int rpi, const int accum, __glob
                 const float4 v = accum ? o[32 * i] + gi : gi;
                 o[32 * i] = v;
                 tiled_store4(dx16, n, 4 * l + 128 * i, N, v);
+#if DX_COLSUM
+                ax[i] += v;
+#endif
 #else
                 o[32 * i] = accum ? o[32 * i] + gi : gi;
 #endif
@@ -441,6 +463,12 @@ void layernorm_backward_rows(const int N, const int rpi, const int accum, __glob
     __global float4* pw = (__global float4*)part + (size_t)g * (C / 2);
 #pragma unroll
     for (int i = 0; i < ROW_NB; i++) slot_sums_to_part(2, t, i, aw[i], ab[i], cw, cb, pw);
+#if DX_COLSUM
+    barrier(CLK_LOCAL_MEM_FENCE);  // cw is written again: every work-item has read the last of dw's
+    __global float4* px = (__global float4*)dxpart + (size_t)g * (C / 4);
+#pragma unroll
+    for (int i = 0; i < ROW_NB; i++) slot_sums_to_part(1, t, i, ax[i], ax[i], cw, cb, px);
+#endif
 }
 
 // dw, db += the P parts of layernorm_backward_rows, in a fixed order (norm_rows.cl parts_sum). 2-D launch:

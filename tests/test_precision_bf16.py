@@ -458,6 +458,57 @@ def test_norm_backward_writes_dx_copy_for_the_products_after_it(dev, monkeypatch
     assert names.count("to_bf16") == (1 if beside else 2)
 
 
+def test_layernorm_backward_writes_dx_column_sums_with_its_copy(dev, monkeypatch):
+    """layernorm_backward with dx_copy and dx_colsums (GPT-2's, whose linear layers have biases) on a GPU row with
+    tiled outputs: the DX_COLSUM form writes dx and the weight gradients bit for bit as the plain form does, dx's
+    copy beside it, and dx's column sums; dx's next reuse block takes both without a launch, and the bias gradient
+    the block adds is dx's column sums (float64, within fp32 summation's error). Without dx_colsums' kernel (no
+    column-sum copies on the device) a bias model gets no copy, as before."""
+    from clgpt.model import ModelConfig
+    from clgpt.ops import Ops
+    from precisioncheck import emulated_knobs
+
+    C, N = 128, 192
+    cfg = ModelConfig(vocab_size=16, n_ctx=8, n_embd=C, n_head=2, n_layer=1, n_ff=192)
+    ops = Ops(dev, cfg, 8, "bf16", knobs=emulated_knobs())
+    assert ops.facts.ln_rows
+    ops.facts.tiled_outputs = ops.facts.colsum_copies = True  # what wgmma sets (sm_90a): no such device here
+    ops.build_gpt2()
+    assert "layernorm_backward_rows_tiled_colsum" in ops.k
+    x, dout, dx0 = (rng.normal(size=(N, C)).astype(f32) for _ in range(3))
+    w = rng.normal(size=C).astype(f32)
+    x64 = x.astype(np.float64)
+    mean = x64.mean(1)
+    rstd = 1.0 / np.sqrt(((x64 - mean[:, None]) ** 2).mean(1) + 1e-5)
+    args = [to_dev(dev, a) for a in (dout, x, mean.astype(f32), rstd.astype(f32), w)]
+    grads = {k: [to_dev(dev, np.zeros(C, f32)) for _ in range(2)] for k in ("plain", "sums")}
+    dxs = {k: to_dev(dev, dx0) for k in grads}
+    ops.layernorm_backward(N, *args, *grads["plain"], dxs["plain"], 1)
+    names = []
+    real = ops.launcher.launch
+    monkeypatch.setattr(ops.launcher, "launch", lambda *a: (names.append(a[0].function_name), real(*a)))
+    ops.layernorm_backward(N, *args, *grads["sums"], dxs["sums"], 1, dx_copy=True, dx_colsums=True)
+    got = from_dev(dev, dxs["sums"], (N, C))
+    assert np.array_equal(got, from_dev(dev, dxs["plain"], (N, C)))
+    for a, b in zip(grads["plain"], grads["sums"]):
+        assert np.array_equal(from_dev(dev, a, C), from_dev(dev, b, C))
+    names.clear()
+    db = to_dev(dev, np.zeros(C, f32))
+    dx = dxs["sums"]
+    with ops.reuse(dx):
+        copy, Rp, Cp = ops.tiled_copy(0, dx, N, C)
+        ops.bias_backward(N, C, dx, db)
+    assert "to_bf16" not in names and "bias_final" in names, names
+    host = np.empty(Rp * Cp, np.uint16)
+    cl.enqueue_copy(dev.queue, host, copy, is_blocking=True)
+    assert np.array_equal(host[_tiled_index(Rp, Cp)], _bf16_pattern(got))
+    want = got.astype(np.float64).sum(0)
+    assert np.allclose(from_dev(dev, db, C), want, rtol=0, atol=1e-5 * np.abs(got).sum(0).max())
+    del ops.k["layernorm_backward_rows_tiled_colsum"]  # a device without column-sum copies: no copy for dx
+    ops.layernorm_backward(N, *args, *grads["sums"], dx, 1, dx_copy=True, dx_colsums=True)
+    assert ops.copies.beside_copies.get(dx.int_ptr) is None
+
+
 def test_expert_operands_written_as_tiled_copies(dev):
     """On wgmma the experts' operands go straight to their tiled bf16 copies (moe.cl MOE_TILED, swiglu.cl
     EXPERTS_TILED): each copy holds what to_bf16 TILED would make of the fp32 output of the plain kernel, at the

@@ -89,12 +89,15 @@ def test_wgmma_engine_step_against_float64(dev, attention):
     """A GPT-2 bf16 step with every product on wgmma (emulated), rows and widths multiples of 64 so that the products
     writing only tiled copies (GELU's, dh's with its column sums) and bf16 logits run, attention batched or as flash
     attention (whose bf16 copy of q | k | v the product then writes alone): loss and every gradient against the
-    float64 reference, and the same bytes twice. A logits-only forward after it (the KV cache's prefill) writes
-    q | k | v in fp32 too."""
+    float64 reference, and the same bytes twice. Batched, at 128 channels: the norms run as rows of 32 work-items,
+    and LayerNorm's backward writes the residual gradient's copy and column sums (the bias gradients') for the
+    products after it (64 with flash attention, whose emulated kernels build for minutes at 128). A logits-only
+    forward after it (the KV cache's prefill) writes q | k | v in fp32 too."""
     from clgpt.models.factory import make_engine
 
     T = 64 if attention == "flash" else 16
-    cfg = ModelConfig(vocab_size=64, n_ctx=T, n_embd=64, n_head=2, n_layer=1, n_ff=128)
+    cfg = ModelConfig(vocab_size=64, n_ctx=T, n_embd=64 if attention == "flash" else 128, n_head=2, n_layer=1,
+                      n_ff=128)
     params = init_params(cfg, 0)
     r = np.random.default_rng(7)
     B = 4 * 16 // T
@@ -104,12 +107,19 @@ def test_wgmma_engine_step_against_float64(dev, attention):
         eng = make_engine(cfg, params, batch_size=B, seq_len=T, precision="bf16", knobs=wgmma_knobs(),
                           attention=attention)
         assert eng.ops.gemms.wgmma is not None and eng.ops.flash == (attention == "flash")
+        names = []
+        real = eng.ops.launcher.launch
+        eng.ops.launcher.launch = lambda *a, real=real, names=names: (names.append(a[0].function_name), real(*a))
         eng.zero_grad()
         loss = eng.forward(tok, tgt)
+        names.clear()
         eng.backward()
         runs.append((loss, eng.get_grads()))
     keys = [key for key in eng.ops.product_kernels if key[0] == "wgmma"]
     assert {1, 2} <= {key[7] for key in keys}, f"no product wrote only its tiled copy: {keys}"  # TILED_OUT
+    if attention == "batched":  # the backward's reuse copies left to make: q | k | v's gradient's (its column sums
+        # with it), none of the residual gradient's
+        assert "layernorm_backward_rows_tiled_colsum" in eng.ops.k and names.count("to_bf16") == 1, names
     halves = {key[11] for key in keys}  # OUT_BF16: the logits (1), flash's copy of q | k | v alone (3)
     assert ({1, 3} if attention == "flash" else {1}) <= halves, f"no product wrote bf16: {keys}"
     want_loss, cache = ref.gpt_forward(params, cfg, tok, tgt)

@@ -85,12 +85,12 @@ class GPT2Engine(EngineBase):
         cfg, ops, p, g = self.cfg, self.ops, self.p, self.g
         N, C, F = Bp * Tp, cfg.n_embd, cfg.n_ff
         dx, dln = self.dx, self.dln
-        # dx_copy: dx's next readers are a linear_backward's products and no bias gradient (whose column sums come
-        # with the copy the products' reuse block makes), nor dropout, between
-        copy = not self._drop and not cfg.bias
+        # dx_copy: dx's next readers are a linear_backward's products (and its bias gradient, whose column sums
+        # then come with the copy: dx_colsums), no dropout between
+        copy, sums = not self._drop, cfg.bias
         ops.layernorm_backward(N, dln, self.x_out, self.lnf_mean, self.lnf_rstd, p["output_norm.weight"],
                                g["output_norm.weight"], g["output_norm.bias"], dx, accum=0,
-                               dx_copy=copy and cfg.n_layer > 0)
+                               dx_copy=copy and cfg.n_layer > 0, dx_colsums=sums)
         for i in reversed(range(cfg.n_layer)):
             pre, a = f"blk.{i}.", self.acts[i]
             # ffn: x_out = x_mid + drop(g @ Wdown.T + b)
@@ -102,7 +102,8 @@ class GPT2Engine(EngineBase):
             ops.linear_backward(N, F, C, self.dh, a["ln2"], p[pre + "ffn_up.weight"], g[pre + "ffn_up.weight"], dln,
                                 db("ffn_up"))
             ops.layernorm_backward(N, dln, a["x_mid"], a["ln2_mean"], a["ln2_rstd"], p[pre + "ffn_norm.weight"],
-                                   g[pre + "ffn_norm.weight"], g[pre + "ffn_norm.bias"], dx, accum=1, dx_copy=copy)
+                                   g[pre + "ffn_norm.weight"], g[pre + "ffn_norm.bias"], dx, accum=1, dx_copy=copy,
+                                   dx_colsums=sums)
             # attention: x_mid = x + drop(atty @ Wo.T + b)
             dy = self._branch_grad(N, C, i, "attn_res")
             ops.linear_backward(N, C, C, dy, a["atty"], p[pre + "attn_output.weight"], g[pre + "attn_output.weight"],
@@ -114,7 +115,7 @@ class GPT2Engine(EngineBase):
                                 g[pre + "attn_qkv.weight"], dln, db("attn_qkv"))
             ops.layernorm_backward(N, dln, a["x"], a["ln1_mean"], a["ln1_rstd"], p[pre + "attn_norm.weight"],
                                    g[pre + "attn_norm.weight"], g[pre + "attn_norm.bias"], dx, accum=1,
-                                   dx_copy=copy and i > 0)
+                                   dx_copy=copy and i > 0, dx_colsums=sums)
             self._layer_done(i)  # blk.i.* gradients final: data-parallel ranks may sum them now
         if self._drop:
             ops.dropout_backward(N * C, *self._dropped(-1, "embd"), dx)

@@ -152,15 +152,16 @@ class TiledCopies(Part):
         for key, entry in self._batch.items():
             self.book.keep(key, entry)
 
-    def beside(self, X, rows, cols, wanted=True):
+    def beside(self, X, rows, cols, wanted=True, colsums=None):
         """The reuse block's copy (scratch slot 2) for X's producer to write beside X's fp32 values, where wanted,
-        the GPU reads tiled copies and rows, cols are multiples of 64: recorded for X's next reuse block; else None
-        (and any earlier one dropped: X is being written again)."""
+        the GPU reads tiled copies and rows, cols are multiples of 64: recorded for X's next reuse block, with
+        colsums = (parts, buffer) where the producer also writes X's column sums as parts rows of cols floats; else
+        None (and any earlier one dropped: X is being written again)."""
         if not wanted or not self.f.tiled_outputs or rows % 64 or cols % 64:
             self.book.beside(X, None)
             return None
         copy = self.launcher.slot(2, rows * cols * 2)
-        self.book.beside(X, (copy, rows, cols))
+        self.book.beside(X, (copy, rows, cols) + ((colsums,) if colsums is not None else ()))
         return copy
 
     def kept_buf(self, X, nbytes, what=None):

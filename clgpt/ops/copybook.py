@@ -11,8 +11,9 @@ copies.py launches those. This object decides nothing on a device and launches n
     premade     copies a product wrote instead of its fp32 output (TILED_OUT 2 / 3): buffer -> (copy, Rp, Cp,
                 column sums, row chunks), taken by that buffer's reuse block, an error if never read
     beside      copies a producer wrote beside its fp32 output, for the reuse block that follows (the norms'
-                backward's dx, DX_TILED): buffer -> (copy, Rp, Cp), taken by that buffer's reuse block, dropped
-                when the buffer is written again without one
+                backward's dx, DX_TILED): buffer -> (copy, Rp, Cp[, (parts, column sums)]), taken by that
+                buffer's reuse block (with the column sums LayerNorm's DX_COLSUM wrote), dropped when the buffer is
+                written again without one
     gelu        a GELU' deferred from a backward product into its gradient's reuse copy (Deferred)
     colsums     (key, row chunks, buffer): the column sums the reuse copy's kernel also wrote (bias_backward)
 """
@@ -103,7 +104,8 @@ class CopyBook:
         return self.keep(key, pre[:3])
 
     def beside(self, X, entry):
-        """X's producer wrote entry = (copy, Rp, Cp) beside X's fp32 values (None: it wrote X without one)."""
+        """X's producer wrote entry = (copy, Rp, Cp[, (parts, column sums)]) beside X's fp32 values (None: it wrote X
+        without one)."""
         if entry is None:
             self.beside_copies.pop(X.int_ptr, None)
         else:
@@ -111,11 +113,14 @@ class CopyBook:
 
     def take_beside(self, key):
         """The copy written beside key = (handle, rows, cols)'s fp32 values, kept from now on inside its reuse
-        block; None where there is none (or it has other rows and columns)."""
+        block (with its column sums, where written); None where there is none (or it has other rows and
+        columns)."""
         entry = self.beside_copies.pop(key[0], None)
-        if entry is None or entry[1:] != key[1:] or key[0] != self.reusing:
+        if entry is None or entry[1:3] != key[1:] or key[0] != self.reusing:
             return None
-        return self.keep(key, entry)
+        if len(entry) > 3:
+            self.colsums = (key, *entry[3])
+        return self.keep(key, entry[:3])
 
     def check_fp32(self, X):
         """X is about to be read as fp32: an error where X was written only as its tiled copy."""

@@ -44,6 +44,13 @@ class Norms(Part):
                     k["layernorm_backward_rows_tiled"] = dev.kernel("layernorm", "layernorm_backward_rows", C=C,
                                                                     EPS=float(cfg.norm_eps), RW=self.launch["ln_rw"],
                                                                     DX_TILED=1, **f.row_sg)
+                    # and dx's column sums, for the bias gradient the copy's reader takes. A work-item holds 7 x
+                    # C / 128 float4s of rows and sums (224 floats at C 1024, near the 255 registers it may have):
+                    # the sums' C / 128 more only where C <= 768
+                    if f.colsum_copies and C <= 768:
+                        k["layernorm_backward_rows_tiled_colsum"] = dev.kernel(
+                            "layernorm", "layernorm_backward_rows", C=C, EPS=float(cfg.norm_eps),
+                            RW=self.launch["ln_rw"], DX_TILED=1, DX_COLSUM=1, **f.row_sg)
 
     def build_llama(self):
         """RMSNorm's kernels, with its GPU row forms."""
@@ -83,18 +90,27 @@ class Norms(Part):
             return
         self.launcher.rows("layernorm_forward", -(-N // self.f.norm_rb), (i32(N), x, w, b, out, mean, rstd))
 
-    def layernorm_backward(self, N, dout, x, mean, rstd, w, dw, db, dx, accum, dx_copy=False):
-        """dx [+]= LayerNorm's input gradient, dw, db += its weight's and bias's. dx_copy: as rmsnorm_backward's."""
+    def layernorm_backward(self, N, dout, x, mean, rstd, w, dw, db, dx, accum, dx_copy=False, dx_colsums=False):
+        """dx [+]= LayerNorm's input gradient, dw, db += its weight's and bias's. dx_copy: as rmsnorm_backward's;
+        dx_colsums: dx's next reader takes its column sums too (the bias gradient of the linear layer whose output
+        gradient dx is): the copy then comes with them (DX_COLSUM), and where they cannot, there is no copy (the
+        products' reuse block makes both)."""
         C = self.cfg.n_embd
-        copy = self.copies.beside(dx, N, C, dx_copy and self.f.ln_rows)
+        sums = dx_colsums and "layernorm_backward_rows_tiled_colsum" in self.k
         if self.f.ln_rows:  # dx and each work-group's dw, db part in one pass, then their sum
             rw, rpi, P = self._row_parts(N)
+            xpart = self.launcher.grown("dxparts", P * C) if sums and dx_copy else None
+            copy = self.copies.beside(dx, N, C, dx_copy and (sums or not dx_colsums),
+                                      colsums=(P, xpart) if xpart is not None else None)
+            kname, extra = "layernorm_backward_rows", ()
+            if copy is not None:
+                kname, extra = (kname + "_tiled_colsum", (copy, xpart)) if sums else (kname + "_tiled", (copy,))
             part = self.launcher.grown("cparts", 2 * P * C)
-            self.launcher.run("layernorm_backward_rows" + ("_tiled" if copy is not None else ""), (32, P * rw),
-                              i32(N), i32(rpi), i32(accum), dout, x, w, mean, rstd, dx, part,
-                              *([copy] if copy is not None else []), lsize=(32, rw))
+            self.launcher.run(kname, (32, P * rw), i32(N), i32(rpi), i32(accum), dout, x, w, mean, rstd, dx, part,
+                              *extra, lsize=(32, rw))
             self.launcher.run("layernorm_param_final_rows", (C // 2, 32), i32(P), part, dw, db, lsize=(8, 32))
             return
+        self.copies.beside(dx, N, C, False)  # dx is written again without a copy
         if self.f.rows:
             self.launcher.run("layernorm_backward_wg", (N * self.f.rows,), i32(N), i32(accum), dout, x, w, mean, rstd, dx,
                      lsize=(self.f.rows,))
